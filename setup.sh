@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs cleave's dependencies from Debian packages (only those missing), builds it (Release,
+# -O3 -march=native) into build/, and writes the default corpus data/fortunes.txt from Debian's
+# fortunes package.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+packages=(build-essential cmake pkg-config libdnnl-dev libopenmpi-dev openmpi-bin
+          libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libgtest-dev libxxhash-dev
+          python3 python3-numpy python3-torch fortunes)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"
+
+# The default corpus: every fortune, one document per fortune (fortune files separate them by
+# lines holding only "%"; cleave's tokenizer separates documents by blank lines).
+mkdir -p data
+if [ ! -s data/fortunes.txt ]; then
+  for f in /usr/share/games/fortunes/*; do
+    case "$f" in *.dat|*.u8) continue ;; esac
+    [ -f "$f" ] && sed 's/^%$//' "$f"
+  done > data/fortunes.txt
+fi
+echo "setup: built build/cleave; default corpus data/fortunes.txt ($(wc -c < data/fortunes.txt) bytes)"

@@ -1,0 +1,69 @@
+#include "cleave/data/loader.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "cleave/base/check.h"
+#include "cleave/base/philox.h"
+
+namespace cleave {
+
+namespace {
+
+// Separates the loader's Philox key from other users of the same run seed (parameter init...).
+const uint64_t kLoaderKeySalt = hash_name("cleave.data.BatchLoader");
+
+// Offset of sample `sample` of step `step`: uniform in [0, n_offsets) from 64 Philox bits mapped
+// by a 64x64->128 multiply (bias at most n_offsets / 2^64). The counter holds (sample, step,
+// split); the key is the salted seed.
+uint64_t sample_offset(uint64_t seed, uint64_t split_id, uint64_t step, uint64_t sample,
+                       uint64_t n_offsets) {
+  const uint64_t key = seed ^ kLoaderKeySalt;
+  const auto r = philox4x32({uint32_t(sample), uint32_t(step), uint32_t(step >> 32),
+                             uint32_t(split_id)},
+                            {uint32_t(key), uint32_t(key >> 32)});
+  const uint64_t bits = uint64_t(r[0]) | (uint64_t(r[1]) << 32);
+  return uint64_t((static_cast<unsigned __int128>(bits) * n_offsets) >> 64);
+}
+
+}  // namespace
+
+BatchLoader::BatchLoader(const TokenShard& shard, int64_t seq_len, uint64_t seed,
+                         uint64_t split_id)
+    : shard_(shard), seq_len_(seq_len), seed_(seed), split_id_(split_id) {
+  CLEAVE_CHECK(seq_len > 0, "seq_len=" << seq_len << " must be positive");
+  CLEAVE_CHECK(split_id <= std::numeric_limits<uint32_t>::max(),
+               "split_id=" << split_id << " must fit in 32 bits");
+  if (shard.size() < uint64_t(seq_len) + 1)
+    CLEAVE_FAIL("token file " << shard.path() << " has " << shard.size()
+                              << " tokens, too few for seq_len " << seq_len << " (needs at least "
+                              << seq_len + 1 << ")");
+  CLEAVE_CHECK(shard.vocab_size() <= uint32_t(std::numeric_limits<int32_t>::max()),
+               "token file " << shard.path() << ": vocab size " << shard.vocab_size()
+                             << " does not fit int32 token ids");
+}
+
+void BatchLoader::fill(int32_t* inputs, int32_t* targets, uint64_t step, int64_t first_sample,
+                       int64_t count) const {
+  CLEAVE_CHECK(first_sample >= 0 && count >= 0,
+               "first_sample=" << first_sample << " count=" << count << " must be >= 0");
+  CLEAVE_CHECK(uint64_t(first_sample) + uint64_t(count) <= (uint64_t(1) << 32),
+               "sample indices [" << first_sample << ", " << first_sample + count
+                                  << ") must stay below 2^32");
+  const uint32_t* tokens = shard_.tokens().data();
+  const uint64_t n_offsets = shard_.size() - uint64_t(seq_len_);  // offsets 0 .. size-seq_len-1
+  const int64_t T = seq_len_;
+  for (int64_t r = 0; r < count; ++r) {
+    const uint64_t off =
+        sample_offset(seed_, split_id_, step, uint64_t(first_sample + r), n_offsets);
+    const uint32_t* src = tokens + off;
+    int32_t* in_row = inputs + r * T;
+    int32_t* tg_row = targets + r * T;
+    for (int64_t t = 0; t < T; ++t) {
+      in_row[t] = int32_t(src[t]);
+      tg_row[t] = int32_t(src[t + 1]);
+    }
+  }
+}
+
+}  // namespace cleave

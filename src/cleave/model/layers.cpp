@@ -1,0 +1,72 @@
+#include "cleave/model/layers.h"
+
+#include "cleave/kernels/norm.h"
+
+namespace cleave {
+
+Linear::Linear(ParamStore& store, const std::string& name, int in, int out, bool bias,
+               float init_std, Precision precision)
+    : w_(store.add(name + ".weight", {out, in}, Init::normal, init_std)), gemm_(in, out, precision) {
+  if (bias) b_ = store.add(name + ".bias", {out}, Init::zeros);
+}
+
+void Linear::bind(ParamStore& store) {
+  weight_ = store.value(w_);
+  dweight_ = store.grad(w_);
+  if (b_ >= 0) bias_ = store.value(b_), dbias_ = store.grad(b_);
+  gemm_.set_weight(weight_);
+}
+
+void Linear::weights_changed() { gemm_.set_weight(weight_); }
+
+void Linear::forward(float* y, const float* x, int64_t N) { gemm_.forward(y, x, N, bias_); }
+
+void Linear::backward_input(float* dx, const float* dy, int64_t N, bool accumulate) {
+  gemm_.backward_input(dx, dy, N, accumulate);
+}
+
+void Linear::backward_weight(const float* dy, const float* x, int64_t N) {
+  gemm_.backward_weight(dweight_, dbias_, dy, x, N);
+}
+
+Norm::Norm(ParamStore& store, const std::string& name, int dim, bool layernorm, float eps)
+    : dim_(dim), layernorm_(layernorm), eps_(eps),
+      w_(store.add(name + ".weight", {dim}, Init::ones)) {
+  if (layernorm) b_ = store.add(name + ".bias", {dim}, Init::zeros);
+}
+
+void Norm::bind(ParamStore& store) {
+  weight_ = store.value(w_);
+  dweight_ = store.grad(w_);
+  if (b_ >= 0) bias_ = store.value(b_), dbias_ = store.grad(b_);
+}
+
+void Norm::reserve(int64_t N) {
+  if (rstd_.size() >= N) return;
+  mean_.resize(N);
+  rstd_.resize(N);
+}
+
+void Norm::forward(float* y, const float* x, int64_t N) {
+  reserve(N);
+  if (layernorm_)
+    kernels::layernorm_forward(y, mean_.data(), rstd_.data(), x, weight_, bias_, N, dim_, eps_);
+  else
+    kernels::rmsnorm_forward(y, rstd_.data(), x, weight_, N, dim_, eps_);
+}
+
+void Norm::backward_input(float* dx, const float* dy, const float* x, int64_t N) {
+  if (layernorm_)
+    kernels::layernorm_backward_input(dx, dy, x, weight_, mean_.data(), rstd_.data(), N, dim_);
+  else
+    kernels::rmsnorm_backward_input(dx, dy, x, weight_, rstd_.data(), N, dim_);
+}
+
+void Norm::backward_weight(const float* dy, const float* x, int64_t N) {
+  if (layernorm_)
+    kernels::layernorm_backward_weight(dweight_, dbias_, dy, x, mean_.data(), rstd_.data(), N, dim_);
+  else
+    kernels::rmsnorm_backward_weight(dweight_, dy, x, rstd_.data(), N, dim_);
+}
+
+}  // namespace cleave

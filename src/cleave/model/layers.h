@@ -1,0 +1,52 @@
+// The parameterised building blocks of a block: a linear layer and a normalisation layer. Each has
+// forward, backward_input (dx) and backward_weight (dW) as separate calls (DESIGN.md section 4).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "cleave/kernels/linear.h"
+#include "cleave/model/params.h"
+
+namespace cleave {
+
+class Linear {
+ public:
+  Linear(ParamStore& store, const std::string& name, int in, int out, bool bias, float init_std,
+         Precision precision);
+  void bind(ParamStore& store);  // after store.allocate(): take the buffer addresses
+  void weights_changed();        // after the optimizer or a load wrote the values
+
+  void forward(float* y, const float* x, int64_t N);
+  void backward_input(float* dx, const float* dy, int64_t N, bool accumulate);
+  void backward_weight(const float* dy, const float* x, int64_t N);
+
+  int weight_index() const { return w_; }
+
+ private:
+  int w_, b_ = -1;
+  LinearGemm gemm_;
+  float *weight_ = nullptr, *bias_ = nullptr, *dweight_ = nullptr, *dbias_ = nullptr;
+};
+
+// LayerNorm (weight and bias) for GPT-2, RMSNorm (weight only) for Llama. Saves the per-row
+// statistics of the latest forward for backward.
+class Norm {
+ public:
+  Norm(ParamStore& store, const std::string& name, int dim, bool layernorm, float eps);
+  void bind(ParamStore& store);
+  void reserve(int64_t N);  // statistics for up to N rows
+
+  void forward(float* y, const float* x, int64_t N);
+  void backward_input(float* dx, const float* dy, const float* x, int64_t N);  // dx +=
+  void backward_weight(const float* dy, const float* x, int64_t N);
+
+ private:
+  int dim_;
+  bool layernorm_;
+  float eps_;
+  int w_, b_ = -1;
+  float *weight_ = nullptr, *bias_ = nullptr, *dweight_ = nullptr, *dbias_ = nullptr;
+  Buffer<float> mean_, rstd_;
+};
+
+}  // namespace cleave

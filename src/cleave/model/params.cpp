@@ -1,0 +1,48 @@
+#include "cleave/model/params.h"
+
+#include "cleave/base/philox.h"
+
+namespace cleave {
+
+int ParamStore::add(std::string name, std::vector<int64_t> shape, Init init, float init_std) {
+  CLEAVE_CHECK(values_.size() == 0, "parameter " << name << " declared after allocation");
+  CLEAVE_CHECK(find(name) < 0, "parameter " << name << " declared twice");
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  tensors_.push_back({std::move(name), std::move(shape), total_, numel, init, init_std});
+  total_ += (numel + 15) / 16 * 16;
+  return int(tensors_.size()) - 1;
+}
+
+void ParamStore::allocate(uint64_t seed) {
+  values_.resize(total_);
+  grads_.resize(total_);
+  for (const ParamTensor& t : tensors_) {
+    float* v = values_.data() + t.offset;
+    const uint64_t stream = hash_name(t.name);
+    switch (t.init) {
+      case Init::zeros: break;
+      case Init::ones:
+        for (int64_t i = 0; i < t.numel; ++i) v[i] = 1.0f;
+        break;
+      case Init::normal:
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < t.numel; ++i) v[i] = t.init_std * philox_normal(seed, stream, i);
+        break;
+    }
+  }
+}
+
+int ParamStore::find(const std::string& name) const {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (tensors_[i].name == name) return int(i);
+  return -1;
+}
+
+int64_t ParamStore::count() const {
+  int64_t n = 0;
+  for (auto& t : tensors_) n += t.numel;
+  return n;
+}
+
+}  // namespace cleave

@@ -1,0 +1,48 @@
+// All parameters of a model live in one flat fp32 buffer, their gradients in a second one of the
+// same layout (llm.c's choice; data-parallel buckets and ZeRO shards are slices of these).
+// Each tensor is initialised by Philox keyed by (seed, name, global element index), so the values
+// do not depend on which tensors exist beside it or on the order of construction.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cleave/base/buffer.h"
+
+namespace cleave {
+
+enum class Init { normal, zeros, ones };
+
+struct ParamTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // into the flat buffers, a multiple of 16 floats
+  int64_t numel = 0;
+  Init init = Init::normal;
+  float init_std = 0.0f;
+};
+
+class ParamStore {
+ public:
+  // Declares a tensor; returns its index. Only before allocate().
+  int add(std::string name, std::vector<int64_t> shape, Init init, float init_std = 0.0f);
+  // Allocates values and gradients and initialises every value from the seed.
+  void allocate(uint64_t seed);
+
+  const std::vector<ParamTensor>& tensors() const { return tensors_; }
+  const ParamTensor& tensor(int i) const { return tensors_[i]; }
+  int find(const std::string& name) const;  // -1 when absent
+  float* value(int i) { return values_.data() + tensors_[i].offset; }
+  float* grad(int i) { return grads_.data() + tensors_[i].offset; }
+  Buffer<float>& values() { return values_; }
+  Buffer<float>& grads() { return grads_; }
+  int64_t total() const { return total_; }  // flat size, padding included
+  int64_t count() const;                    // parameters, padding excluded
+
+ private:
+  std::vector<ParamTensor> tensors_;
+  int64_t total_ = 0;
+  Buffer<float> values_, grads_;
+};
+
+}  // namespace cleave

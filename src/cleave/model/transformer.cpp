@@ -1,0 +1,129 @@
+#include "cleave/model/transformer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cleave/kernels/cross_entropy.h"
+#include "cleave/kernels/embedding.h"
+
+namespace cleave {
+
+Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t seed)
+    : cfg_(c), precision_(precision) {
+  wte_ = store_.add("embed.wte", {c.vocab_size, c.d_model}, Init::normal, c.init_std);
+  if (c.family == Family::gpt2)
+    wpe_ = store_.add("embed.wpe", {c.max_seq_len, c.d_model}, Init::normal, c.init_std);
+  else
+    rope_.emplace(c.head_dim(), c.max_seq_len, c.rope_theta);
+  for (int l = 0; l < c.n_layers; ++l)
+    blocks_.push_back(
+        std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr));
+  final_norm_ = std::make_unique<Norm>(store_, "final_norm", c.d_model, c.family == Family::gpt2,
+                                       c.norm_eps);
+  head_ = c.tie_embeddings
+              ? wte_
+              : store_.add("lm_head.weight", {c.vocab_size, c.d_model}, Init::normal, c.init_std);
+  head_gemm_ = std::make_unique<LinearGemm>(c.d_model, c.vocab_size, precision);
+
+  store_.allocate(seed);
+  for (auto& b : blocks_) b->bind(store_);
+  final_norm_->bind(store_);
+  head_gemm_->set_weight(store_.value(head_));
+}
+
+void Transformer::weights_changed() {
+  for (auto& b : blocks_) b->weights_changed();
+  head_gemm_->set_weight(store_.value(head_));
+}
+
+void Transformer::reserve(int64_t B, int64_t T) {
+  if (B == B_ && T == T_) return;
+  const int64_t N = B * T, d = cfg_.d_model;
+  resid_.resize(cfg_.n_layers + 1);
+  for (auto& r : resid_) r.resize(N * d);
+  hf_.resize(N * d);
+  d_hf_.resize(N * d);
+  logits_.resize(N * cfg_.vocab_size);
+  losses_.resize(N);
+  d_resid_a_.resize(N * d);
+  d_resid_b_.resize(N * d);
+  Block::reserve_grads(grads_, cfg_, N);
+  B_ = B, T_ = T;
+}
+
+void Transformer::embed(float* out, const int32_t* tokens, int64_t B, int64_t T, int64_t pos0) {
+  kernels::embedding_forward(out, tokens, store_.value(wte_), wpe_ >= 0 ? store_.value(wpe_) : nullptr,
+                             B, T, cfg_.d_model, pos0);
+}
+
+void Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                          float grad_scale) {
+  CLEAVE_CHECK(T <= cfg_.max_seq_len, "sequence of " << T << " tokens exceeds max_seq_len "
+                                                     << cfg_.max_seq_len);
+  reserve(B, T);
+  const int64_t N = B * T;
+  tokens_ = tokens;
+  embed(resid_[0].data(), tokens, B, T, 0);
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    blocks_[l]->forward(resid_[l + 1].data(), resid_[l].data(), B, T);
+  final_norm_->forward(hf_.data(), resid_[cfg_.n_layers].data(), N);
+  head_gemm_->forward(logits_.data(), hf_.data(), N, nullptr);
+  kernels::cross_entropy_forward_backward(logits_.data(), losses_.data(), targets, N,
+                                          cfg_.vocab_size, grad_scale);
+}
+
+void Transformer::backward() {
+  const int64_t N = B_ * T_;
+  // logits_ holds dlogits now (the loss kernel overwrote it).
+  float* d_out = d_resid_a_.data();
+  float* d_in = d_resid_b_.data();
+  head_gemm_->backward_input(d_hf_.data(), logits_.data(), N, false);
+  head_gemm_->backward_weight(store_.grad(head_), nullptr, logits_.data(), hf_.data(), N);
+  std::memset(d_out, 0, N * cfg_.d_model * sizeof(float));
+  final_norm_->backward_input(d_out, d_hf_.data(), resid_[cfg_.n_layers].data(), N);
+  final_norm_->backward_weight(d_hf_.data(), resid_[cfg_.n_layers].data(), N);
+  for (int l = cfg_.n_layers - 1; l >= 0; --l) {
+    blocks_[l]->backward_input(d_in, d_out, grads_);
+    blocks_[l]->backward_weight(d_out, grads_);
+    std::swap(d_in, d_out);
+  }
+  kernels::embedding_backward(store_.grad(wte_), wpe_ >= 0 ? store_.grad(wpe_) : nullptr, d_out,
+                              tokens_, B_, T_, cfg_.d_model);
+}
+
+std::vector<KVCache> Transformer::new_cache(int64_t max_pos) const {
+  std::vector<KVCache> cache(cfg_.n_layers);
+  const int64_t kv_dim = int64_t(cfg_.n_kv_heads) * cfg_.head_dim();
+  for (auto& c : cache) {
+    c.k.resize(max_pos * kv_dim);
+    c.v.resize(max_pos * kv_dim);
+  }
+  return cache;
+}
+
+const float* Transformer::forward_cached(const int32_t* tokens, int64_t T,
+                                         std::vector<KVCache>& cache) {
+  const int64_t pos0 = cache.at(0).length;
+  CLEAVE_CHECK(pos0 + T <= cfg_.max_seq_len && pos0 + T <= cache[0].k.size() / (cfg_.n_kv_heads * cfg_.head_dim()),
+               "generation of " << pos0 + T << " positions exceeds the cache or max_seq_len "
+                                << cfg_.max_seq_len);
+  reserve(1, T);
+  const int64_t d = cfg_.d_model;
+  embed(resid_[0].data(), tokens, 1, T, pos0);
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    blocks_[l]->forward_cached(resid_[l + 1].data(), resid_[l].data(), T, cache[l]);
+  const float* last = resid_[cfg_.n_layers].data() + (T - 1) * d;
+  final_norm_->forward(hf_.data(), last, 1);
+  head_gemm_->forward(logits_.data(), hf_.data(), 1, nullptr);
+  return logits_.data();
+}
+
+int64_t Transformer::matmul_params() const {
+  const ModelConfig& c = cfg_;
+  const int64_t per_block = int64_t(c.d_model) * c.qkv_dim() +
+                            int64_t(c.n_heads) * c.head_dim() * c.d_model +
+                            int64_t(c.d_model) * c.mlp_in_dim() + int64_t(c.ffn_hidden) * c.d_model;
+  return per_block * c.n_layers + int64_t(c.vocab_size) * c.d_model;
+}
+
+}  // namespace cleave

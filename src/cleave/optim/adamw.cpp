@@ -1,0 +1,46 @@
+#include "cleave/optim/adamw.h"
+
+#include <cmath>
+
+namespace cleave {
+
+bool decays(const ParamTensor& t, const std::vector<std::string>& no_decay) {
+  if (t.shape.size() < 2) return false;
+  for (auto& pattern : no_decay)
+    if (t.name.find(pattern) != std::string::npos) return false;
+  return true;
+}
+
+AdamW::AdamW(const ParamStore& store, const OptimConfig& cfg) : cfg_(cfg) {
+  for (auto& t : store.tensors()) decay_.push_back(cleave::decays(t, cfg.no_decay));
+  m_.resize(store.total());
+  v_.resize(store.total());
+}
+
+void AdamW::step(ParamStore& store, double lr, float grad_scale) {
+  ++t_;
+  const float b1 = float(cfg_.beta1), b2 = float(cfg_.beta2), eps = float(cfg_.eps);
+  const float bc1 = float(1.0 - std::pow(cfg_.beta1, double(t_)));
+  const float bc2 = float(1.0 - std::pow(cfg_.beta2, double(t_)));
+  const float step_size = float(lr) / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+  const auto& tensors = store.tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ParamTensor& t = tensors[i];
+    float* p = store.values().data() + t.offset;
+    const float* g = store.grads().data() + t.offset;
+    float* m = m_.data() + t.offset;
+    float* v = v_.data() + t.offset;
+    const float decay = decay_[i] ? 1.0f - float(lr * cfg_.weight_decay) : 1.0f;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t j = 0; j < t.numel; ++j) {
+      const float gj = g[j] * grad_scale;
+      const float mj = b1 * m[j] + (1.0f - b1) * gj;
+      const float vj = b2 * v[j] + (1.0f - b2) * gj * gj;
+      m[j] = mj;
+      v[j] = vj;
+      p[j] = p[j] * decay - step_size * mj / (std::sqrt(vj) * inv_sqrt_bc2 + eps);
+    }
+  }
+}
+
+}  // namespace cleave

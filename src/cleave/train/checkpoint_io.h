@@ -1,0 +1,32 @@
+// What a training checkpoint holds (DESIGN.md section 9): the parameters ("param/<name>"), the
+// AdamW moments ("adam_m/<name>", "adam_v/<name>"), and in meta.json the step, the resolved
+// config, the data position and each tensor's global shape and file.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cleave/checkpoint/folder.h"
+#include "cleave/model/transformer.h"
+#include "cleave/optim/adamw.h"
+#include "cleave/train/config.h"
+
+namespace cleave {
+
+std::string checkpoint_name(int64_t step);  // "step_00000042"
+
+void save_training_checkpoint(const std::string& dir, const Config& cfg, int64_t step,
+                              ParamStore& params, AdamW& optim);
+
+// The config the checkpoint was written with.
+Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir);
+
+// Loads parameters (and, when optim is given, the AdamW state) into a model built from `cfg`,
+// after checking that the checkpoint's [model] matches cfg's. Returns the checkpoint's step.
+int64_t restore_training_state(const LoadedCheckpoint& ck, const std::string& dir,
+                               const Config& cfg, ParamStore& params, AdamW* optim);
+
+// A model built from the checkpoint's own config, with its parameters, for generate and export.
+std::unique_ptr<Transformer> load_model(const std::string& dir, Precision precision, Config* cfg);
+
+}  // namespace cleave

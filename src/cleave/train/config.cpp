@@ -1,0 +1,369 @@
+#include "cleave/train/config.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "cleave/base/check.h"
+
+namespace cleave {
+
+const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
+
+namespace {
+
+enum class Kind { integer, real, boolean, string, string_list };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::integer: return "an integer";
+    case Kind::real: return "a number";
+    case Kind::boolean: return "a boolean";
+    case Kind::string: return "a string";
+    case Kind::string_list: return "an array of strings";
+  }
+  return "?";
+}
+
+// One key of the schema: its type, its allowed range or choices, and how it reads and writes the
+// Config. Values arrive type-checked and range-checked.
+struct Key {
+  std::string name;
+  Kind kind;
+  double min = 0, max = 0;
+  std::vector<std::string> choices;
+  std::function<void(Config&, const toml::node&)> set;
+  std::function<std::string(const Config&)> show;  // as a TOML literal
+};
+
+// A TOML basic string: double quotes, with backslash, quote and control characters escaped.
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\', out += char(ch);
+    else if (ch < 0x20 || ch == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+      out += buf;
+    } else out += char(ch);
+  }
+  return out + "\"";
+}
+
+std::string show_real(double v) {
+  std::ostringstream os;
+  os << toml::value<double>(v);
+  return os.str();
+}
+
+template <class T>
+Key integer_key(std::string name, T Config::*section, auto field, double min, double max) {
+  return {name, Kind::integer, min, max, {},
+          [=](Config& c, const toml::node& n) { (c.*section).*field = *n.value<int64_t>(); },
+          [=](const Config& c) { return std::to_string((c.*section).*field); }};
+}
+
+template <class T>
+Key real_key(std::string name, T Config::*section, auto field, double min, double max) {
+  return {name, Kind::real, min, max, {},
+          [=](Config& c, const toml::node& n) { (c.*section).*field = *n.value<double>(); },
+          [=](const Config& c) { return show_real((c.*section).*field); }};
+}
+
+template <class T>
+Key string_key(std::string name, T Config::*section, std::string T::*field) {
+  return {name, Kind::string, 0, 0, {},
+          [=](Config& c, const toml::node& n) { (c.*section).*field = *n.value<std::string>(); },
+          [=](const Config& c) { return quote((c.*section).*field); }};
+}
+
+// A string key that selects one of a fixed set of values of an enum.
+template <class T, class E>
+Key choice_key(std::string name, T Config::*section, E T::*field,
+               std::vector<std::pair<std::string, E>> options) {
+  std::vector<std::string> choices;
+  for (auto& [s, e] : options) choices.push_back(s);
+  return {name, Kind::string, 0, 0, choices,
+          [=](Config& c, const toml::node& n) {
+            const std::string v = *n.value<std::string>();
+            for (auto& [s, e] : options)
+              if (s == v) (c.*section).*field = e;
+          },
+          [=](const Config& c) {
+            for (auto& [s, e] : options)
+              if ((c.*section).*field == e) return quote(s);
+            return std::string("\"?\"");
+          }};
+}
+
+const std::vector<Key>& schema() {
+  static const std::vector<Key> keys = [] {
+    using C = Config;
+    std::vector<Key> k;
+    k.push_back(choice_key("model.family", &C::model, &ModelConfig::family,
+                           std::vector<std::pair<std::string, Family>>{{"gpt2", Family::gpt2},
+                                                                       {"llama", Family::llama}}));
+    k.push_back(integer_key("model.vocab_size", &C::model, &ModelConfig::vocab_size, 2, 1 << 24));
+    k.push_back(integer_key("model.d_model", &C::model, &ModelConfig::d_model, 2, 1 << 16));
+    k.push_back(integer_key("model.n_layers", &C::model, &ModelConfig::n_layers, 1, 1024));
+    k.push_back(integer_key("model.n_heads", &C::model, &ModelConfig::n_heads, 1, 1024));
+    k.push_back(integer_key("model.n_kv_heads", &C::model, &ModelConfig::n_kv_heads, 1, 1024));
+    k.push_back(integer_key("model.ffn_hidden", &C::model, &ModelConfig::ffn_hidden, 1, 1 << 20));
+    k.push_back(integer_key("model.max_seq_len", &C::model, &ModelConfig::max_seq_len, 2, 1 << 20));
+    k.push_back(real_key("model.norm_eps", &C::model, &ModelConfig::norm_eps, 1e-12, 1.0));
+    k.push_back(real_key("model.rope_theta", &C::model, &ModelConfig::rope_theta, 1.0, 1e9));
+    k.push_back({"model.tie_embeddings", Kind::boolean, 0, 0, {},
+                 [](C& c, const toml::node& n) { c.model.tie_embeddings = *n.value<bool>(); },
+                 [](const C& c) { return std::string(c.model.tie_embeddings ? "true" : "false"); }});
+    k.push_back(real_key("model.init_std", &C::model, &ModelConfig::init_std, 0.0, 10.0));
+
+    k.push_back(string_key("data.dir", &C::data, &DataConfig::dir));
+    k.push_back(string_key("data.corpus", &C::data, &DataConfig::corpus));
+    k.push_back(real_key("data.val_fraction", &C::data, &DataConfig::val_fraction, 0.0, 0.5));
+
+    k.push_back(integer_key("train.seed", &C::train, &TrainConfig::seed, 0, 9.2e18));
+    k.push_back(integer_key("train.seq_len", &C::train, &TrainConfig::seq_len, 1, 1 << 20));
+    k.push_back(integer_key("train.micro_batch_size", &C::train, &TrainConfig::micro_batch_size,
+                            1, 1 << 16));
+    k.push_back(integer_key("train.grad_accum_steps", &C::train, &TrainConfig::grad_accum_steps,
+                            1, 1 << 16));
+    k.push_back(integer_key("train.steps", &C::train, &TrainConfig::steps, 0, 1e12));
+    k.push_back(choice_key("train.dtype", &C::train, &TrainConfig::dtype,
+                           std::vector<std::pair<std::string, Precision>>{
+                               {"fp32", Precision::fp32}, {"bf16", Precision::bf16}}));
+    k.push_back(integer_key("train.threads", &C::train, &TrainConfig::threads, 0, 4096));
+    k.push_back(integer_key("train.log_interval", &C::train, &TrainConfig::log_interval, 1, 1e12));
+    k.push_back(integer_key("train.val_interval", &C::train, &TrainConfig::val_interval, 0, 1e12));
+    k.push_back(integer_key("train.val_batches", &C::train, &TrainConfig::val_batches, 1, 1e9));
+    k.push_back(integer_key("train.checkpoint_interval", &C::train,
+                            &TrainConfig::checkpoint_interval, 0, 1e12));
+    k.push_back(integer_key("train.keep_checkpoints", &C::train, &TrainConfig::keep_checkpoints,
+                            1, 1e6));
+    k.push_back(string_key("train.out_dir", &C::train, &TrainConfig::out_dir));
+    k.push_back(real_key("train.peak_gflops", &C::train, &TrainConfig::peak_gflops, 0.0, 1e9));
+
+    k.push_back(real_key("optim.lr", &C::optim, &OptimConfig::lr, 0.0, 10.0));
+    k.push_back(real_key("optim.min_lr", &C::optim, &OptimConfig::min_lr, 0.0, 10.0));
+    k.push_back(integer_key("optim.warmup_steps", &C::optim, &OptimConfig::warmup_steps, 0, 1e12));
+    k.push_back(choice_key("optim.decay", &C::optim, &OptimConfig::decay,
+                           std::vector<std::pair<std::string, LrDecay>>{
+                               {"cosine", LrDecay::cosine},
+                               {"linear", LrDecay::linear},
+                               {"constant", LrDecay::constant}}));
+    k.push_back(real_key("optim.beta1", &C::optim, &OptimConfig::beta1, 0.0, 0.999999));
+    k.push_back(real_key("optim.beta2", &C::optim, &OptimConfig::beta2, 0.0, 0.999999999));
+    k.push_back(real_key("optim.eps", &C::optim, &OptimConfig::eps, 0.0, 1.0));
+    k.push_back(real_key("optim.weight_decay", &C::optim, &OptimConfig::weight_decay, 0.0, 10.0));
+    k.push_back({"optim.no_decay", Kind::string_list, 0, 0, {},
+                 [](C& c, const toml::node& n) {
+                   c.optim.no_decay.clear();
+                   for (auto& e : *n.as_array()) c.optim.no_decay.push_back(*e.value<std::string>());
+                 },
+                 [](const C& c) {
+                   std::string s = "[";
+                   for (size_t i = 0; i < c.optim.no_decay.size(); ++i)
+                     s += (i ? ", " : "") + quote(c.optim.no_decay[i]);
+                   return s + "]";
+                 }});
+    k.push_back(real_key("optim.grad_clip", &C::optim, &OptimConfig::grad_clip, 0.0, 1e9));
+    return k;
+  }();
+  return keys;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest_key(const std::string& key) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  const std::string leaf = key.substr(key.rfind('.') + 1);
+  for (auto& k : schema()) {
+    // A key placed in the wrong table is found by its last component as well.
+    const std::string k_leaf = k.name.substr(k.name.find('.') + 1);
+    const size_t d = std::min(edit_distance(key, k.name), edit_distance(leaf, k_leaf) + 1);
+    if (d < best_d) best_d = d, best = k.name;
+  }
+  return best;
+}
+
+std::string where(const toml::node& n, const std::string& origin) {
+  const auto& src = n.source();
+  return src.begin.line ? origin + ":" + std::to_string(src.begin.line) : origin;
+}
+
+std::string describe(const toml::node& n) {
+  std::ostringstream os;
+  os << n.type() << " ";
+  if (n.is_table()) os << "{...}";
+  else if (n.is_array()) os << *n.as_array();
+  else n.visit([&](auto&& v) { os << v; });
+  return os.str();
+}
+
+bool type_matches(Kind kind, const toml::node& n) {
+  switch (kind) {
+    case Kind::integer: return n.is_integer();
+    case Kind::real: return n.is_floating_point() || n.is_integer();
+    case Kind::boolean: return n.is_boolean();
+    case Kind::string: return n.is_string();
+    case Kind::string_list: {
+      if (!n.is_array()) return false;
+      for (auto& e : *n.as_array())
+        if (!e.is_string()) return false;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Applies "a.b=value" to the parsed table: the value is TOML (42, 1e-3, true, "x", [..]) or a bare
+// string (fp32, runs/x).
+void apply_override(toml::table& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw Error("--set " + assignment + ": expected key=value, e.g. --set train.steps=100");
+  const std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + text, "--set " + key);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", text}};
+  }
+  toml::table* table = &root;
+  size_t start = 0;
+  for (size_t dot; (dot = key.find('.', start)) != std::string::npos; start = dot + 1) {
+    const std::string part = key.substr(start, dot - start);
+    if (!table->contains(part)) table->insert(part, toml::table{});
+    table = (*table)[part].as_table();
+    if (!table) throw Error("--set " + key + ": " + part + " is not a table");
+  }
+  table->insert_or_assign(key.substr(start), *parsed["v"].node());
+}
+
+void validate_and_resolve(Config& c, const std::set<std::string>& given, const std::string& origin) {
+  auto fail = [&](const std::string& msg) { throw Error(origin + ": " + msg); };
+  ModelConfig& m = c.model;
+  if (!given.count("model.n_kv_heads")) m.n_kv_heads = m.n_heads;
+  if (!given.count("model.tie_embeddings")) m.tie_embeddings = m.family == Family::gpt2;
+  if (!given.count("model.ffn_hidden"))  // Llama's 2/3 * 4d, rounded up to a multiple of 32
+    m.ffn_hidden = m.family == Family::gpt2 ? 4 * m.d_model : (8 * m.d_model / 3 + 31) / 32 * 32;
+  if (m.d_model % m.n_heads != 0)
+    fail("model.d_model = " + std::to_string(m.d_model) + " is not divisible by model.n_heads = " +
+         std::to_string(m.n_heads));
+  if (m.n_heads % m.n_kv_heads != 0)
+    fail("model.n_heads = " + std::to_string(m.n_heads) +
+         " is not divisible by model.n_kv_heads = " + std::to_string(m.n_kv_heads));
+  if (m.family == Family::gpt2 && m.n_kv_heads != m.n_heads)
+    fail("model.n_kv_heads = " + std::to_string(m.n_kv_heads) +
+         ": the gpt2 family has no grouped-query attention; it must equal model.n_heads = " +
+         std::to_string(m.n_heads) + " (use family = \"llama\")");
+  if (m.family == Family::llama && m.head_dim() % 2 != 0)
+    fail("head dimension model.d_model / model.n_heads = " + std::to_string(m.head_dim()) +
+         " must be even for rotary embeddings");
+  if (c.train.seq_len > m.max_seq_len)
+    fail("train.seq_len = " + std::to_string(c.train.seq_len) + " exceeds model.max_seq_len = " +
+         std::to_string(m.max_seq_len));
+  if (c.optim.min_lr > c.optim.lr)
+    fail("optim.min_lr = " + show_real(c.optim.min_lr) + " exceeds optim.lr = " +
+         show_real(c.optim.lr));
+}
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> names;
+  for (auto& k : schema()) names.push_back(k.name);
+  return names;
+}
+
+Config parse_config(const std::string& text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << origin << ":" << e.source().begin.line << ": TOML syntax error: " << e.description();
+    throw Error(os.str());
+  }
+  for (auto& o : overrides) apply_override(root, o);
+
+  std::map<std::string, const Key*> by_name;
+  for (auto& k : schema()) by_name[k.name] = &k;
+
+  Config c;
+  std::set<std::string> given;
+  for (auto& [table_name, table_node] : root) {
+    const std::string t(table_name.str());
+    if (!table_node.is_table())
+      throw Error(where(table_node, origin) + ": unknown key '" + t + "' (did you mean '" +
+                  closest_key(t) + "'?)");
+    for (auto& [key_name, node] : *table_node.as_table()) {
+      const std::string name = t + "." + std::string(key_name.str());
+      auto it = by_name.find(name);
+      if (it == by_name.end())
+        throw Error(where(node, origin) + ": unknown key '" + name + "' (did you mean '" +
+                    closest_key(name) + "'?)");
+      const Key& key = *it->second;
+      if (!type_matches(key.kind, node))
+        throw Error(where(node, origin) + ": " + name + " must be " + kind_name(key.kind) +
+                    ", got " + describe(node));
+      if (key.kind == Kind::integer || key.kind == Kind::real) {
+        const double v = node.is_integer() ? double(*node.value<int64_t>()) : *node.value<double>();
+        if (!(v >= key.min && v <= key.max))
+          throw Error(where(node, origin) + ": " + name + " = " + describe(node).substr(
+                          describe(node).find(' ') + 1) + " is out of range [" +
+                      show_real(key.min) + ", " + show_real(key.max) + "]");
+      }
+      if (!key.choices.empty()) {
+        const std::string v = *node.value<std::string>();
+        if (std::find(key.choices.begin(), key.choices.end(), v) == key.choices.end()) {
+          std::string list;
+          for (auto& ch : key.choices) list += (list.empty() ? "" : ", ") + quote(ch);
+          throw Error(where(node, origin) + ": " + name + " = " + quote(v) + " is not one of " +
+                      list);
+        }
+      }
+      key.set(c, node);
+      given.insert(name);
+    }
+  }
+  validate_and_resolve(c, given, origin);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read config file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+std::string to_toml(const Config& c) {
+  std::string out, table;
+  for (auto& k : schema()) {
+    const std::string t = k.name.substr(0, k.name.find('.'));
+    if (t != table) out += (table.empty() ? "[" : "\n[") + t + "]\n", table = t;
+    out += k.name.substr(t.size() + 1) + " = " + k.show(c) + "\n";
+  }
+  return out;
+}
+
+}  // namespace cleave

@@ -1,0 +1,72 @@
+// The training config: TOML tables [model], [data], [train], [optim]. Every key is validated
+// (unknown key -> error naming it and the closest valid key; wrong type or out-of-range value ->
+// error naming the key, what was given and what is allowed). `--set key=value` overrides any key.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cleave/kernels/linear.h"
+#include "cleave/model/model_config.h"
+
+namespace cleave {
+
+struct DataConfig {
+  std::string dir = "data/fortunes";  // tokenizer.model, train.bin, val.bin
+  std::string corpus;                 // text file `cleave tokenize` reads
+  double val_fraction = 0.05;
+};
+
+enum class LrDecay { cosine, linear, constant };
+
+struct OptimConfig {
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  int64_t warmup_steps = 100;
+  LrDecay decay = LrDecay::cosine;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.1;
+  // Which parameters decay: tensors with at least two dimensions (matrices and embeddings), minus
+  // any whose name contains one of no_decay. Norm weights and biases never decay.
+  std::vector<std::string> no_decay;
+  double grad_clip = 1.0;  // 0 turns clipping off
+};
+
+struct TrainConfig {
+  uint64_t seed = 1337;
+  int seq_len = 256;
+  int micro_batch_size = 4;
+  int grad_accum_steps = 1;
+  int64_t steps = 1000;
+  Precision dtype = Precision::fp32;
+  int threads = 0;  // 0: OMP_NUM_THREADS or all cores
+  int64_t log_interval = 10;
+  int64_t val_interval = 100;  // 0: never
+  int64_t val_batches = 8;
+  int64_t checkpoint_interval = 0;  // 0: only at the end
+  int64_t keep_checkpoints = 2;
+  std::string out_dir = "runs/default";
+  // The GEMM peak MFU is quoted against, GF/s; 0: measured at start on GPT-2 124M's GEMM shapes.
+  double peak_gflops = 0;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+};
+
+// Parses TOML text (`origin` names the file in errors), applies the overrides ("key=value", the
+// value in TOML syntax or a bare string), validates and resolves family defaults.
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides = {});
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The resolved config as TOML text: every key, defaults filled in. parse_config(to_toml(c)) == c.
+std::string to_toml(const Config& c);
+
+// Every key the schema knows, dotted ("model.d_model").
+std::vector<std::string> config_keys();
+
+}  // namespace cleave

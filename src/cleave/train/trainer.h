@@ -1,0 +1,54 @@
+// The training loop of one process: batches from the loader, forward and backward per
+// micro-batch, global-norm clipping, AdamW, the learning-rate schedule, progress lines and JSON
+// metrics, validation and checkpoints.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cleave/data/loader.h"
+#include "cleave/model/transformer.h"
+#include "cleave/optim/adamw.h"
+#include "cleave/train/config.h"
+
+namespace cleave {
+
+struct StepResult {
+  double loss = 0, lr = 0, grad_norm = 0;
+};
+
+class Trainer {
+ public:
+  // resume: "" to start fresh, "latest" for the newest checkpoint in out_dir, or a folder.
+  Trainer(const Config& cfg, const std::string& resume);
+  // Trains up to train.steps; with exit_after > 0, stops after that many steps of this run and
+  // saves a checkpoint (a planned interruption, like Megatron's --exit-interval).
+  void run(int64_t exit_after = 0);
+  StepResult train_step(int64_t step);
+  double validate();
+  void save_checkpoint();
+  int64_t step() const { return step_; }
+
+ private:
+  void load_checkpoint(const std::string& dir);
+  void log_step(const StepResult& r, double seconds, int64_t steps_in_interval);
+
+  Config cfg_;
+  std::unique_ptr<TokenShard> train_shard_, val_shard_;
+  std::unique_ptr<BatchLoader> train_loader_, val_loader_;
+  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<AdamW> optim_;
+  std::vector<int32_t> inputs_, targets_;
+  int64_t step_ = 0;  // steps completed
+  double peak_gflops_ = 0;
+  std::ofstream metrics_;
+  double elapsed_ = 0;  // training seconds so far in this process
+  int64_t steps_timed_ = 0;
+};
+
+// Peak resident memory of this process, MiB.
+double peak_rss_mib();
+
+}  // namespace cleave

@@ -1,0 +1,57 @@
+// The command line of a subcommand: positional arguments, --flag value options and repeated
+// --set key=value overrides. Unknown options are errors that name them.
+#pragma once
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cleave/base/check.h"
+
+namespace cleave::cli {
+
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> options;
+  std::vector<std::string> overrides;
+
+  // `known` lists the options that take a value; `switches` those that do not.
+  static Args parse(const std::string& command, int argc, char** argv,
+                    const std::set<std::string>& known, const std::set<std::string>& switches = {}) {
+    Args a;
+    for (int i = 0; i < argc; ++i) {
+      const std::string s = argv[i];
+      if (s.rfind("--", 0) != 0) {
+        a.positional.push_back(s);
+        continue;
+      }
+      if (switches.count(s)) {
+        a.options[s] = "1";
+        continue;
+      }
+      if (s != "--set" && !known.count(s)) throw Error("cleave " + command + ": unknown option " + s);
+      if (i + 1 >= argc) throw Error("cleave " + command + ": " + s + " needs a value");
+      if (s == "--set") a.overrides.push_back(argv[++i]);
+      else a.options[s] = argv[++i];
+    }
+    return a;
+  }
+  bool has(const std::string& k) const { return options.count(k) != 0; }
+  std::string get(const std::string& k, const std::string& def) const {
+    auto it = options.find(k);
+    return it == options.end() ? def : it->second;
+  }
+  double number(const std::string& k, double def) const {
+    auto it = options.find(k);
+    if (it == options.end()) return def;
+    try {
+      size_t used = 0;
+      const double v = std::stod(it->second, &used);
+      if (used == it->second.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw Error(k + " expects a number, got '" + it->second + "'");
+  }
+};
+
+}  // namespace cleave::cli

@@ -1,0 +1,141 @@
+// The subcommands: each parses its arguments, then calls into the engine.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <omp.h>
+
+#include "cleave/checkpoint/safetensors.h"
+#include "cleave/data/tokenizer.h"
+#include "cleave/kernels/gemm_bench.h"
+#include "cleave/model/generate.h"
+#include "cleave/model/hf_export.h"
+#include "cleave/train/checkpoint_io.h"
+#include "cleave/train/trainer.h"
+#include "cli/args.h"
+
+namespace fs = std::filesystem;
+
+namespace cleave::cli {
+
+namespace {
+
+Config config_from(const Args& a, const std::string& command) {
+  if (a.positional.size() != 1)
+    throw Error("cleave " + command + ": expected one CONFIG.toml, got " +
+                std::to_string(a.positional.size()) + " positional arguments");
+  return load_config(a.positional[0], a.overrides);
+}
+
+}  // namespace
+
+int train(int argc, char** argv) {
+  const Args a = Args::parse("train", argc, argv, {"--resume", "--exit-after"});
+  const Config cfg = config_from(a, "train");
+  std::cout << "# resolved config\n" << to_toml(cfg) << std::endl;
+  Trainer trainer(cfg, a.get("--resume", ""));
+  trainer.run(int64_t(a.number("--exit-after", 0)));
+  return 0;
+}
+
+int tokenize(int argc, char** argv) {
+  const Args a = Args::parse("tokenize", argc, argv, {});
+  const Config cfg = config_from(a, "tokenize");
+  if (cfg.data.corpus.empty()) throw Error("cleave tokenize: data.corpus is not set in the config");
+  const TokenizeReport r = tokenize_corpus(cfg.data.corpus, cfg.data.dir, cfg.model.vocab_size,
+                                           cfg.data.val_fraction, cfg.train.seed);
+  std::printf("tokenized %s: %llu train tokens, %llu validation tokens, vocabulary %d -> %s/{tokenizer.model,train.bin,val.bin}\n",
+              cfg.data.corpus.c_str(), (unsigned long long)r.train_tokens,
+              (unsigned long long)r.val_tokens, cfg.model.vocab_size, cfg.data.dir.c_str());
+  return 0;
+}
+
+int generate(int argc, char** argv) {
+  const Args a = Args::parse("generate", argc, argv,
+                             {"--prompt", "--max-new-tokens", "--temperature", "--top-k", "--seed",
+                              "--tokenizer", "--threads"});
+  if (a.positional.size() != 1) throw Error("cleave generate: expected one CHECKPOINT_DIR");
+  if (!a.has("--prompt")) throw Error("cleave generate: --prompt TEXT is required");
+  if (a.has("--threads")) omp_set_num_threads(int(a.number("--threads", 0)));
+  Config cfg;
+  auto model = load_model(a.positional[0], Precision::fp32, &cfg);
+  const Tokenizer tok(a.get("--tokenizer", cfg.data.dir + "/tokenizer.model"));
+  if (tok.vocab_size() != cfg.model.vocab_size)
+    throw Error("tokenizer has " + std::to_string(tok.vocab_size()) +
+                " pieces but the model's vocab_size is " + std::to_string(cfg.model.vocab_size));
+  std::vector<int32_t> prompt;
+  for (uint32_t id : tok.encode(a.get("--prompt", ""))) prompt.push_back(int32_t(id));
+  SamplingOptions o;
+  o.max_new_tokens = int(a.number("--max-new-tokens", 100));
+  o.temperature = float(a.number("--temperature", 0.8));
+  o.top_k = int(a.number("--top-k", 40));
+  o.seed = uint64_t(a.number("--seed", 0));
+  o.stop_token = tok.eos_id();
+  std::cout << a.get("--prompt", "") << std::flush;
+  std::vector<uint32_t> produced;
+  std::string shown;
+  generate(*model, prompt, o, [&](int32_t t) {
+    if (t == o.stop_token) return;
+    // Decode the whole continuation each time: pieces only join correctly in context.
+    produced.push_back(uint32_t(t));
+    const std::string text = tok.decode(produced);
+    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0)
+      std::cout << text.substr(shown.size()) << std::flush;
+    shown = text;
+  });
+  std::cout << std::endl;
+  return 0;
+}
+
+int export_hf(int argc, char** argv) {
+  const Args a = Args::parse("export", argc, argv, {});
+  if (a.positional.size() != 2) throw Error("cleave export: expected CHECKPOINT_DIR OUT_DIR");
+  Config cfg;
+  auto model = load_model(a.positional[0], Precision::fp32, &cfg);
+  const std::string out = a.positional[1];
+  fs::create_directories(out);
+  const auto tensors = hf_tensors(model->params(), cfg.model, model->params().values().data());
+  std::vector<TensorView> views;
+  for (auto& t : tensors)
+    views.push_back({t.name, "F32", t.shape, t.data.data(), uint64_t(t.data.size()) * 4});
+  write_safetensors(out + "/model.safetensors", views, {{"format", "pt"}});
+  std::ofstream(out + "/config.json") << hf_config(cfg.model).dump(2) << "\n";
+  const std::string tok = cfg.data.dir + "/tokenizer.model";
+  if (fs::exists(tok)) fs::copy_file(tok, out + "/tokenizer.model", fs::copy_options::overwrite_existing);
+  std::printf("exported %zu tensors to %s/{config.json,model.safetensors}\n", tensors.size(), out.c_str());
+  return 0;
+}
+
+int bench_gemm(int argc, char** argv) {
+  const Args a = Args::parse("bench-gemm", argc, argv, {"--seconds", "--threads"});
+  if (a.has("--threads")) omp_set_num_threads(int(a.number("--threads", 0)));
+  std::vector<std::tuple<int64_t, int, int>> shapes = gpt2_small_linear_shapes();
+  std::string what = "GPT-2 124M, 1024 tokens";
+  if (!a.positional.empty()) {
+    const Config cfg = config_from(a, "bench-gemm");
+    const ModelConfig& m = cfg.model;
+    const int64_t N = int64_t(cfg.train.micro_batch_size) * cfg.train.seq_len;
+    shapes = {{N, m.d_model, m.qkv_dim()},
+              {N, m.n_heads * m.head_dim(), m.d_model},
+              {N, m.d_model, m.mlp_in_dim()},
+              {N, m.ffn_hidden, m.d_model},
+              {N, m.d_model, m.vocab_size}};
+    what = a.positional[0];
+  }
+  const double seconds = a.number("--seconds", 1.0);
+  std::printf("GEMM shapes of %s, %d threads, median of repetitions\n", what.c_str(),
+              omp_get_max_threads());
+  std::printf("%-6s %7s %6s %6s %-10s %9s\n", "dtype", "N", "in", "out", "pass", "GF/s");
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    const auto results = bench_linear_shapes(shapes, p, seconds);
+    const char* name = p == Precision::fp32 ? "fp32" : "bf16";
+    for (auto& r : results)
+      std::printf("%-6s %7lld %6d %6d %-10s %9.1f\n", name, (long long)r.N, r.in, r.out,
+                  r.pass.c_str(), r.gflops);
+    std::printf("%-6s overall (FLOP-weighted): %.1f GF/s\n", name, overall_gflops(results));
+  }
+  return 0;
+}
+
+}  // namespace cleave::cli

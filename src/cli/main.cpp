@@ -1,0 +1,66 @@
+// cleave: the command-line front of the engine. Runs with or without mpirun.
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "cleave/base/check.h"
+
+namespace cleave::cli {
+int train(int argc, char** argv);
+int tokenize(int argc, char** argv);
+int generate(int argc, char** argv);
+int export_hf(int argc, char** argv);
+int bench_gemm(int argc, char** argv);
+}  // namespace cleave::cli
+
+namespace {
+
+const char* kUsage = R"(usage: cleave COMMAND ...
+  train CONFIG.toml [--set key=value ...] [--resume latest|CHECKPOINT_DIR] [--exit-after N]
+  tokenize CONFIG.toml [--set key=value ...]     train the tokenizer, write token shards
+  generate CHECKPOINT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
+           [--seed S] [--tokenizer MODEL]
+  export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
+  bench-gemm [CONFIG.toml] [--set key=value ...] [--seconds S]   GEMM GF/s, fp32 and bf16
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int rc = 0;
+  try {
+    if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+      std::fputs(kUsage, argc < 2 ? stderr : stdout);
+      rc = argc < 2 ? 2 : 0;
+    } else {
+      const std::string cmd = argv[1];
+      if (world > 1)
+        throw cleave::Error("cleave " + cmd + " runs on one rank in this build (" +
+                            std::to_string(world) +
+                            " were started): data, tensor and pipeline parallelism are not built yet");
+      if (cmd == "train") rc = cleave::cli::train(argc - 2, argv + 2);
+      else if (cmd == "tokenize") rc = cleave::cli::tokenize(argc - 2, argv + 2);
+      else if (cmd == "generate") rc = cleave::cli::generate(argc - 2, argv + 2);
+      else if (cmd == "export") rc = cleave::cli::export_hf(argc - 2, argv + 2);
+      else if (cmd == "bench-gemm") rc = cleave::cli::bench_gemm(argc - 2, argv + 2);
+      else {
+        std::fprintf(stderr, "cleave: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+        rc = 2;
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "cleave: error: %s\n", e.what());
+    rc = 1;
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Bad input gets a clear error naming the key, file or fault, and a non-zero exit; never a crash.
+set -uo pipefail
+cleave=$1 src=$2 data=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cfg=$src/tests/configs/tiny_train.toml
+failures=0
+
+# expect_error "what" "substring" command...: the command must exit 1 (or 2 for usage) and print the substring.
+expect_error() {
+  local what=$1 want=$2; shift 2
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if { [ $rc -ne 1 ] && [ $rc -ne 2 ]; } || ! grep -qF -- "$want" <<<"$out"; then
+    echo "FAIL $what: exit $rc, expected 1 or 2 and the message: $want"; echo "$out" | tail -5
+    failures=$((failures + 1))
+  else
+    echo "ok   $what: $(grep -F -- "$want" <<<"$out" | head -1)"
+  fi
+}
+
+train() { "$cleave" train "$cfg" --set data.dir="$data" --set train.out_dir="$work/run" "$@"; }
+
+expect_error "unknown key" "unknown key 'train.stpes' (did you mean 'train.steps'?)" train --set train.stpes=5
+expect_error "misplaced key" "unknown key 'model.lr' (did you mean 'optim.lr'?)" train --set model.lr=0.1
+printf '[model]\nfamily = "gpt2"\nd_modle = 64\n' > "$work/typo.toml"
+expect_error "unknown key in a file" "typo.toml:3: unknown key 'model.d_modle' (did you mean 'model.d_model'?)" "$cleave" train "$work/typo.toml"
+expect_error "wrong type" "model.d_model must be an integer, got string" train --set 'model.d_model="big"'
+expect_error "out of range" "optim.beta2 = 1.5 is out of range" train --set optim.beta2=1.5
+expect_error "bad choice" "train.dtype = \"fp64\" is not one of \"fp32\", \"bf16\"" train --set train.dtype=fp64
+expect_error "heads do not divide" "model.d_model = 64 is not divisible by model.n_heads = 3" train --set model.n_heads=3
+expect_error "missing config" "cannot read config file $work/none.toml" "$cleave" train "$work/none.toml"
+
+mkdir -p "$work/trunc" "$work/foreign" "$work/novocab"
+cp "$data"/* "$work/trunc/"; cp "$data"/* "$work/foreign/"; cp "$data"/* "$work/novocab/"
+truncate -s -3 "$work/trunc/train.bin"
+expect_error "truncated token file" "token file $work/trunc/train.bin: size mismatch" train --set data.dir="$work/trunc"
+head -c 5000 /dev/urandom > "$work/foreign/val.bin"
+expect_error "foreign token file" "token file $work/foreign/val.bin: not a cleave token file" train --set data.dir="$work/foreign"
+expect_error "vocab mismatch" "vocab size mismatch" train --set model.vocab_size=300
+expect_error "missing token file" "token file $work/empty/train.bin: cannot open" train --set data.dir="$work/empty"
+
+# A good short run gives a checkpoint for the generate and checkpoint cases.
+train --set train.steps=2 --set train.checkpoint_interval=0 > "$work/train.log" 2>&1 || { echo "FAIL: short run"; cat "$work/train.log"; exit 1; }
+ck=$work/run/step_00000002
+expect_error "missing tokenizer" "tokenizer model $work/nothing.model: no such file" "$cleave" generate "$ck" --prompt "To be" --tokenizer "$work/nothing.model"
+cp -r "$ck" "$work/corrupt"
+printf '\x42' | dd of="$work/corrupt/model-rank00000.safetensors" bs=1 seek=5000 conv=notrunc status=none
+expect_error "corrupted checkpoint" "checksum mismatch" "$cleave" generate "$work/corrupt" --prompt "To be" --tokenizer "$data/tokenizer.model"
+expect_error "corrupted checkpoint on resume" "checksum mismatch" train --resume "$work/corrupt"
+expect_error "checkpoint of another model" "was written with model.d_model = 64 but the config has model.d_model = 32" train --resume "$ck" --set model.d_model=32
+expect_error "no checkpoint to resume" "no checkpoint" train --resume latest --set train.out_dir="$work/fresh"
+expect_error "unknown command" "unknown command 'trian'" "$cleave" trian
+[ $failures -eq 0 ] || { echo "$failures bad-input cases failed"; exit 1; }

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""Checks cleave's whole model against an independent PyTorch implementation.
+
+Usage: torch_reference.py [--tolerance TOL] [--float64] [--sabotage WHAT] DUMP_DIR [DUMP_DIR ...]
+
+Each DUMP_DIR is what tests/tools/model_dump wrote: config.json (Hugging Face config),
+model.safetensors (parameters under Hugging Face names and layouts), grads.safetensors (cleave's
+gradients of the mean loss, same names) and outputs.safetensors (tokens, targets, logits, loss).
+The model is rebuilt here from the Hugging Face description alone (GPT2LMHeadModel or
+LlamaForCausalLM semantics, written out with plain torch ops), run on the same tokens, and
+differentiated by autograd. Logits, loss and every parameter's gradient are compared with
+    rel = max|cleave - torch| / max(max|torch|, tiny)
+per tensor; any rel above the tolerance, or a tensor missing from or extra in cleave's files,
+fails (exit status 1).
+
+--sabotage deliberately breaks the reference (exact GELU, flipped RoPE sign, no causal mask,
+untied/tied head swapped...) so callers can check that the comparison is able to fail.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+TINY = 1e-30
+SABOTAGES = ("gelu_exact", "rope_sign", "no_causal_mask", "norm_eps", "gqa_tile")
+
+
+# --- safetensors, read by hand ------------------------------------------------------------------
+
+_DTYPES = {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64,
+           "F16": np.float16, "BF16": np.uint16, "U8": np.uint8, "I8": np.int8}
+
+
+def read_safetensors(path):
+    """{name: numpy array} of a safetensors file (BF16 widened to float32)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError(f"{path}: too short for a safetensors file")
+    (n,) = struct.unpack("<Q", raw[:8])
+    if 8 + n > len(raw):
+        raise ValueError(f"{path}: header length {n} exceeds the file size {len(raw)}")
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    data = raw[8 + n:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = info["dtype"]
+        if dtype not in _DTYPES:
+            raise ValueError(f"{path}: tensor {name} has unsupported dtype {dtype}")
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        np_dtype = np.dtype(_DTYPES[dtype]).newbyteorder("<")
+        count = int(np.prod(shape)) if shape else 1
+        if end - begin != count * np_dtype.itemsize or end > len(data):
+            raise ValueError(f"{path}: tensor {name}: offsets [{begin}, {end}) do not fit "
+                             f"shape {list(shape)} of {dtype}")
+        a = np.frombuffer(data, dtype=np_dtype, count=count, offset=begin).reshape(shape)
+        if dtype == "BF16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        out[name] = a.astype(a.dtype.newbyteorder("="))
+    return out
+
+
+# --- the reference models -----------------------------------------------------------------------
+
+def gpt2_shapes(c):
+    d, V, L, P = c["n_embd"], c["vocab_size"], c["n_layer"], c["n_positions"]
+    inner = c.get("n_inner") or 4 * d
+    s = {"transformer.wte.weight": (V, d), "transformer.wpe.weight": (P, d)}
+    for l in range(L):
+        h = f"transformer.h.{l}"
+        s.update({
+            f"{h}.ln_1.weight": (d,), f"{h}.ln_1.bias": (d,),
+            f"{h}.attn.c_attn.weight": (d, 3 * d), f"{h}.attn.c_attn.bias": (3 * d,),
+            f"{h}.attn.c_proj.weight": (d, d), f"{h}.attn.c_proj.bias": (d,),
+            f"{h}.ln_2.weight": (d,), f"{h}.ln_2.bias": (d,),
+            f"{h}.mlp.c_fc.weight": (d, inner), f"{h}.mlp.c_fc.bias": (inner,),
+            f"{h}.mlp.c_proj.weight": (inner, d), f"{h}.mlp.c_proj.bias": (d,),
+        })
+    s["transformer.ln_f.weight"] = (d,)
+    s["transformer.ln_f.bias"] = (d,)
+    if not c.get("tie_word_embeddings", True):
+        s["lm_head.weight"] = (V, d)
+    return s
+
+
+def llama_shapes(c):
+    d, V, L = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    H = c["num_attention_heads"]
+    KV = c.get("num_key_value_heads", H)
+    hd = d // H
+    Fh = c["intermediate_size"]
+    s = {"model.embed_tokens.weight": (V, d)}
+    for l in range(L):
+        h = f"model.layers.{l}"
+        s.update({
+            f"{h}.input_layernorm.weight": (d,),
+            f"{h}.self_attn.q_proj.weight": (H * hd, d),
+            f"{h}.self_attn.k_proj.weight": (KV * hd, d),
+            f"{h}.self_attn.v_proj.weight": (KV * hd, d),
+            f"{h}.self_attn.o_proj.weight": (d, H * hd),
+            f"{h}.post_attention_layernorm.weight": (d,),
+            f"{h}.mlp.gate_proj.weight": (Fh, d),
+            f"{h}.mlp.up_proj.weight": (Fh, d),
+            f"{h}.mlp.down_proj.weight": (d, Fh),
+        })
+    s["model.norm.weight"] = (d,)
+    if not c.get("tie_word_embeddings", False):
+        s["lm_head.weight"] = (V, d)
+    return s
+
+
+def causal_attention(q, k, v, sabotage):
+    """q: [B, H, T, hd]; k, v: [B, H, T, hd] (kv heads already repeated). Explicit masked softmax."""
+    T, hd = q.shape[-2], q.shape[-1]
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+    if sabotage != "no_causal_mask":
+        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def gelu_tanh(x, sabotage):
+    if sabotage == "gelu_exact":
+        return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+def gpt2_forward(c, p, tokens, sabotage):
+    B, T = tokens.shape
+    d, H = c["n_embd"], c["n_head"]
+    hd = d // H
+    eps = c.get("layer_norm_epsilon", 1e-5)
+    if sabotage == "norm_eps":
+        eps = eps * 1000
+    pos = torch.arange(T)
+    x = p["transformer.wte.weight"][tokens] + p["transformer.wpe.weight"][pos][None]
+
+    def conv1d(y, name):  # Hugging Face Conv1D: y @ W + b, W stored [in, out]
+        return y @ p[name + ".weight"] + p[name + ".bias"]
+
+    def heads(y):  # [B, T, d] -> [B, H, T, hd]
+        return y.view(B, T, H, hd).transpose(1, 2)
+
+    for l in range(c["n_layer"]):
+        h = f"transformer.h.{l}"
+        a = F.layer_norm(x, (d,), p[h + ".ln_1.weight"], p[h + ".ln_1.bias"], eps)
+        qkv = conv1d(a, h + ".attn.c_attn")
+        q, k, v = qkv.split(d, dim=-1)
+        o = causal_attention(heads(q), heads(k), heads(v), sabotage)
+        o = o.transpose(1, 2).reshape(B, T, d)
+        x = x + conv1d(o, h + ".attn.c_proj")
+        m = F.layer_norm(x, (d,), p[h + ".ln_2.weight"], p[h + ".ln_2.bias"], eps)
+        m = gelu_tanh(conv1d(m, h + ".mlp.c_fc"), sabotage)
+        x = x + conv1d(m, h + ".mlp.c_proj")
+    x = F.layer_norm(x, (d,), p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], eps)
+    head = p["transformer.wte.weight"] if c.get("tie_word_embeddings", True) else p["lm_head.weight"]
+    return x @ head.t()
+
+
+def rms_norm(x, w, eps):
+    xf = x.float()
+    var = xf.pow(2).mean(-1, keepdim=True)
+    return w * (xf * torch.rsqrt(var + eps)).to(x.dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def llama_forward(c, p, tokens, sabotage):
+    B, T = tokens.shape
+    d, H = c["hidden_size"], c["num_attention_heads"]
+    KV = c.get("num_key_value_heads", H)
+    hd = d // H
+    eps = c.get("rms_norm_eps", 1e-6)
+    if sabotage == "norm_eps":
+        eps = eps * 1000
+    theta = c.get("rope_theta", 10000.0)
+    dtype = p["model.embed_tokens.weight"].dtype
+
+    # Rotate-half RoPE as Hugging Face Llama: inv_freq[i] = theta^(-2i/hd), i < hd/2; element i of a
+    # head pairs with element i + hd/2. Angles in float64, then cast.
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    emb = torch.cat((ang, ang), dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    if sabotage == "rope_sign":
+        sin = -sin
+
+    def rope(y):  # [B, heads, T, hd]
+        return y * cos + rotate_half(y) * sin
+
+    x = p["model.embed_tokens.weight"][tokens]
+    for l in range(c["num_hidden_layers"]):
+        h = f"model.layers.{l}"
+        a = rms_norm(x, p[h + ".input_layernorm.weight"], eps)
+        q = (a @ p[h + ".self_attn.q_proj.weight"].t()).view(B, T, H, hd).transpose(1, 2)
+        k = (a @ p[h + ".self_attn.k_proj.weight"].t()).view(B, T, KV, hd).transpose(1, 2)
+        v = (a @ p[h + ".self_attn.v_proj.weight"].t()).view(B, T, KV, hd).transpose(1, 2)
+        q, k = rope(q), rope(k)
+        rep = H // KV
+        if sabotage == "gqa_tile":  # wrong grouping: query head h uses kv head h % KV
+            k, v = k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1)
+        else:  # Hugging Face repeat_kv: query head h uses kv head h // rep
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        o = causal_attention(q, k, v, sabotage).transpose(1, 2).reshape(B, T, H * hd)
+        x = x + o @ p[h + ".self_attn.o_proj.weight"].t()
+        m = rms_norm(x, p[h + ".post_attention_layernorm.weight"], eps)
+        gate = m @ p[h + ".mlp.gate_proj.weight"].t()
+        up = m @ p[h + ".mlp.up_proj.weight"].t()
+        x = x + (F.silu(gate) * up) @ p[h + ".mlp.down_proj.weight"].t()
+    x = rms_norm(x, p["model.norm.weight"], eps)
+    head = p["model.embed_tokens.weight"] if c.get("tie_word_embeddings", False) else p["lm_head.weight"]
+    return x @ head.t()
+
+
+# --- the comparison -----------------------------------------------------------------------------
+
+def rel_err(cleave, ref):
+    a = np.asarray(cleave, dtype=np.float64)
+    b = np.asarray(ref, dtype=np.float64)
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), TINY)) if b.size else 0.0
+
+
+def check_dump(dump, tolerance, dtype, sabotage):
+    """Returns (list of failure messages, max rel err over all tensors)."""
+    failures = []
+    with open(os.path.join(dump, "config.json")) as f:
+        c = json.load(f)
+    model_type = c.get("model_type")
+    if model_type == "gpt2":
+        shapes, forward = gpt2_shapes(c), gpt2_forward
+    elif model_type == "llama":
+        shapes, forward = llama_shapes(c), llama_forward
+    else:
+        return [f"{dump}: unknown model_type {model_type!r}"], float("inf")
+
+    values = read_safetensors(os.path.join(dump, "model.safetensors"))
+    grads = read_safetensors(os.path.join(dump, "grads.safetensors"))
+    outputs = read_safetensors(os.path.join(dump, "outputs.safetensors"))
+
+    # Every expected tensor present with its shape, nothing extra, in both files.
+    for what, tensors in (("model.safetensors", values), ("grads.safetensors", grads)):
+        for name in sorted(set(shapes) - set(tensors)):
+            failures.append(f"{what}: missing tensor {name} (expected shape {list(shapes[name])})")
+        for name in sorted(set(tensors) - set(shapes)):
+            failures.append(f"{what}: unexpected tensor {name} {list(tensors[name].shape)}")
+        for name in sorted(set(shapes) & set(tensors)):
+            if tuple(tensors[name].shape) != shapes[name]:
+                failures.append(f"{what}: {name} has shape {list(tensors[name].shape)}, "
+                                f"expected {list(shapes[name])}")
+    for name in ("tokens", "targets", "logits", "loss"):
+        if name not in outputs:
+            failures.append(f"outputs.safetensors: missing tensor {name}")
+    # Without every parameter and output the reference cannot run: report what is wrong.
+    if any(n not in values or tuple(values[n].shape) != shapes[n] for n in shapes) or \
+            any(n not in outputs for n in ("tokens", "targets", "logits", "loss")):
+        return failures, float("inf")
+
+    params = {n: torch.tensor(values[n], dtype=dtype, requires_grad=True) for n in shapes}
+    tokens = torch.from_numpy(outputs["tokens"].astype(np.int64))
+    targets = torch.from_numpy(outputs["targets"].astype(np.int64))
+    B, T = tokens.shape
+    V = c["vocab_size"]
+    logits = forward(c, params, tokens, sabotage)
+    loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))
+    loss.backward()
+
+    rows = []
+    if tuple(outputs["logits"].shape) != (B, T, V):
+        failures.append(f"outputs.safetensors: logits has shape {list(outputs['logits'].shape)}, "
+                        f"expected {[B, T, V]}")
+    else:
+        rows.append(("logits", rel_err(outputs["logits"], logits.detach().numpy())))
+    rows.append(("loss", rel_err(outputs["loss"].reshape(()), loss.detach().numpy())))
+    for name in shapes:
+        if name in grads and tuple(grads[name].shape) == shapes[name]:
+            g = params[name].grad
+            ref = g.numpy() if g is not None else np.zeros(shapes[name])
+            rows.append(("grad " + name, rel_err(grads[name], ref)))
+
+    width = max(len(r[0]) for r in rows)
+    print(f"== {dump} ({model_type}, B={B} T={T} V={V}, loss cleave "
+          f"{float(outputs['loss'].reshape(())):.6f} torch {loss.item():.6f})")
+    print(f"  {'tensor':<{width}}  rel err")
+    worst = 0.0
+    for name, r in rows:
+        bad = not (r <= tolerance)
+        worst = max(worst, r) if not math.isnan(r) else float("inf")
+        print(f"  {name:<{width}}  {r:.3e}{'  FAIL' if bad else ''}")
+        if bad:
+            failures.append(f"{name}: relative error {r:.3e} exceeds the tolerance {tolerance:.1e}")
+    print(f"  max rel err {worst:.3e}")
+    return failures, worst
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dumps", nargs="+", help="folders written by model_dump")
+    ap.add_argument("--tolerance", type=float, default=1e-4,
+                    help="largest relative error allowed per tensor (default 1e-4, for fp32)")
+    ap.add_argument("--float64", action="store_true", help="run the reference in float64")
+    ap.add_argument("--sabotage", choices=SABOTAGES, help="break the reference on purpose")
+    args = ap.parse_args()
+
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.float64 if args.float64 else torch.float32)
+    torch.use_deterministic_algorithms(True)
+    dtype = torch.float64 if args.float64 else torch.float32
+
+    all_failures = []
+    for dump in args.dumps:
+        try:
+            failures, _ = check_dump(dump, args.tolerance, dtype, args.sabotage)
+        except Exception as e:  # a malformed dump is a failure, with its reason
+            failures = [f"{type(e).__name__}: {e}"]
+        all_failures += [f"{dump}: {f}" for f in failures]
+    if all_failures:
+        print(f"\nFAILED: cleave disagrees with the PyTorch reference ({len(all_failures)} problems):",
+              file=sys.stderr)
+        for f in all_failures:
+            print("  " + f, file=sys.stderr)
+        return 1
+    print(f"\nOK: {len(args.dumps)} model(s) match the PyTorch reference within {args.tolerance:.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The whole model against an independent PyTorch implementation (torch_reference.py): logits,
+# loss and every parameter gradient, fp32, for GPT-2 (tied and untied head) and Llama (GQA with
+# untied head, multi-query with tied head), each with the model's own init and with its norm
+# weights and biases moved off their trivial init (--perturb). Then checks that the comparison can
+# fail: a deliberately broken reference must be rejected.
+# Usage: torch_reference_test.sh CLEAVE_BINARY SOURCE_DIR [TEST_DATA_DIR (unused)]
+# model_dump is found next to the cleave binary under tests/, or at $MODEL_DUMP.
+set -euo pipefail
+cleave=$1 src=$2
+dump=${MODEL_DUMP:-$(dirname "$cleave")/tests/model_dump}
+python=${PYTHON:-/usr/bin/python3}
+ref=$src/tests/integration/torch_reference.py
+[ -x "$dump" ] || { echo "FAIL: model_dump not found at $dump (build the model_dump target)"; exit 1; }
+"$python" -c "import torch, numpy" || { echo "FAIL: $python cannot import torch and numpy"; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+gpt2=$src/tests/configs/tiny_gpt2.toml llama=$src/tests/configs/tiny_llama.toml
+# name | config | overrides
+variants=(
+  "gpt2_tied|$gpt2|"
+  "gpt2_untied|$gpt2|--set model.tie_embeddings=false"
+  "llama_gqa_untied|$llama|"
+  "llama_mqa_tied|$llama|--set model.n_kv_heads=1 --set model.tie_embeddings=true"
+)
+dirs=()
+for v in "${variants[@]}"; do
+  IFS='|' read -r name cfg sets <<< "$v"
+  for init in own perturbed; do
+    extra=()
+    [ "$init" = perturbed ] && extra=(--perturb)
+    # shellcheck disable=SC2086  # $sets is a list of words
+    "$dump" "$cfg" "$work/${name}_$init" $sets "${extra[@]}" \
+      || { echo "FAIL: model_dump $name ($init init) failed"; exit 1; }
+    dirs+=("$work/${name}_$init")
+  done
+done
+
+"$python" "$ref" "${dirs[@]}" || { echo "FAIL: cleave disagrees with the PyTorch reference"; exit 1; }
+
+# The comparison must be able to fail: each sabotage of the reference is caught.
+for s in gelu_exact:gpt2_tied_own rope_sign:llama_gqa_untied_own gqa_tile:llama_gqa_untied_own \
+         no_causal_mask:gpt2_untied_own norm_eps:llama_mqa_tied_perturbed; do
+  if "$python" "$ref" --sabotage "${s%%:*}" "$work/${s#*:}" > "$work/sabotage.log" 2>&1; then
+    cat "$work/sabotage.log"
+    echo "FAIL: the reference broken by '${s%%:*}' still matched ${s#*:}: the check cannot fail"
+    exit 1
+  fi
+  echo "sabotage ${s%%:*} on ${s#*:}: rejected, as it must be"
+done
+echo "PASS: cleave matches the PyTorch reference"

@@ -1,0 +1,86 @@
+// The config: every key validated, errors name the key and suggest the closest; overrides; the
+// resolved config round-trips through its TOML form.
+#include <gtest/gtest.h>
+
+#include "cleave/base/check.h"
+#include "cleave/train/config.h"
+
+namespace cleave {
+namespace {
+
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(text, "test.toml", overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsResolvePerFamily) {
+  const Config g = parse_config("[model]\nfamily = \"gpt2\"\nd_model = 64\nn_heads = 4\n", "t");
+  EXPECT_EQ(g.model.ffn_hidden, 256);
+  EXPECT_TRUE(g.model.tie_embeddings);
+  EXPECT_EQ(g.model.n_kv_heads, 4);
+  const Config l = parse_config("[model]\nfamily = \"llama\"\nd_model = 96\nn_heads = 4\n", "t");
+  EXPECT_EQ(l.model.ffn_hidden, 256);  // 8 * 96 / 3 = 256, a multiple of 32
+  EXPECT_FALSE(l.model.tie_embeddings);
+}
+
+TEST(Config, UnknownKeySuggestsClosest) {
+  EXPECT_EQ(error_of("[train]\nsteps = 3\nmicro_bach_size = 2\n"),
+            "test.toml:3: unknown key 'train.micro_bach_size' (did you mean 'train.micro_batch_size'?)");
+  EXPECT_NE(error_of("[model]\nlr = 1\n").find("did you mean 'optim.lr'?"), std::string::npos);
+  EXPECT_NE(error_of("[trian]\nsteps = 1\n").find("unknown key 'trian.steps'"), std::string::npos);
+  EXPECT_NE(error_of("steps = 1\n").find("unknown key 'steps'"), std::string::npos);
+}
+
+TEST(Config, WrongTypeAndRange) {
+  EXPECT_NE(error_of("[model]\nd_model = \"x\"\n").find("test.toml:2: model.d_model must be an integer, got string"),
+            std::string::npos);
+  EXPECT_NE(error_of("[optim]\nlr = true\n").find("optim.lr must be a number, got boolean"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nsteps = -1\n").find("train.steps = -1 is out of range"), std::string::npos);
+  EXPECT_NE(error_of("[optim]\nno_decay = [1]\n").find("optim.no_decay must be an array of strings"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\ndtype = \"fp16\"\n").find("is not one of \"fp32\", \"bf16\""), std::string::npos);
+}
+
+TEST(Config, CrossKeyRules) {
+  EXPECT_NE(error_of("[model]\nd_model = 10\nn_heads = 4\n").find("not divisible by model.n_heads = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nfamily = \"llama\"\nd_model = 64\nn_heads = 4\nn_kv_heads = 3\n")
+                .find("model.n_heads = 4 is not divisible by model.n_kv_heads = 3"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nd_model = 64\nn_heads = 4\nn_kv_heads = 2\n").find("no grouped-query"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nmax_seq_len = 64\n[train]\nseq_len = 128\n").find("exceeds model.max_seq_len"),
+            std::string::npos);
+  EXPECT_NE(error_of("[optim]\nlr = 1e-4\nmin_lr = 1e-3\n").find("exceeds optim.lr"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nd_model = 64\n[[broken\n").find("TOML syntax error"), std::string::npos);
+}
+
+TEST(Config, Overrides) {
+  const Config c = parse_config("[train]\nsteps = 3\n", "t",
+                                {"train.steps=7", "train.dtype=bf16", "optim.no_decay=[\"wpe\"]",
+                                 "train.out_dir=runs/x", "model.norm_eps=1e-6"});
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_EQ(c.train.dtype, Precision::bf16);
+  EXPECT_EQ(c.optim.no_decay, std::vector<std::string>{"wpe"});
+  EXPECT_EQ(c.train.out_dir, "runs/x");
+  EXPECT_FLOAT_EQ(c.model.norm_eps, 1e-6f);
+  EXPECT_NE(error_of("", {"train.stepz=3"}).find("did you mean 'train.steps'?"), std::string::npos);
+  EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);
+}
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  const Config c = parse_config("[model]\nfamily = \"llama\"\nd_model = 96\nn_heads = 6\nn_kv_heads = 2\n"
+                                "[optim]\nno_decay = [\"embed\"]\ndecay = \"linear\"\n",
+                                "t");
+  const std::string once = to_toml(c);
+  EXPECT_EQ(to_toml(parse_config(once, "resolved")), once);
+  for (const std::string& key : config_keys())
+    EXPECT_NE(once.find(key.substr(key.find('.') + 1) + " = "), std::string::npos) << key;
+}
+
+}  // namespace
+}  // namespace cleave
