@@ -23,10 +23,12 @@ struct LoadedCheckpoint {
 };
 
 // Reads meta.json, checks format and version, verifies every file's checksum (an error names the
-// file whose checksum does not match), and opens the files.
+// file whose checksum does not match), and opens the files (in file-name order, i.e. rank order).
 LoadedCheckpoint read_checkpoint_folder(const std::string& dir);
 
-// The newest "step_NNNNNNNN" folder under run_dir, or "" if there is none.
+// The path (run_dir/step_NNNNNNNN) of the newest complete checkpoint under run_dir: the folder
+// named "step_<digits>" with the largest number that contains meta.json ("<name>.tmp-<pid>" and
+// "<name>.old-<pid>" folders are ignored), or "" if there is none.
 std::string latest_checkpoint(const std::string& run_dir);
 
 }  // namespace cleave

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,21 +29,36 @@ struct TensorInfo {
   uint64_t begin = 0, end = 0;  // byte offsets within the data section
 };
 
-// Reads a whole file and validates its header against the file size; errors name the file.
+// Maps a whole file read-only and validates its header against the file size; errors name the
+// file. The file must not be truncated while the object lives (checkpoint files never are).
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
+  // Also checks the file's XXH64 (computed over the whole file before the header is parsed)
+  // against `expected_checksum`: "checksum mismatch in <path>: expected X, found Y; ...".
+  SafetensorsFile(const std::string& path, const std::string& expected_checksum);
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   // Copies tensor `name` (dtype F32, shape must equal `shape`) into out; errors name file, tensor,
   // expected and found shape.
   void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* out) const;
+  // Same for any dtype: copies end-begin bytes of tensor `name` into out after checking its dtype
+  // and shape.
+  void read(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
+            void* out) const;
+  // XXH64 of the whole file, 16 hex digits (always computed on opening).
+  const std::string& checksum() const { return checksum_; }
   const std::string& path() const { return path_; }
 
  private:
+  void load(const std::string* expected_checksum);
+  const TensorInfo& find(const std::string& name) const;
+
   std::string path_;
-  std::vector<char> bytes_;
+  std::string checksum_;
+  std::shared_ptr<const char> bytes_;  // the file, mapped read-only (shared by copies)
+  uint64_t size_ = 0;
   uint64_t data_start_ = 0;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
@@ -50,5 +66,8 @@ class SafetensorsFile {
 
 // XXH64 of a file's contents, 16 hex digits.
 std::string file_checksum(const std::string& path);
+
+// Bytes per element of a safetensors dtype ("F32" -> 4); 0 for an unknown dtype.
+uint64_t safetensors_dtype_size(const std::string& dtype);
 
 }  // namespace cleave

@@ -1,6 +1,7 @@
 #include "cleave/train/checkpoint_io.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <sstream>
 
@@ -79,7 +80,12 @@ int64_t restore_training_state(const LoadedCheckpoint& ck, const std::string& di
   return ck.meta.at("step").get<int64_t>();
 }
 
-std::unique_ptr<Transformer> load_model(const std::string& dir, Precision precision, Config* cfg) {
+std::unique_ptr<Transformer> load_model(const std::string& path, Precision precision, Config* cfg) {
+  std::string dir = path;
+  if (!std::filesystem::exists(path + "/meta.json")) {  // a run folder: its newest checkpoint
+    const std::string latest = latest_checkpoint(path);
+    if (!latest.empty()) dir = latest;
+  }
   const LoadedCheckpoint ck = read_checkpoint_folder(dir);
   *cfg = checkpoint_config(ck, dir);
   auto model = std::make_unique<Transformer>(cfg->model, precision, cfg->train.seed);

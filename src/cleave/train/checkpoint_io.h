@@ -27,6 +27,7 @@ int64_t restore_training_state(const LoadedCheckpoint& ck, const std::string& di
                                const Config& cfg, ParamStore& params, AdamW* optim);
 
 // A model built from the checkpoint's own config, with its parameters, for generate and export.
-std::unique_ptr<Transformer> load_model(const std::string& dir, Precision precision, Config* cfg);
+// `path` is a checkpoint folder, or a run folder (its newest checkpoint is used).
+std::unique_ptr<Transformer> load_model(const std::string& path, Precision precision, Config* cfg);
 
 }  // namespace cleave

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# cleave against the PyTorch peer (../shared/peer, modes installed and tuned) on GPT-2 124M:
+# d_model 768, 12 layers, 12 heads, sequence 256, batch 4, AdamW, 2 threads, 3 warm-up and 10
+# timed steps, fp32 and bf16, the programs alternating, REPEATS rounds. Prints the median tokens/s
+# of each and cleave's ratio against the faster PyTorch mode.
+# Usage: bench/vs_pytorch.sh [VOCAB=8192] [REPEATS=3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+vocab=${1:-8192} repeats=${2:-3}
+peer=$(cd .. && pwd)/shared/peer
+[ -x "$peer/run_peer.sh" ] || { echo "needs the PyTorch peer at $peer"; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
+
+cleave_run() {  # prints the median tokens/s of timed steps 4..13
+  local dtype=$1 out=$work/run-$dtype
+  rm -rf "$out"
+  OMP_NUM_THREADS=2 ./build/cleave train configs/gpt2_124m.toml --set data.dir="$work" \
+    --set model.vocab_size="$vocab" --set train.dtype="$dtype" --set train.steps=13 \
+    --set train.log_interval=1 --set train.val_interval=0 --set train.checkpoint_interval=0 \
+    --set train.threads=2 --set train.out_dir="$out" > "$out.log" 2>&1 \
+    || { cat "$out.log" >&2; return 1; }
+  grep '"tokens_per_s"' "$out/metrics.jsonl" | tail -n 10 | sed 's/.*"tokens_per_s":\([^,}]*\).*/\1/' |
+    sort -g | awk '{a[NR]=$1} END {print (a[int((NR+1)/2)] + a[int((NR+2)/2)]) / 2}'
+}
+peer_run() {  # mode dtype
+  "$peer/run_peer.sh" "$1" "$2" 1 --preset 124m --vocab "$vocab" --steps 10 --warmup 3 |
+    grep '^RESULT' | sed 's/.*| \([0-9.]*\) tok\/s.*/\1/'
+}
+median() { sort -g | awk '{a[NR]=$1} END {print (a[int((NR+1)/2)] + a[int((NR+2)/2)]) / 2}'; }
+
+declare -A results
+for round in $(seq "$repeats"); do
+  for dtype in fp32 bf16; do
+    results[cleave-$dtype]+="$(cleave_run "$dtype") "
+    results[installed-$dtype]+="$(peer_run installed "$dtype") "
+    results[tuned-$dtype]+="$(peer_run tuned "$dtype") "
+    echo "round $round $dtype: cleave ${results[cleave-$dtype]}| installed ${results[installed-$dtype]}| tuned ${results[tuned-$dtype]}" >&2
+  done
+done
+echo "GPT-2 124M, vocab $vocab, seq 256, batch 4, 2 threads; median tokens/s over $repeats rounds"
+printf "%-6s %10s %14s %10s %8s\n" dtype cleave torch-installed torch-tuned ratio
+for dtype in fp32 bf16; do
+  c=$(tr ' ' '\n' <<<"${results[cleave-$dtype]}" | grep . | median)
+  i=$(tr ' ' '\n' <<<"${results[installed-$dtype]}" | grep . | median)
+  t=$(tr ' ' '\n' <<<"${results[tuned-$dtype]}" | grep . | median)
+  best=$(awk -v a="$i" -v b="$t" 'BEGIN {print (a > b ? a : b)}')
+  printf "%-6s %10.0f %14.0f %10.0f %7.2fx\n" "$dtype" "$c" "$i" "$t" "$(awk -v c="$c" -v b="$best" 'BEGIN {print c / b}')"
+done
+grep -h "MFU" "$work"/run-fp32.log | tail -1 | sed 's/^/last cleave fp32 step: /'
+grep -h "MFU" "$work"/run-bf16.log | tail -1 | sed 's/^/last cleave bf16 step: /'

@@ -1,0 +1,258 @@
+// Checkpoint folders: written complete under "<dir>.tmp-<pid>", made durable (fsync of every file
+// and of the folder), then swapped into place by rename, so "<dir>/meta.json" exists only for a
+// complete checkpoint. An existing "<dir>" is exchanged atomically with the new folder where the
+// file system supports renameat2(RENAME_EXCHANGE) (ext4, xfs, btrfs, tmpfs); elsewhere it is first
+// renamed to "<dir>.old-<pid>", leaving a short window in which "<dir>" does not exist and
+// latest_checkpoint falls back to the previous step.
+#include "cleave/checkpoint/folder.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cleave/base/check.h"
+
+namespace cleave {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "cleave-checkpoint";
+constexpr int kVersion = 1;
+
+std::string errno_text() { return std::strerror(errno); }
+
+// "a/b/" -> "a/b", so that "<dir>.tmp-<pid>" is a sibling of dir, not a child.
+std::string strip_trailing_slashes(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+std::string parent_of(const std::string& dir) {
+  fs::path p = fs::path(dir).parent_path();
+  return p.empty() ? std::string(".") : p.string();
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  CLEAVE_CHECK(fd >= 0, "cannot open " << path << " to fsync it: " << errno_text());
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  errno = err;
+  CLEAVE_CHECK(rc == 0, "cannot fsync " << path << ": " << errno_text());
+}
+
+void write_file_synced(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  CLEAVE_CHECK(fd >= 0, "cannot create " << path << ": " << errno_text());
+  const char* p = text.data();
+  size_t n = text.size();
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      std::string why = w < 0 ? errno_text() : "no progress";
+      ::close(fd);
+      CLEAVE_FAIL("cannot write " << path << ": " << why);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  bool ok = ::fsync(fd) == 0;
+  std::string why = ok ? "" : errno_text();
+  ok = (::close(fd) == 0) && ok;
+  CLEAVE_CHECK(ok, "cannot fsync/close " << path << ": " << (why.empty() ? errno_text() : why));
+}
+
+// Best-effort removal of a folder that is no longer needed; a failure leaves litter, not damage.
+void remove_quietly(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) std::cerr << "cleave: warning: cannot remove " << path << ": " << ec.message() << "\n";
+}
+
+void rename_or_fail(const std::string& from, const std::string& to) {
+  CLEAVE_CHECK(::rename(from.c_str(), to.c_str()) == 0,
+               "cannot rename " << from << " to " << to << ": " << errno_text());
+}
+
+// Puts the complete folder `tmp` at `dir`, replacing any existing `dir`.
+void install(const std::string& tmp, const std::string& dir) {
+  const std::string parent = parent_of(dir);
+  std::error_code ec;
+  fs::file_status st = fs::symlink_status(dir, ec);
+  if (!fs::exists(st)) {
+    rename_or_fail(tmp, dir);
+    fsync_path(parent, true);
+    return;
+  }
+  CLEAVE_CHECK(fs::is_directory(st),
+               "cannot write checkpoint " << dir << ": it exists and is not a folder");
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_path(parent, true);  // the new checkpoint is durable under its name
+    remove_quietly(tmp);       // tmp now holds the previous checkpoint
+    fsync_path(parent, true);
+    return;
+  }
+  CLEAVE_CHECK(errno == EINVAL || errno == ENOSYS || errno == ENOTSUP,
+               "cannot exchange " << tmp << " with " << dir << ": " << errno_text());
+  // No atomic exchange on this file system: move the old folder aside first.
+  const std::string old = dir + ".old-" + std::to_string(::getpid());
+  if (fs::exists(fs::symlink_status(old, ec))) remove_quietly(old);
+  rename_or_fail(dir, old);
+  if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+    std::string why = errno_text();
+    ::rename(old.c_str(), dir.c_str());  // put the previous checkpoint back
+    CLEAVE_FAIL("cannot rename " << tmp << " to " << dir << ": " << why);
+  }
+  fsync_path(parent, true);
+  remove_quietly(old);
+  fsync_path(parent, true);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  CLEAVE_CHECK(in, "cannot open " << path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  CLEAVE_CHECK(!in.bad(), "cannot read " << path);
+  return ss.str();
+}
+
+bool is_step_name(const std::string& name) {
+  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return false;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+  }
+  return true;
+}
+
+// Compares the step numbers of two step names of any length without overflow.
+bool step_less(const std::string& a, const std::string& b) {
+  auto digits = [](const std::string& s) {
+    size_t i = 5;
+    while (i + 1 < s.size() && s[i] == '0') ++i;
+    return s.substr(i);
+  };
+  std::string da = digits(a), db = digits(b);
+  if (da.size() != db.size()) return da.size() < db.size();
+  if (da != db) return da < db;
+  return a < b;  // equal numbers with different zero padding: any fixed order
+}
+
+}  // namespace
+
+void write_checkpoint_folder(const std::string& dir_in, const nlohmann::json& meta,
+                             const std::vector<TensorView>& tensors) {
+  const std::string dir = strip_trailing_slashes(dir_in);
+  CLEAVE_CHECK(!dir.empty(), "write_checkpoint_folder: empty folder name");
+  CLEAVE_CHECK(meta.is_object() || meta.is_null(),
+               "write_checkpoint_folder " << dir << ": meta must be a JSON object");
+  const std::string parent = parent_of(dir);
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  CLEAVE_CHECK(!ec, "cannot create " << parent << ": " << ec.message());
+
+  const std::string tmp = dir + ".tmp-" + std::to_string(::getpid());
+  if (fs::exists(fs::symlink_status(tmp, ec))) {  // left by an earlier crash of a process
+    fs::remove_all(tmp, ec);                      // that had our pid
+    CLEAVE_CHECK(!ec, "cannot remove stale " << tmp << ": " << ec.message());
+  }
+  try {
+    CLEAVE_CHECK(fs::create_directory(tmp, ec) && !ec,
+                 "cannot create " << tmp << ": " << ec.message());
+    nlohmann::json files = nlohmann::json::object();
+    // One file per rank; for now the whole state is rank 0's.
+    const std::string name = "model-rank00000.safetensors";
+    files[name] =
+        write_safetensors(tmp + "/" + name, tensors, {{"format", kFormat}, {"rank", "0"}});
+
+    nlohmann::json m = meta.is_null() ? nlohmann::json::object() : meta;
+    m["format"] = kFormat;
+    m["version"] = kVersion;
+    m["files"] = std::move(files);
+    std::string text;
+    try {
+      text = m.dump(2) + "\n";
+    } catch (const nlohmann::json::exception& e) {
+      CLEAVE_FAIL("cannot encode meta.json for " << dir << ": " << e.what());
+    }
+    write_file_synced(tmp + "/meta.json", text);
+    fsync_path(tmp, true);
+    install(tmp, dir);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+}
+
+LoadedCheckpoint read_checkpoint_folder(const std::string& dir_in) {
+  const std::string dir = strip_trailing_slashes(dir_in);
+  std::error_code ec;
+  CLEAVE_CHECK(fs::is_directory(dir, ec), "checkpoint folder " << dir << " does not exist");
+  const std::string meta_path = dir + "/meta.json";
+  CLEAVE_CHECK(fs::is_regular_file(meta_path, ec),
+               "checkpoint " << dir << " has no meta.json (" << meta_path
+                             << " is missing): incomplete or not a checkpoint");
+  LoadedCheckpoint out;
+  try {
+    out.meta = nlohmann::json::parse(read_text(meta_path));
+  } catch (const nlohmann::json::exception& e) {
+    CLEAVE_FAIL("cannot parse " << meta_path << ": " << e.what());
+  }
+  const nlohmann::json& m = out.meta;
+  CLEAVE_CHECK(m.is_object(), meta_path << " is not a JSON object");
+  CLEAVE_CHECK(m.contains("format") && m["format"] == kFormat,
+               meta_path << ": format is "
+                         << (m.contains("format") ? m["format"].dump() : "missing")
+                         << ", expected \"" << kFormat << "\"");
+  CLEAVE_CHECK(
+      m.contains("version") && m["version"].is_number_integer() && m["version"] == kVersion,
+      meta_path << ": unsupported checkpoint version "
+                << (m.contains("version") ? m["version"].dump() : "(missing)")
+                << "; this build reads version " << kVersion);
+  CLEAVE_CHECK(m.contains("files") && m["files"].is_object() && !m["files"].empty(),
+               meta_path << ": \"files\" must be a non-empty object {file name: checksum}");
+  for (auto it = m["files"].begin(); it != m["files"].end(); ++it) {
+    const std::string& name = it.key();
+    CLEAVE_CHECK(
+        !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos,
+        meta_path << ": invalid file name '" << name << "'");
+    CLEAVE_CHECK(it.value().is_string(),
+                 meta_path << ": checksum of " << name << " is not a string");
+    const std::string path = dir + "/" + name;
+    CLEAVE_CHECK(fs::is_regular_file(path, ec),
+                 "checkpoint file " << path << " listed in " << meta_path << " is missing");
+  }
+  for (auto it = m["files"].begin(); it != m["files"].end(); ++it) {  // sorted: rank order
+    out.files.emplace_back(dir + "/" + it.key(), it.value().get<std::string>());
+  }
+  return out;
+}
+
+std::string latest_checkpoint(const std::string& run_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec)) return "";
+  std::string best;
+  for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (!is_step_name(name)) continue;  // also skips "step_N.tmp-<pid>" and "step_N.old-<pid>"
+    std::error_code e2;
+    if (!it->is_directory(e2) || !fs::is_regular_file(it->path() / "meta.json", e2)) continue;
+    if (best.empty() || step_less(best, name)) best = name;
+  }
+  CLEAVE_CHECK(!ec, "cannot list " << run_dir << ": " << ec.message());
+  return best.empty() ? "" : (fs::path(run_dir) / best).string();
+}
+
+}  // namespace cleave

@@ -1,0 +1,337 @@
+// Safetensors writer/reader: roundtrips, header layout, validation errors, checksums.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cleave/base/check.h"
+#include "cleave/checkpoint/safetensors.h"
+
+namespace fs = std::filesystem;
+using cleave::SafetensorsFile;
+using cleave::TensorView;
+
+namespace {
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("cleave-st-" + std::to_string(::getpid()) + "-" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+};
+
+std::vector<char> slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void spit(const std::string& p, const std::vector<char>& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A raw safetensors file with the given header text and data bytes (no validation).
+void write_raw(const std::string& p, const std::string& header, const std::vector<char>& data) {
+  std::vector<char> bytes(8);
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(n >> (8 * i));
+  bytes.insert(bytes.end(), header.begin(), header.end());
+  bytes.insert(bytes.end(), data.begin(), data.end());
+  spit(p, bytes);
+}
+
+// Runs f, expects a cleave::Error, and returns its message.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const cleave::Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a cleave::Error";
+  return "";
+}
+
+bool is_hex16(const std::string& s) {
+  if (s.size() != 16) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_F(SafetensorsTest, RoundtripF32I32Bf16AndMetadata) {
+  std::vector<float> w(6), b(3);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * static_cast<float>(i) - 1.25f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 1e-3f * static_cast<float>(i + 1);
+  std::vector<int32_t> ids = {7, -3, 2147483647, 0};
+  std::vector<uint16_t> half = {0x3f80, 0xbf80, 0x0000, 0x7f80, 0x4049};  // BF16 bit patterns
+  float scalar = 42.0f;
+  std::vector<TensorView> tensors = {
+      {"layer.w", "F32", {2, 3}, w.data(), w.size() * 4},
+      {"layer.b", "F32", {3}, b.data(), b.size() * 4},
+      {"ids", "I32", {4}, ids.data(), ids.size() * 4},
+      {"emb.bf16", "BF16", {5}, half.data(), half.size() * 2},
+      {"step", "F32", {}, &scalar, 4},
+      {"empty", "F32", {0, 4}, nullptr, 0},
+  };
+  const std::string p = path("a.safetensors");
+  std::string sum = cleave::write_safetensors(p, tensors, {{"step", "12"}, {"note", "hello"}});
+  EXPECT_TRUE(is_hex16(sum)) << sum;
+  EXPECT_EQ(sum, cleave::file_checksum(p));
+
+  // Header layout: 8-byte length, JSON padded with spaces so data starts 8-aligned.
+  std::vector<char> bytes = slurp(p);
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; ++i) hlen |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
+  EXPECT_EQ((8 + hlen) % 8, 0u);
+  std::string header(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(hlen));
+  EXPECT_EQ(header.front(), '{');
+  auto j = nlohmann::json::parse(header);
+  EXPECT_EQ(j["__metadata__"]["note"], "hello");
+  EXPECT_EQ(j["layer.w"]["dtype"], "F32");
+  EXPECT_EQ(j["layer.w"]["shape"], nlohmann::json({2, 3}));
+  EXPECT_EQ(j["layer.w"]["data_offsets"], nlohmann::json({0, 24}));
+  EXPECT_EQ(j["step"]["shape"], nlohmann::json::array());
+  EXPECT_EQ(bytes.size(), 8 + hlen + (6 + 3 + 4) * 4 + 5 * 2 + 4);
+
+  SafetensorsFile f(p);
+  EXPECT_EQ(f.path(), p);
+  EXPECT_EQ(f.checksum(), sum);
+  EXPECT_EQ(f.tensors().size(), 6u);
+  EXPECT_EQ(f.metadata().at("step"), "12");
+  EXPECT_EQ(f.metadata().at("note"), "hello");
+  EXPECT_TRUE(f.contains("ids"));
+  EXPECT_FALSE(f.contains("__metadata__"));
+  EXPECT_EQ(f.tensors().at("emb.bf16").dtype, "BF16");
+  EXPECT_EQ(f.tensors().at("layer.w").shape, (std::vector<int64_t>{2, 3}));
+
+  std::vector<float> w2(6), b2(3);
+  f.read_f32("layer.w", {2, 3}, w2.data());
+  f.read_f32("layer.b", {3}, b2.data());
+  EXPECT_EQ(w2, w);
+  EXPECT_EQ(b2, b);
+  float scalar2 = 0;
+  f.read_f32("step", {}, &scalar2);
+  EXPECT_EQ(scalar2, 42.0f);
+  f.read_f32("empty", {0, 4}, nullptr);
+  std::vector<int32_t> ids2(4);
+  f.read("ids", "I32", {4}, ids2.data());
+  EXPECT_EQ(ids2, ids);
+  std::vector<uint16_t> half2(5);
+  f.read("emb.bf16", "BF16", {5}, half2.data());
+  EXPECT_EQ(half2, half);
+}
+
+TEST_F(SafetensorsTest, NoMetadataAndNoTensors) {
+  const std::string p = path("empty.safetensors");
+  cleave::write_safetensors(p, {}, {});
+  SafetensorsFile f(p);
+  EXPECT_TRUE(f.tensors().empty());
+  EXPECT_TRUE(f.metadata().empty());
+}
+
+TEST_F(SafetensorsTest, LargeTensorsAcrossWriteChunks) {
+  // Mix of tensors larger than the write buffer and small ones between them.
+  std::vector<float> big(5'000'000), small(7), big2(3'000'001);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 9973) * 0.25f;
+  for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<float>(i);
+  for (size_t i = 0; i < big2.size(); ++i) big2[i] = -static_cast<float>(i % 101);
+  const std::string p = path("big.safetensors");
+  std::string sum =
+      cleave::write_safetensors(p,
+                                {{"small0", "F32", {7}, small.data(), 28},
+                                 {"big", "F32", {5'000'000}, big.data(), big.size() * 4},
+                                 {"small1", "F32", {7}, small.data(), 28},
+                                 {"big2", "F32", {3'000'001}, big2.data(), big2.size() * 4}},
+                                {});
+  EXPECT_EQ(sum, cleave::file_checksum(p));
+  SafetensorsFile f(p, sum);
+  std::vector<float> out(big.size());
+  f.read_f32("big", {5'000'000}, out.data());
+  EXPECT_EQ(out, big);
+  std::vector<float> out2(big2.size());
+  f.read_f32("big2", {3'000'001}, out2.data());
+  EXPECT_EQ(out2, big2);
+  std::vector<float> s(7);
+  f.read_f32("small1", {7}, s.data());
+  EXPECT_EQ(s, small);
+}
+
+TEST_F(SafetensorsTest, WriterRejectsInconsistentTensors) {
+  std::vector<float> w(6);
+  const std::string p = path("bad.safetensors");
+  std::string msg = error_of([&] {
+    cleave::write_safetensors(p, {{"w", "F32", {2, 2}, w.data(), 24}}, {});
+  });
+  EXPECT_NE(msg.find("'w'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  msg = error_of([&] {
+    cleave::write_safetensors(p, {{"w", "F32", {6}, w.data(), 24}, {"w", "F32", {6}, w.data(), 24}},
+                              {});
+  });
+  EXPECT_NE(msg.find("twice"), std::string::npos) << msg;
+  msg = error_of([&] { cleave::write_safetensors(p, {{"w", "Q4", {6}, w.data(), 24}}, {}); });
+  EXPECT_NE(msg.find("unknown dtype"), std::string::npos) << msg;
+  msg = error_of([&] { cleave::write_safetensors(path("no/such/dir/x.safetensors"), {}, {}); });
+  EXPECT_NE(msg.find("no/such/dir/x.safetensors"), std::string::npos) << msg;
+}
+
+TEST_F(SafetensorsTest, TruncatedFileRejectedWithPath) {
+  std::vector<float> w(100, 1.0f);
+  const std::string p = path("t.safetensors");
+  cleave::write_safetensors(p, {{"w", "F32", {100}, w.data(), 400}}, {});
+  std::vector<char> bytes = slurp(p);
+
+  // Data cut short: the offsets claim more bytes than the file has.
+  spit(p, std::vector<char>(bytes.begin(), bytes.end() - 10));
+  std::string msg = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  EXPECT_NE(msg.find("outside the data section"), std::string::npos) << msg;
+
+  // Header cut short: the header length exceeds the file.
+  spit(p, std::vector<char>(bytes.begin(), bytes.begin() + 20));
+  msg = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  EXPECT_NE(msg.find("header length"), std::string::npos) << msg;
+
+  // Shorter than the length field.
+  spit(p, std::vector<char>(bytes.begin(), bytes.begin() + 5));
+  msg = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+
+  // Trailing bytes after the last tensor are rejected too.
+  std::vector<char> longer = bytes;
+  longer.push_back('x');
+  spit(p, longer);
+  msg = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(msg.find("after the last tensor"), std::string::npos) << msg;
+}
+
+TEST_F(SafetensorsTest, GarbageAndMissingFilesRejected) {
+  const std::string p = path("garbage.safetensors");
+  std::vector<char> junk(4096);
+  for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>((i * 2654435761u) >> 13);
+  spit(p, junk);
+  std::string msg = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+
+  // A plausible length but not JSON.
+  write_raw(p, "not json at all!", {});
+  msg = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not JSON"), std::string::npos) << msg;
+
+  // JSON, but not an object.
+  write_raw(p, "[1, 2, 3]       ", {});
+  msg = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(msg.find("not a JSON object"), std::string::npos) << msg;
+
+  const std::string missing = path("missing.safetensors");
+  msg = error_of([&] { SafetensorsFile f(missing); });
+  EXPECT_NE(msg.find(missing), std::string::npos) << msg;
+}
+
+TEST_F(SafetensorsTest, InvalidEntriesRejected) {
+  const std::string p = path("bad.safetensors");
+  std::vector<char> data(24, 0);
+  auto check = [&](const std::string& header, const std::string& expect) {
+    write_raw(p, header, data);
+    std::string msg = error_of([&] { SafetensorsFile f(p); });
+    EXPECT_NE(msg.find(p), std::string::npos) << msg;
+    EXPECT_NE(msg.find(expect), std::string::npos) << "expected '" << expect << "' in: " << msg;
+  };
+  check(R"({"w": {"shape": [6], "data_offsets": [0, 24]}})", "dtype");
+  check(R"({"w": {"dtype": "F32", "data_offsets": [0, 24]}})", "shape");
+  check(R"({"w": {"dtype": "F32", "shape": [6]}})", "data_offsets");
+  check(R"({"w": {"dtype": "F32", "shape": [6], "data_offsets": [0, 32]}})",
+        "outside the data section");
+  check(R"({"w": {"dtype": "F32", "shape": [5], "data_offsets": [0, 24]}})", "needs 20 bytes");
+  check(R"({"w": {"dtype": "F32", "shape": [-6], "data_offsets": [0, 24]}})", "invalid shape");
+  check(R"({"w": {"dtype": "X9", "shape": [6], "data_offsets": [0, 24]}})", "unknown dtype");
+  check(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+            "v": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})",
+        "overlaps");
+  check(
+      R"({"__metadata__": {"a": 1}, "w": {"dtype": "F32", "shape": [6], "data_offsets": [0, 24]}})",
+      "not a string");
+  // The same layout, well-formed, is accepted.
+  write_raw(p, R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}})", data);
+  SafetensorsFile ok(p);
+  EXPECT_EQ(ok.tensors().at("w").shape, (std::vector<int64_t>{2, 3}));
+}
+
+TEST_F(SafetensorsTest, ShapeDtypeAndMissingTensorMessages) {
+  std::vector<float> w(6, 1.0f);
+  std::vector<int32_t> ids(4, 3);
+  const std::string p = path("s.safetensors");
+  cleave::write_safetensors(
+      p, {{"blocks.0.attn.wq", "F32", {2, 3}, w.data(), 24}, {"ids", "I32", {4}, ids.data(), 16}},
+      {});
+  SafetensorsFile f(p);
+  std::vector<float> out(6);
+  std::string msg = error_of([&] { f.read_f32("blocks.0.attn.wq", {3, 2}, out.data()); });
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  EXPECT_NE(msg.find("blocks.0.attn.wq"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expected shape [3, 2], found [2, 3]"), std::string::npos) << msg;
+
+  msg = error_of([&] { f.read_f32("ids", {4}, out.data()); });
+  EXPECT_NE(msg.find("expected dtype F32, found I32"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+
+  msg = error_of([&] { f.read_f32("blocks.9.mlp.w1", {2, 3}, out.data()); });
+  EXPECT_NE(msg.find("blocks.9.mlp.w1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not found"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+}
+
+TEST_F(SafetensorsTest, ChecksumStableAndSensitive) {
+  std::vector<float> w(1000);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) / 7.0f;
+  std::vector<TensorView> t = {{"w", "F32", {10, 100}, w.data(), w.size() * 4}};
+  const std::string a = path("a.safetensors"), b = path("b.safetensors");
+  std::string sa = cleave::write_safetensors(a, t, {{"k", "v"}});
+  std::string sb = cleave::write_safetensors(b, t, {{"k", "v"}});
+  EXPECT_EQ(sa, sb);  // same content, same checksum
+  EXPECT_EQ(cleave::file_checksum(a), sa);
+  EXPECT_EQ(cleave::file_checksum(a), cleave::file_checksum(a));
+
+  std::vector<char> bytes = slurp(a);
+  bytes[bytes.size() - 1234] ^= 0x10;  // one bit of the tensor data
+  spit(a, bytes);
+  std::string flipped = cleave::file_checksum(a);
+  EXPECT_TRUE(is_hex16(flipped));
+  EXPECT_NE(flipped, sa);
+  // The file still parses (only data changed), but the checked constructor refuses it.
+  EXPECT_NO_THROW(SafetensorsFile f(a));
+  std::string msg = error_of([&] { SafetensorsFile f(a, sa); });
+  EXPECT_NE(msg.find("checksum mismatch in " + a + ": expected " + sa + ", found " + flipped),
+            std::string::npos)
+      << msg;
+
+  const std::string missing = path("missing");
+  msg = error_of([&] { cleave::file_checksum(missing); });
+  EXPECT_NE(msg.find(missing), std::string::npos) << msg;
+}
+
+TEST_F(SafetensorsTest, ChecksumOfKnownContent) {
+  // XXH64 with seed 0 of the empty input is the reference value ef46db3751d8e999.
+  spit(path("empty"), {});
+  EXPECT_EQ(cleave::file_checksum(path("empty")), "ef46db3751d8e999");
+}
