@@ -1,0 +1,91 @@
+// Rotary position embedding, rotate-half convention (Hugging Face Llama).
+//
+// For a head of size hd = 2h and i < h, the pair (x[i], x[i + h]) is rotated by the angle
+// a = pos * theta^(-2i/hd):
+//   forward:  y[i] = x[i] cos a - x[i+h] sin a,   y[i+h] = x[i+h] cos a + x[i] sin a
+//   backward: the transpose (= inverse) rotation, by -a.
+// Tokens are independent, so rows are split among threads; each row is computed the same way
+// whatever the thread count.
+#include "cleave/kernels/rope.h"
+
+#include <cmath>
+
+#include "cleave/base/check.h"
+
+namespace cleave::kernels {
+
+RopeTable::RopeTable(int head_dim_, int64_t max_pos_, float theta)
+    : head_dim(head_dim_), max_pos(max_pos_) {
+  CLEAVE_CHECK(head_dim > 0 && head_dim % 2 == 0,
+               "rope head_dim=" << head_dim << " must be positive and even");
+  CLEAVE_CHECK(max_pos >= 0, "rope max_pos=" << max_pos << " must be >= 0");
+  CLEAVE_CHECK(theta > 0.0f, "rope theta=" << theta << " must be > 0");
+  const int half = head_dim / 2;
+  cos.resize(static_cast<size_t>(max_pos) * half);
+  sin.resize(static_cast<size_t>(max_pos) * half);
+  // Angles in double: pos * freq reaches ~1e5 rad at long contexts, where a float product would
+  // already be off by ~1e-2 rad before the cos/sin.
+  std::vector<double> inv_freq(half);
+  for (int i = 0; i < half; i++)
+    inv_freq[i] = std::pow(static_cast<double>(theta), -2.0 * i / static_cast<double>(head_dim));
+  for (int64_t p = 0; p < max_pos; p++) {
+    for (int i = 0; i < half; i++) {
+      const double a = static_cast<double>(p) * inv_freq[i];
+      cos[p * half + i] = static_cast<float>(std::cos(a));
+      sin[p * half + i] = static_cast<float>(std::sin(a));
+    }
+  }
+}
+
+namespace {
+
+void check_args(const RopeTable& table, int64_t B, int64_t T, int n_heads, int64_t row_stride,
+                int64_t pos_offset) {
+  CLEAVE_CHECK(table.head_dim > 0 && table.head_dim % 2 == 0,
+               "rope head_dim=" << table.head_dim << " must be positive and even");
+  CLEAVE_CHECK(B >= 0 && T >= 0, "rope B=" << B << " T=" << T << " must be >= 0");
+  CLEAVE_CHECK(n_heads > 0, "rope n_heads=" << n_heads << " must be > 0");
+  CLEAVE_CHECK(row_stride >= static_cast<int64_t>(n_heads) * table.head_dim,
+               "rope row_stride=" << row_stride << " < n_heads*head_dim="
+                                  << static_cast<int64_t>(n_heads) * table.head_dim);
+  CLEAVE_CHECK(pos_offset >= 0 && pos_offset + T <= table.max_pos,
+               "rope positions [" << pos_offset << ", " << pos_offset + T
+                                  << ") exceed the table's max_pos=" << table.max_pos);
+}
+
+// sign = +1 rotates by +a (forward), -1 by -a (backward).
+void rope_apply(float* x, const RopeTable& table, int64_t B, int64_t T, int n_heads,
+                int64_t row_stride, int64_t pos_offset, float sign) {
+  check_args(table, B, T, n_heads, row_stride, pos_offset);
+  const int hd = table.head_dim;
+  const int half = hd / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < B * T; r++) {
+    const int64_t pos = pos_offset + r % T;
+    const float* c = table.cos.data() + pos * half;
+    const float* s = table.sin.data() + pos * half;
+    for (int h = 0; h < n_heads; h++) {
+      float* x1 = x + r * row_stride + static_cast<int64_t>(h) * hd;
+      float* x2 = x1 + half;
+      for (int i = 0; i < half; i++) {
+        const float a = x1[i], b = x2[i], si = sign * s[i];
+        x1[i] = a * c[i] - b * si;
+        x2[i] = b * c[i] + a * si;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope_forward(float* x, const RopeTable& table, int64_t B, int64_t T, int n_heads,
+                  int64_t row_stride, int64_t pos_offset) {
+  rope_apply(x, table, B, T, n_heads, row_stride, pos_offset, 1.0f);
+}
+
+void rope_backward(float* dx, const RopeTable& table, int64_t B, int64_t T, int n_heads,
+                   int64_t row_stride, int64_t pos_offset) {
+  rope_apply(dx, table, B, T, n_heads, row_stride, pos_offset, -1.0f);
+}
+
+}  // namespace cleave::kernels

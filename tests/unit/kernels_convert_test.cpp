@@ -1,0 +1,120 @@
+// fp32 <-> bf16: round to nearest even (ties, overflow to inf), NaN stays NaN, exact widening,
+// and every bf16 value round-trips.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cleave/base/check.h"
+#include "cleave/kernels/convert.h"
+
+namespace k = cleave::kernels;
+
+namespace {
+
+float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
+
+k::bf16 narrow(float f) {
+  k::bf16 b;
+  k::f32_to_bf16(&b, &f, 1);
+  return b;
+}
+
+float widen(k::bf16 b) {
+  float f;
+  k::bf16_to_f32(&f, &b, 1);
+  return f;
+}
+
+// Reference: the nearer of the two bf16 neighbours (by exact double distance), ties to even.
+// f must not be NaN or inf.
+k::bf16 ref_narrow(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t lo = u >> 16, hi = lo + 1;
+  const double dlo = std::fabs(double(f) - double(from_bits(lo << 16)));
+  // Past the largest finite bf16 the upper neighbour is inf; for rounding it counts as 2^128.
+  double vhi = from_bits(hi << 16);
+  if (std::isinf(vhi)) vhi = std::copysign(std::ldexp(1.0, 128), vhi);
+  const double dhi = std::fabs(vhi - double(f));
+  if (dlo < dhi) return lo;
+  if (dhi < dlo) return hi;
+  return (lo & 1) ? hi : lo;
+}
+
+}  // namespace
+
+TEST(Convert, RoundsToNearestEven) {
+  EXPECT_EQ(narrow(1.0f), 0x3F80);
+  EXPECT_EQ(narrow(from_bits(0x3F808000)), 0x3F80);  // tie, even below
+  EXPECT_EQ(narrow(from_bits(0x3F818000)), 0x3F82);  // tie, even above
+  EXPECT_EQ(narrow(from_bits(0x3F808001)), 0x3F81);  // just above the tie
+  EXPECT_EQ(narrow(from_bits(0x3F807FFF)), 0x3F80);  // just below the tie
+  EXPECT_EQ(narrow(-0.0f), 0x8000);
+  EXPECT_EQ(narrow(std::numeric_limits<float>::infinity()), 0x7F80);
+  EXPECT_EQ(narrow(-std::numeric_limits<float>::infinity()), 0xFF80);
+  EXPECT_EQ(narrow(std::numeric_limits<float>::max()), 0x7F80);  // rounds up to inf
+  EXPECT_EQ(narrow(from_bits(0x00008000)), 0x0000);               // subnormal tie to even
+  EXPECT_EQ(narrow(from_bits(0x00018000)), 0x0002);
+}
+
+TEST(Convert, NaNStaysNaN) {
+  for (uint32_t u : {0x7FC00000u, 0x7F800001u, 0x7F80FFFFu, 0xFF800001u, 0x7FFFFFFFu}) {
+    const k::bf16 b = narrow(from_bits(u));
+    EXPECT_TRUE(std::isnan(widen(b))) << std::hex << u << " -> " << b;
+    EXPECT_EQ(b & 0x8000, (u >> 16) & 0x8000) << "sign kept";
+  }
+}
+
+TEST(Convert, MatchesReferenceOnRandomBits) {
+  const size_t n = 200003;  // several blocks
+  std::mt19937 gen(1);
+  std::vector<float> in(n);
+  for (auto& f : in) {
+    do f = from_bits(gen());
+    while (!std::isfinite(f));
+  in[0] = from_bits(0x7F7F8000);  // the overflow tie: rounds to inf
+  in[1] = from_bits(0xFF7F7FFF);  // just below it: stays finite
+  }
+  std::vector<k::bf16> out(n);
+  k::f32_to_bf16(out.data(), in.data(), n);
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(out[i], ref_narrow(in[i])) << std::hex << in[i];
+  EXPECT_EQ(out[0], 0x7F80);
+  EXPECT_EQ(out[1], 0xFF7F);
+}
+
+TEST(Convert, EveryBf16RoundTrips) {
+  std::vector<k::bf16> all(65536), back(65536);
+  for (uint32_t i = 0; i < 65536; i++) all[i] = static_cast<k::bf16>(i);
+  std::vector<float> f(65536);
+  k::bf16_to_f32(f.data(), all.data(), 65536);
+  k::f32_to_bf16(back.data(), f.data(), 65536);
+  for (uint32_t i = 0; i < 65536; i++) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(f[i]), i << 16);
+    if (std::isnan(f[i]))
+      ASSERT_TRUE(std::isnan(widen(back[i])));
+    else
+      ASSERT_EQ(back[i], all[i]) << i;
+  }
+}
+
+TEST(Convert, IndependentOfThreadCountAndRejectsNegativeSize) {
+  const size_t n = (1 << 14) * 3 + 5;
+  std::mt19937 gen(2);
+  std::vector<float> in(n);
+  for (auto& f : in) f = std::normal_distribution<float>()(gen);
+  std::vector<k::bf16> a(n), b(n);
+  omp_set_num_threads(1);
+  k::f32_to_bf16(a.data(), in.data(), n);
+  omp_set_num_threads(3);
+  k::f32_to_bf16(b.data(), in.data(), n);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(k::bf16)), 0);
+  float f;
+  k::bf16 h = 0;
+  EXPECT_THROW(k::f32_to_bf16(&h, &f, -1), cleave::Error);
+  EXPECT_THROW(k::bf16_to_f32(&f, &h, -1), cleave::Error);
+}

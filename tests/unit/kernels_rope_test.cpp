@@ -1,0 +1,166 @@
+// RoPE (rotate-half) against a double-precision reference; backward is the transpose (finite
+// differences of sum(dout * rope(x))) and the inverse; position offsets; thread-count independence.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cleave/base/check.h"
+#include "cleave/kernels/rope.h"
+
+namespace k = cleave::kernels;
+
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+bool bitwise_equal(const float* a, const float* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+struct Threads {
+  int saved;
+  explicit Threads(int n) : saved(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~Threads() { omp_set_num_threads(saved); }
+};
+
+constexpr float kTheta = 10000.0f;
+
+// Double reference of the forward on the same layout; untouched columns are copied through.
+std::vector<double> ref_rope(const std::vector<double>& x, int hd, int64_t B, int64_t T, int H,
+                             int64_t stride, int64_t off) {
+  std::vector<double> y = x;
+  const int half = hd / 2;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < half; i++) {
+          const double a = (off + t) * std::pow(double(kTheta), -2.0 * i / hd);
+          const int64_t j = (b * T + t) * stride + h * hd + i;
+          y[j] = x[j] * std::cos(a) - x[j + half] * std::sin(a);
+          y[j + half] = x[j + half] * std::cos(a) + x[j] * std::sin(a);
+        }
+  return y;
+}
+
+struct Shape {
+  int hd;
+  int64_t B, T;
+  int H;
+  int64_t stride, off;
+};
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "hd=" << s.hd << " B=" << s.B << " T=" << s.T << " H=" << s.H << " stride=" << s.stride
+      << " off=" << s.off;
+}
+
+}  // namespace
+
+TEST(Rope, TableMatchesDouble) {
+  const int hd = 16;
+  k::RopeTable tab(hd, 4096, kTheta);
+  ASSERT_EQ(tab.cos.size(), 4096u * 8);
+  for (int64_t p : {0, 1, 7, 1000, 4095})
+    for (int i = 0; i < hd / 2; i++) {
+      const double a = p * std::pow(10000.0, -2.0 * i / hd);
+      ASSERT_NEAR(tab.cos[p * 8 + i], std::cos(a), 1e-7) << p << "," << i;
+      ASSERT_NEAR(tab.sin[p * 8 + i], std::sin(a), 1e-7) << p << "," << i;
+    }
+}
+
+class RopeShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(RopeShapes, ForwardMatchesDoubleReference) {
+  const Shape s = GetParam();
+  k::RopeTable tab(s.hd, 64, kTheta);
+  auto x = randn(s.B * s.T * s.stride, 1);
+  auto y = x;
+  k::rope_forward(y.data(), tab, s.B, s.T, s.H, s.stride, s.off);
+  const auto want = ref_rope({x.begin(), x.end()}, s.hd, s.B, s.T, s.H, s.stride, s.off);
+  for (size_t j = 0; j < y.size(); j++) ASSERT_NEAR(y[j], want[j], 1e-6) << j;
+}
+
+TEST_P(RopeShapes, BackwardIsTransposeAndInverse) {
+  const Shape s = GetParam();
+  k::RopeTable tab(s.hd, 64, kTheta);
+  auto x = randn(s.B * s.T * s.stride, 2), dout = randn(x.size(), 3);
+  // d/dx sum(dout * rope(x)) by central differences on the double reference.
+  std::vector<double> xd(x.begin(), x.end()), dd(dout.begin(), dout.end());
+  auto loss = [&] {
+    const auto y = ref_rope(xd, s.hd, s.B, s.T, s.H, s.stride, s.off);
+    double l = 0;
+    for (size_t j = 0; j < y.size(); j++) l += dd[j] * y[j];
+    return l;
+  };
+  auto dx = dout;
+  k::rope_backward(dx.data(), tab, s.B, s.T, s.H, s.stride, s.off);
+  for (size_t j = 0; j < xd.size(); j++) {
+    const double h = 1e-5, x0 = xd[j];
+    xd[j] = x0 + h;
+    const double lp = loss();
+    xd[j] = x0 - h;
+    const double lm = loss();
+    xd[j] = x0;
+    ASSERT_NEAR(dx[j], (lp - lm) / (2 * h), 1e-5) << j;
+  }
+  // Rotations are orthogonal: backward undoes forward.
+  auto y = x;
+  k::rope_forward(y.data(), tab, s.B, s.T, s.H, s.stride, s.off);
+  k::rope_backward(y.data(), tab, s.B, s.T, s.H, s.stride, s.off);
+  for (size_t j = 0; j < y.size(); j++) ASSERT_NEAR(y[j], x[j], 1e-6) << j;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, RopeShapes,
+                         ::testing::Values(Shape{16, 1, 5, 1, 16, 0}, Shape{16, 2, 5, 3, 48, 7},
+                                           Shape{8, 2, 3, 2, 21, 0},  // stride > H * hd
+                                           Shape{6, 1, 4, 2, 12, 11}));
+
+TEST(Rope, PositionOffsetMatchesSliceOfLongerSequence) {
+  const int hd = 16, H = 2, T = 12, off = 5, Tq = 4;
+  k::RopeTable tab(hd, 32, kTheta);
+  auto x = randn(T * H * hd, 4);
+  auto full = x;
+  k::rope_forward(full.data(), tab, 1, T, H, H * hd, 0);
+  // Tokens [off, off + Tq) alone, with pos_offset = off, must equal those rows of the full run.
+  std::vector<float> part(x.begin() + off * H * hd, x.begin() + (off + Tq) * H * hd);
+  k::rope_forward(part.data(), tab, 1, Tq, H, H * hd, off);
+  EXPECT_TRUE(bitwise_equal(part.data(), full.data() + off * H * hd, part.size()));
+}
+
+TEST(Rope, IndependentOfThreadCount) {
+  const int hd = 64, H = 6;
+  const int64_t B = 3, T = 37, stride = 3 * H * hd;  // q, k, v interleaved per row
+  k::RopeTable tab(hd, 128, kTheta);
+  const auto x = randn(B * T * stride, 5);
+  auto run = [&](int threads) {
+    Threads t(threads);
+    auto y = x;
+    k::rope_forward(y.data(), tab, B, T, H, stride, 9);
+    k::rope_backward(y.data() + H * hd, tab, B, T, H, stride, 9);
+    return y;
+  };
+  const auto a = run(1), b = run(3);
+  EXPECT_TRUE(bitwise_equal(a.data(), b.data(), a.size()));
+}
+
+TEST(Rope, RejectsBadArguments) {
+  EXPECT_THROW(k::RopeTable(7, 16, kTheta), cleave::Error);  // odd head_dim
+  EXPECT_THROW(k::RopeTable(0, 16, kTheta), cleave::Error);
+  EXPECT_THROW(k::RopeTable(8, 16, 0.0f), cleave::Error);
+  k::RopeTable tab(8, 16, kTheta);
+  std::vector<float> x(4 * 16 * 16, 0.0f);
+  EXPECT_THROW(k::rope_forward(x.data(), tab, 1, 10, 1, 8, 7), cleave::Error);  // 17 > max_pos
+  EXPECT_THROW(k::rope_forward(x.data(), tab, 1, 4, 2, 15, 0), cleave::Error);  // stride < 2*8
+  EXPECT_THROW(k::rope_backward(x.data(), tab, 1, 4, 0, 8, 0), cleave::Error);
+  EXPECT_THROW(k::rope_backward(x.data(), tab, 1, 4, 1, 8, -1), cleave::Error);
+  k::rope_forward(x.data(), tab, 1, 16, 1, 8, 0);  // exactly max_pos positions is fine
+}
