@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks cleave's whole model against an independent PyTorch implementation.
 
-Usage: torch_reference.py [--tolerance TOL] [--float64] [--sabotage WHAT] DUMP_DIR [DUMP_DIR ...]
+Usage: torch_reference.py [--tolerance TOL] [--float64] [--sabotage WHAT] [--self-test]
+                          DUMP_DIR [DUMP_DIR ...]
 
 Each DUMP_DIR is what tests/tools/model_dump wrote: config.json (Hugging Face config),
 model.safetensors (parameters under Hugging Face names and layouts), grads.safetensors (cleave's
@@ -13,8 +14,9 @@ differentiated by autograd. Logits, loss and every parameter's gradient are comp
 per tensor; any rel above the tolerance, or a tensor missing from or extra in cleave's files,
 fails (exit status 1).
 
---sabotage deliberately breaks the reference (exact GELU, flipped RoPE sign, no causal mask,
-untied/tied head swapped...) so callers can check that the comparison is able to fail.
+--sabotage deliberately breaks the reference (exact GELU, flipped RoPE sign, no causal mask, a
+wrong norm epsilon, the wrong grouped-query grouping), to see the comparison fail. --self-test
+does this for every applicable sabotage after the real comparison and fails unless each is caught.
 """
 import argparse
 import json
@@ -234,9 +236,21 @@ def rel_err(cleave, ref):
     return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), TINY)) if b.size else 0.0
 
 
-def check_dump(dump, tolerance, dtype, sabotage):
-    """Returns (list of failure messages, max rel err over all tensors)."""
-    failures = []
+def applicable_sabotages(c):
+    """The ways to break the reference that must change this model's results."""
+    if c.get("model_type") == "gpt2":
+        return ["gelu_exact", "no_causal_mask", "norm_eps"]
+    out = ["rope_sign", "no_causal_mask", "norm_eps"]
+    H = c["num_attention_heads"]
+    KV = c.get("num_key_value_heads", H)
+    if 1 < KV < H:  # with one kv head, or one per query head, both groupings coincide
+        out.append("gqa_tile")
+    return out
+
+
+def load_dump(dump):
+    """(config, expected shapes, forward, values, grads, outputs, problems): problems lists what is
+    missing, extra or misshapen; the reference cannot run if a parameter or output is unusable."""
     with open(os.path.join(dump, "config.json")) as f:
         c = json.load(f)
     model_type = c.get("model_type")
@@ -245,30 +259,41 @@ def check_dump(dump, tolerance, dtype, sabotage):
     elif model_type == "llama":
         shapes, forward = llama_shapes(c), llama_forward
     else:
-        return [f"{dump}: unknown model_type {model_type!r}"], float("inf")
-
+        raise ValueError(f"config.json: unknown model_type {model_type!r}")
     values = read_safetensors(os.path.join(dump, "model.safetensors"))
     grads = read_safetensors(os.path.join(dump, "grads.safetensors"))
     outputs = read_safetensors(os.path.join(dump, "outputs.safetensors"))
 
-    # Every expected tensor present with its shape, nothing extra, in both files.
+    problems = []
     for what, tensors in (("model.safetensors", values), ("grads.safetensors", grads)):
         for name in sorted(set(shapes) - set(tensors)):
-            failures.append(f"{what}: missing tensor {name} (expected shape {list(shapes[name])})")
+            problems.append(f"{what}: missing tensor {name} (expected shape {list(shapes[name])})")
         for name in sorted(set(tensors) - set(shapes)):
-            failures.append(f"{what}: unexpected tensor {name} {list(tensors[name].shape)}")
+            problems.append(f"{what}: unexpected tensor {name} {list(tensors[name].shape)}")
         for name in sorted(set(shapes) & set(tensors)):
             if tuple(tensors[name].shape) != shapes[name]:
-                failures.append(f"{what}: {name} has shape {list(tensors[name].shape)}, "
+                problems.append(f"{what}: {name} has shape {list(tensors[name].shape)}, "
                                 f"expected {list(shapes[name])}")
     for name in ("tokens", "targets", "logits", "loss"):
         if name not in outputs:
-            failures.append(f"outputs.safetensors: missing tensor {name}")
-    # Without every parameter and output the reference cannot run: report what is wrong.
-    if any(n not in values or tuple(values[n].shape) != shapes[n] for n in shapes) or \
-            any(n not in outputs for n in ("tokens", "targets", "logits", "loss")):
-        return failures, float("inf")
+            problems.append(f"outputs.safetensors: missing tensor {name}")
+    if "tokens" in outputs and "targets" in outputs:
+        B, T = outputs["tokens"].shape
+        if outputs["targets"].shape != (B, T):
+            problems.append(f"outputs.safetensors: targets has shape "
+                            f"{list(outputs['targets'].shape)}, expected {[B, T]}")
+        if "logits" in outputs and outputs["logits"].shape != (B, T, c["vocab_size"]):
+            problems.append(f"outputs.safetensors: logits has shape {list(outputs['logits'].shape)}"
+                            f", expected {[B, T, c['vocab_size']]}")
+        if "loss" in outputs and outputs["loss"].size != 1:
+            problems.append(f"outputs.safetensors: loss has shape {list(outputs['loss'].shape)}, "
+                            f"expected [1]")
+    return c, shapes, forward, values, grads, outputs, problems
 
+
+def compare(d, dtype, sabotage):
+    """Runs the reference on a loaded dump; returns ([(tensor, rel err)], torch loss)."""
+    c, shapes, forward, values, grads, outputs, _ = d
     params = {n: torch.tensor(values[n], dtype=dtype, requires_grad=True) for n in shapes}
     tokens = torch.from_numpy(outputs["tokens"].astype(np.int64))
     targets = torch.from_numpy(outputs["targets"].astype(np.int64))
@@ -277,63 +302,86 @@ def check_dump(dump, tolerance, dtype, sabotage):
     logits = forward(c, params, tokens, sabotage)
     loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))
     loss.backward()
-
-    rows = []
-    if tuple(outputs["logits"].shape) != (B, T, V):
-        failures.append(f"outputs.safetensors: logits has shape {list(outputs['logits'].shape)}, "
-                        f"expected {[B, T, V]}")
-    else:
-        rows.append(("logits", rel_err(outputs["logits"], logits.detach().numpy())))
-    rows.append(("loss", rel_err(outputs["loss"].reshape(()), loss.detach().numpy())))
+    rows = [("logits", rel_err(outputs["logits"], logits.detach().numpy())),
+            ("loss", rel_err(outputs["loss"].reshape(()), loss.detach().numpy()))]
     for name in shapes:
         if name in grads and tuple(grads[name].shape) == shapes[name]:
             g = params[name].grad
             ref = g.numpy() if g is not None else np.zeros(shapes[name])
             rows.append(("grad " + name, rel_err(grads[name], ref)))
+    return rows, loss.item()
 
+
+def worst_of(rows):
+    return max((r if not math.isnan(r) else float("inf")) for _, r in rows)
+
+
+def check_dump(dump, tolerance, dtype, sabotage, self_test):
+    """Prints the table of one dump; returns its failure messages."""
+    d = load_dump(dump)
+    c, outputs, problems = d[0], d[5], d[6]
+    failures = list(problems)
+    unusable = any("model.safetensors" in p or "outputs.safetensors" in p for p in problems)
+    if unusable:  # the reference cannot run without every parameter and output
+        return failures
+    rows, torch_loss = compare(d, dtype, sabotage)
+    B, T = outputs["tokens"].shape
     width = max(len(r[0]) for r in rows)
-    print(f"== {dump} ({model_type}, B={B} T={T} V={V}, loss cleave "
-          f"{float(outputs['loss'].reshape(())):.6f} torch {loss.item():.6f})")
+    print(f"== {dump} ({c['model_type']}, B={B} T={T} V={c['vocab_size']}, loss cleave "
+          f"{float(outputs['loss'].reshape(())):.6f} torch {torch_loss:.6f}"
+          f"{', reference sabotaged: ' + sabotage if sabotage else ''})")
     print(f"  {'tensor':<{width}}  rel err")
-    worst = 0.0
     for name, r in rows:
         bad = not (r <= tolerance)
-        worst = max(worst, r) if not math.isnan(r) else float("inf")
         print(f"  {name:<{width}}  {r:.3e}{'  FAIL' if bad else ''}")
         if bad:
             failures.append(f"{name}: relative error {r:.3e} exceeds the tolerance {tolerance:.1e}")
-    print(f"  max rel err {worst:.3e}")
-    return failures, worst
+    print(f"  max rel err {worst_of(rows):.3e}")
+
+    if self_test:  # each way of breaking the reference must be caught on this dump
+        for s in applicable_sabotages(c):
+            w = worst_of(compare(d, dtype, s)[0])
+            caught = not (w <= tolerance)
+            print(f"  self-test: reference broken by {s}: max rel err {w:.3e}, "
+                  f"{'caught' if caught else 'NOT CAUGHT'}")
+            if not caught:
+                failures.append(f"self-test: the reference broken by {s} still matches "
+                                f"(max rel err {w:.3e}): the comparison cannot see that change")
+    return failures
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dumps", nargs="+", help="folders written by model_dump")
     ap.add_argument("--tolerance", type=float, default=1e-4,
                     help="largest relative error allowed per tensor (default 1e-4, for fp32)")
     ap.add_argument("--float64", action="store_true", help="run the reference in float64")
     ap.add_argument("--sabotage", choices=SABOTAGES, help="break the reference on purpose")
+    ap.add_argument("--self-test", action="store_true",
+                    help="also check that every applicable sabotage of the reference is caught")
     args = ap.parse_args()
 
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.float64 if args.float64 else torch.float32)
     torch.use_deterministic_algorithms(True)
     dtype = torch.float64 if args.float64 else torch.float32
+    torch.set_default_dtype(dtype)
 
     all_failures = []
     for dump in args.dumps:
         try:
-            failures, _ = check_dump(dump, args.tolerance, dtype, args.sabotage)
+            failures = check_dump(dump, args.tolerance, dtype, args.sabotage, args.self_test)
         except Exception as e:  # a malformed dump is a failure, with its reason
             failures = [f"{type(e).__name__}: {e}"]
         all_failures += [f"{dump}: {f}" for f in failures]
     if all_failures:
-        print(f"\nFAILED: cleave disagrees with the PyTorch reference ({len(all_failures)} problems):",
-              file=sys.stderr)
+        print(f"\nFAILED: cleave disagrees with the PyTorch reference "
+              f"({len(all_failures)} problems):", file=sys.stderr)
         for f in all_failures:
             print("  " + f, file=sys.stderr)
         return 1
-    print(f"\nOK: {len(args.dumps)} model(s) match the PyTorch reference within {args.tolerance:.1e}")
+    print(f"\nOK: {len(args.dumps)} model(s) match the PyTorch reference within "
+          f"{args.tolerance:.1e}")
     return 0
 
 

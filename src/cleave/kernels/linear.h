@@ -25,9 +25,17 @@ class LinearGemm {
   // y = x W^T (+ bias if non-null). y is written (=).
   void forward(float* y, const float* x, int64_t N, const float* bias);
   // dx (=, or += when accumulate) dy W.
+  // bf16 mode: the bf16 copy of dy made here is kept for the next backward_weight; dy must stay
+  // unchanged until then.
   void backward_input(float* dx, const float* dy, int64_t N, bool accumulate);
   // dweight += dy^T x; dbias += column sums of dy (if non-null). x must be the array given to the
   // latest forward, unchanged: in bf16 mode its bf16 copy from forward is reused.
+  // bf16 mode caches, keyed by (pointer, N): x is reused from the latest forward; dy is reused from
+  // the latest backward_input, and that reuse consumes it (a later backward_weight, or one not
+  // preceded by backward_input, converts dy itself). An x or dy that matches no cached copy is
+  // converted here, so only changing an array in place between the paired calls is an error.
+  // The bias gradient does not depend on the number of threads; the products are bitwise
+  // reproducible for a fixed thread count.
   void backward_weight(float* dweight, float* dbias, const float* dy, const float* x, int64_t N);
 
   int in_features() const;

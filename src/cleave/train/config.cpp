@@ -62,6 +62,13 @@ std::string show_real(double v) {
   return os.str();
 }
 
+// A bound in a message: short, not round-trip exact.
+std::string show_bound(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.10g", v);
+  return buf;
+}
+
 template <class T>
 Key integer_key(std::string name, T Config::*section, auto field, double min, double max) {
   return {name, Kind::integer, min, max, {},
@@ -329,7 +336,7 @@ Config parse_config(const std::string& text, const std::string& origin,
         if (!(v >= key.min && v <= key.max))
           throw Error(where(node, origin) + ": " + name + " = " + describe(node).substr(
                           describe(node).find(' ') + 1) + " is out of range [" +
-                      show_real(key.min) + ", " + show_real(key.max) + "]");
+                      show_bound(key.min) + ", " + show_bound(key.max) + "]");
       }
       if (!key.choices.empty()) {
         const std::string v = *node.value<std::string>();

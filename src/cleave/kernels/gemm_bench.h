@@ -1,0 +1,42 @@
+// Throughput of LinearGemm on given shapes: forward, backward_input and backward_weight are each
+// warmed up, then timed repeatedly; the median time of a repetition gives GF/s (2*N*in*out flops
+// per pass). Weights are prepacked (set_weight once, before the warm-up), as in training steps
+// between optimizer updates. In bf16 mode forward and backward_input include converting their
+// input to bf16, and backward_weight reuses those copies (an untimed backward_input precedes each
+// timed backward_weight), as in a training step. Used by `cleave bench-gemm`.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cleave/kernels/linear.h"
+
+namespace cleave {
+
+struct GemmBenchResult {
+  int64_t N = 0;
+  int in = 0, out = 0;
+  std::string pass;  // "fwd", "bwd_input", "bwd_weight"
+  Precision precision = Precision::fp32;
+  double seconds = 0;  // median time of one call
+  double gflops = 0;   // 2*N*in*out / seconds / 1e9
+  int repetitions = 0;
+};
+
+// Shapes are (N, in, out). Each pass of each shape gets about seconds_per_shape / 3 of timing
+// (at least 3 repetitions) after 2 warm-up calls. Inputs are fixed pseudo-random values.
+std::vector<GemmBenchResult> bench_linear_shapes(
+    const std::vector<std::tuple<int64_t, int, int>>& shapes, Precision precision,
+    double seconds_per_shape);
+
+// FLOP-weighted overall GF/s of a set of results: total flops / total median time, i.e. the
+// throughput of running each listed (shape, pass) once.
+double overall_gflops(const std::vector<GemmBenchResult>& results);
+
+// The linear-layer shapes of a GPT-2 124M training step with N tokens: qkv 768->2304, attention
+// projection 768->768, MLP up 768->3072, MLP down 3072->768, LM head 768->vocab.
+std::vector<std::tuple<int64_t, int, int>> gpt2_small_linear_shapes(int64_t N = 1024,
+                                                                    int vocab = 8192);
+
+}  // namespace cleave

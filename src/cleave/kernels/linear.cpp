@@ -1,0 +1,345 @@
+// LinearGemm: the three products of a linear layer as cached oneDNN matmul primitives.
+//
+// Layout (PyTorch): W [out, in] row-major. Each product is a matmul C[M,Nc] = A[M,K] B[K,Nc]:
+//   forward         y[N,out]   = x[N,in]     * W^T[in,out]   B = W viewed with strides {1, in}
+//   backward_input  dx[N,in]   = dy[N,out]   * W[out,in]     B = W, plain
+//   backward_weight dW[out,in] = dy^T[out,N] * x[N,in]       A = dy viewed with strides {1, out}
+// Transposes are memory-descriptor strides, never copies. "+=" is the sum post-op (scale 1), so
+// the destination is read and accumulated in place without temporaries.
+//
+// Prepacking: the forward and backward_input primitives are created with format_tag::any for
+// the weights; their preferred (blocked) layout is queried and W is reordered into it once after
+// each set_weight (lazily, at the next product that needs it). In bf16 mode that reorder also
+// converts to bf16. The packed buffers are keyed by (role, memory descriptor), so token counts
+// whose primitives want the same layout share one packed copy.
+//
+// bf16 mode: x is converted to bf16 in forward and kept for backward_weight (same pointer and
+// N); dy is converted in backward_input and kept for the backward_weight that follows it with
+// the same pointer and N (that reuse consumes it). oneDNN accumulates in fp32; dst is fp32.
+//
+// Determinism: oneDNN's CPU matmul uses a static partition of the work for a given thread count,
+// so a product is bitwise reproducible run to run. The bias gradient is a column sum where each
+// column is summed over rows in a fixed order by one thread, so it does not depend on the thread
+// count at all.
+#include "cleave/kernels/linear.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "cleave/base/check.h"
+#include "cleave/kernels/convert.h"
+
+namespace cleave {
+
+namespace {
+
+using dnnl::memory;
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+struct DnnlContext {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+};
+
+DnnlContext& dnnl_context() {
+  static DnnlContext ctx;
+  return ctx;
+}
+
+// 64-byte aligned growable raw buffer (contents are not preserved on growth).
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer() { std::free(ptr_); }
+  void* reserve(size_t bytes) {
+    if (bytes > cap_) {
+      std::free(ptr_);
+      size_t rounded = (bytes + 63) / 64 * 64;
+      ptr_ = std::aligned_alloc(64, rounded);
+      CLEAVE_CHECK(ptr_ != nullptr, "out of memory allocating " << rounded << " bytes");
+      cap_ = rounded;
+    }
+    return ptr_;
+  }
+  void* data() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t cap_ = 0;
+};
+
+enum class Role { forward, backward_input };
+
+struct Plan {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+};
+
+struct PlansForN {
+  std::optional<Plan> fwd, fwd_bias, bin, bin_acc, bwd_w;
+};
+
+struct Packed {
+  Role role;
+  memory::desc md;
+  memory mem;
+  uint64_t version = 0;  // weight version packed into mem; 0 = never packed
+};
+
+}  // namespace
+
+struct LinearGemm::Impl {
+  int in = 0, out = 0;
+  Precision precision = Precision::fp32;
+  dt cdt = dt::f32;  // compute (operand) data type
+
+  const float* weight = nullptr;
+  uint64_t weight_version = 0;  // bumped by set_weight; 0 = no weight yet
+
+  std::map<int64_t, PlansForN> plans;
+  std::vector<Packed> packed;
+  AlignedBuffer scratch;
+
+  // bf16 operand copies (bf16 mode only).
+  AlignedBuffer x_bf16, dy_bf16, tmp_bf16, x_spare_bf16;
+  const float* x_src = nullptr;
+  int64_t x_n = -1;
+  const float* dy_src = nullptr;
+  int64_t dy_n = -1;
+
+  Impl(int in_features, int out_features, Precision p)
+      : in(in_features), out(out_features), precision(p),
+        cdt(p == Precision::bf16 ? dt::bf16 : dt::f32) {}
+
+  Plan make_plan(const memory::desc& src, const memory::desc& wei, const memory::desc* bias,
+                 const memory::desc& dst, bool accumulate) {
+    auto& ctx = dnnl_context();
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (accumulate) {
+      dnnl::post_ops po;
+      po.append_sum(1.f);
+      attr.set_post_ops(po);
+    }
+    std::optional<dnnl::matmul::desc> d;
+    if (bias)
+      d.emplace(src, wei, *bias, dst);
+    else
+      d.emplace(src, wei, dst);
+    Plan plan;
+    plan.pd = dnnl::matmul::primitive_desc(*d, attr, ctx.engine);
+    plan.prim = dnnl::matmul(plan.pd);
+    return plan;
+  }
+
+  // forward: src x[N,in], weights W^T[in,out] (packed: any), dst y[N,out], bias [1,out].
+  Plan& forward_plan(int64_t N, bool with_bias) {
+    auto& slot = with_bias ? plans[N].fwd_bias : plans[N].fwd;
+    if (!slot) {
+      memory::desc src({N, in}, cdt, tag::ab);
+      memory::desc wei({in, out}, cdt, tag::any);
+      memory::desc dst({N, out}, dt::f32, tag::ab);
+      memory::desc bias({1, out}, dt::f32, tag::ab);
+      slot = make_plan(src, wei, with_bias ? &bias : nullptr, dst, false);
+    }
+    return *slot;
+  }
+
+  // backward_input: src dy[N,out], weights W[out,in] (packed: any), dst dx[N,in].
+  Plan& backward_input_plan(int64_t N, bool accumulate) {
+    auto& slot = accumulate ? plans[N].bin_acc : plans[N].bin;
+    if (!slot) {
+      memory::desc src({N, out}, cdt, tag::ab);
+      memory::desc wei({out, in}, cdt, tag::any);
+      memory::desc dst({N, in}, dt::f32, tag::ab);
+      slot = make_plan(src, wei, nullptr, dst, accumulate);
+    }
+    return *slot;
+  }
+
+  // backward_weight: src dy^T[out,N] (strides {1,out}), weights x[N,in], dst dW[out,in] (+=).
+  Plan& backward_weight_plan(int64_t N) {
+    auto& slot = plans[N].bwd_w;
+    if (!slot) {
+      memory::desc src({out, N}, cdt, memory::dims{1, out});
+      memory::desc wei({N, in}, cdt, tag::ab);
+      memory::desc dst({out, in}, dt::f32, tag::ab);
+      slot = make_plan(src, wei, nullptr, dst, true);
+    }
+    return *slot;
+  }
+
+  // The weights in the layout `plan` wants, repacked if set_weight was called since.
+  memory packed_weights(Role role, const Plan& plan) {
+    CLEAVE_CHECK(weight != nullptr, "LinearGemm: set_weight was never called");
+    auto& ctx = dnnl_context();
+    memory::desc want = plan.pd.weights_desc();
+    // The user's fp32 W in the logical shape of this role's B operand.
+    memory::desc user = role == Role::forward
+                            ? memory::desc({in, out}, dt::f32, memory::dims{1, in})
+                            : memory::desc({out, in}, dt::f32, memory::dims{in, 1});
+    if (want == user) return memory(user, ctx.engine, const_cast<float*>(weight));
+    Packed* entry = nullptr;
+    for (auto& p : packed)
+      if (p.role == role && p.md == want) entry = &p;
+    if (!entry) {
+      packed.push_back(Packed{role, want, memory(want, ctx.engine), 0});
+      entry = &packed.back();
+    }
+    if (entry->version != weight_version) {
+      memory src(user, ctx.engine, const_cast<float*>(weight));
+      dnnl::reorder(src, entry->mem).execute(ctx.stream, src, entry->mem);
+      ctx.stream.wait();
+      entry->version = weight_version;
+    }
+    return entry->mem;
+  }
+
+  memory scratchpad(const Plan& plan) {
+    memory::desc md = plan.pd.scratchpad_desc();
+    void* p = scratch.reserve(std::max<size_t>(md.get_size(), 64));
+    return memory(md, dnnl_context().engine, p);
+  }
+
+  void execute(const Plan& plan, const memory& src, const memory& wei, const memory* bias,
+               const memory& dst) {
+    auto& ctx = dnnl_context();
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
+                                         {DNNL_ARG_WEIGHTS, wei},
+                                         {DNNL_ARG_DST, dst},
+                                         {DNNL_ARG_SCRATCHPAD, scratchpad(plan)}};
+    if (bias) args.emplace(DNNL_ARG_BIAS, *bias);
+    plan.prim.execute(ctx.stream, args);
+    ctx.stream.wait();
+  }
+
+  // Operand memory: the fp32 array itself, or its bf16 conversion into `buf`.
+  void* operand(AlignedBuffer& buf, const float* a, int64_t count) {
+    if (cdt == dt::f32) return const_cast<float*>(a);
+    auto* b = static_cast<kernels::bf16*>(buf.reserve(size_t(count) * sizeof(kernels::bf16)));
+    kernels::f32_to_bf16(b, a, count);
+    return b;
+  }
+};
+
+LinearGemm::LinearGemm(int in_features, int out_features, Precision precision)
+    : impl_(std::make_unique<Impl>(in_features, out_features, precision)) {
+  CLEAVE_CHECK(in_features > 0 && out_features > 0,
+               "LinearGemm: bad shape in=" << in_features << " out=" << out_features);
+}
+LinearGemm::~LinearGemm() = default;
+LinearGemm::LinearGemm(LinearGemm&&) noexcept = default;
+LinearGemm& LinearGemm::operator=(LinearGemm&&) noexcept = default;
+
+int LinearGemm::in_features() const { return impl_->in; }
+int LinearGemm::out_features() const { return impl_->out; }
+
+void LinearGemm::set_weight(const float* weight) {
+  CLEAVE_CHECK(weight != nullptr, "LinearGemm::set_weight: null weight");
+  impl_->weight = weight;
+  ++impl_->weight_version;
+}
+
+void LinearGemm::forward(float* y, const float* x, int64_t N, const float* bias) {
+  auto& m = *impl_;
+  CLEAVE_CHECK(N > 0, "LinearGemm::forward: N=" << N);
+  auto& ctx = dnnl_context();
+  Plan& plan = m.forward_plan(N, bias != nullptr);
+  memory wei = m.packed_weights(Role::forward, plan);
+  void* xs = m.operand(m.x_bf16, x, N * m.in);
+  if (m.cdt == dt::bf16) {
+    m.x_src = x;
+    m.x_n = N;
+  }
+  memory src(plan.pd.src_desc(), ctx.engine, xs);
+  memory dst(plan.pd.dst_desc(), ctx.engine, y);
+  if (bias) {
+    memory b(plan.pd.bias_desc(), ctx.engine, const_cast<float*>(bias));
+    m.execute(plan, src, wei, &b, dst);
+  } else {
+    m.execute(plan, src, wei, nullptr, dst);
+  }
+}
+
+void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accumulate) {
+  auto& m = *impl_;
+  CLEAVE_CHECK(N > 0, "LinearGemm::backward_input: N=" << N);
+  auto& ctx = dnnl_context();
+  Plan& plan = m.backward_input_plan(N, accumulate);
+  memory wei = m.packed_weights(Role::backward_input, plan);
+  void* dys = m.operand(m.dy_bf16, dy, N * m.out);
+  if (m.cdt == dt::bf16) {
+    m.dy_src = dy;
+    m.dy_n = N;
+  }
+  memory src(plan.pd.src_desc(), ctx.engine, dys);
+  memory dst(plan.pd.dst_desc(), ctx.engine, dx);
+  m.execute(plan, src, wei, nullptr, dst);
+}
+
+void LinearGemm::backward_weight(float* dweight, float* dbias, const float* dy, const float* x,
+                                 int64_t N) {
+  auto& m = *impl_;
+  CLEAVE_CHECK(N > 0, "LinearGemm::backward_weight: N=" << N);
+  auto& ctx = dnnl_context();
+  Plan& plan = m.backward_weight_plan(N);
+
+  void* dys;
+  void* xs;
+  if (m.cdt == dt::f32) {
+    dys = const_cast<float*>(dy);
+    xs = const_cast<float*>(x);
+  } else {
+    if (m.dy_src == dy && m.dy_n == N) {
+      dys = m.dy_bf16.data();
+    } else {
+      dys = m.operand(m.tmp_bf16, dy, N * m.out);
+    }
+    m.dy_src = nullptr;  // consumed: the next backward round converts its dy again
+    m.dy_n = -1;
+    if (m.x_src == x && m.x_n == N) {
+      xs = m.x_bf16.data();
+    } else {
+      // Not the latest forward input: convert it (correct, just slower) into a buffer that
+      // does not clobber the forward copy.
+      xs = m.operand(m.x_spare_bf16, x, N * m.in);
+    }
+  }
+  memory src(plan.pd.src_desc(), ctx.engine, dys);
+  memory wei(plan.pd.weights_desc(), ctx.engine, xs);
+  memory dst(plan.pd.dst_desc(), ctx.engine, dweight);
+  m.execute(plan, src, wei, nullptr, dst);
+
+  if (dbias) {
+    // Column sums of dy, each column summed over rows 0..N-1 in order (double accumulator) by
+    // one thread: bitwise independent of the thread count.
+    const int out = m.out;
+    constexpr int kCols = 64;
+    const int nblocks = (out + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < nblocks; ++b) {
+      const int c0 = b * kCols;
+      const int c1 = std::min(out, c0 + kCols);
+      double acc[kCols] = {};
+      for (int64_t n = 0; n < N; ++n) {
+        const float* row = dy + n * out;
+#pragma omp simd
+        for (int c = c0; c < c1; ++c) acc[c - c0] += row[c];
+      }
+      for (int c = c0; c < c1; ++c) dbias[c] = float(double(dbias[c]) + acc[c - c0]);
+    }
+  }
+}
+
+}  // namespace cleave

@@ -1,0 +1,405 @@
+// LinearGemm against a naive double-precision reference, in fp32 and bf16.
+#include "cleave/kernels/linear.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cleave/kernels/convert.h"
+#include "cleave/kernels/gemm_bench.h"
+
+namespace cleave {
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.f) {
+  std::vector<float> v(n);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 12345;
+  for (auto& e : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    e = scale * (float((s >> 40) & 0xFFFFFF) / 16777216.f * 2.f - 1.f);
+  }
+  return v;
+}
+
+// The values an operand takes in bf16 mode (round to nearest even).
+std::vector<float> bf16_rounded(const std::vector<float>& v) {
+  std::vector<kernels::bf16> b(v.size());
+  std::vector<float> r(v.size());
+  kernels::f32_to_bf16(b.data(), v.data(), int64_t(v.size()));
+  kernels::bf16_to_f32(r.data(), b.data(), int64_t(v.size()));
+  return r;
+}
+
+// C[M,Nc] = sum_k A(m,k) B(k,n), with |.| sums for the error bound, in double.
+struct Ref {
+  std::vector<double> val, mag;
+};
+
+Ref ref_forward(const std::vector<float>& x, const std::vector<float>& w, const float* bias,
+                int64_t N, int in, int out) {
+  Ref r{std::vector<double>(N * out), std::vector<double>(N * out)};
+  for (int64_t n = 0; n < N; ++n)
+    for (int o = 0; o < out; ++o) {
+      double s = bias ? bias[o] : 0.0, m = bias ? std::fabs(bias[o]) : 0.0;
+      for (int i = 0; i < in; ++i) {
+        double t = double(x[n * in + i]) * w[size_t(o) * in + i];
+        s += t;
+        m += std::fabs(t);
+      }
+      r.val[n * out + o] = s;
+      r.mag[n * out + o] = m;
+    }
+  return r;
+}
+
+Ref ref_backward_input(const std::vector<float>& dy, const std::vector<float>& w, int64_t N,
+                       int in, int out) {
+  Ref r{std::vector<double>(N * in), std::vector<double>(N * in)};
+  for (int64_t n = 0; n < N; ++n)
+    for (int i = 0; i < in; ++i) {
+      double s = 0, m = 0;
+      for (int o = 0; o < out; ++o) {
+        double t = double(dy[n * out + o]) * w[size_t(o) * in + i];
+        s += t;
+        m += std::fabs(t);
+      }
+      r.val[n * in + i] = s;
+      r.mag[n * in + i] = m;
+    }
+  return r;
+}
+
+Ref ref_backward_weight(const std::vector<float>& dy, const std::vector<float>& x, int64_t N,
+                        int in, int out) {
+  Ref r{std::vector<double>(size_t(out) * in), std::vector<double>(size_t(out) * in)};
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i) {
+      double s = 0, m = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        double t = double(dy[n * out + o]) * x[n * in + i];
+        s += t;
+        m += std::fabs(t);
+      }
+      r.val[size_t(o) * in + i] = s;
+      r.mag[size_t(o) * in + i] = m;
+    }
+  return r;
+}
+
+// got[i] == base[i] + ref.val[i] within rel * (|base[i]| + ref.mag[i]) + 1e-30.
+void expect_close(const std::vector<float>& got, const Ref& ref, double rel,
+                  const std::vector<float>* base = nullptr, const char* what = "") {
+  ASSERT_EQ(got.size(), ref.val.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double b = base ? (*base)[i] : 0.0;
+    double want = b + ref.val[i];
+    double tol = rel * (std::fabs(b) + ref.mag[i]) + 1e-30;
+    if (!(std::fabs(double(got[i]) - want) <= tol) && bad++ < 5)
+      ADD_FAILURE() << what << " [" << i << "] got " << got[i] << " want " << want << " tol "
+                    << tol;
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+struct Shape {
+  int64_t N;
+  int in, out;
+};
+
+std::string shape_name(const Shape& s) {
+  std::ostringstream os;
+  os << "N" << s.N << "_in" << s.in << "_out" << s.out;
+  return os.str();
+}
+
+class LinearTest : public ::testing::TestWithParam<std::tuple<Shape, Precision>> {};
+
+TEST_P(LinearTest, MatchesReference) {
+  auto [shape, precision] = GetParam();
+  const auto [N, in, out] = shape;
+  const bool bf = precision == Precision::bf16;
+  const double rel = bf ? 1e-2 : 1e-5;
+
+  auto w = random_vec(size_t(out) * in, 1, 0.5f);
+  auto x = random_vec(size_t(N) * in, 2);
+  auto dy = random_vec(size_t(N) * out, 3, 0.1f);
+  auto bias = random_vec(out, 4);
+
+  LinearGemm g(in, out, precision);
+  EXPECT_EQ(g.in_features(), in);
+  EXPECT_EQ(g.out_features(), out);
+  g.set_weight(w.data());
+
+  // forward without and with bias
+  std::vector<float> y(size_t(N) * out, 123.f);
+  g.forward(y.data(), x.data(), N, nullptr);
+  expect_close(y, ref_forward(x, w, nullptr, N, in, out), rel, nullptr, "forward");
+  g.forward(y.data(), x.data(), N, bias.data());
+  expect_close(y, ref_forward(x, w, bias.data(), N, in, out), rel, nullptr, "forward+bias");
+
+  // backward_input, = then +=
+  auto dx0 = random_vec(size_t(N) * in, 5);
+  std::vector<float> dx = dx0;
+  g.backward_input(dx.data(), dy.data(), N, false);
+  auto rdx = ref_backward_input(dy, w, N, in, out);
+  expect_close(dx, rdx, rel, nullptr, "backward_input =");
+  dx = dx0;
+  g.backward_input(dx.data(), dy.data(), N, true);
+  expect_close(dx, rdx, rel, &dx0, "backward_input +=");
+
+  // backward_weight accumulates into dW and dbias
+  auto dw0 = random_vec(size_t(out) * in, 6);
+  auto db0 = random_vec(out, 7);
+  std::vector<float> dw = dw0, db = db0;
+  g.backward_weight(dw.data(), db.data(), dy.data(), x.data(), N);
+  expect_close(dw, ref_backward_weight(dy, x, N, in, out), rel, &dw0, "backward_weight");
+  Ref rdb{std::vector<double>(out, 0.0), std::vector<double>(out, 0.0)};
+  for (int64_t n = 0; n < N; ++n)
+    for (int o = 0; o < out; ++o) {
+      rdb.val[o] += dy[n * out + o];
+      rdb.mag[o] += std::fabs(dy[n * out + o]);
+    }
+  expect_close(db, rdb, 1e-6, &db0, "dbias");  // dbias is summed in fp32 input precision
+
+  // null dbias leaves nothing else touched
+  dw = dw0;
+  g.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N);
+  expect_close(dw, ref_backward_weight(dy, x, N, in, out), rel, &dw0, "backward_weight nobias");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, LinearTest,
+    ::testing::Combine(::testing::Values(Shape{7, 13, 5}, Shape{64, 96, 160}, Shape{1, 1, 1},
+                                         Shape{33, 200, 17}),
+                       ::testing::Values(Precision::fp32, Precision::bf16)),
+    [](const auto& info) {
+      const bool bf = std::get<1>(info.param) == Precision::bf16;
+      return shape_name(std::get<0>(info.param)) + (bf ? "_bf16" : "_fp32");
+    });
+
+// In bf16 mode the products must be exact fp32 accumulations of the bf16-rounded operands.
+class LinearBf16Test : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(LinearBf16Test, AccumulatesInFp32) {
+  const auto [N, in, out] = GetParam();
+  const Precision precision = Precision::bf16;
+  auto w = random_vec(size_t(out) * in, 11, 0.5f);
+  auto x = random_vec(size_t(N) * in, 12);
+  auto dy = random_vec(size_t(N) * out, 13, 0.1f);
+  auto wr = bf16_rounded(w), xr = bf16_rounded(x), dyr = bf16_rounded(dy);
+
+  LinearGemm g(in, out, precision);
+  g.set_weight(w.data());
+  std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f);
+  g.forward(y.data(), x.data(), N, nullptr);
+  g.backward_input(dx.data(), dy.data(), N, false);
+  g.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N);
+  expect_close(y, ref_forward(xr, wr, nullptr, N, in, out), 1e-5, nullptr, "forward");
+  expect_close(dx, ref_backward_input(dyr, wr, N, in, out), 1e-5, nullptr, "backward_input");
+  expect_close(dw, ref_backward_weight(dyr, xr, N, in, out), 1e-5, nullptr, "backward_weight");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearBf16Test,
+                         ::testing::Values(Shape{7, 13, 5}, Shape{64, 96, 160}, Shape{33, 200, 17}),
+                         [](const auto& info) { return shape_name(info.param); });
+
+class LinearPrecisionTest : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(LinearPrecisionTest, SetWeightInvalidatesPackedWeights) {
+  const Precision p = GetParam();
+  const double rel = p == Precision::bf16 ? 1e-2 : 1e-5;
+  const int64_t N = 20;
+  const int in = 48, out = 40;
+  auto w = random_vec(size_t(out) * in, 21, 0.5f);
+  auto x = random_vec(size_t(N) * in, 22);
+  auto dy = random_vec(size_t(N) * out, 23);
+  LinearGemm g(in, out, p);
+  g.set_weight(w.data());
+  std::vector<float> y(size_t(N) * out), dx(size_t(N) * in);
+  g.forward(y.data(), x.data(), N, nullptr);
+  g.backward_input(dx.data(), dy.data(), N, false);
+
+  // Same buffer, new values (as an optimizer step does), then set_weight.
+  auto w2 = random_vec(size_t(out) * in, 24, 0.5f);
+  std::memcpy(w.data(), w2.data(), w.size() * sizeof(float));
+  g.set_weight(w.data());
+  g.forward(y.data(), x.data(), N, nullptr);
+  expect_close(y, ref_forward(x, w2, nullptr, N, in, out), rel, nullptr,
+               "forward after set_weight");
+  g.backward_input(dx.data(), dy.data(), N, false);
+  expect_close(dx, ref_backward_input(dy, w2, N, in, out), rel, nullptr,
+               "backward_input after set_weight");
+
+  // A different buffer.
+  auto w3 = random_vec(size_t(out) * in, 25, 0.5f);
+  g.set_weight(w3.data());
+  g.backward_input(dx.data(), dy.data(), N, false);
+  expect_close(dx, ref_backward_input(dy, w3, N, in, out), rel, nullptr,
+               "backward_input after set_weight (new buffer)");
+  g.forward(y.data(), x.data(), N, nullptr);
+  expect_close(y, ref_forward(x, w3, nullptr, N, in, out), rel, nullptr,
+               "forward after set_weight (new buffer)");
+}
+
+TEST_P(LinearPrecisionTest, SeveralTokenCountsShareOneLayer) {
+  const Precision p = GetParam();
+  const double rel = p == Precision::bf16 ? 1e-2 : 1e-5;
+  const int in = 24, out = 36;
+  auto w = random_vec(size_t(out) * in, 31, 0.5f);
+  LinearGemm g(in, out, p);
+  g.set_weight(w.data());
+  for (int64_t N : {7, 64, 7, 130}) {
+    auto x = random_vec(size_t(N) * in, 32 + uint32_t(N));
+    auto dy = random_vec(size_t(N) * out, 33 + uint32_t(N));
+    std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f);
+    g.forward(y.data(), x.data(), N, nullptr);
+    g.backward_input(dx.data(), dy.data(), N, false);
+    g.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N);
+    expect_close(y, ref_forward(x, w, nullptr, N, in, out), rel, nullptr, "forward");
+    expect_close(dx, ref_backward_input(dy, w, N, in, out), rel, nullptr, "backward_input");
+    expect_close(dw, ref_backward_weight(dy, x, N, in, out), rel, nullptr, "backward_weight");
+  }
+}
+
+// backward_weight without the preceding forward/backward_input on the same arrays (bf16 mode
+// converts them itself) and with a dy that changed in place since the last backward_weight.
+TEST_P(LinearPrecisionTest, BackwardWeightWithoutCachedOperands) {
+  const Precision p = GetParam();
+  const double rel = p == Precision::bf16 ? 1e-2 : 1e-5;
+  const int64_t N = 16;
+  const int in = 40, out = 24;
+  auto w = random_vec(size_t(out) * in, 41, 0.5f);
+  auto x = random_vec(size_t(N) * in, 42);
+  auto x2 = random_vec(size_t(N) * in, 43);
+  auto dy = random_vec(size_t(N) * out, 44);
+  LinearGemm g(in, out, p);
+  g.set_weight(w.data());
+  std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f);
+  g.forward(y.data(), x.data(), N, nullptr);
+  g.backward_input(dx.data(), dy.data(), N, false);
+  g.backward_weight(dw.data(), nullptr, dy.data(), x2.data(), N);  // not the forward's x
+  expect_close(dw, ref_backward_weight(dy, x2, N, in, out), rel, nullptr, "other x");
+
+  // dy changes in place; backward_weight alone (no backward_input) must see the new values.
+  auto dy2 = random_vec(size_t(N) * out, 45);
+  std::memcpy(dy.data(), dy2.data(), dy.size() * sizeof(float));
+  std::fill(dw.begin(), dw.end(), 0.f);
+  g.backward_weight(dw.data(), nullptr, dy.data(), x2.data(), N);
+  expect_close(dw, ref_backward_weight(dy2, x2, N, in, out), rel, nullptr, "new dy");
+
+  // The forward's bf16 x copy is still intact after the detour.
+  std::fill(dw.begin(), dw.end(), 0.f);
+  g.backward_input(dx.data(), dy.data(), N, false);
+  g.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N);
+  expect_close(dw, ref_backward_weight(dy2, x, N, in, out), rel, nullptr, "forward's x");
+}
+
+TEST_P(LinearPrecisionTest, BitwiseDeterministic) {
+  const Precision p = GetParam();
+  const int64_t N = 256;
+  const int in = 384, out = 320;
+  auto w = random_vec(size_t(out) * in, 51, 0.1f);
+  auto x = random_vec(size_t(N) * in, 52);
+  auto dy = random_vec(size_t(N) * out, 53);
+  auto bias = random_vec(out, 54);
+  auto run = [&](LinearGemm& g, std::vector<float>& y, std::vector<float>& dx,
+                 std::vector<float>& dw, std::vector<float>& db) {
+    y.assign(size_t(N) * out, 0.f);
+    dx.assign(size_t(N) * in, 0.f);
+    dw.assign(size_t(out) * in, 0.f);
+    db.assign(out, 0.f);
+    g.forward(y.data(), x.data(), N, bias.data());
+    g.backward_input(dx.data(), dy.data(), N, true);
+    g.backward_weight(dw.data(), db.data(), dy.data(), x.data(), N);
+  };
+  LinearGemm g(in, out, p);
+  g.set_weight(w.data());
+  std::vector<float> y1, dx1, dw1, db1, y2, dx2, dw2, db2;
+  run(g, y1, dx1, dw1, db1);
+  run(g, y2, dx2, dw2, db2);
+  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
+  EXPECT_EQ(0, std::memcmp(dx1.data(), dx2.data(), dx1.size() * 4));
+  EXPECT_EQ(0, std::memcmp(dw1.data(), dw2.data(), dw1.size() * 4));
+  EXPECT_EQ(0, std::memcmp(db1.data(), db2.data(), db1.size() * 4));
+
+  // A second layer object (fresh primitives and packing) gives the same bits.
+  LinearGemm g2(in, out, p);
+  g2.set_weight(w.data());
+  run(g2, y2, dx2, dw2, db2);
+  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
+  EXPECT_EQ(0, std::memcmp(dx1.data(), dx2.data(), dx1.size() * 4));
+  EXPECT_EQ(0, std::memcmp(dw1.data(), dw2.data(), dw1.size() * 4));
+  EXPECT_EQ(0, std::memcmp(db1.data(), db2.data(), db1.size() * 4));
+}
+
+TEST_P(LinearPrecisionTest, BiasGradientIndependentOfThreadCount) {
+  const Precision p = GetParam();
+  const int64_t N = 300;
+  const int in = 8, out = 200;
+  auto w = random_vec(size_t(out) * in, 61);
+  auto x = random_vec(size_t(N) * in, 62);
+  auto dy = random_vec(size_t(N) * out, 63);
+  LinearGemm g(in, out, p);
+  g.set_weight(w.data());
+  std::vector<float> dw(size_t(out) * in, 0.f), db1(out, 0.f), db2(out, 0.f);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  g.backward_weight(dw.data(), db1.data(), dy.data(), x.data(), N);
+  omp_set_num_threads(std::max(2, saved));
+  g.backward_weight(dw.data(), db2.data(), dy.data(), x.data(), N);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(0, std::memcmp(db1.data(), db2.data(), db1.size() * 4));
+}
+
+TEST_P(LinearPrecisionTest, MoveKeepsState) {
+  const Precision p = GetParam();
+  const double rel = p == Precision::bf16 ? 1e-2 : 1e-5;
+  const int64_t N = 5;
+  const int in = 12, out = 9;
+  auto w = random_vec(size_t(out) * in, 71);
+  auto x = random_vec(size_t(N) * in, 72);
+  LinearGemm a(in, out, p);
+  a.set_weight(w.data());
+  std::vector<float> y(size_t(N) * out);
+  a.forward(y.data(), x.data(), N, nullptr);
+  LinearGemm b(std::move(a));
+  std::fill(y.begin(), y.end(), 0.f);
+  b.forward(y.data(), x.data(), N, nullptr);
+  expect_close(y, ref_forward(x, w, nullptr, N, in, out), rel, nullptr, "moved");
+  LinearGemm c(1, 1, p);
+  c = std::move(b);
+  EXPECT_EQ(c.in_features(), in);
+  EXPECT_EQ(c.out_features(), out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, LinearPrecisionTest,
+                         ::testing::Values(Precision::fp32, Precision::bf16),
+                         [](const auto& info) {
+                           return info.param == Precision::bf16 ? "bf16" : "fp32";
+                         });
+
+TEST(LinearBench, RunsOnSmallShapes) {
+  auto r = bench_linear_shapes({{16, 32, 48}, {8, 64, 16}}, Precision::fp32, 0.03);
+  ASSERT_EQ(r.size(), 6u);
+  for (const auto& e : r) {
+    EXPECT_GT(e.gflops, 0.0);
+    EXPECT_GE(e.repetitions, 3);
+  }
+  EXPECT_EQ(r[0].pass, "fwd");
+  EXPECT_EQ(r[1].pass, "bwd_input");
+  EXPECT_EQ(r[2].pass, "bwd_weight");
+  double overall = overall_gflops(r);
+  EXPECT_GT(overall, 0.0);
+  EXPECT_EQ(gpt2_small_linear_shapes().size(), 5u);
+}
+
+}  // namespace
+}  // namespace cleave
