@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 vocab=${1:-8192} repeats=${2:-3}
 peer=$(cd .. && pwd)/shared/peer
 [ -x "$peer/run_peer.sh" ] || { echo "needs the PyTorch peer at $peer"; exit 1; }
+# Debian's PyTorch does its fp32 GEMMs through the system BLAS: without OpenBLAS (which
+# python3-torch recommends) it falls back to the reference BLAS and runs about 20x slower.
+update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep -q '^Value: .*openblas' ||
+  { echo "the PyTorch peer needs OpenBLAS as its BLAS: apt-get install -y libopenblas0-pthread libjemalloc2"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000

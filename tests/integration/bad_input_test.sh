@@ -50,6 +50,7 @@ printf '\x42' | dd of="$work/corrupt/model-rank00000.safetensors" bs=1 seek=5000
 expect_error "corrupted checkpoint" "checksum mismatch" "$cleave" generate "$work/corrupt" --prompt "To be" --tokenizer "$data/tokenizer.model"
 expect_error "corrupted checkpoint on resume" "checksum mismatch" train --resume "$work/corrupt"
 expect_error "checkpoint of another model" "was written with model.d_model = 64 but the config has model.d_model = 32" train --resume "$ck" --set model.d_model=32
+expect_error "fresh run over an old one" "already holds checkpoints (newest $work/run/step_00000002): pass --resume latest" train
 expect_error "no checkpoint to resume" "no checkpoint" train --resume latest --set train.out_dir="$work/fresh"
 expect_error "unknown command" "unknown command 'trian'" "$cleave" trian
 [ $failures -eq 0 ] || { echo "$failures bad-input cases failed"; exit 1; }

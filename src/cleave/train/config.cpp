@@ -1,6 +1,7 @@
 #include "cleave/train/config.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -56,10 +57,15 @@ std::string quote(const std::string& s) {
   return out + "\"";
 }
 
-std::string show_real(double v) {
-  std::ostringstream os;
-  os << toml::value<double>(v);
-  return os.str();
+// The shortest text that reads back as the same value of its type (float fields print as floats),
+// always a TOML float ("0.9", "1e-05").
+template <class Real>
+std::string show_real(Real v) {
+  char buf[64];
+  const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+  std::string s(buf, end);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // "n": inf and nan
+  return s;
 }
 
 // A bound in a message: short, not round-trip exact.

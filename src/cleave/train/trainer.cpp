@@ -67,6 +67,9 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
       throw Error("--resume latest: no checkpoint (step_NNNNNNNN folder) in " + t.out_dir);
   }
   if (!from.empty()) load_checkpoint(from);
+  else if (const std::string existing = latest_checkpoint(t.out_dir); !existing.empty())
+    throw Error("train.out_dir " + t.out_dir + " already holds checkpoints (newest " + existing +
+                "): pass --resume latest to continue that run, or choose another train.out_dir");
 
   fs::create_directories(t.out_dir);
   std::ofstream(t.out_dir + "/config.toml") << to_toml(cfg_);
