@@ -13,35 +13,13 @@
 #include "cleave/base/check.h"
 #include "cleave/kernels/cross_entropy.h"
 
+#include "test_util.h"
+
 namespace k = cleave::kernels;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f, float shift = 0.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = shift + scale * d(gen);
-  return v;
-}
-
-std::vector<int32_t> rand_targets(int64_t N, int V, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int32_t> d(0, V - 1);
-  std::vector<int32_t> t(N);
-  for (auto& x : t) x = d(gen);
-  return t;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-struct Threads {
-  int saved;
-  explicit Threads(int n) : saved(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~Threads() { omp_set_num_threads(saved); }
-};
+using namespace cleave::test_util;
 
 // -log_softmax(row)[target] in double.
 double ref_loss(const double* row, int V, int target) {
@@ -68,7 +46,7 @@ class CrossEntropyShapes : public ::testing::TestWithParam<Shape> {};
 TEST_P(CrossEntropyShapes, LossMatchesLogSoftmax) {
   const Shape s = GetParam();
   auto logits = randn(s.N * s.V, 1, s.scale, s.shift);
-  const auto targets = rand_targets(s.N, s.V, 2);
+  const auto targets = random_ids(s.N, s.V, 2);
   const auto orig = logits;
   std::vector<float> losses(s.N);
   k::cross_entropy_forward_backward(logits.data(), losses.data(), targets.data(), s.N, s.V, 0.0f);
@@ -85,7 +63,7 @@ TEST_P(CrossEntropyShapes, GradientMatchesFiniteDifferences) {
   const Shape s = GetParam();
   const float grad_scale = 1.0f / 3.0f;
   auto logits = randn(s.N * s.V, 3, s.scale, s.shift);
-  const auto targets = rand_targets(s.N, s.V, 4);
+  const auto targets = random_ids(s.N, s.V, 4);
   const auto orig = logits;
   std::vector<float> losses(s.N), losses0(s.N);
   auto copy = orig;
@@ -138,7 +116,7 @@ TEST(CrossEntropy, IndependentOfThreadCount) {
   const int64_t N = 67;
   const int V = 1000;
   const auto logits = randn(N * V, 5, 3.0f);
-  const auto targets = rand_targets(N, V, 6);
+  const auto targets = random_ids(N, V, 6);
   auto run = [&](int threads) {
     Threads t(threads);
     auto l = logits;

@@ -12,35 +12,13 @@
 #include "cleave/base/check.h"
 #include "cleave/kernels/embedding.h"
 
+#include "test_util.h"
+
 namespace k = cleave::kernels;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
-std::vector<int32_t> rand_tokens(size_t n, int V, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int32_t> d(0, V - 1);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = d(gen);
-  return t;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-struct Threads {
-  int saved;
-  explicit Threads(int n) : saved(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~Threads() { omp_set_num_threads(saved); }
-};
+using namespace cleave::test_util;
 
 }  // namespace
 
@@ -48,7 +26,7 @@ TEST(Embedding, ForwardWithAndWithoutPositions) {
   const int64_t B = 2, T = 5, maxT = 12, off = 4;
   const int V = 9, C = 7;
   const auto wte = randn(V * C, 1), wpe = randn(maxT * C, 2);
-  const auto tok = rand_tokens(B * T, V, 3);
+  const auto tok = random_ids(B * T, V, 3);
   std::vector<float> out(B * T * C), out_nopos(B * T * C);
   k::embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C, off);
   k::embedding_forward(out_nopos.data(), tok.data(), wte.data(), nullptr, B, T, C, off);
@@ -64,7 +42,7 @@ TEST(Embedding, ForwardWithAndWithoutPositions) {
 TEST(Embedding, BackwardMatchesFiniteDifferences) {
   const int64_t B = 2, T = 5;
   const int V = 6, C = 7;
-  const auto tok = rand_tokens(B * T, V, 4);  // 10 tokens over 6 ids: repeats are certain
+  const auto tok = random_ids(B * T, V, 4);  // 10 tokens over 6 ids: repeats are certain
   const auto dout = randn(B * T * C, 5);
   std::vector<double> wte(V * C), wpe(T * C);
   for (size_t i = 0; i < wte.size(); i++) wte[i] = 0.1 * i;
@@ -96,7 +74,7 @@ TEST(Embedding, BackwardMatchesFiniteDifferences) {
 TEST(Embedding, BackwardAccumulatesInTokenOrder) {
   const int64_t B = 3, T = 50;
   const int V = 11, C = 200;  // several channel blocks
-  const auto tok = rand_tokens(B * T, V, 6);
+  const auto tok = random_ids(B * T, V, 6);
   const auto dout = randn(B * T * C, 7);
   const auto dwte0 = randn(V * C, 8), dwpe0 = randn(T * C, 9);
   // Reference: the sequential loop the kernel promises to reproduce exactly.
@@ -122,7 +100,7 @@ TEST(Embedding, ForwardIndependentOfThreadCount) {
   const int64_t B = 4, T = 33;
   const int V = 50, C = 96;
   const auto wte = randn(V * C, 10), wpe = randn(64 * C, 11);
-  const auto tok = rand_tokens(B * T, V, 12);
+  const auto tok = random_ids(B * T, V, 12);
   auto run = [&](int threads) {
     Threads th(threads);
     std::vector<float> out(B * T * C);

@@ -12,27 +12,19 @@
 #include "cleave/base/check.h"
 #include "cleave/kernels/norm.h"
 
+#include "test_util.h"
+
 namespace k = cleave::kernels;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f, float shift = 0.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = shift + scale * d(gen);
-  return v;
-}
+using namespace cleave::test_util;
 
 std::vector<double> to_d(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 // a == b + c up to the rounding of one fused multiply-add (the kernels may contract dx += s * v).
 void expect_sum(float a, float b, float c, size_t i) {
   ASSERT_NEAR(a, b + c, 1e-6f * (std::fabs(b) + std::fabs(c)) + 1e-30f) << "at " << i;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 void expect_close(const std::vector<float>& got, const std::vector<double>& want, double rtol,
@@ -99,12 +91,6 @@ double ref_rmsnorm(const std::vector<double>& x, const std::vector<double>& w,
   }
   return loss;
 }
-
-struct Threads {  // sets the OpenMP thread count for a scope
-  int saved;
-  explicit Threads(int n) : saved(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~Threads() { omp_set_num_threads(saved); }
-};
 
 constexpr float kEps = 1e-5f;
 

@@ -11,27 +11,13 @@
 #include "cleave/base/check.h"
 #include "cleave/kernels/rope.h"
 
+#include "test_util.h"
+
 namespace k = cleave::kernels;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
-bool bitwise_equal(const float* a, const float* b, size_t n) {
-  return std::memcmp(a, b, n * sizeof(float)) == 0;
-}
-
-struct Threads {
-  int saved;
-  explicit Threads(int n) : saved(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~Threads() { omp_set_num_threads(saved); }
-};
+using namespace cleave::test_util;
 
 constexpr float kTheta = 10000.0f;
 
