@@ -1,0 +1,95 @@
+// Communication over MPI (DESIGN.md section 6). A Group wraps one communicator of the mesh. Every
+// operation is asynchronous: it returns a Work to wait on, so communication overlaps compute.
+// Operations are executed in the order they were issued on each rank; all ranks of a group must
+// issue the group's collectives in the same order (the flight recorder checks and reports this).
+// Reductions are sums with a fixed order (deterministic: the same layout gives bitwise the same
+// result every run). bf16 data is reduced in fp32 and rounded once.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cleave {
+
+enum class CommType { f32, bf16 };
+
+// Which implementation runs a collective: cleave's own (chunked ring / pairwise over point-to-point
+// with persistent buffers) or MPI's. `fastest` picks per collective and size from measurements
+// (`cleave bench-comm`); both are kept so each can be checked against the other.
+enum class CommAlgo { fastest, ours, mpi };
+
+struct WorkState;
+
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<WorkState> s) : state_(std::move(s)) {}
+  // Blocks until the operation completes; returns the seconds spent blocked here (exposed
+  // communication). Throws cleave::Error (after the timeout report) if the operation failed.
+  double wait();
+  bool done() const;
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  std::shared_ptr<WorkState> state_;
+};
+
+struct CommOptions {
+  double timeout_seconds = 300;   // a collective taking longer aborts the job with a report
+  int flight_recorder_size = 64;  // last N operations kept per rank
+  std::string status_dir;         // where ranks publish progress for the timeout report; "" = default
+};
+
+class Communicator;  // the process-wide engine: progress thread, flight recorder, status
+
+class Group {
+ public:
+  // Collective over `comm` (which the Group duplicates): all ranks of comm must call it.
+  Group(MPI_Comm comm, std::string name);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  MPI_Comm comm() const { return comm_; }
+
+  // Sum in place over all ranks.
+  Work all_reduce(void* buf, int64_t count, CommType t, CommAlgo a = CommAlgo::fastest);
+  // recv[r * count + i] = send of rank r [i]. send may alias recv + rank * count (in place).
+  Work all_gather(const void* send, void* recv, int64_t count, CommType t,
+                  CommAlgo a = CommAlgo::fastest);
+  // recv[i] = sum over ranks r of send_r[rank * count + i]; send holds size * count elements.
+  Work reduce_scatter(const void* send, void* recv, int64_t count, CommType t,
+                      CommAlgo a = CommAlgo::fastest);
+  Work broadcast(void* buf, int64_t count, CommType t, int root);
+  // Block r of send goes to rank r; block r of recv comes from rank r; count elements per block.
+  Work all_to_all(const void* send, void* recv, int64_t count, CommType t);
+  // Variable blocks: counts in elements, displacements implied by prefix sums.
+  Work all_to_allv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, CommType t);
+  Work send(const void* buf, int64_t count, CommType t, int peer, int tag);
+  Work recv(void* buf, int64_t count, CommType t, int peer, int tag);
+  Work barrier();
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  uint64_t sequence_ = 0;  // operations issued on this group
+};
+
+// Process-wide setup, after MPI_Init_thread: options, the progress thread. Idempotent; the
+// options of the first call win. shutdown_comm() joins the thread before MPI_Finalize.
+void init_comm(const CommOptions& options);
+void shutdown_comm();
+
+// The flight recorder of this rank as text (sequence, op, group, bytes, start, end of the last N
+// operations), for reports and tests.
+std::string flight_recorder_report();
+
+}  // namespace cleave
