@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iostream>
 
+#include <mpi.h>
 #include <omp.h>
 
 #include "cleave/checkpoint/safetensors.h"
@@ -33,7 +34,12 @@ Config config_from(const Args& a, const std::string& command) {
 int train(int argc, char** argv) {
   const Args a = Args::parse("train", argc, argv, {"--resume", "--exit-after"});
   const Config cfg = config_from(a, "train");
-  std::cout << "# resolved config\n" << to_toml(cfg) << std::endl;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::cout << "# resolved config\n" << to_toml(cfg) << std::endl;
+  CommOptions comm;
+  comm.timeout_seconds = cfg.parallel.comm_timeout_s;
+  init_comm(comm);
   Trainer trainer(cfg, a.get("--resume", ""));
   trainer.run(int64_t(a.number("--exit-after", 0)));
   return 0;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cleave/base/check.h"
+#include "cleave/comm/group.h"
 
 namespace cleave::cli {
 int train(int argc, char** argv);
@@ -14,6 +15,8 @@ int tokenize(int argc, char** argv);
 int generate(int argc, char** argv);
 int export_hf(int argc, char** argv);
 int bench_gemm(int argc, char** argv);
+int bench_comm(int argc, char** argv);
+int mesh(int argc, char** argv);
 }  // namespace cleave::cli
 
 namespace {
@@ -25,13 +28,17 @@ const char* kUsage = R"(usage: cleave COMMAND ...
            [--seed S] [--tokenizer MODEL]
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   bench-gemm [CONFIG.toml] [--set key=value ...] [--seconds S]   GEMM GF/s, fp32 and bf16
+  bench-comm (under mpirun)                        collective algbw/busbw, cleave's and MPI's
+  mesh --world N [--set parallel.AXIS=D ...] [--ranks-per-host K]   the device mesh's groups
+Multi-rank: mpirun -np N cleave train CONFIG.toml --set parallel.dp_shard=N ...
 )";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // The communication thread makes MPI calls while the main thread computes.
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -42,11 +49,12 @@ int main(int argc, char** argv) {
       rc = argc < 2 ? 2 : 0;
     } else {
       const std::string cmd = argv[1];
-      if (world > 1)
-        throw cleave::Error("cleave " + cmd + " runs on one rank in this build (" +
-                            std::to_string(world) +
-                            " were started): data, tensor and pipeline parallelism are not built yet");
+      if (world > 1 && cmd != "train" && cmd != "bench-comm")
+        throw cleave::Error("cleave " + cmd + " runs on one rank (" + std::to_string(world) +
+                            " were started); under mpirun use train or bench-comm");
       if (cmd == "train") rc = cleave::cli::train(argc - 2, argv + 2);
+      else if (cmd == "bench-comm") rc = cleave::cli::bench_comm(argc - 2, argv + 2);
+      else if (cmd == "mesh") rc = cleave::cli::mesh(argc - 2, argv + 2);
       else if (cmd == "tokenize") rc = cleave::cli::tokenize(argc - 2, argv + 2);
       else if (cmd == "generate") rc = cleave::cli::generate(argc - 2, argv + 2);
       else if (cmd == "export") rc = cleave::cli::export_hf(argc - 2, argv + 2);
@@ -58,9 +66,13 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "cleave: error: %s\n", e.what());
+    std::fprintf(stderr, "cleave: error: %s%s\n", world > 1 ? ("rank " + std::to_string(rank) + ": ").c_str() : "",
+                 e.what());
+    // Other ranks may be waiting in a collective for this one: end the job, do not hang.
+    if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     rc = 1;
   }
+  cleave::shutdown_comm();
   MPI_Finalize();
   return rc;
 }

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "cleave/optim/adamw.h"
 #include "cleave/optim/grad_norm.h"
@@ -19,7 +20,7 @@ TEST(AdamW, MatchesReferenceWithDecayRule) {
   OptimConfig cfg;
   cfg.weight_decay = 0.1;
   cfg.no_decay = {"wpe"};
-  AdamW opt(store, cfg);
+  AdamW opt(store, cfg, 0, store.total());
   EXPECT_TRUE(opt.decays(0));
   EXPECT_FALSE(opt.decays(1));
   EXPECT_FALSE(opt.decays(2));
@@ -29,7 +30,7 @@ TEST(AdamW, MatchesReferenceWithDecayRule) {
     for (int64_t i = 0; i < store.total(); ++i) store.grads()[i] = std::sin(0.37 * i + step);
     const double lr = 1e-2 * step;
     const float scale = 0.5f;
-    opt.step(store, lr, scale);
+    opt.step(store, store.grads().data(), lr, scale);
     for (int ti = 0; ti < 3; ++ti) {
       const ParamTensor& t = store.tensor(ti);
       for (int64_t j = 0; j < t.numel; ++j) {
@@ -44,6 +45,31 @@ TEST(AdamW, MatchesReferenceWithDecayRule) {
       }
     }
   }
+}
+
+TEST(AdamW, ShardedRangesEqualTheWhole) {
+  // Two optimizers over [0, cut) and [cut, total) update exactly as one over everything.
+  auto make = [] {
+    ParamStore s;
+    s.add("a", {5, 7}, Init::normal, 0.5f);
+    s.add("b", {9}, Init::normal, 0.5f);
+    s.add("c", {3, 11}, Init::normal, 0.5f);
+    s.allocate(1, 32);
+    for (int64_t i = 0; i < s.total(); ++i) s.grads()[i] = std::cos(0.1 * i);
+    return s;
+  };
+  ParamStore whole = make(), split = make();
+  OptimConfig cfg;
+  AdamW all(whole, cfg, 0, whole.total());
+  const int64_t cut = 20;  // inside tensor "a"
+  AdamW lo(split, cfg, 0, cut), hi(split, cfg, cut, split.total());
+  for (int step = 0; step < 3; ++step) {
+    all.step(whole, whole.grads().data(), 1e-2, 1.0f);
+    lo.step(split, split.grads().data(), 1e-2, 1.0f);
+    hi.step(split, split.grads().data() + cut, 1e-2, 1.0f);
+  }
+  EXPECT_EQ(whole.total() % 32, 0);
+  EXPECT_EQ(0, std::memcmp(whole.values().data(), split.values().data(), whole.total() * 4));
 }
 
 TEST(Schedule, WarmupThenCosineAndLinear) {

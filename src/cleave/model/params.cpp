@@ -14,7 +14,8 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, Init init, flo
   return int(tensors_.size()) - 1;
 }
 
-void ParamStore::allocate(uint64_t seed) {
+void ParamStore::allocate(uint64_t seed, int64_t pad_multiple) {
+  total_ = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
   values_.resize(total_);
   grads_.resize(total_);
   for (const ParamTensor& t : tensors_) {

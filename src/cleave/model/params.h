@@ -26,8 +26,9 @@ class ParamStore {
  public:
   // Declares a tensor; returns its index. Only before allocate().
   int add(std::string name, std::vector<int64_t> shape, Init init, float init_std = 0.0f);
-  // Allocates values and gradients and initialises every value from the seed.
-  void allocate(uint64_t seed);
+  // Allocates values and gradients and initialises every value from the seed. The flat size is
+  // padded to a multiple of pad_multiple, so data-parallel shards can be equal.
+  void allocate(uint64_t seed, int64_t pad_multiple = 1);
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   const ParamTensor& tensor(int i) const { return tensors_[i]; }

@@ -8,16 +8,21 @@
 
 namespace cleave {
 
-Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t seed)
+Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t seed,
+                         int64_t pad_multiple)
     : cfg_(c), precision_(precision) {
   wte_ = store_.add("embed.wte", {c.vocab_size, c.d_model}, Init::normal, c.init_std);
   if (c.family == Family::gpt2)
     wpe_ = store_.add("embed.wpe", {c.max_seq_len, c.d_model}, Init::normal, c.init_std);
   else
     rope_.emplace(c.head_dim(), c.max_seq_len, c.rope_theta);
-  for (int l = 0; l < c.n_layers; ++l)
+  for (int l = 0; l < c.n_layers; ++l) {
+    const int first = int(store_.tensors().size());
     blocks_.push_back(
         std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr));
+    block_offsets_.push_back(store_.tensor(first).offset);
+  }
+  final_norm_offset_ = store_.total();
   final_norm_ = std::make_unique<Norm>(store_, "final_norm", c.d_model, c.family == Family::gpt2,
                                        c.norm_eps);
   head_ = c.tie_embeddings
@@ -25,7 +30,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
               : store_.add("lm_head.weight", {c.vocab_size, c.d_model}, Init::normal, c.init_std);
   head_gemm_ = std::make_unique<LinearGemm>(c.d_model, c.vocab_size, precision);
 
-  store_.allocate(seed);
+  store_.allocate(seed, pad_multiple);
   for (auto& b : blocks_) b->bind(store_);
   final_norm_->bind(store_);
   head_gemm_->set_weight(store_.value(head_));
@@ -72,8 +77,11 @@ void Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t
                                           cfg_.vocab_size, grad_scale);
 }
 
-void Transformer::backward() {
+void Transformer::backward(const std::function<void(int64_t)>& grads_ready) {
   const int64_t N = B_ * T_;
+  auto ready = [&](int64_t offset) {
+    if (grads_ready) grads_ready(offset);
+  };
   // logits_ holds dlogits now (the loss kernel overwrote it).
   float* d_out = d_resid_a_.data();
   float* d_in = d_resid_b_.data();
@@ -82,13 +90,16 @@ void Transformer::backward() {
   std::memset(d_out, 0, N * cfg_.d_model * sizeof(float));
   final_norm_->backward_input(d_out, d_hf_.data(), resid_[cfg_.n_layers].data(), N);
   final_norm_->backward_weight(d_hf_.data(), resid_[cfg_.n_layers].data(), N);
+  ready(final_norm_offset_);
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     blocks_[l]->backward_input(d_in, d_out, grads_);
     blocks_[l]->backward_weight(d_out, grads_);
+    ready(block_offsets_[l]);
     std::swap(d_in, d_out);
   }
   kernels::embedding_backward(store_.grad(wte_), wpe_ >= 0 ? store_.grad(wpe_) : nullptr, d_out,
                               tokens_, B_, T_, cfg_.d_model);
+  ready(0);
 }
 
 std::vector<KVCache> Transformer::new_cache(int64_t max_pos) const {

@@ -3,6 +3,7 @@
 // gradient buffer of params().
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -14,7 +15,8 @@ namespace cleave {
 
 class Transformer {
  public:
-  Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed);
+  // pad_multiple: the flat parameter buffer is padded to a multiple of it (equal ZeRO shards).
+  Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed, int64_t pad_multiple = 1);
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }
@@ -25,7 +27,10 @@ class Transformer {
   // prepares backward of grad_scale * sum(losses).
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                float grad_scale);
-  void backward();
+  // grads_ready(offset), when given, is called as backward proceeds: the gradients at flat offsets
+  // >= offset are final for this micro-batch (parameters are laid out in forward order, and
+  // backward runs from the head down to the embeddings), so their communication can start.
+  void backward(const std::function<void(int64_t)>& grads_ready = {});
   const float* losses() const { return losses_.data(); }
   const float* logits() const { return logits_.data(); }  // valid after a forward with grad_scale 0
 
@@ -46,6 +51,8 @@ class Transformer {
   ParamStore store_;
   std::optional<kernels::RopeTable> rope_;
   int wte_, wpe_ = -1, head_;
+  std::vector<int64_t> block_offsets_;  // flat offset of each block's first parameter
+  int64_t final_norm_offset_ = 0;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<LinearGemm> head_gemm_;

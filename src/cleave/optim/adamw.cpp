@@ -1,5 +1,6 @@
 #include "cleave/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace cleave {
@@ -11,13 +12,17 @@ bool decays(const ParamTensor& t, const std::vector<std::string>& no_decay) {
   return true;
 }
 
-AdamW::AdamW(const ParamStore& store, const OptimConfig& cfg) : cfg_(cfg) {
+AdamW::AdamW(const ParamStore& store, const OptimConfig& cfg, int64_t begin, int64_t end)
+    : cfg_(cfg), begin_(begin), end_(end) {
+  CLEAVE_CHECK(0 <= begin && begin <= end && end <= store.total(),
+               "optimizer range [" << begin << ", " << end << ") outside the parameters [0, "
+                                   << store.total() << ")");
   for (auto& t : store.tensors()) decay_.push_back(cleave::decays(t, cfg.no_decay));
-  m_.resize(store.total());
-  v_.resize(store.total());
+  m_.resize(end - begin);
+  v_.resize(end - begin);
 }
 
-void AdamW::step(ParamStore& store, double lr, float grad_scale) {
+void AdamW::step(ParamStore& store, const float* grads, double lr, float grad_scale) {
   ++t_;
   const float b1 = float(cfg_.beta1), b2 = float(cfg_.beta2), eps = float(cfg_.eps);
   const float bc1 = float(1.0 - std::pow(cfg_.beta1, double(t_)));
@@ -25,14 +30,17 @@ void AdamW::step(ParamStore& store, double lr, float grad_scale) {
   const float step_size = float(lr) / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
   const auto& tensors = store.tensors();
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const ParamTensor& t = tensors[i];
-    float* p = store.values().data() + t.offset;
-    const float* g = store.grads().data() + t.offset;
-    float* m = m_.data() + t.offset;
-    float* v = v_.data() + t.offset;
+    // The part of tensor i inside [begin, end); padding between tensors is never touched.
+    const int64_t lo = std::max(tensors[i].offset, begin_);
+    const int64_t hi = std::min(tensors[i].offset + tensors[i].numel, end_);
+    if (lo >= hi) continue;
+    float* p = store.values().data() + lo;
+    const float* g = grads + (lo - begin_);
+    float* m = m_.data() + (lo - begin_);
+    float* v = v_.data() + (lo - begin_);
     const float decay = decay_[i] ? 1.0f - float(lr * cfg_.weight_decay) : 1.0f;
 #pragma omp parallel for simd schedule(static)
-    for (int64_t j = 0; j < t.numel; ++j) {
+    for (int64_t j = 0; j < hi - lo; ++j) {
       const float gj = g[j] * grad_scale;
       const float mj = b1 * m[j] + (1.0f - b1) * gj;
       const float vj = b2 * v[j] + (1.0f - b2) * gj * gj;

@@ -13,10 +13,15 @@ namespace cleave {
 
 class AdamW {
  public:
-  AdamW(const ParamStore& store, const OptimConfig& cfg);
+  // State for the flat parameter range [begin, end): the whole store, or this rank's shard when
+  // the optimizer state is sharded (ZeRO).
+  AdamW(const ParamStore& store, const OptimConfig& cfg, int64_t begin, int64_t end);
 
-  // One update with learning rate lr; the gradients are multiplied by grad_scale first.
-  void step(ParamStore& store, double lr, float grad_scale);
+  // One update of the values in [begin, end) with learning rate lr, from `grads` (the gradients
+  // of that range, multiplied by grad_scale first).
+  void step(ParamStore& store, const float* grads, double lr, float grad_scale);
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
 
   bool decays(int tensor) const { return decay_[tensor]; }
   int64_t steps_taken() const { return t_; }
@@ -27,7 +32,8 @@ class AdamW {
  private:
   OptimConfig cfg_;
   std::vector<bool> decay_;
-  Buffer<float> m_, v_;
+  int64_t begin_, end_;
+  Buffer<float> m_, v_;  // [end - begin]
   int64_t t_ = 0;
 };
 

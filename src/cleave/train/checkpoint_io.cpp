@@ -32,12 +32,12 @@ std::string checkpoint_name(int64_t step) {
 }
 
 void save_training_checkpoint(const std::string& dir, const Config& cfg, int64_t step,
-                              ParamStore& params, AdamW& optim) {
+                              ParamStore& params, const OptimizerState& optim, int world_size) {
   std::vector<TensorView> views;
   nlohmann::json tensors = nlohmann::json::object();
-  const std::pair<const char*, float*> parts[] = {{"param/", params.values().data()},
-                                                  {"adam_m/", optim.m().data()},
-                                                  {"adam_v/", optim.v().data()}};
+  const std::pair<const char*, const float*> parts[] = {{"param/", params.values().data()},
+                                                  {"adam_m/", optim.m},
+                                                  {"adam_v/", optim.v}};
   for (const auto& [prefix, base] : parts) {
     for (const ParamTensor& p : params.tensors()) {
       const std::string name = prefix + p.name;
@@ -49,8 +49,8 @@ void save_training_checkpoint(const std::string& dir, const Config& cfg, int64_t
       {"step", step},
       {"config", to_toml(cfg)},
       {"data", {{"seed", cfg.train.seed}, {"next_step", step}}},
-      {"optimizer", {{"name", "adamw"}, {"steps_taken", optim.steps_taken()}}},
-      {"mesh", {{"world_size", 1}}},
+      {"optimizer", {{"name", "adamw"}, {"steps_taken", optim.steps_taken}}},
+      {"mesh", {{"world_size", world_size}}},
       {"tensors", tensors}};
   write_checkpoint_folder(dir, meta, views);
 }
@@ -62,7 +62,7 @@ Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir) {
 }
 
 int64_t restore_training_state(const LoadedCheckpoint& ck, const std::string& dir,
-                               const Config& cfg, ParamStore& params, AdamW* optim) {
+                               const Config& cfg, ParamStore& params, OptimizerState* optim) {
   const auto saved = lines_of(ck.meta.at("config").get<std::string>(), "model");
   for (auto& [key, line] : lines_of(to_toml(cfg), "model"))
     if (saved.count(key) && saved.at(key) != line)
@@ -72,11 +72,11 @@ int64_t restore_training_state(const LoadedCheckpoint& ck, const std::string& di
   for (const ParamTensor& p : params.tensors()) {
     f.read_f32("param/" + p.name, p.shape, params.values().data() + p.offset);
     if (optim) {
-      f.read_f32("adam_m/" + p.name, p.shape, optim->m().data() + p.offset);
-      f.read_f32("adam_v/" + p.name, p.shape, optim->v().data() + p.offset);
+      f.read_f32("adam_m/" + p.name, p.shape, optim->m + p.offset);
+      f.read_f32("adam_v/" + p.name, p.shape, optim->v + p.offset);
     }
   }
-  if (optim) optim->set_steps_taken(ck.meta.at("optimizer").at("steps_taken").get<int64_t>());
+  if (optim) optim->steps_taken = ck.meta.at("optimizer").at("steps_taken").get<int64_t>();
   return ck.meta.at("step").get<int64_t>();
 }
 

@@ -185,6 +185,18 @@ const std::vector<Key>& schema() {
                    return s + "]";
                  }});
     k.push_back(real_key("optim.grad_clip", &C::optim, &OptimConfig::grad_clip, 0.0, 1e9));
+
+    k.push_back(integer_key("parallel.pp", &C::parallel, &ParallelConfig::pp, -1, 1 << 20));
+    k.push_back(integer_key("parallel.dp_replicate", &C::parallel, &ParallelConfig::dp_replicate,
+                            -1, 1 << 20));
+    k.push_back(integer_key("parallel.dp_shard", &C::parallel, &ParallelConfig::dp_shard, -1,
+                            1 << 20));
+    k.push_back(integer_key("parallel.cp", &C::parallel, &ParallelConfig::cp, -1, 1 << 20));
+    k.push_back(integer_key("parallel.tp", &C::parallel, &ParallelConfig::tp, -1, 1 << 20));
+    k.push_back(integer_key("parallel.zero_stage", &C::parallel, &ParallelConfig::zero_stage, 0, 3));
+    k.push_back(real_key("parallel.bucket_mb", &C::parallel, &ParallelConfig::bucket_mb, 0.001, 1e6));
+    k.push_back(real_key("parallel.comm_timeout_s", &C::parallel, &ParallelConfig::comm_timeout_s,
+                         0.1, 1e7));
     return k;
   }();
   return keys;

@@ -50,11 +50,22 @@ struct TrainConfig {
   double peak_gflops = 0;
 };
 
+// The device mesh degrees (-1: the rest of the world) and how data parallelism shards state.
+// dp_replicate ranks hold replicas (gradients all-reduced); dp_shard ranks shard what zero_stage
+// says: 0 nothing (DDP), 1 optimizer state, 2 also gradients (reduce-scatter), 3 also parameters.
+struct ParallelConfig {
+  int pp = 1, dp_replicate = 1, dp_shard = -1, cp = 1, tp = 1;
+  int zero_stage = 0;
+  double bucket_mb = 25;         // DDP gradient buckets, MiB
+  double comm_timeout_s = 300;   // a collective taking longer aborts the job with a report
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
   OptimConfig optim;
+  ParallelConfig parallel;
 };
 
 // Parses TOML text (`origin` names the file in errors), applies the overrides ("key=value", the

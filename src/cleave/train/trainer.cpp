@@ -20,6 +20,7 @@
 #include "cleave/kernels/gemm_bench.h"
 #include "cleave/optim/grad_norm.h"
 #include "cleave/optim/schedule.h"
+#include "cleave/parallel/mesh_groups.h"
 
 namespace fs = std::filesystem;
 
@@ -47,17 +48,55 @@ double peak_rss_mib() {
   return double(u.ru_maxrss) / 1024.0;
 }
 
+namespace {
+
+// The data-parallel mesh: axes this build does not have yet are errors naming the degree.
+Mesh build_mesh(const ParallelConfig& p, int world) {
+  const std::pair<const char*, int> unbuilt[] = {
+      {"pp (pipeline)", p.pp}, {"cp (context)", p.cp}, {"tp (tensor)", p.tp}};
+  for (auto& [axis, degree] : unbuilt)
+    if (degree != 1)
+      throw Error("parallel." + std::string(axis).substr(0, 2) + " = " + std::to_string(degree) +
+                  ": " + axis + " parallelism is not built yet; only data parallelism "
+                  "(dp_replicate, dp_shard) is");
+  MeshDegrees d;
+  d.dp_replicate = p.dp_replicate;
+  d.dp_shard = p.dp_shard;
+  return Mesh(world, d);
+}
+
+}  // namespace
+
 Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
   const TrainConfig& t = cfg_.train;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  mesh_ = std::make_unique<Mesh>(build_mesh(cfg_.parallel, world_));
+  dp_group_ = make_group(*mesh_, rank_, {Axis::dp_replicate, Axis::dp_shard}, "dp");
+  shard_group_ = make_group(*mesh_, rank_, {Axis::dp_shard}, "dp_shard");
+  replicate_group_ = make_group(*mesh_, rank_, {Axis::dp_replicate}, "dp_replicate");
+  dp_size_ = dp_group_->size();
+  dp_rank_ = dp_group_->rank();
+  if (t.micro_batch_size % dp_size_ != 0)
+    throw Error("train.micro_batch_size = " + std::to_string(t.micro_batch_size) +
+                " is not divisible by the data-parallel degree " + std::to_string(dp_size_) +
+                " (dp_replicate x dp_shard): every rank takes an equal slice of each micro-batch");
+  local_batch_ = t.micro_batch_size / dp_size_;
+
   const std::string dir = cfg_.data.dir;
   train_shard_ = std::make_unique<TokenShard>(dir + "/train.bin", cfg_.model.vocab_size);
   val_shard_ = std::make_unique<TokenShard>(dir + "/val.bin", cfg_.model.vocab_size);
   train_loader_ = std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0);
   val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1);
-  model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed);
-  optim_ = std::make_unique<AdamW>(model_->params(), cfg_.optim);
-  inputs_.resize(int64_t(t.micro_batch_size) * t.seq_len);
+  model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed, 16 * shard_group_->size());
+  dp_ = std::make_unique<DataParallel>(model_->params(),
+                                       DataParallelGroups{dp_group_.get(), shard_group_.get(),
+                                                          replicate_group_.get()},
+                                       cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb);
+  optim_ = std::make_unique<AdamW>(model_->params(), cfg_.optim, dp_->shard_begin(),
+                                   dp_->shard_end());
+  inputs_.resize(local_batch_ * t.seq_len);
   targets_.resize(inputs_.size());
 
   std::string from = resume;
@@ -71,38 +110,54 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     throw Error("train.out_dir " + t.out_dir + " already holds checkpoints (newest " + existing +
                 "): pass --resume latest to continue that run, or choose another train.out_dir");
 
-  fs::create_directories(t.out_dir);
-  std::ofstream(t.out_dir + "/config.toml") << to_toml(cfg_);
-  metrics_.open(t.out_dir + "/metrics.jsonl", from.empty() ? std::ios::trunc : std::ios::app);
-  if (!metrics_) throw Error("cannot write " + t.out_dir + "/metrics.jsonl");
+  if (rank_ == 0) {
+    fs::create_directories(t.out_dir);
+    std::ofstream(t.out_dir + "/config.toml") << to_toml(cfg_);
+    metrics_.open(t.out_dir + "/metrics.jsonl", from.empty() ? std::ios::trunc : std::ios::app);
+    if (!metrics_) throw Error("cannot write " + t.out_dir + "/metrics.jsonl");
+  }
 
   peak_gflops_ = t.peak_gflops;
   if (peak_gflops_ == 0)
     peak_gflops_ = overall_gflops(bench_linear_shapes(gpt2_small_linear_shapes(), t.dtype, 0.15));
 }
 
+double Trainer::sum_over_dp(double local) {
+  // Two floats carry a double's value to about 1e-14 relative, in a fixed reduction order.
+  float parts[2] = {float(local), 0.0f};
+  parts[1] = float(local - double(parts[0]));
+  dp_group_->all_reduce(parts, 2, CommType::f32, CommAlgo::ours).wait();
+  return double(parts[0]) + double(parts[1]);
+}
+
 StepResult Trainer::train_step(int64_t step) {
   const TrainConfig& t = cfg_.train;
   const int64_t mb = t.micro_batch_size, T = t.seq_len, accum = t.grad_accum_steps;
-  const float grad_scale = 1.0f / float(mb * T * accum);
+  const float grad_scale = 1.0f / float(mb * T * accum);  // the mean over the global batch
   ParamStore& params = model_->params();
   params.grads().zero();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    train_loader_->fill(inputs_.data(), targets_.data(), uint64_t(step), micro * mb, mb);
-    model_->forward(inputs_.data(), targets_.data(), mb, T, grad_scale);
-    for (int64_t i = 0; i < mb * T; ++i) loss_sum += model_->losses()[i];
-    model_->backward();
+    train_loader_->fill(inputs_.data(), targets_.data(), uint64_t(step),
+                        micro * mb + dp_rank_ * local_batch_, local_batch_);
+    model_->forward(inputs_.data(), targets_.data(), local_batch_, T, grad_scale);
+    for (int64_t i = 0; i < local_batch_ * T; ++i) loss_sum += model_->losses()[i];
+    // Gradients are synchronised once per step: during the last micro-batch's backward.
+    if (micro == accum - 1) model_->backward([&](int64_t offset) { dp_->grads_ready(offset); });
+    else model_->backward();
   }
+  const float* grads = dp_->finish_gradients();
   StepResult r;
-  r.loss = loss_sum / double(mb * T * accum);
-  r.grad_norm = std::sqrt(sum_of_squares(params.grads().data(), params.total()));
+  r.loss = sum_over_dp(loss_sum) / double(mb * T * accum);
+  r.grad_norm = std::sqrt(dp_->grad_sum_of_squares());
   float clip = 1.0f;
   if (cfg_.optim.grad_clip > 0 && r.grad_norm > cfg_.optim.grad_clip)
     clip = float(cfg_.optim.grad_clip / r.grad_norm);
   r.lr = learning_rate(cfg_.optim, step, t.steps);
-  optim_->step(params, r.lr, clip);
+  optim_->step(params, grads, r.lr, clip);
+  dp_->gather_parameters();
   model_->weights_changed();
+  r.exposed_comm_s = dp_->take_exposed_seconds();
   return r;
 }
 
@@ -111,23 +166,29 @@ double Trainer::validate() {
   const int64_t mb = t.micro_batch_size, T = t.seq_len;
   double sum = 0;
   for (int64_t b = 0; b < t.val_batches; ++b) {
-    val_loader_->fill(inputs_.data(), targets_.data(), uint64_t(b), 0, mb);
-    model_->forward(inputs_.data(), targets_.data(), mb, T, 0.0f);
-    for (int64_t i = 0; i < mb * T; ++i) sum += model_->losses()[i];
+    val_loader_->fill(inputs_.data(), targets_.data(), uint64_t(b), dp_rank_ * local_batch_,
+                      local_batch_);
+    model_->forward(inputs_.data(), targets_.data(), local_batch_, T, 0.0f);
+    for (int64_t i = 0; i < local_batch_ * T; ++i) sum += model_->losses()[i];
   }
-  return sum / double(t.val_batches * mb * T);
+  return sum_over_dp(sum) / double(t.val_batches * mb * T);
 }
 
 void Trainer::run(int64_t exit_after) {
   const TrainConfig& t = cfg_.train;
-  std::cout << "cleave: " << family_name(cfg_.model.family) << " model, "
-            << model_->params().count() << " parameters, " << (t.dtype == Precision::bf16 ? "bf16" : "fp32")
-            << ", " << omp_get_max_threads() << " threads, global batch "
-            << int64_t(t.micro_batch_size) * t.grad_accum_steps << " x " << t.seq_len
-            << " tokens; MFU against a measured GEMM peak of " << std::llround(peak_gflops_)
-            << " GF/s\n";
-  if (step_ > 0) std::cout << "resumed at step " << step_ << "\n";
-  double interval_start = now_seconds();
+  if (rank_ == 0) {
+    std::cout << "cleave: " << family_name(cfg_.model.family) << " model, "
+              << model_->params().count() << " parameters, "
+              << (t.dtype == Precision::bf16 ? "bf16" : "fp32") << ", " << world_ << " rank"
+              << (world_ > 1 ? "s" : "") << " (dp_replicate " << replicate_group_->size()
+              << " x dp_shard " << shard_group_->size() << ", ZeRO-" << cfg_.parallel.zero_stage
+              << ") x " << omp_get_max_threads() << " threads, global batch "
+              << int64_t(t.micro_batch_size) * t.grad_accum_steps << " x " << t.seq_len
+              << " tokens; MFU against a measured GEMM peak of " << std::llround(peak_gflops_)
+              << " GF/s per rank\n";
+    if (step_ > 0) std::cout << "resumed at step " << step_ << "\n";
+  }
+  double interval_start = now_seconds(), interval_exposed = 0;
   int64_t interval_steps = 0;
   const int64_t first_step = step_;
   while (step_ < t.steps) {
@@ -137,17 +198,21 @@ void Trainer::run(int64_t exit_after) {
     ++steps_timed_;
     ++step_;
     ++interval_steps;
+    interval_exposed += r.exposed_comm_s;
     if (!std::isfinite(r.loss))
       throw Error("loss became " + std::to_string(r.loss) + " at step " + std::to_string(step_));
     if (step_ % t.log_interval == 0 || step_ == t.steps) {
-      log_step(r, now_seconds() - interval_start, interval_steps);
+      log_step(r, now_seconds() - interval_start, interval_steps, interval_exposed);
       interval_start = now_seconds();
       interval_steps = 0;
+      interval_exposed = 0;
     }
     if (t.val_interval > 0 && (step_ % t.val_interval == 0 || step_ == t.steps)) {
       const double v = validate();
-      std::printf("step %lld | val loss %.4f\n", (long long)step_, v);
-      metrics_ << nlohmann::json{{"step", step_}, {"val_loss", v}}.dump() << "\n" << std::flush;
+      if (rank_ == 0) {
+        std::printf("step %lld | val loss %.4f\n", (long long)step_, v);
+        metrics_ << nlohmann::json{{"step", step_}, {"val_loss", v}}.dump() << "\n" << std::flush;
+      }
       interval_start = now_seconds();
     }
     const bool exiting = exit_after > 0 && step_ - first_step == exit_after;
@@ -155,30 +220,33 @@ void Trainer::run(int64_t exit_after) {
         exiting)
       save_checkpoint();
     if (exiting) {
-      std::printf("exiting after %lld steps (--exit-after)\n", (long long)exit_after);
+      if (rank_ == 0) std::printf("exiting after %lld steps (--exit-after)\n", (long long)exit_after);
       break;
     }
   }
   std::fflush(stdout);
 }
 
-void Trainer::log_step(const StepResult& r, double seconds, int64_t steps) {
+void Trainer::log_step(const StepResult& r, double seconds, int64_t steps, double exposed) {
+  if (rank_ != 0) return;
   const TrainConfig& t = cfg_.train;
   const double tokens = double(steps) * t.micro_batch_size * t.grad_accum_steps * t.seq_len;
   const double tok_s = tokens / seconds;
   // DESIGN.md section 10: 6 x matmul parameters + 6 x layers x sequence x d_model (causal, halved).
   const double flops_per_token = 6.0 * double(model_->matmul_params()) +
                                  6.0 * cfg_.model.n_layers * t.seq_len * cfg_.model.d_model;
-  const double mfu = tok_s * flops_per_token / (peak_gflops_ * 1e9);
+  const double mfu = tok_s * flops_per_token / (peak_gflops_ * 1e9 * world_);
+  const double comm_ms = 1e3 * exposed / double(steps);
   const double eta = double(t.steps - step_) * elapsed_ / double(steps_timed_);
-  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% of %.0f GF/s | RSS %.0f MiB | ETA %s\n",
+  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% of %.0f GF/s | comm %.0f ms/step | RSS %.0f MiB | ETA %s\n",
               (long long)step_, (long long)t.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu,
-              peak_gflops_, peak_rss_mib(), format_duration(eta).c_str());
+              peak_gflops_, comm_ms, peak_rss_mib(), format_duration(eta).c_str());
   std::fflush(stdout);
   metrics_ << nlohmann::json{{"step", step_},        {"loss", r.loss},
                              {"lr", r.lr},           {"grad_norm", r.grad_norm},
                              {"tokens_per_s", tok_s}, {"mfu", mfu},
                              {"peak_gflops", peak_gflops_}, {"peak_rss_mib", peak_rss_mib()},
+                             {"exposed_comm_ms", comm_ms},
                              {"eta_s", eta}}
                   .dump()
            << "\n"
@@ -187,25 +255,44 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps) {
 
 void Trainer::save_checkpoint() {
   const TrainConfig& t = cfg_.train;
-  const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
-  save_training_checkpoint(dir, cfg_, step_, model_->params(), *optim_);
-  std::printf("saved checkpoint %s\n", dir.c_str());
-  // Keep the newest keep_checkpoints folders.
-  std::vector<int64_t> steps;
-  for (auto& e : fs::directory_iterator(t.out_dir)) {
-    const std::string n = e.path().filename().string();
-    if (n.size() == 13 && n.rfind("step_", 0) == 0 &&
-        n.find_first_not_of("0123456789", 5) == std::string::npos)
-      steps.push_back(std::stoll(n.substr(5)));
+  ParamStore& params = model_->params();
+  // The optimizer state of every shard, gathered (each rank holds [shard_begin, shard_end)).
+  Buffer<float> m(params.total()), v(params.total());
+  const int64_t shard = optim_->end() - optim_->begin();
+  for (auto [part, full] : {std::pair{&optim_->m(), &m}, std::pair{&optim_->v(), &v}}) {
+    if (shard == params.total()) std::copy(part->data(), part->data() + shard, full->data());
+    else shard_group_->all_gather(part->data(), full->data(), shard, CommType::f32, CommAlgo::ours).wait();
   }
-  std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + t.keep_checkpoints < steps.size(); ++i)
-    fs::remove_all(t.out_dir + "/" + checkpoint_name(steps[i]));
+  const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
+  if (rank_ == 0) {
+    save_training_checkpoint(dir, cfg_, step_, params, {m.data(), v.data(), optim_->steps_taken()},
+                             world_);
+    std::printf("saved checkpoint %s\n", dir.c_str());
+    // Keep the newest keep_checkpoints folders.
+    std::vector<int64_t> steps;
+    for (auto& e : fs::directory_iterator(t.out_dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.size() == 13 && n.rfind("step_", 0) == 0 &&
+          n.find_first_not_of("0123456789", 5) == std::string::npos)
+        steps.push_back(std::stoll(n.substr(5)));
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + t.keep_checkpoints < steps.size(); ++i)
+      fs::remove_all(t.out_dir + "/" + checkpoint_name(steps[i]));
+  }
+  dp_group_->barrier().wait();  // nobody looks for the checkpoint before it is complete
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
   const LoadedCheckpoint ck = read_checkpoint_folder(dir);
-  step_ = restore_training_state(ck, dir, cfg_, model_->params(), optim_.get());
+  ParamStore& params = model_->params();
+  Buffer<float> m(params.total()), v(params.total());
+  OptimizerState state{m.data(), v.data(), 0};
+  step_ = restore_training_state(ck, dir, cfg_, params, &state);
+  // Any layout resumes any other: take this rank's shard of the whole state.
+  std::copy(m.data() + optim_->begin(), m.data() + optim_->end(), optim_->m().data());
+  std::copy(v.data() + optim_->begin(), v.data() + optim_->end(), optim_->v().data());
+  optim_->set_steps_taken(state.steps_taken);
   model_->weights_changed();
 }
 

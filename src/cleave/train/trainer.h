@@ -1,6 +1,7 @@
-// The training loop of one process: batches from the loader, forward and backward per
-// micro-batch, global-norm clipping, AdamW, the learning-rate schedule, progress lines and JSON
-// metrics, validation and checkpoints.
+// The training loop: batches from the loader (each data-parallel rank its slice of the global
+// batch), forward and backward per micro-batch, gradient synchronisation, global-norm clipping,
+// AdamW on this rank's shard, the learning-rate schedule, progress lines and JSON metrics
+// (rank 0), validation and checkpoints.
 #pragma once
 #include <cstdint>
 #include <fstream>
@@ -8,15 +9,18 @@
 #include <string>
 #include <vector>
 
+#include "cleave/comm/group.h"
 #include "cleave/data/loader.h"
+#include "cleave/mesh/mesh.h"
 #include "cleave/model/transformer.h"
 #include "cleave/optim/adamw.h"
+#include "cleave/parallel/data_parallel.h"
 #include "cleave/train/config.h"
 
 namespace cleave {
 
 struct StepResult {
-  double loss = 0, lr = 0, grad_norm = 0;
+  double loss = 0, lr = 0, grad_norm = 0, exposed_comm_s = 0;
 };
 
 class Trainer {
@@ -33,12 +37,20 @@ class Trainer {
 
  private:
   void load_checkpoint(const std::string& dir);
-  void log_step(const StepResult& r, double seconds, int64_t steps_in_interval);
+  void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
+                double exposed_seconds);
+  double sum_over_dp(double local);  // exact enough for losses: sent as two floats
 
   Config cfg_;
+  int world_ = 1, rank_ = 0;
+  std::unique_ptr<Mesh> mesh_;
+  std::unique_ptr<Group> dp_group_, shard_group_, replicate_group_;
+  int dp_size_ = 1, dp_rank_ = 0;
+  int64_t local_batch_ = 0;  // samples of each micro-batch on this rank
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
   std::unique_ptr<BatchLoader> train_loader_, val_loader_;
   std::unique_ptr<Transformer> model_;
+  std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<AdamW> optim_;
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;  // steps completed

@@ -1,0 +1,72 @@
+// `cleave mesh --world N [--set parallel.<axis>=D ...] [--ranks-per-host K]`: prints every group
+// of every mesh axis and whether it stays within one host. Runs on one rank, no MPI.
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "cleave/mesh/mesh.h"
+#include "cli/args.h"
+
+namespace cleave::cli {
+
+namespace {
+
+constexpr Axis kMeshAxes[kAxes] = {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp, Axis::tp};
+
+// A whole-string integer, or an error naming `what` and the text.
+int parse_int(const std::string& text, const std::string& what) {
+  try {
+    size_t used = 0;
+    const long v = std::stol(text, &used);
+    if (used == text.size() && v >= INT32_MIN && v <= INT32_MAX) return int(v);
+  } catch (const std::exception&) {
+  }
+  throw Error("cleave mesh: " + what + " expects an integer, got '" + text + "'");
+}
+
+// The --set overrides this command understands: parallel.<axis>=<int>, nothing else. (To be
+// routed through the config schema later; kept here, small, until then.)
+MeshDegrees degrees_from(const std::vector<std::string>& overrides) {
+  MeshDegrees d;
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos)
+      throw Error("cleave mesh: --set expects key=value, got '" + o + "'");
+    const std::string key = o.substr(0, eq);
+    bool known = false;
+    for (Axis a : kMeshAxes) {
+      if (key != std::string("parallel.") + axis_name(a)) continue;
+      d[a] = parse_int(o.substr(eq + 1), key);
+      known = true;
+    }
+    if (!known)
+      throw Error("cleave mesh: unknown setting '" + key +
+                  "' (cleave mesh accepts parallel.pp, parallel.dp_replicate, parallel.dp_shard, "
+                  "parallel.cp and parallel.tp)");
+  }
+  return d;
+}
+
+}  // namespace
+
+int mesh(int argc, char** argv) {
+  const Args a = Args::parse("mesh", argc, argv, {"--world", "--ranks-per-host"});
+  if (!a.positional.empty())
+    throw Error("cleave mesh: unexpected argument '" + a.positional[0] +
+                "' (usage: cleave mesh --world N [--set parallel.tp=2 ...] [--ranks-per-host K])");
+  if (!a.has("--world")) throw Error("cleave mesh: --world N is required");
+  const int world = parse_int(a.get("--world", ""), "--world");
+  if (world < 1) throw Error("cleave mesh: --world must be >= 1, got " + std::to_string(world));
+  // Without --ranks-per-host every rank is taken to be on one host.
+  const int per_host = a.has("--ranks-per-host") ? parse_int(a.get("--ranks-per-host", ""), "--ranks-per-host")
+                                                 : world;
+  if (per_host < 1)
+    throw Error("cleave mesh: --ranks-per-host must be >= 1, got " + std::to_string(per_host));
+  const Mesh m(world, degrees_from(a.overrides));
+  std::fputs(describe_mesh(m, per_host).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace cleave::cli

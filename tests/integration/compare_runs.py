@@ -1,0 +1,85 @@
+"""Compares a run against the single-process reference run (DESIGN.md section 5): every logged
+loss within a relative tolerance, and every parameter of the final checkpoints within the
+depth-aware bound k * C^(L+1-l) * eps, where l is the tensor's layer (embeddings 0, block i at
+i+1, final norm and head at L+1): errors introduced early in the forward pass are amplified by
+every layer after them.
+
+usage: compare_runs.py REF_RUN RUN --loss-rtol R --eps E [--k K] [--c C] [--from-step S]"""
+import argparse
+import glob
+import json
+import re
+import struct
+import sys
+
+import numpy as np
+
+
+def losses(run, from_step):
+    out = {}
+    for line in open(f"{run}/metrics.jsonl"):
+        rec = json.loads(line)
+        if "loss" in rec and rec["step"] >= from_step:
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
+def params(run):
+    ck = sorted(glob.glob(f"{run}/step_*"))[-1]
+    path = f"{ck}/model-rank00000.safetensors"
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name.startswith("param/"):
+            b, e = info["data_offsets"]
+            out[name[6:]] = np.frombuffer(data[b:e], dtype=np.float32).reshape(info["shape"])
+    return ck, out
+
+
+def layer_of(name, n_layers):
+    m = re.match(r"blocks\.(\d+)\.", name)
+    if m:
+        return int(m.group(1)) + 1
+    return 0 if name.startswith("embed.") else n_layers + 1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ref")
+    ap.add_argument("run")
+    ap.add_argument("--loss-rtol", type=float, required=True)
+    ap.add_argument("--eps", type=float, required=True, help="unit roundoff of the compute dtype")
+    ap.add_argument("--k", type=float, default=200.0)
+    ap.add_argument("--c", type=float, default=2.0)
+    ap.add_argument("--from-step", type=int, default=0)
+    a = ap.parse_args()
+
+    ref_l, run_l = losses(a.ref, a.from_step), losses(a.run, a.from_step)
+    if not run_l or set(ref_l) != set(run_l):
+        sys.exit(f"FAIL: logged steps differ: reference {sorted(ref_l)}, run {sorted(run_l)}")
+    worst_loss = max(abs(run_l[s] - ref_l[s]) / abs(ref_l[s]) for s in ref_l)
+
+    (ref_ck, ref_p), (run_ck, run_p) = params(a.ref), params(a.run)
+    if set(ref_p) != set(run_p):
+        sys.exit(f"FAIL: parameter names differ between {ref_ck} and {run_ck}")
+    n_layers = 1 + max([int(m.group(1)) for m in (re.match(r"blocks\.(\d+)\.", n) for n in ref_p) if m] + [-1])
+    failures, worst_ratio = [], 0.0
+    for name in sorted(ref_p):
+        ref, got = ref_p[name].astype(np.float64), run_p[name].astype(np.float64)
+        rel = np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)
+        bound = a.k * a.c ** (n_layers + 1 - layer_of(name, n_layers)) * a.eps
+        worst_ratio = max(worst_ratio, rel / bound)
+        if rel > bound:
+            failures.append(f"{name}: relative error {rel:.3g} > bound {bound:.3g}")
+    print(f"{a.run}: {len(run_l)} losses, worst relative loss error {worst_loss:.3g} "
+          f"(tolerance {a.loss_rtol:g}); parameters at {worst_ratio:.3g} of their bound")
+    if worst_loss > a.loss_rtol:
+        failures.append(f"loss error {worst_loss:.3g} > {a.loss_rtol:g}")
+    if failures:
+        sys.exit("FAIL: " + "; ".join(failures))
+
+
+main()
