@@ -78,9 +78,12 @@ class Group {
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm ring_comm_ = MPI_COMM_NULL;  // a second duplicate: our algorithms' point-to-point traffic
   std::string name_;
   int rank_ = 0, size_ = 1;
-  uint64_t sequence_ = 0;  // operations issued on this group
+  int slot_ = -1;              // this group's entry in the published status (status.h)
+  uint64_t sequence_ = 0;      // collectives issued on this group (the same on every member)
+  uint64_t p2p_sequence_ = 0;  // send/recv issued on this group (differs between members)
 };
 
 // Process-wide setup, after MPI_Init_thread: options, the progress thread. Idempotent; the

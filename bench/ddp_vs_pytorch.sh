@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# cleave DDP (2 ranks x 1 thread) against the PyTorch gloo DDP peer (../shared/peer, 2 processes,
+# modes installed and tuned) on GPT-2 124M (sequence 256, global batch 4), fp32 and bf16, the
+# programs alternating, REPEATS rounds; and cleave 2x1 against cleave 1 rank x 2 threads at the
+# same global batch (scaling efficiency). Prints median tokens/s, ratios and cleave's exposed
+# communication per step.
+# Usage: bench/ddp_vs_pytorch.sh [VOCAB=8192] [REPEATS=3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+vocab=${1:-8192} repeats=${2:-3}
+peer=$(cd .. && pwd)/shared/peer
+[ -x "$peer/run_peer.sh" ] || { echo "needs the PyTorch peer at $peer"; exit 1; }
+update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep -q '^Value: .*openblas' ||
+  { echo "the PyTorch peer needs OpenBLAS as its BLAS: apt-get install -y libopenblas0-pthread libjemalloc2"; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+
+median() { sort -g | awk '{a[NR]=$1} END {print (a[int((NR+1)/2)] + a[int((NR+2)/2)]) / 2}'; }
+field() { grep "\"$2\"" "$1/metrics.jsonl" | tail -n 10 | sed "s/.*\"$2\":\([^,}]*\).*/\1/" | median; }
+cleave_run() {  # dtype ranks threads -> "tok/s exposed_ms step_ms"
+  local dtype=$1 np=$2 threads=$3 out=$work/run-$1-$2x$3
+  rm -rf "$out"
+  mpirun --oversubscribe -np "$np" ./build/cleave train configs/gpt2_124m.toml --set data.dir="$work" \
+    --set model.vocab_size="$vocab" --set train.dtype="$dtype" --set train.steps=13 \
+    --set train.log_interval=1 --set train.val_interval=0 --set train.checkpoint_interval=0 \
+    --set train.threads="$threads" --set parallel.dp_shard="$np" --set train.out_dir="$out" \
+    > "$out.log" 2>&1 || { cat "$out.log" >&2; return 1; }
+  local tok; tok=$(field "$out" tokens_per_s)
+  echo "$tok $(field "$out" exposed_comm_ms) $(awk -v t="$tok" 'BEGIN {print 1024e3 / t}')"
+}
+peer_run() {  # mode dtype
+  "$peer/run_peer.sh" "$1" "$2" 2 --preset 124m --vocab "$vocab" --steps 10 --warmup 3 |
+    grep '^RESULT' | sed 's/.*| \([0-9.]*\) tok\/s.*/\1/'
+}
+
+declare -A tok exposed step
+for round in $(seq "$repeats"); do
+  for dtype in fp32 bf16; do
+    read -r t e s <<<"$(cleave_run "$dtype" 2 1)"
+    tok[ddp-$dtype]+="$t " exposed[ddp-$dtype]+="$e " step[ddp-$dtype]+="$s "
+    read -r t e s <<<"$(cleave_run "$dtype" 1 2)"
+    tok[single-$dtype]+="$t "
+    tok[installed-$dtype]+="$(peer_run installed "$dtype") "
+    tok[tuned-$dtype]+="$(peer_run tuned "$dtype") "
+    echo "round $round $dtype: ddp ${tok[ddp-$dtype]}| 1x2 ${tok[single-$dtype]}| installed ${tok[installed-$dtype]}| tuned ${tok[tuned-$dtype]}" >&2
+  done
+done
+m() { tr ' ' '\n' <<<"$1" | grep . | median; }
+echo "GPT-2 124M, vocab $vocab, seq 256, global batch 4; median tokens/s over $repeats rounds"
+printf "%-6s %10s %12s %12s %10s %9s %11s %13s\n" dtype "cleave 2x1" "cleave 1x2" torch-inst torch-tuned "vs torch" "scaling" "exposed comm"
+for dtype in fp32 bf16; do
+  d=$(m "${tok[ddp-$dtype]}") s=$(m "${tok[single-$dtype]}") i=$(m "${tok[installed-$dtype]}") t=$(m "${tok[tuned-$dtype]}")
+  e=$(m "${exposed[ddp-$dtype]}") st=$(m "${step[ddp-$dtype]}")
+  best=$(awk -v a="$i" -v b="$t" 'BEGIN {print (a > b ? a : b)}')
+  printf "%-6s %10.0f %12.0f %12.0f %10.0f %8.2fx %10.0f%% %6.0f ms (%.0f%%)\n" "$dtype" "$d" "$s" "$i" "$t" \
+    "$(awk -v c="$d" -v b="$best" 'BEGIN {print c / b}')" "$(awk -v d="$d" -v s="$s" 'BEGIN {print 100 * d / s}')" \
+    "$e" "$(awk -v e="$e" -v s="$st" 'BEGIN {print 100 * e / s}')"
+done

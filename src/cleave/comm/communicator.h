@@ -1,0 +1,76 @@
+// The process-wide communication engine (internal): one progress thread runs the queued operations
+// in issue order; a watchdog thread enforces timeout_seconds; the flight recorder and the status
+// board record every operation; a SIGTERM handler reports where every rank stood.
+#pragma once
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "cleave/base/buffer.h"
+#include "cleave/comm/flight_recorder.h"
+#include "cleave/comm/internal.h"
+#include "cleave/comm/status.h"
+
+namespace cleave {
+
+class Communicator {
+ public:
+  Communicator(const CommOptions& options, const std::string& status_dir, int world_rank,
+               int world_size);
+  ~Communicator();  // stop() if not done yet
+
+  // Runs what is queued to completion, then joins the threads.
+  void stop();
+
+  static Communicator* instance();  // null outside init_comm .. shutdown_comm
+  static Communicator& get();       // throws a clear error outside init_comm .. shutdown_comm
+
+  // Records the operation (flight recorder) and queues it for the progress thread.
+  Work submit(std::shared_ptr<WorkState> w);
+
+  // Persistent scratch buffers, grown on demand and reused across calls (allocated and first
+  // touched once, no page faults afterwards). Only collectives use them, from the progress thread,
+  // one collective at a time.
+  void* scratch(int index, size_t bytes);
+  static constexpr int kScratchBuffers = 4;
+
+  comm_detail::StatusBoard& status() { return status_; }
+  comm_detail::FlightRecorder& recorder() { return recorder_; }
+  const CommOptions& options() const { return options_; }
+  int world_rank() const { return world_rank_; }
+
+  // SIGTERM: the job is being torn down (usually because another rank died). Async-signal-safe.
+  void write_signal_report(int signo);
+
+ private:
+  void progress_loop();
+  void watchdog_loop();
+  bool start(const std::shared_ptr<WorkState>& w);  // false: failed to start (already finished)
+  void finish(WorkState& w, const std::string& error);
+  [[noreturn]] void on_timeout(const WorkState& w, double elapsed);
+
+  CommOptions options_;
+  int world_rank_, world_size_;
+  double t0_;
+  comm_detail::StatusBoard status_;
+  comm_detail::FlightRecorder recorder_;
+  Buffer<char> scratch_[kScratchBuffers];
+
+  std::mutex queue_m_;
+  std::condition_variable queue_cv_;
+  std::deque<std::shared_ptr<WorkState>> queue_;  // issued, not yet seen by the progress thread
+  bool stop_ = false;
+
+  std::mutex active_m_;  // guards active_ (the progress thread changes it, the watchdog reads it)
+  std::vector<std::shared_ptr<WorkState>> active_;
+
+  std::mutex watchdog_m_;
+  std::condition_variable watchdog_cv_;
+  bool watchdog_stop_ = false;
+  std::atomic<bool> reported_{false};  // a timeout report was printed (SIGTERM then stays short)
+
+  std::thread progress_thread_, watchdog_thread_;
+  bool stopped_ = false;
+};
+
+}  // namespace cleave

@@ -1,0 +1,241 @@
+// Group: checks the arguments of each operation, picks the algorithm, builds its task and queues it
+// on the engine (communicator.cpp). The decision table for CommAlgo::fastest is here.
+#include <algorithm>
+
+#include "cleave/base/check.h"
+#include "cleave/comm/communicator.h"
+#include "cleave/comm/tasks.h"
+
+namespace cleave {
+
+using namespace comm_detail;
+
+namespace {
+
+// CommAlgo::fastest: which implementation wins, per collective and message size, from
+// `cleave bench-comm` on the development machine (OpenMPI 4.1.4, shared memory, 2 ranks; see the
+// table in src/cleave/comm/comm_bench.cpp's header comment). bytes: the op's total size as
+// bench-comm counts it (all_reduce: the buffer; all_gather: the gathered output; reduce_scatter:
+// the input).
+CommAlgo fastest(Op op, int64_t bytes, CommType t, int size) {
+  if (size == 1) return CommAlgo::ours;  // a local copy
+  switch (op) {
+    case Op::all_reduce:
+      // MPI's fp32 all_reduce wins on latency for small buffers; from 256 KiB ours is as fast or
+      // faster, and bf16 through MPI goes through an fp32 copy.
+      return t == CommType::bf16 || bytes >= (int64_t(256) << 10) ? CommAlgo::ours : CommAlgo::mpi;
+    case Op::reduce_scatter:
+      return t == CommType::bf16 || bytes >= (int64_t(64) << 10) ? CommAlgo::ours : CommAlgo::mpi;
+    case Op::all_gather:
+      return bytes >= (int64_t(1) << 20) ? CommAlgo::ours : CommAlgo::mpi;
+    default: return CommAlgo::mpi;
+  }
+}
+
+bool overlaps(const void* a, size_t abytes, const void* b, size_t bbytes) {
+  const char* pa = static_cast<const char*>(a);
+  const char* pb = static_cast<const char*>(b);
+  return abytes && bbytes && pa < pb + bbytes && pb < pa + abytes;
+}
+
+}  // namespace
+
+Group::Group(MPI_Comm comm, std::string name) : name_(std::move(name)) {
+  CLEAVE_CHECK(comm != MPI_COMM_NULL, "Group \"" << name_ << "\": the communicator is MPI_COMM_NULL");
+  Communicator& c = Communicator::get();
+  GroupInfo info;
+  auto w = std::make_shared<WorkState>();
+  w->op = Op::create;
+  w->kind = Kind::fence;
+  w->group = name_;
+  w->task = create_group_task(comm, &info);
+  c.submit(w).wait();
+  comm_ = info.comm;
+  ring_comm_ = info.ring_comm;
+  rank_ = info.rank;
+  size_ = info.size;
+  slot_ = c.status().add_group(name_, info.members, rank_);
+}
+
+Group::~Group() {
+  try {
+    if (Communicator* c = Communicator::instance()) {
+      auto w = std::make_shared<WorkState>();
+      w->op = Op::destroy;
+      w->kind = Kind::fence;  // after every operation issued before it completed
+      w->group = name_;
+      w->task = destroy_group_task(comm_, ring_comm_);
+      c->submit(w).wait();
+      c->status().remove_group(slot_);
+      return;
+    }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+      if (ring_comm_ != MPI_COMM_NULL) MPI_Comm_free(&ring_comm_);
+    }
+  } catch (...) {  // a destructor must not throw; the engine already reported any failure
+  }
+}
+
+namespace {
+
+Work issue(Op op, const std::string& group, int slot, uint64_t seq, int64_t bytes, CommAlgo algo,
+           int peer, std::unique_ptr<Task> task) {
+  auto w = std::make_shared<WorkState>();
+  w->op = op;
+  w->kind = op_kind(op);
+  w->group = group;
+  w->slot = slot;
+  w->seq = seq;
+  w->bytes = bytes;
+  w->algo = algo;
+  w->peer = peer;
+  w->task = std::move(task);
+  return Communicator::get().submit(std::move(w));
+}
+
+}  // namespace
+
+#define CLEAVE_COMM_ARGS(op_text)                                                          \
+  CollArgs args;                                                                           \
+  args.comm = comm_;                                                                       \
+  args.ring_comm = ring_comm_;                                                             \
+  args.rank = rank_;                                                                       \
+  args.size = size_;                                                                       \
+  args.type = t;                                                                           \
+  args.count = count;                                                                      \
+  CLEAVE_CHECK(count >= 0, op_text << " on group \"" << name_ << "\": count " << count << " < 0")
+
+Work Group::all_reduce(void* buf, int64_t count, CommType t, CommAlgo a) {
+  CLEAVE_COMM_ARGS("all_reduce");
+  CLEAVE_CHECK(buf || count == 0, "all_reduce on group \"" << name_ << "\": null buffer");
+  args.recv = buf;
+  const int64_t bytes = count * int64_t(type_size(t));
+  if (a == CommAlgo::fastest) a = fastest(Op::all_reduce, bytes, t, size_);
+  auto task = a == CommAlgo::ours ? ring_task(Op::all_reduce, args) : mpi_task(Op::all_reduce, args);
+  return issue(Op::all_reduce, name_, slot_, ++sequence_, bytes, a, -1, std::move(task));
+}
+
+Work Group::all_gather(const void* send, void* recv, int64_t count, CommType t, CommAlgo a) {
+  CLEAVE_COMM_ARGS("all_gather");
+  const size_t ts = type_size(t), block = size_t(count) * ts;
+  CLEAVE_CHECK((send && recv) || count == 0, "all_gather on group \"" << name_ << "\": null buffer");
+  CLEAVE_CHECK(send == static_cast<char*>(recv) + rank_ * block ||
+                   !overlaps(send, block, recv, block * size_t(size_)),
+               "all_gather on group \"" << name_ << "\": send overlaps recv but is not recv + rank * count");
+  args.send = send;
+  args.recv = recv;
+  const int64_t bytes = int64_t(block) * size_;
+  if (a == CommAlgo::fastest) a = fastest(Op::all_gather, bytes, t, size_);
+  auto task = a == CommAlgo::ours ? ring_task(Op::all_gather, args) : mpi_task(Op::all_gather, args);
+  return issue(Op::all_gather, name_, slot_, ++sequence_, bytes, a, -1, std::move(task));
+}
+
+Work Group::reduce_scatter(const void* send, void* recv, int64_t count, CommType t, CommAlgo a) {
+  CLEAVE_COMM_ARGS("reduce_scatter");
+  const size_t ts = type_size(t), block = size_t(count) * ts;
+  CLEAVE_CHECK((send && recv) || count == 0, "reduce_scatter on group \"" << name_ << "\": null buffer");
+  CLEAVE_CHECK(recv == static_cast<const char*>(send) + rank_ * block ||
+                   !overlaps(send, block * size_t(size_), recv, block),
+               "reduce_scatter on group \"" << name_
+                                            << "\": recv overlaps send but is not send + rank * count");
+  args.send = send;
+  args.recv = recv;
+  const int64_t bytes = int64_t(block) * size_;
+  if (a == CommAlgo::fastest) a = fastest(Op::reduce_scatter, bytes, t, size_);
+  auto task = a == CommAlgo::ours ? ring_task(Op::reduce_scatter, args)
+                                  : mpi_task(Op::reduce_scatter, args);
+  return issue(Op::reduce_scatter, name_, slot_, ++sequence_, bytes, a, -1, std::move(task));
+}
+
+Work Group::broadcast(void* buf, int64_t count, CommType t, int root) {
+  CLEAVE_COMM_ARGS("broadcast");
+  CLEAVE_CHECK(buf || count == 0, "broadcast on group \"" << name_ << "\": null buffer");
+  CLEAVE_CHECK(root >= 0 && root < size_,
+               "broadcast on group \"" << name_ << "\": root " << root << " is not in [0, " << size_ << ")");
+  args.recv = buf;
+  args.peer = root;
+  return issue(Op::broadcast, name_, slot_, ++sequence_, count * int64_t(type_size(t)),
+               CommAlgo::mpi, root, mpi_task(Op::broadcast, args));
+}
+
+Work Group::all_to_all(const void* send, void* recv, int64_t count, CommType t) {
+  CLEAVE_COMM_ARGS("all_to_all");
+  const size_t bytes = size_t(count) * type_size(t) * size_t(size_);
+  CLEAVE_CHECK((send && recv) || count == 0, "all_to_all on group \"" << name_ << "\": null buffer");
+  CLEAVE_CHECK(send == recv || !overlaps(send, bytes, recv, bytes),
+               "all_to_all on group \"" << name_ << "\": send and recv overlap (only send == recv may)");
+  args.send = send;
+  args.recv = recv;
+  return issue(Op::all_to_all, name_, slot_, ++sequence_, int64_t(bytes), CommAlgo::mpi, -1,
+               mpi_task(Op::all_to_all, args));
+}
+
+Work Group::all_to_allv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                        const std::vector<int64_t>& recv_counts, CommType t) {
+  const int64_t count = 0;
+  CLEAVE_COMM_ARGS("all_to_allv");
+  CLEAVE_CHECK(int(send_counts.size()) == size_ && int(recv_counts.size()) == size_,
+               "all_to_allv on group \"" << name_ << "\": " << send_counts.size() << " send counts and "
+                                         << recv_counts.size() << " recv counts for " << size_ << " ranks");
+  int64_t sent = 0, received = 0;
+  for (int i = 0; i < size_; ++i) {
+    CLEAVE_CHECK(send_counts[size_t(i)] >= 0 && recv_counts[size_t(i)] >= 0,
+                 "all_to_allv on group \"" << name_ << "\": negative count for rank " << i);
+    sent += send_counts[size_t(i)];
+    received += recv_counts[size_t(i)];
+  }
+  const size_t ts = type_size(t);
+  CLEAVE_CHECK((send || sent == 0) && (recv || received == 0),
+               "all_to_allv on group \"" << name_ << "\": null buffer");
+  CLEAVE_CHECK(!overlaps(send, size_t(sent) * ts, recv, size_t(received) * ts),
+               "all_to_allv on group \"" << name_ << "\": send and recv overlap");
+  args.send = send;
+  args.recv = recv;
+  args.send_counts = send_counts;
+  args.recv_counts = recv_counts;
+  return issue(Op::all_to_allv, name_, slot_, ++sequence_, sent * int64_t(ts), CommAlgo::mpi, -1,
+               mpi_task(Op::all_to_allv, args));
+}
+
+Work Group::send(const void* buf, int64_t count, CommType t, int peer, int tag) {
+  CLEAVE_COMM_ARGS("send");
+  CLEAVE_CHECK(buf || count == 0, "send on group \"" << name_ << "\": null buffer");
+  CLEAVE_CHECK(peer >= 0 && peer < size_, "send on group \"" << name_ << "\": peer " << peer
+                                                             << " is not in [0, " << size_ << ")");
+  CLEAVE_CHECK(tag >= 0 && tag <= 32767, "send on group \"" << name_ << "\": tag " << tag
+                                                            << " is not in [0, 32767]");
+  args.send = buf;
+  args.peer = peer;
+  args.tag = tag;
+  return issue(Op::send, name_, slot_, ++p2p_sequence_, count * int64_t(type_size(t)),
+               CommAlgo::mpi, peer, mpi_task(Op::send, args));
+}
+
+Work Group::recv(void* buf, int64_t count, CommType t, int peer, int tag) {
+  CLEAVE_COMM_ARGS("recv");
+  CLEAVE_CHECK(buf || count == 0, "recv on group \"" << name_ << "\": null buffer");
+  CLEAVE_CHECK(peer >= 0 && peer < size_, "recv on group \"" << name_ << "\": peer " << peer
+                                                             << " is not in [0, " << size_ << ")");
+  CLEAVE_CHECK(tag >= 0 && tag <= 32767, "recv on group \"" << name_ << "\": tag " << tag
+                                                            << " is not in [0, 32767]");
+  args.recv = buf;
+  args.peer = peer;
+  args.tag = tag;
+  return issue(Op::recv, name_, slot_, ++p2p_sequence_, count * int64_t(type_size(t)),
+               CommAlgo::mpi, peer, mpi_task(Op::recv, args));
+}
+
+Work Group::barrier() {
+  const int64_t count = 0;
+  const CommType t = CommType::f32;
+  CLEAVE_COMM_ARGS("barrier");
+  return issue(Op::barrier, name_, slot_, ++sequence_, 0, CommAlgo::mpi, -1,
+               mpi_task(Op::barrier, args));
+}
+
+#undef CLEAVE_COMM_ARGS
+
+}  // namespace cleave

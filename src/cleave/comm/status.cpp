@@ -1,0 +1,284 @@
+#include "cleave/comm/status.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+
+#include "cleave/base/check.h"
+
+namespace cleave::comm_detail {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x31535554414c4543ull;  // "CLEATUS1"
+
+template <class T>
+void store(T& field, T value) {
+  __atomic_store(&field, &value, __ATOMIC_RELEASE);
+}
+
+uint64_t group_key(const std::string& name, const std::vector<int>& members) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&](uint64_t b) {
+    h ^= b;
+    h *= 1099511628211ull;
+  };
+  for (char c : name) mix(uint8_t(c));
+  for (int m : members)
+    for (int i = 0; i < 4; ++i) mix(uint8_t(uint32_t(m) >> (8 * i)));
+  return h ? h : 1;
+}
+
+// Formats "<dir>/rank-<r>.status" without allocating (used to build the paths once).
+std::string status_path(const std::string& dir, int rank) {
+  return dir + "/rank-" + std::to_string(rank) + ".status";
+}
+
+// 1: alive, 0: dead (gone or zombie), -1: unknown (another host). Async-signal-safe.
+int liveness(const StatusPage& p, const char* my_host) {
+  if (std::strncmp(p.host, my_host, sizeof(p.host)) != 0) return -1;
+  if (::kill(p.pid, 0) != 0 && errno == ESRCH) return 0;
+  char path[64];
+  {
+    // "/proc/<pid>/stat"
+    char digits[16];
+    int d = 0;
+    for (uint32_t v = uint32_t(p.pid); v || d == 0; v /= 10) digits[d++] = char('0' + v % 10);
+    size_t k = 0;
+    for (const char* s = "/proc/"; *s;) path[k++] = *s++;
+    while (d) path[k++] = digits[--d];
+    for (const char* s = "/stat"; *s;) path[k++] = *s++;
+    path[k] = 0;
+  }
+  const int fd = ::open(path, O_RDONLY);
+  if (fd < 0) return 0;
+  char buf[256];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  // state is the field after the ")" closing the command name
+  for (ssize_t i = n - 1; i > 0; --i)
+    if (buf[i] == ')') return i + 2 < n && (buf[i + 2] == 'Z' || buf[i + 2] == 'X') ? 0 : 1;
+  return 1;
+}
+
+const char* state_text(int32_t s) {
+  switch (RankState(s)) {
+    case RankState::running: return "running";
+    case RankState::finished: return "finished (shutdown_comm done)";
+    case RankState::timed_out: return "timed out, aborting";
+    case RankState::terminated: return "terminated by a signal";
+    default: return "?";
+  }
+}
+
+const StatusSlot* find_slot(const StatusPage& p, uint64_t key) {
+  for (const StatusSlot& s : p.slots)
+    if (s.key == key) return &s;
+  return nullptr;
+}
+
+}  // namespace
+
+StatusBoard::StatusBoard(const std::string& dir, int world_rank, int world_size)
+    : dir_(dir), world_rank_(world_rank), world_size_(world_size) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  CLEAVE_CHECK(std::filesystem::is_directory(dir_),
+               "cannot create the comm status folder " << dir_ << ": " << ec.message());
+  paths_.reserve(size_t(world_size));
+  for (int r = 0; r < world_size; ++r) paths_.push_back(status_path(dir_, r));
+  ::gethostname(host_, sizeof(host_) - 1);
+
+  const std::string& path = paths_[size_t(world_rank)];
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  CLEAVE_CHECK(fd_ >= 0, "cannot create " << path << ": " << std::strerror(errno));
+  CLEAVE_CHECK(::ftruncate(fd_, sizeof(StatusPage)) == 0,
+               "cannot size " << path << ": " << std::strerror(errno));
+  void* p = ::mmap(nullptr, sizeof(StatusPage), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  CLEAVE_CHECK(p != MAP_FAILED, "cannot map " << path << ": " << std::strerror(errno));
+  page_ = static_cast<StatusPage*>(p);
+  std::memset(static_cast<void*>(page_), 0, sizeof(StatusPage));
+  page_->world_rank = world_rank;
+  page_->world_size = world_size;
+  page_->pid = int32_t(::getpid());
+  std::memcpy(page_->host, host_, sizeof(page_->host));
+  page_->init_time = page_->heartbeat = wall_seconds();
+  page_->state = int32_t(RankState::running);
+  store(page_->magic, kMagic);
+}
+
+StatusBoard::~StatusBoard() {
+  if (page_) {
+    set_state(RankState::finished);
+    ::munmap(page_, sizeof(StatusPage));
+  }
+  if (fd_ >= 0) ::close(fd_);
+  ::unlink(paths_[size_t(world_rank_)].c_str());
+  ::rmdir(dir_.c_str());  // succeeds for the last rank to leave
+}
+
+int StatusBoard::add_group(const std::string& name, const std::vector<int>& members, int rank) {
+  for (int i = 0; i < kMaxStatusGroups; ++i) {
+    StatusSlot& s = page_->slots[i];
+    if (s.key != 0) continue;
+    members_[i] = members;
+    std::memset(&s, 0, sizeof(s));
+    std::memcpy(s.name, name.data(), std::min(name.size(), sizeof(s.name) - 1));
+    s.rank = rank;
+    s.size = int32_t(members.size());
+    store(s.key, group_key(name, members));
+    return i;
+  }
+  return -1;
+}
+
+void StatusBoard::remove_group(int slot) {
+  if (slot < 0) return;
+  store(page_->slots[slot].key, uint64_t(0));
+}
+
+void StatusBoard::started(const WorkState& w) {
+  if (w.slot < 0) return;
+  StatusSlot& s = page_->slots[w.slot];
+  if (w.kind == Kind::p2p) {
+    store(s.p2p_started, s.p2p_started + 1);
+    return;
+  }
+  store(s.op, int32_t(w.op));
+  store(s.bytes, w.bytes);
+  store(s.started_at, w.started_wall);
+  store(s.started, w.seq);
+}
+
+void StatusBoard::completed(const WorkState& w) {
+  if (w.slot < 0) return;
+  StatusSlot& s = page_->slots[w.slot];
+  if (w.kind == Kind::p2p) store(s.p2p_completed, s.p2p_completed + 1);
+  else store(s.completed, w.seq);
+}
+
+void StatusBoard::heartbeat(double t) { store(page_->heartbeat, t); }
+
+void StatusBoard::set_state(RankState s) { store(page_->state, int32_t(s)); }
+
+bool StatusBoard::read_page(int rank, StatusPage& page) const {
+  const int fd = ::open(paths_[size_t(rank)].c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  size_t got = 0;
+  char* dst = reinterpret_cast<char*>(&page);
+  while (got < sizeof(page)) {
+    const ssize_t n = ::read(fd, dst + got, sizeof(page) - got);
+    if (n <= 0) break;
+    got += size_t(n);
+  }
+  ::close(fd);
+  return got == sizeof(page) && page.magic == kMagic;
+}
+
+void StatusBoard::write_report(SafeText& out, int focus_slot, uint64_t focus_seq,
+                               Op focus_op) const {
+  const double now = wall_seconds();
+  out.str("cleave comm: status of the ").num(world_size_).str(" ranks (from ").str(dir_.c_str())
+      .str("):\n");
+  StatusPage page;
+  for (int r = 0; r < world_size_; ++r) {
+    out.str("  rank ").num(r).str(": ");
+    if (!read_page(r, page)) {
+      out.str("no status file (not started yet, or already finished)\n");
+      continue;
+    }
+    out.str("pid ").num(page.pid).str(" on ").str(page.host, sizeof(page.host)).str(", ");
+    const int alive = liveness(page, host_);
+    if (alive == 0) out.str("DEAD (the process is gone)");
+    else out.str(state_text(page.state));
+    out.str(", heartbeat ").fixed(now - page.heartbeat, 1).str(" s ago\n");
+    for (const StatusSlot& s : page.slots) {
+      if (s.key == 0) continue;
+      out.str("      group \"").str(s.name, sizeof(s.name)).str("\" (rank ").num(s.rank).str(" of ")
+          .num(s.size).str("): ");
+      if (s.started == 0) out.str("no collective started");
+      else {
+        out.str("started #").unum(s.started).chr(' ').str(op_name(Op(s.op))).str(" (")
+            .bytes(s.bytes).str(")");
+        if (s.completed < s.started) out.str(" ").fixed(now - s.started_at, 1).str(" s ago");
+        out.str(", completed #").unum(s.completed);
+      }
+      out.str("; point-to-point started ").unum(s.p2p_started).str(", completed ")
+          .unum(s.p2p_completed).chr('\n');
+    }
+  }
+  if (focus_slot >= 0) {
+    write_group_analysis(out, focus_slot, focus_seq, int(focus_op));
+    return;
+  }
+  for (int i = 0; i < kMaxStatusGroups; ++i)
+    if (page_ && page_->slots[i].key != 0) write_group_analysis(out, i, 0, -1);
+}
+
+// seq 0: the furthest sequence number any member started.
+void StatusBoard::write_group_analysis(SafeText& out, int slot, uint64_t seq, int op) const {
+  const StatusSlot& mine = page_->slots[slot];
+  const uint64_t key = mine.key;
+  const std::vector<int>& members = members_[slot];
+  StatusPage page;
+  if (seq == 0) {
+    for (int m : members)
+      if (read_page(m, page))
+        if (const StatusSlot* s = find_slot(page, key); s && s->started > seq) {
+          seq = s->started;
+          if (op < 0 || m == world_rank_) op = s->op;
+        }
+    if (seq == 0) return;
+  }
+  out.str("cleave comm: group \"").str(mine.name, sizeof(mine.name)).str("\" (").num(int64_t(members.size()))
+      .str(" ranks) at collective #").unum(seq);
+  if (op >= 0) out.chr(' ').str(op_name(Op(op)));
+  out.str(":\n");
+  // One line per category, listing the world ranks in it.
+  enum { waiting, done, behind, dead, missing, mismatch, ncat };
+  static const char* const labels[ncat] = {
+      "    waiting in it:           ", "    done with it:            ",
+      "    BEHIND (not started it): ", "    DEAD:                    ",
+      "    MISSING (no status):     ", "    MISMATCH (another op):   "};
+  for (int cat = 0; cat < ncat; ++cat) {
+    bool any = false;
+    for (size_t g = 0; g < members.size(); ++g) {
+      const int m = members[g];
+      int c = missing;
+      const StatusSlot* s = nullptr;
+      int alive = 1;
+      if (read_page(m, page)) {
+        s = find_slot(page, key);
+        alive = liveness(page, host_);
+        if (alive == 0) c = dead;
+        else if (!s) c = missing;
+        else if (s->started < seq) c = behind;
+        else if (s->started == seq && op >= 0 && s->op != op) c = mismatch;
+        else if (s->completed >= seq) c = done;
+        else c = waiting;
+      }
+      if (c != cat) continue;
+      out.str(any ? ", " : labels[cat]);
+      any = true;
+      out.str("rank ").num(m);
+      if (s && (c == behind || c == dead || c == mismatch)) {
+        out.str(" (at #").unum(s->started).chr(' ').str(op_name(Op(s->op)));
+        if (s->completed < s->started) out.str(", not completed");
+        if (c == behind && alive == 1 && page.state == int32_t(RankState::running))
+          out.str(", alive: stalled or desynchronised");
+        out.chr(')');
+      } else if (c == missing && s == nullptr && page.magic == kMagic && alive != 0) {
+        out.str(" (has no group with this name and members)");
+      }
+    }
+    if (any) out.chr('\n');
+  }
+}
+
+}  // namespace cleave::comm_detail

@@ -1,0 +1,76 @@
+// Published progress: each rank keeps a small status file (mmapped, rewritten in place) in the job's
+// status folder: per group, the last collective started and completed (sequence number, op, bytes)
+// and its point-to-point counts, plus the pid, host and a heartbeat. Other ranks read the files
+// without MPI, so a rank whose collective times out, or that is being killed because another rank
+// died, can say which rank stopped where. The folder must be shared by the ranks that should see
+// each other (the default, /tmp/cleave-<id>, is per host).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cleave/comm/internal.h"
+
+namespace cleave::comm_detail {
+
+constexpr int kMaxStatusGroups = 32;
+
+struct StatusSlot {
+  uint64_t key;  // identifies the group across ranks (name + members); 0: free slot
+  char name[40];
+  int32_t rank, size;
+  uint64_t started, completed;  // collective sequence numbers, 1-based; 0: none yet
+  int32_t op, reserved;         // op of the last collective started
+  int64_t bytes;
+  double started_at;            // wall seconds
+  uint64_t p2p_started, p2p_completed;
+};
+
+enum class RankState : int32_t { none = 0, running = 1, finished = 2, timed_out = 3, terminated = 4 };
+
+struct StatusPage {
+  uint64_t magic;
+  int32_t world_rank, world_size, pid, state;
+  char host[64];
+  double init_time, heartbeat;  // wall seconds
+  StatusSlot slots[kMaxStatusGroups];
+};
+
+class StatusBoard {
+ public:
+  // Creates the folder if needed and this rank's file.
+  StatusBoard(const std::string& dir, int world_rank, int world_size);
+  ~StatusBoard();  // marks this rank finished, removes its file (and the folder once empty)
+  StatusBoard(const StatusBoard&) = delete;
+  StatusBoard& operator=(const StatusBoard&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  // `members`: world ranks of the group, in group rank order. Returns the slot, -1 when all slots
+  // are taken (the group then runs unpublished).
+  int add_group(const std::string& name, const std::vector<int>& members, int rank);
+  void remove_group(int slot);
+  void started(const WorkState& w);
+  void completed(const WorkState& w);
+  void heartbeat(double t);
+  void set_state(RankState s);
+
+  // Async-signal-safe. The progress of every rank read from the status files; then, for the group
+  // in `focus_slot` (or, with -1, for each of this rank's groups at the furthest sequence number any
+  // member started), which members are waiting in it, done, behind, dead, missing or running a
+  // different op.
+  void write_report(SafeText& out, int focus_slot, uint64_t focus_seq, Op focus_op) const;
+
+ private:
+  bool read_page(int rank, StatusPage& page) const;
+  void write_group_analysis(SafeText& out, int slot, uint64_t seq, int op) const;
+
+  std::string dir_;
+  std::vector<std::string> paths_;  // status file of every world rank (built once: no allocation later)
+  int world_rank_, world_size_;
+  char host_[64] = {};
+  StatusPage* page_ = nullptr;      // this rank's file, mmapped
+  int fd_ = -1;
+  std::vector<int> members_[kMaxStatusGroups];
+};
+
+}  // namespace cleave::comm_detail

@@ -1,0 +1,93 @@
+// cleave bench-comm: algbw/busbw of every collective, cleave's implementation beside MPI's, and
+// whether an all_reduce overlaps computation. Run under mpirun.
+#include <mpi.h>
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "cleave/comm/comm_bench.h"
+#include "cli/args.h"
+
+namespace cleave::cli {
+
+namespace {
+
+std::string human(int64_t b) {
+  char s[32];
+  if (b >= (int64_t(1) << 20)) std::snprintf(s, sizeof(s), "%g MiB", double(b) / (1 << 20));
+  else if (b >= 1024) std::snprintf(s, sizeof(s), "%g KiB", double(b) / 1024);
+  else std::snprintf(s, sizeof(s), "%lld B", (long long)b);
+  return s;
+}
+
+}  // namespace
+
+int bench_comm(int argc, char** argv) {
+  const Args a = Args::parse("bench-comm", argc, argv,
+                             {"--min-bytes", "--max-bytes", "--factor", "--ops", "--type",
+                              "--seconds", "--overlap-bytes"},
+                             {"--no-overlap"});
+  CommBenchOptions o;
+  o.min_bytes = int64_t(a.number("--min-bytes", double(o.min_bytes)));
+  o.max_bytes = int64_t(a.number("--max-bytes", double(o.max_bytes)));
+  o.factor = int(a.number("--factor", o.factor));
+  o.seconds_per_case = a.number("--seconds", o.seconds_per_case);
+  if (a.has("--ops")) {
+    o.ops.clear();
+    std::stringstream ss(a.get("--ops", ""));
+    for (std::string op; std::getline(ss, op, ',');) o.ops.push_back(op);
+  }
+  const std::string type = a.get("--type", "f32");
+  if (type == "f32") o.types = {CommType::f32};
+  else if (type == "bf16") o.types = {CommType::bf16};
+  else if (type == "both") o.types = {CommType::f32, CommType::bf16};
+  else throw Error("bench-comm: --type expects f32, bf16 or both, got '" + type + "'");
+
+  init_comm(CommOptions{});
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Group world(MPI_COMM_WORLD, "world");
+  if (rank == 0)
+    std::printf("bench-comm: %d ranks; time: median over iterations of the slowest rank; GB/s as "
+                "nccl-tests defines them\n(algbw = size / time; busbw = algbw * 2(n-1)/n for "
+                "all_reduce, (n-1)/n for all_gather, reduce_scatter, all_to_all, 1 for broadcast)\n\n",
+                world.size());
+  const auto rows = bench_comm(world, o);
+  if (rank == 0) {
+    std::printf("%-15s %-5s %10s | %12s %7s %7s | %12s %7s %7s | %s\n", "op", "type", "size",
+                "ours: us", "algbw", "busbw", "mpi: us", "algbw", "busbw", "faster");
+    // rows come as (ours, mpi) pairs per size, or mpi alone
+    std::map<std::tuple<std::string, int, int64_t>, const CommBenchRow*> ours;
+    for (const CommBenchRow& r : rows)
+      if (r.algo == CommAlgo::ours) ours[{r.op, int(r.type), r.bytes}] = &r;
+    for (const CommBenchRow& r : rows) {
+      if (r.algo != CommAlgo::mpi) continue;
+      auto it = ours.find({r.op, int(r.type), r.bytes});
+      const CommBenchRow* u = it == ours.end() ? nullptr : it->second;
+      char left[64] = "           -       -       -";
+      if (u) std::snprintf(left, sizeof(left), "%12.1f %7.2f %7.2f", u->seconds * 1e6, u->algbw, u->busbw);
+      std::printf("%-15s %-5s %10s | %s | %12.1f %7.2f %7.2f | %s\n", r.op.c_str(),
+                  r.type == CommType::f32 ? "f32" : "bf16", human(r.bytes).c_str(), left,
+                  r.seconds * 1e6, r.algbw, r.busbw,
+                  !u ? "mpi" : u->seconds < r.seconds ? "ours" : "mpi");
+    }
+    std::fflush(stdout);
+  }
+  if (!a.has("--no-overlap")) {
+    const int64_t bytes = int64_t(a.number("--overlap-bytes", 16 << 20));
+    for (CommAlgo algo : {CommAlgo::ours, CommAlgo::mpi}) {
+      const OverlapResult r = measure_overlap(world, bytes, algo);
+      if (rank == 0)
+        std::printf("\noverlap, all_reduce %s (%s) while rank 0 computes on its main thread:\n"
+                    "  all_reduce alone %.2f ms; computation alone %.2f ms, with the all_reduce "
+                    "running %.2f ms; then wait() blocked %.2f ms\n",
+                    human(bytes).c_str(), algo == CommAlgo::ours ? "ours" : "mpi",
+                    r.comm_alone * 1e3, r.compute_alone * 1e3, r.compute_with_comm * 1e3,
+                    r.waited * 1e3);
+    }
+  }
+  return 0;
+}
+
+}  // namespace cleave::cli
