@@ -8,17 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vocab=${1:-8192} repeats=${2:-3}
-peer=$(cd .. && pwd)/shared/peer
-[ -x "$peer/run_peer.sh" ] || { echo "needs the PyTorch peer at $peer"; exit 1; }
-update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep -q '^Value: .*openblas' ||
-  { echo "the PyTorch peer needs OpenBLAS as its BLAS: apt-get install -y libopenblas0-pthread libjemalloc2"; exit 1; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+source bench/common.sh
 
-median() { sort -g | awk '{a[NR]=$1} END {print (a[int((NR+1)/2)] + a[int((NR+2)/2)]) / 2}'; }
-field() { grep "\"$2\"" "$1/metrics.jsonl" | tail -n 10 | sed "s/.*\"$2\":\([^,}]*\).*/\1/" | median; }
 cleave_run() {  # dtype ranks threads -> "tok/s exposed_ms step_ms"
   local dtype=$1 np=$2 threads=$3 out=$work/run-$1-$2x$3
   rm -rf "$out"
@@ -30,10 +21,6 @@ cleave_run() {  # dtype ranks threads -> "tok/s exposed_ms step_ms"
   local tok; tok=$(field "$out" tokens_per_s)
   echo "$tok $(field "$out" exposed_comm_ms) $(awk -v t="$tok" 'BEGIN {print 1024e3 / t}')"
 }
-peer_run() {  # mode dtype
-  "$peer/run_peer.sh" "$1" "$2" 2 --preset 124m --vocab "$vocab" --steps 10 --warmup 3 |
-    grep '^RESULT' | sed 's/.*| \([0-9.]*\) tok\/s.*/\1/'
-}
 
 declare -A tok exposed step
 for round in $(seq "$repeats"); do
@@ -42,8 +29,8 @@ for round in $(seq "$repeats"); do
     tok[ddp-$dtype]+="$t " exposed[ddp-$dtype]+="$e " step[ddp-$dtype]+="$s "
     read -r t e s <<<"$(cleave_run "$dtype" 1 2)"
     tok[single-$dtype]+="$t "
-    tok[installed-$dtype]+="$(peer_run installed "$dtype") "
-    tok[tuned-$dtype]+="$(peer_run tuned "$dtype") "
+    tok[installed-$dtype]+="$(peer_run installed "$dtype" 2) "
+    tok[tuned-$dtype]+="$(peer_run tuned "$dtype" 2) "
     echo "round $round $dtype: ddp ${tok[ddp-$dtype]}| 1x2 ${tok[single-$dtype]}| installed ${tok[installed-$dtype]}| tuned ${tok[tuned-$dtype]}" >&2
   done
 done

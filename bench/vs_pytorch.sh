@@ -7,15 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vocab=${1:-8192} repeats=${2:-3}
-peer=$(cd .. && pwd)/shared/peer
-[ -x "$peer/run_peer.sh" ] || { echo "needs the PyTorch peer at $peer"; exit 1; }
-# Debian's PyTorch does its fp32 GEMMs through the system BLAS: without OpenBLAS (which
-# python3-torch recommends) it falls back to the reference BLAS and runs about 20x slower.
-update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep -q '^Value: .*openblas' ||
-  { echo "the PyTorch peer needs OpenBLAS as its BLAS: apt-get install -y libopenblas0-pthread libjemalloc2"; exit 1; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
+source bench/common.sh
 
 cleave_run() {  # prints the median tokens/s of timed steps 4..13
   local dtype=$1 out=$work/run-$dtype
@@ -25,21 +17,15 @@ cleave_run() {  # prints the median tokens/s of timed steps 4..13
     --set train.log_interval=1 --set train.val_interval=0 --set train.checkpoint_interval=0 \
     --set train.threads=2 --set train.out_dir="$out" > "$out.log" 2>&1 \
     || { cat "$out.log" >&2; return 1; }
-  grep '"tokens_per_s"' "$out/metrics.jsonl" | tail -n 10 | sed 's/.*"tokens_per_s":\([^,}]*\).*/\1/' |
-    sort -g | awk '{a[NR]=$1} END {print (a[int((NR+1)/2)] + a[int((NR+2)/2)]) / 2}'
+  field "$out" tokens_per_s
 }
-peer_run() {  # mode dtype
-  "$peer/run_peer.sh" "$1" "$2" 1 --preset 124m --vocab "$vocab" --steps 10 --warmup 3 |
-    grep '^RESULT' | sed 's/.*| \([0-9.]*\) tok\/s.*/\1/'
-}
-median() { sort -g | awk '{a[NR]=$1} END {print (a[int((NR+1)/2)] + a[int((NR+2)/2)]) / 2}'; }
 
 declare -A results
 for round in $(seq "$repeats"); do
   for dtype in fp32 bf16; do
     results[cleave-$dtype]+="$(cleave_run "$dtype") "
-    results[installed-$dtype]+="$(peer_run installed "$dtype") "
-    results[tuned-$dtype]+="$(peer_run tuned "$dtype") "
+    results[installed-$dtype]+="$(peer_run installed "$dtype" 1) "
+    results[tuned-$dtype]+="$(peer_run tuned "$dtype" 1) "
     echo "round $round $dtype: cleave ${results[cleave-$dtype]}| installed ${results[installed-$dtype]}| tuned ${results[tuned-$dtype]}" >&2
   done
 done
