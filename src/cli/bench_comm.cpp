@@ -15,8 +15,9 @@ namespace {
 
 std::string human(int64_t b) {
   char s[32];
-  if (b >= (int64_t(1) << 20)) std::snprintf(s, sizeof(s), "%g MiB", double(b) / (1 << 20));
-  else if (b >= 1024) std::snprintf(s, sizeof(s), "%g KiB", double(b) / 1024);
+  const double mib = double(b) / (1 << 20), kib = double(b) / 1024;
+  if (b >= (int64_t(1) << 20)) std::snprintf(s, sizeof(s), b % (1 << 20) ? "%.2f MiB" : "%.0f MiB", mib);
+  else if (b >= 1024) std::snprintf(s, sizeof(s), b % 1024 ? "%.2f KiB" : "%.0f KiB", kib);
   else std::snprintf(s, sizeof(s), "%lld B", (long long)b);
   return s;
 }

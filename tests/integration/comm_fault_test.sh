@@ -11,7 +11,12 @@ probe="$(dirname "$1")/tests/comm_fault_probe"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export OMP_NUM_THREADS=1
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# Ranks that die or abort leave their status folder (/tmp/cleave-<id>, named in the reports).
+cleanup() {
+  grep -ohE '/tmp/cleave-[0-9]+-[0-9]+' "$out"/*.log 2>/dev/null | sort -u | xargs -r rm -rf
+  rm -rf "$out"
+}
+trap cleanup EXIT
 fail=0
 
 run() {  # name mode np victim -> sets rc, secs; output in $out/name.log

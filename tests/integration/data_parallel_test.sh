@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Data-parallel layouts against the single-process reference (DESIGN.md section 5): DDP, ZeRO-1,
-# ZeRO-2 on 2 and 4 ranks, hybrid (dp_replicate 2 x dp_shard 2), with and without gradient
-# accumulation, in fp32 and bf16; the same layout twice is bitwise identical; a checkpoint of one
-# layout resumes under another with the reference's losses.
+# ZeRO-2, ZeRO-3 on 2 and 4 ranks, HSDP (dp_replicate 2 x dp_shard 2, ZeRO-3) and hybrid ZeRO-1,
+# with and without gradient accumulation, in fp32 and bf16; the same layout twice is bitwise
+# identical; a checkpoint of one layout resumes under another with the reference's losses.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 work=$(mktemp -d)
@@ -26,7 +26,8 @@ run() {  # name ranks [--set ...]
 for accum in 1 2; do
   set_batch=(--set train.micro_batch_size=$((8 / accum)) --set train.grad_accum_steps=$accum)
   run ref-a$accum 1 "${set_batch[@]}"
-  for layout in "2 ddp 1 2 0" "2 zero1 1 2 1" "2 zero2 1 2 2" "4 ddp 1 4 0" "4 zero1 1 4 1" "4 zero2 1 4 2" "4 hybrid 2 2 2"; do
+  for layout in "2 ddp 1 2 0" "2 zero1 1 2 1" "2 zero2 1 2 2" "2 zero3 1 2 3" "4 ddp 1 4 0" \
+                "4 zero1 1 4 1" "4 zero2 1 4 2" "4 zero3 1 4 3" "4 hsdp 2 2 3" "4 hybrid-zero1 2 2 1"; do
     read -r np name replicate shard zero <<<"$layout"
     run "$name$np-a$accum" "$np" "${set_batch[@]}" --set parallel.dp_replicate=$replicate \
       --set parallel.dp_shard=$shard --set parallel.zero_stage=$zero
@@ -43,14 +44,20 @@ cmp "$work/zero24-a1/step_00000020/model-rank00000.safetensors" \
     "$work/zero2-4-again/step_00000020/model-rank00000.safetensors" \
   || { echo "FAIL: rerun of zero2 x4 gave another checkpoint"; exit 1; }
 
-# Resume across layouts: DDP x2 stops at step 10; ZeRO-2 x4 resumes; then single-process.
+# Resume across layouts: DDP x2 stops at step 10 and ZeRO-2 x4 resumes; ZeRO-3 x4 stops and
+# HSDP 2x2 resumes.
 run cross 2 "${one_micro[@]}" --set parallel.dp_shard=2 --set parallel.zero_stage=0 --exit-after 10
 run cross 4 "${one_micro[@]}" --set parallel.dp_shard=4 --set parallel.zero_stage=2 --resume latest
 grep -q "resumed at step 10" "$work/cross.log" || { echo "FAIL: cross-layout resume did not resume"; exit 1; }
 $compare "$work/ref-a1" "$work/cross" --loss-rtol 1e-5 --eps 6e-8 --from-step 11
+run cross3 4 "${one_micro[@]}" --set parallel.dp_shard=4 --set parallel.zero_stage=3 --exit-after 10
+run cross3 4 "${one_micro[@]}" --set parallel.dp_replicate=2 --set parallel.dp_shard=2 --set parallel.zero_stage=3 --resume latest
+$compare "$work/ref-a1" "$work/cross3" --loss-rtol 1e-5 --eps 6e-8 --from-step 11
 
 # bf16: a layout against the bf16 reference, within bf16's tolerance.
 run ref-bf16 1 "${one_micro[@]}" --set train.dtype=bf16
-run zero1-bf16 2 "${one_micro[@]}" --set train.dtype=bf16 --set parallel.dp_shard=2 --set parallel.zero_stage=1
-$compare "$work/ref-bf16" "$work/zero1-bf16" --loss-rtol 2e-2 --eps 4e-3
+for zero in 1 3; do
+  run zero$zero-bf16 2 "${one_micro[@]}" --set train.dtype=bf16 --set parallel.dp_shard=2 --set parallel.zero_stage=$zero
+  $compare "$work/ref-bf16" "$work/zero$zero-bf16" --loss-rtol 2e-2 --eps 4e-3
+done
 echo "data-parallel layouts match the reference"

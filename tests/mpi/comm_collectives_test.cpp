@@ -151,9 +151,11 @@ TEST(Collectives, AllToAll) {
       std::vector<char> send = make_input(t, g.rank(), 0, count * n);
       std::vector<char> recv(send.size());
       g.all_to_all(send.data(), recv.data(), count, t).wait();
-      expect_elements(t, recv, count * n,
-                      [&](int64_t i) { return value(int(i / count), g.rank() * count + i % count); },
-                      label("all_to_all", t, CommAlgo::mpi, count));
+      auto expected = [&](int64_t i) { return value(int(i / count), g.rank() * count + i % count); };
+      expect_elements(t, recv, count * n, expected, label("all_to_all", t, CommAlgo::mpi, count));
+      g.all_to_all(send.data(), send.data(), count, t).wait();  // in place
+      expect_elements(t, send, count * n, expected,
+                      label("all_to_all", t, CommAlgo::mpi, count, " in place"));
     }
 }
 

@@ -128,8 +128,9 @@ TEST(Errors, BadArgumentsThrow) {
   EXPECT_THROW(g.send(buf, 4, CommType::f32, -1, 0), Error);
   EXPECT_THROW(g.recv(buf, 4, CommType::f32, 0, 1 << 20), Error);
   EXPECT_THROW(g.all_to_allv(buf, {1}, buf + 8, {1, 2, 3, 4, 5}, CommType::f32), Error);
-  if (g.size() > 1)  // send overlapping recv, but not at recv + rank * count
+  if (g.size() > 1) {  // send overlapping recv, but not at recv + rank * count
     EXPECT_THROW(g.all_gather(buf + 1, buf, 2, CommType::f32), Error);
+  }
   float x = 1;  // the group still works, in step
   g.all_reduce(&x, 1, CommType::f32).wait();
   EXPECT_EQ(x, float(g.size()));

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "cleave/optim/adamw.h"
 #include "cleave/optim/grad_norm.h"
@@ -20,7 +22,7 @@ TEST(AdamW, MatchesReferenceWithDecayRule) {
   OptimConfig cfg;
   cfg.weight_decay = 0.1;
   cfg.no_decay = {"wpe"};
-  AdamW opt(store, cfg, 0, store.total());
+  AdamW opt(store, cfg, {{0, store.total()}});
   EXPECT_TRUE(opt.decays(0));
   EXPECT_FALSE(opt.decays(1));
   EXPECT_FALSE(opt.decays(2));
@@ -30,7 +32,7 @@ TEST(AdamW, MatchesReferenceWithDecayRule) {
     for (int64_t i = 0; i < store.total(); ++i) store.grads()[i] = std::sin(0.37 * i + step);
     const double lr = 1e-2 * step;
     const float scale = 0.5f;
-    opt.step(store, store.grads().data(), lr, scale);
+    opt.step(store, store.values().data(), store.grads().data(), lr, scale);
     for (int ti = 0; ti < 3; ++ti) {
       const ParamTensor& t = store.tensor(ti);
       for (int64_t j = 0; j < t.numel; ++j) {
@@ -60,14 +62,24 @@ TEST(AdamW, ShardedRangesEqualTheWhole) {
   };
   ParamStore whole = make(), split = make();
   OptimConfig cfg;
-  AdamW all(whole, cfg, 0, whole.total());
-  const int64_t cut = 20;  // inside tensor "a"
-  AdamW lo(split, cfg, 0, cut), hi(split, cfg, cut, split.total());
+  AdamW all(whole, cfg, {{0, whole.total()}});
+  // Pieces out of order, one cut inside tensor "a": each piece's values and gradients are
+  // gathered into buffers that hold the ranges one after the other.
+  const int64_t cut = 20, total = split.total();
+  AdamW pieces(split, cfg, {{cut, total}, {0, cut}});
+  std::vector<float> values(total), grads(total);
+  auto pack = [&](const float* flat, std::vector<float>& out) {
+    std::copy(flat + cut, flat + total, out.begin());
+    std::copy(flat, flat + cut, out.begin() + (total - cut));
+  };
+  pack(split.values().data(), values);
+  pack(split.grads().data(), grads);
   for (int step = 0; step < 3; ++step) {
-    all.step(whole, whole.grads().data(), 1e-2, 1.0f);
-    lo.step(split, split.grads().data(), 1e-2, 1.0f);
-    hi.step(split, split.grads().data() + cut, 1e-2, 1.0f);
+    all.step(whole, whole.values().data(), whole.grads().data(), 1e-2, 1.0f);
+    pieces.step(split, values.data(), grads.data(), 1e-2, 1.0f);
   }
+  std::copy(values.begin(), values.begin() + (total - cut), split.values().data() + cut);
+  std::copy(values.begin() + (total - cut), values.end(), split.values().data());
   EXPECT_EQ(whole.total() % 32, 0);
   EXPECT_EQ(0, std::memcmp(whole.values().data(), split.values().data(), whole.total() * 4));
 }

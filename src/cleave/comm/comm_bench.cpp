@@ -1,10 +1,26 @@
 // bench-comm. Each case: `warmup` untimed calls (they also grow the persistent buffers), then
 // iterations of barrier + timed call; every rank takes its median, the slowest rank's median counts.
 //
-// Results on the development machine (2-core AMD EPYC VM shared with other jobs, OpenMPI 4.1.4,
-// vader shared memory, mpirun -np 2, fp32; busbw in GB/s, ours / MPI) -- the basis of the decision
-// table in group.cpp:
-//   (filled in from the measurements)
+// Results on the development machine -- the basis of the decision table in group.cpp (`fastest`).
+// 2-core AMD EPYC VM shared with other jobs, OpenMPI 4.1.4, vader shared memory (CMA single copy),
+// `mpirun --oversubscribe -np 2 cleave bench-comm --type both`; busbw in GB/s, ours/MPI. Noisy:
+// in other runs the cache-sized cases (64 KiB - 4 MiB) came out up to 4x lower for both sides.
+//   busbw ours/mpi            4 KiB     16 KiB     64 KiB    256 KiB      1 MiB      4 MiB     16 MiB     64 MiB    256 MiB
+//   all_reduce f32        0.31/0.21  0.85/0.77  2.29/0.86  3.68/1.40  7.99/2.73  9.08/2.93  4.65/1.78  3.85/1.76  3.84/1.62
+//   all_reduce bf16       0.52/0.23  0.89/0.59  2.18/0.77  3.69/1.07  6.97/1.54  8.03/0.86  4.34/0.75  4.42/0.78  4.18/0.76
+//   all_gather f32        0.25/0.22  0.57/0.59  1.75/1.74  3.06/2.94  6.02/5.76  6.96/7.23  3.84/4.57  3.04/3.29  2.52/3.36
+//   all_gather bf16       0.31/0.21  0.64/0.61  2.00/2.00  3.87/3.70  6.64/6.66  8.45/9.70  4.51/4.67  2.86/3.19  2.89/2.96
+//   reduce_scatter f32    0.31/0.20  0.86/0.57  2.76/1.33  4.88/1.22  7.11/2.15  8.42/2.50  3.47/0.63  2.47/0.50  2.54/0.58
+//   reduce_scatter bf16   0.25/0.11  0.75/0.31  2.01/0.39  3.48/0.74  4.63/1.03  5.06/0.63  3.47/0.20  3.14/0.22  2.96/0.29
+//   broadcast f32            -/0.31     -/1.23     -/3.84     -/4.72     -/8.14     -/9.82     -/8.93     -/6.65     -/6.24
+//   all_to_all f32           -/0.18     -/0.55     -/1.54     -/4.35     -/6.84     -/7.90     -/4.16     -/3.76     -/3.32
+// MPI's column is MPI's nonblocking collectives (MPI_Iallreduce is slower than the blocking
+// MPI_Allreduce); its bf16 reductions go through an fp32 copy. With 3 and 4 ranks (oversubscribed
+// on 2 cores, so only indicative) MPI's all_reduce won below 256 KiB (fewer rounds than the ring's
+// 2(n-1) steps) and its all_gather won at every size; our reduce_scatter still won everywhere.
+// Overlap (16 MiB fp32 all_reduce, 2 ranks, main thread computing meanwhile): ours ~3.5-5 ms alone,
+// and wait() after twice that much computation blocked 0-1.7 ms (the computation itself slows by
+// about the all_reduce's CPU time: on 2 cores the copies and sums share the cores).
 #include "cleave/comm/comm_bench.h"
 
 #include <algorithm>
@@ -142,22 +158,22 @@ OverlapResult measure_overlap(Group& g, int64_t bytes, CommAlgo algo) {
     if (i >= 2) alone.push_back(seconds_since(t0));
   }
   r.comm_alone = group_max(g, median(alone));
-  // Calibrate the computation to take about twice the all_reduce.
-  int64_t reps = 16;
+  // Calibrate the computation to take about twice the all_reduce: the fastest of 3 runs, so a
+  // preemption (oversubscribed machines) does not shrink it.
   volatile float sink = 0;
-  for (;;) {
-    const auto t0 = Clock::now();
-    sink = sink + compute(reps);
-    const double s = seconds_since(t0);
-    if (s > 0.2 * r.comm_alone) {
-      reps = int64_t(double(reps) * 2 * r.comm_alone / s) + 1;
-      break;
+  auto timed = [&](int64_t reps) {
+    double best = 1e30;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = Clock::now();
+      sink = sink + compute(reps);
+      best = std::min(best, seconds_since(t0));
     }
-    reps *= 2;
-  }
-  const auto t0 = Clock::now();
-  sink = sink + compute(reps);
-  r.compute_alone = seconds_since(t0);
+    return best;
+  };
+  int64_t reps = 16;
+  while (timed(reps) < 0.2 * r.comm_alone) reps *= 2;
+  reps = int64_t(double(reps) * 2 * r.comm_alone / timed(reps)) + 1;
+  r.compute_alone = timed(reps);
   g.barrier().wait();
   const auto t1 = Clock::now();
   Work w = g.all_reduce(buf.data(), buf.size(), CommType::f32, algo);

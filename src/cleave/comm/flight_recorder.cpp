@@ -95,7 +95,8 @@ void FlightRecorder::write(SafeText& out) const {
       while (d) seq[k++] = digits[--d];
       seq[k] = 0;
     }
-    column(out, seq, 11);
+    const bool fence = Op(e.op) == Op::create || Op(e.op) == Op::destroy;
+    column(out, fence ? "-" : seq, 11);
     column(out, op_name(Op(e.op)), 16);
     column(out, e.group, 17, sizeof(e.group));
     {
@@ -115,7 +116,7 @@ void FlightRecorder::write(SafeText& out) const {
     }
     if (Op(e.op) == Op::send || Op(e.op) == Op::recv) out.str("peer ").num(e.peer).str("  ");
     else if (Op(e.op) == Op::broadcast) out.str("root ").num(e.peer).str("  ");
-    else column(out, algo_name(CommAlgo(e.algo)), 9);
+    else column(out, fence ? "-" : algo_name(CommAlgo(e.algo)), 9);
     auto stamp = [&](double t) {
       if (t == 0) out.str("         -");
       else {

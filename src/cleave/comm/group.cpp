@@ -12,22 +12,28 @@ using namespace comm_detail;
 
 namespace {
 
-// CommAlgo::fastest: which implementation wins, per collective and message size, from
-// `cleave bench-comm` on the development machine (OpenMPI 4.1.4, shared memory, 2 ranks; see the
-// table in src/cleave/comm/comm_bench.cpp's header comment). bytes: the op's total size as
-// bench-comm counts it (all_reduce: the buffer; all_gather: the gathered output; reduce_scatter:
-// the input).
+// CommAlgo::fastest: which implementation wins, per collective, size and group size, from
+// `cleave bench-comm` on the development machine (2-core VM, OpenMPI 4.1.4 over shared memory; the
+// numbers are in the header comment of comm_bench.cpp). bytes: the op's size as bench-comm counts
+// it (all_reduce: the buffer; all_gather: the gathered output; reduce_scatter: the input).
 CommAlgo fastest(Op op, int64_t bytes, CommType t, int size) {
+  constexpr int64_t KiB = 1024, MiB = 1024 * KiB;
   if (size == 1) return CommAlgo::ours;  // a local copy
   switch (op) {
     case Op::all_reduce:
-      // MPI's fp32 all_reduce wins on latency for small buffers; from 256 KiB ours is as fast or
-      // faster, and bf16 through MPI goes through an fp32 copy.
-      return t == CommType::bf16 || bytes >= (int64_t(256) << 10) ? CommAlgo::ours : CommAlgo::mpi;
+      // 2 ranks: ours at every size, fp32 1.3-4x MPI's busbw (MPI_Iallreduce is slower than the
+      // blocking call), bf16 2-6x (MPI's path reduces an fp32 copy). 3-4 ranks: the ring's 2(n-1)
+      // steps lose on latency below 256 KiB.
+      if (size == 2 || t == CommType::bf16 || bytes >= 256 * KiB) return CommAlgo::ours;
+      return CommAlgo::mpi;
     case Op::reduce_scatter:
-      return t == CommType::bf16 || bytes >= (int64_t(64) << 10) ? CommAlgo::ours : CommAlgo::mpi;
+      // ours at every size and group size measured: 1.5x at 4 KiB, 4-5x from 256 KiB (MPI's
+      // reduce_scatter runs at 0.5-1 GB/s busbw), 10x in bf16.
+      return CommAlgo::ours;
     case Op::all_gather:
-      return bytes >= (int64_t(1) << 20) ? CommAlgo::ours : CommAlgo::mpi;
+      // copies only: even below 16 MiB with 2 ranks; from 16 MiB MPI's is 5-25% faster (one large
+      // message per peer instead of 1 MiB chunks); with 3-4 ranks MPI's won at every size.
+      return size == 2 && bytes < 16 * MiB ? CommAlgo::ours : CommAlgo::mpi;
     default: return CommAlgo::mpi;
   }
 }

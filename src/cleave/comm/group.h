@@ -28,7 +28,9 @@ class Work {
   Work() = default;
   explicit Work(std::shared_ptr<WorkState> s) : state_(std::move(s)) {}
   // Blocks until the operation completes; returns the seconds spent blocked here (exposed
-  // communication). Throws cleave::Error (after the timeout report) if the operation failed.
+  // communication). Throws cleave::Error if the operation failed. An operation that exceeds
+  // CommOptions::timeout_seconds does not return: the rank reports and aborts the job.
+  // A Work may be waited on from any thread, any number of times.
   double wait();
   bool done() const;
   bool valid() const { return state_ != nullptr; }
@@ -40,7 +42,8 @@ class Work {
 struct CommOptions {
   double timeout_seconds = 300;   // a collective taking longer aborts the job with a report
   int flight_recorder_size = 64;  // last N operations kept per rank
-  std::string status_dir;         // where ranks publish progress for the timeout report; "" = default
+  std::string status_dir;         // where ranks publish progress for the timeout report; "" = a
+                                  // folder per job, /tmp/cleave-<pid of rank 0>-<time> (per host)
 };
 
 class Communicator;  // the process-wide engine: progress thread, flight recorder, status
@@ -86,8 +89,11 @@ class Group {
   uint64_t p2p_sequence_ = 0;  // send/recv issued on this group (differs between members)
 };
 
-// Process-wide setup, after MPI_Init_thread: options, the progress thread. Idempotent; the
-// options of the first call win. shutdown_comm() joins the thread before MPI_Finalize.
+// Process-wide setup, after MPI_Init_thread (MPI_THREAD_MULTIPLE, or at least SERIALIZED if the
+// application makes no MPI calls of its own meanwhile): options, the progress thread, the status
+// file, the SIGTERM report. Collective over MPI_COMM_WORLD. Idempotent; the options of the first
+// call win. shutdown_comm() completes what is queued and joins the thread, before MPI_Finalize; it
+// does nothing if init_comm was not called.
 void init_comm(const CommOptions& options);
 void shutdown_comm();
 

@@ -6,8 +6,9 @@
 // bytes on the wire). Non-reducing collectives move bf16 as 16-bit integers.
 //
 // all_reduce is issued in pieces of at most kAllReduceChunk elements, one after the other: OpenMPI
-// allocates a temporary buffer per call, and for large calls the page faults on it halve the
-// bandwidth (see bench-comm); pieces also keep every count within MPI's int.
+// allocates a temporary buffer per call, and for large calls the page faults on it cost half the
+// bandwidth (measured with 2 ranks: 64 and 256 MiB at 0.95 GB/s busbw in one call, 2.1 GB/s in
+// 16 MiB pieces); pieces also keep every count within MPI's int.
 #include <climits>
 
 #include "cleave/base/check.h"

@@ -11,8 +11,8 @@
 // Each block is cut into chunks (kChunkElems) and each chunk moves through the steps on its own, so
 // reducing one chunk overlaps receiving the next, and a chunk can be sent on as soon as it was
 // reduced. At most kWindow receives and kWindow sends are outstanding; received partial sums land
-// in a small staging area that stays in cache. All buffers (staging, fp32 partial sums) are the
-// engine's persistent scratch: nothing is allocated per call.
+// in a staging area of kWindow chunks. All buffers (staging, fp32 partial sums) are the engine's
+// persistent scratch: nothing is allocated per call.
 //
 // Determinism: block b is summed in the fixed order b+1, b+2, ..., b (mod n), one fp32 addition per
 // step, so the same group and count give bitwise the same result every run, on every rank.
@@ -20,6 +20,7 @@
 // sums are kept and sent in fp32 (steps 1..n-2; there are none with 2 ranks) and every element is
 // rounded to bf16 exactly once, after its last addition.
 #include <algorithm>
+#include <atomic>
 
 #include "cleave/base/check.h"
 #include "cleave/comm/communicator.h"
@@ -35,6 +36,7 @@ namespace {
 // computed (wait() then blocked for about the whole all_reduce), 1 MiB x 8 overlapped fully.
 constexpr int64_t kChunkElems = 256 * 1024;
 constexpr int64_t kWindow = 8;
+std::atomic<int64_t> g_chunk_elems{kChunkElems}, g_window{kWindow};  // see set_ring_geometry
 
 inline float load(float x) { return x; }
 inline float load(uint16_t x) { return bf16_to_float(x); }
@@ -64,14 +66,15 @@ void add(CommType ta, const void* a, CommType tb, const void* b, CommType td, vo
 
 class RingTask : public Task {
  public:
-  RingTask(Op op, const CollArgs& a) : op_(op), a_(a), n_(a.size), r_(a.rank) {
+  RingTask(Op op, const CollArgs& a)
+      : op_(op), a_(a), n_(a.size), r_(a.rank), chunk_(g_chunk_elems.load()), window_(g_window.load()) {
     const int64_t ts = int64_t(type_size(a.type));
     off_.resize(size_t(n_) + 1);
     for (int b = 0; b <= n_; ++b)
       off_[size_t(b)] = op == Op::all_reduce ? a.count * b / n_ : a.count * b;
     int64_t max_block = 0;
     for (int b = 0; b < n_; ++b) max_block = std::max(max_block, off_[size_t(b) + 1] - off_[size_t(b)]);
-    K_ = (max_block + kChunkElems - 1) / kChunkElems;
+    K_ = (max_block + chunk_ - 1) / chunk_;
     switch (op) {
       case Op::all_reduce:
         in_ = static_cast<const char*>(a.recv);
@@ -110,7 +113,7 @@ class RingTask : public Task {
     if (op_ == Op::reduce_scatter && n_ == 1 && a_.recv != a_.send)
       std::memcpy(a_.recv, a_.send, size_t(a_.count) * ts);
     if (total_ == 0) return;
-    staging_ = static_cast<char*>(c.scratch(0, size_t(kWindow * kChunkElems) * 4));
+    staging_ = static_cast<char*>(c.scratch(0, size_t(window_ * chunk_) * 4));
     if (!partials_in_place_ && n_ > 2)
       acc_ = static_cast<float*>(c.scratch(1, size_t(2 * max_block_) * 4));
     std::fill(std::begin(send_req_), std::end(send_req_), MPI_REQUEST_NULL);
@@ -121,7 +124,7 @@ class RingTask : public Task {
     bool changed = true;
     while (changed) {
       changed = false;
-      while (send_done_ < send_posted_ && test(send_req_[send_done_ % kWindow])) {
+      while (send_done_ < send_posted_ && test(send_req_[send_done_ % window_])) {
         ++send_done_;
         changed = true;
       }
@@ -130,19 +133,19 @@ class RingTask : public Task {
         const int64_t k = k0_ + j / K_;
         // The reduction may overwrite the fp32 partial that send (k-1, c) reads: wait for it.
         if (k <= n_ - 2 && j >= K_ && j - K_ >= send_done_) break;
-        if (!test(recv_req_[j % kWindow])) break;
-        if (k <= n_ - 2) reduce(k, j % K_, staging_ + (j % kWindow) * kChunkElems * 4);
+        if (!test(recv_req_[j % window_])) break;
+        if (k <= n_ - 2) reduce(k, j % K_, staging_ + (j % window_) * chunk_ * 4);
         ++recv_done_;
         changed = true;
       }
-      while (send_posted_ < total_ && send_posted_ - send_done_ < kWindow) {
+      while (send_posted_ < total_ && send_posted_ - send_done_ < window_) {
         const int64_t j = send_posted_;
         if (j >= K_ && j - K_ >= recv_done_) break;  // the chunk is not ready yet
         post_send(j);
         ++send_posted_;
         changed = true;
       }
-      while (recv_posted_ < total_ && recv_posted_ - recv_done_ < kWindow) {
+      while (recv_posted_ < total_ && recv_posted_ - recv_done_ < window_) {
         const int64_t j = recv_posted_;
         const int64_t k = k0_ + j / K_;
         // A finished block overwrites this rank's data for that block in an all_reduce: only
@@ -162,8 +165,8 @@ class RingTask : public Task {
   int block_recv(int64_t k) const { return int(((r_ - 2 - k) % n_ + n_) % n_); }
   // Elements [lo, hi) of chunk c of block b.
   void chunk(int b, int64_t c, int64_t& lo, int64_t& hi) const {
-    lo = off_[size_t(b)] + c * kChunkElems;
-    hi = std::min(off_[size_t(b) + 1], lo + kChunkElems);
+    lo = off_[size_t(b)] + c * chunk_;
+    hi = std::min(off_[size_t(b) + 1], lo + chunk_);
     lo = std::min(lo, hi);
   }
   // What travels at step k: own data and finished blocks in the user's type; partial sums fp32.
@@ -181,7 +184,7 @@ class RingTask : public Task {
     const int b = block_send(k);
     int64_t lo, hi;
     chunk(b, c, lo, hi);
-    MPI_Request& req = send_req_[j % kWindow];
+    MPI_Request& req = send_req_[j % window_];
     if (hi == lo) {
       req = MPI_REQUEST_NULL;  // the receiver skips this empty chunk too
       return;
@@ -202,13 +205,13 @@ class RingTask : public Task {
     const int b = block_recv(k);
     int64_t lo, hi;
     chunk(b, c, lo, hi);
-    MPI_Request& req = recv_req_[j % kWindow];
+    MPI_Request& req = recv_req_[j % window_];
     if (hi == lo) {
       req = MPI_REQUEST_NULL;
       return;
     }
     const CommType w = wire(k);
-    void* dst = k <= n_ - 2 ? static_cast<void*>(staging_ + (j % kWindow) * kChunkElems * 4)
+    void* dst = k <= n_ - 2 ? static_cast<void*>(staging_ + (j % window_) * chunk_ * 4)
                             : static_cast<void*>(out_ + lo * int64_t(type_size(a_.type)));
     check_mpi(MPI_Irecv(dst, int((hi - lo) * int64_t(type_size(w))), MPI_BYTE, (r_ - 1 + n_) % n_,
                         0, a_.ring_comm, &req),
@@ -237,6 +240,7 @@ class RingTask : public Task {
   Op op_;
   CollArgs a_;
   int n_, r_;
+  int64_t chunk_, window_;  // elements per message, messages in flight each way (<= kWindow)
   std::vector<int64_t> off_;
   int64_t K_ = 0;          // chunks per block
   int64_t k0_ = 0, k1_ = 0;  // steps [k0, k1)
@@ -245,13 +249,25 @@ class RingTask : public Task {
   bool partials_in_place_ = false;
   const char* in_ = nullptr;  // own data (type), indexed by element
   char* out_ = nullptr;       // results (type), indexed by element
-  char* staging_ = nullptr;   // kWindow chunks of received partial sums
+  char* staging_ = nullptr;   // window_ chunks of received partial sums
   float* acc_ = nullptr;      // two blocks of fp32 partial sums
   MPI_Request send_req_[kWindow], recv_req_[kWindow];
   int64_t send_posted_ = 0, send_done_ = 0, recv_posted_ = 0, recv_done_ = 0;
 };
 
 }  // namespace
+
+void set_ring_geometry(int64_t chunk_elems, int64_t window) {
+  CLEAVE_CHECK(chunk_elems > 0 && window >= 1 && window <= kWindow,
+               "ring geometry: chunk " << chunk_elems << ", window " << window);
+  g_chunk_elems.store(chunk_elems);
+  g_window.store(window);
+}
+
+void reset_ring_geometry() {
+  g_chunk_elems.store(kChunkElems);
+  g_window.store(kWindow);
+}
 
 std::unique_ptr<Task> ring_task(Op op, const CollArgs& a) {
   return std::make_unique<RingTask>(op, a);

@@ -197,7 +197,7 @@ void StatusBoard::write_report(SafeText& out, int focus_slot, uint64_t focus_seq
     const int alive = liveness(page, host_);
     if (alive == 0) out.str("DEAD (the process is gone)");
     else out.str(state_text(page.state));
-    out.str(", heartbeat ").fixed(now - page.heartbeat, 1).str(" s ago\n");
+    out.str(", heartbeat ").fixed(now > page.heartbeat ? now - page.heartbeat : 0, 1).str(" s ago\n");
     for (const StatusSlot& s : page.slots) {
       if (s.key == 0) continue;
       out.str("      group \"").str(s.name, sizeof(s.name)).str("\" (rank ").num(s.rank).str(" of ")

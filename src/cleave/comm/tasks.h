@@ -25,6 +25,10 @@ struct CollArgs {
 std::unique_ptr<Task> mpi_task(Op op, const CollArgs& a);
 // cleave's chunked, pipelined ring for all_reduce, all_gather and reduce_scatter.
 std::unique_ptr<Task> ring_task(Op op, const CollArgs& a);
+// For tests: elements per ring message and messages in flight (1..8), for ring collectives issued
+// from now on. Every rank must use the same geometry (both ends of a message compute its size).
+void set_ring_geometry(int64_t chunk_elems, int64_t window);
+void reset_ring_geometry();
 
 // Creating a group: duplicates `parent` twice (MPI_Comm_idup) and learns the group's rank, size
 // and members (world ranks), written to `out` when the task completes.

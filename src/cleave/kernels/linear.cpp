@@ -242,6 +242,8 @@ LinearGemm::~LinearGemm() = default;
 LinearGemm::LinearGemm(LinearGemm&&) noexcept = default;
 LinearGemm& LinearGemm::operator=(LinearGemm&&) noexcept = default;
 
+void LinearGemm::release_packed() { impl_->packed.clear(); }
+
 int LinearGemm::in_features() const { return impl_->in; }
 int LinearGemm::out_features() const { return impl_->out; }
 

@@ -38,6 +38,10 @@ class LinearGemm {
   // reproducible for a fixed thread count.
   void backward_weight(float* dweight, float* dbias, const float* dy, const float* x, int64_t N);
 
+  // Frees the prepacked weights (rebuilt at the next product): under ZeRO-3 a layer's weights
+  // exist only while it runs.
+  void release_packed();
+
   int in_features() const;
   int out_features() const;
 

@@ -50,6 +50,13 @@ void Block::weights_changed() {
   proj_.weights_changed();
 }
 
+void Block::release_packed() {
+  qkv_.release_packed();
+  out_.release_packed();
+  fc_.release_packed();
+  proj_.release_packed();
+}
+
 void Block::reserve(int64_t B, int64_t T) {
   const int64_t N = B * T;
   if (N == B_ * T_ && B == B_) return;

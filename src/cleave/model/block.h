@@ -31,6 +31,7 @@ class Block {
         const kernels::RopeTable* rope);
   void bind(ParamStore& store);
   void weights_changed();
+  void release_packed();
   void reserve(int64_t B, int64_t T);
   static void reserve_grads(BlockGrads& g, const ModelConfig& cfg, int64_t N);
 

@@ -15,6 +15,7 @@ class Linear {
          Precision precision);
   void bind(ParamStore& store);  // after store.allocate(): take the buffer addresses
   void weights_changed();        // after the optimizer or a load wrote the values
+  void release_packed() { gemm_.release_packed(); }
 
   void forward(float* y, const float* x, int64_t N);
   void backward_input(float* dx, const float* dy, int64_t N, bool accumulate);

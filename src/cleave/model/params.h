@@ -26,6 +26,8 @@ class ParamStore {
  public:
   // Declares a tensor; returns its index. Only before allocate().
   int add(std::string name, std::vector<int64_t> shape, Init init, float init_std = 0.0f);
+  // Pads the flat layout so the next tensor starts at a multiple of `multiple` floats.
+  void align(int64_t multiple) { total_ = (total_ + multiple - 1) / multiple * multiple; }
   // Allocates values and gradients and initialises every value from the seed. The flat size is
   // padded to a multiple of pad_multiple, so data-parallel shards can be equal.
   void allocate(uint64_t seed, int64_t pad_multiple = 1);

@@ -16,21 +16,27 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
     wpe_ = store_.add("embed.wpe", {c.max_seq_len, c.d_model}, Init::normal, c.init_std);
   else
     rope_.emplace(c.head_dim(), c.max_seq_len, c.rope_theta);
+  // Units (embeddings, each block, the head) start at multiples of pad_multiple, so each can be
+  // sharded in equal parts.
+  unit_bounds_.push_back(0);
   for (int l = 0; l < c.n_layers; ++l) {
-    const int first = int(store_.tensors().size());
+    store_.align(pad_multiple);
+    unit_bounds_.push_back(store_.total());
     blocks_.push_back(
         std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr));
-    block_offsets_.push_back(store_.tensor(first).offset);
   }
-  final_norm_offset_ = store_.total();
+  store_.align(pad_multiple);
+  unit_bounds_.push_back(store_.total());
   final_norm_ = std::make_unique<Norm>(store_, "final_norm", c.d_model, c.family == Family::gpt2,
                                        c.norm_eps);
   head_ = c.tie_embeddings
               ? wte_
               : store_.add("lm_head.weight", {c.vocab_size, c.d_model}, Init::normal, c.init_std);
   head_gemm_ = std::make_unique<LinearGemm>(c.d_model, c.vocab_size, precision);
+  store_.align(pad_multiple);
+  unit_bounds_.push_back(store_.total());
 
-  store_.allocate(seed, pad_multiple);
+  store_.allocate(seed);
   for (auto& b : blocks_) b->bind(store_);
   final_norm_->bind(store_);
   head_gemm_->set_weight(store_.value(head_));
@@ -62,44 +68,69 @@ void Transformer::embed(float* out, const int32_t* tokens, int64_t B, int64_t T,
 }
 
 void Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                          float grad_scale) {
+                          float grad_scale, const UnitHooks* hooks) {
   CLEAVE_CHECK(T <= cfg_.max_seq_len, "sequence of " << T << " tokens exceeds max_seq_len "
                                                      << cfg_.max_seq_len);
   reserve(B, T);
   const int64_t N = B * T;
+  const int head = n_units() - 1;
+  auto call = [&](const std::function<void(int)>& hook, int unit) {
+    if (hooks && hook) hook(unit);
+  };
   tokens_ = tokens;
+  call(hooks ? hooks->before_forward : nullptr, 0);
   embed(resid_[0].data(), tokens, B, T, 0);
-  for (int l = 0; l < cfg_.n_layers; ++l)
+  call(hooks ? hooks->after_forward : nullptr, 0);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    call(hooks ? hooks->before_forward : nullptr, l + 1);
     blocks_[l]->forward(resid_[l + 1].data(), resid_[l].data(), B, T);
+    call(hooks ? hooks->after_forward : nullptr, l + 1);
+  }
+  call(hooks ? hooks->before_forward : nullptr, head);
+  if (cfg_.tie_embeddings) call(hooks ? hooks->before_forward : nullptr, 0);
   final_norm_->forward(hf_.data(), resid_[cfg_.n_layers].data(), N);
   head_gemm_->forward(logits_.data(), hf_.data(), N, nullptr);
   kernels::cross_entropy_forward_backward(logits_.data(), losses_.data(), targets, N,
                                           cfg_.vocab_size, grad_scale);
+  if (cfg_.tie_embeddings) call(hooks ? hooks->after_forward : nullptr, 0);
+  call(hooks ? hooks->after_forward : nullptr, head);
 }
 
-void Transformer::backward(const std::function<void(int64_t)>& grads_ready) {
+void Transformer::backward(const UnitHooks* hooks) {
   const int64_t N = B_ * T_;
-  auto ready = [&](int64_t offset) {
-    if (grads_ready) grads_ready(offset);
+  const int head = n_units() - 1;
+  auto call = [&](const std::function<void(int)>& hook, int unit) {
+    if (hooks && hook) hook(unit);
   };
   // logits_ holds dlogits now (the loss kernel overwrote it).
   float* d_out = d_resid_a_.data();
   float* d_in = d_resid_b_.data();
+  call(hooks ? hooks->before_backward : nullptr, head);
+  if (cfg_.tie_embeddings) call(hooks ? hooks->before_backward : nullptr, 0);
   head_gemm_->backward_input(d_hf_.data(), logits_.data(), N, false);
   head_gemm_->backward_weight(store_.grad(head_), nullptr, logits_.data(), hf_.data(), N);
   std::memset(d_out, 0, N * cfg_.d_model * sizeof(float));
   final_norm_->backward_input(d_out, d_hf_.data(), resid_[cfg_.n_layers].data(), N);
   final_norm_->backward_weight(d_hf_.data(), resid_[cfg_.n_layers].data(), N);
-  ready(final_norm_offset_);
+  call(hooks ? hooks->after_backward : nullptr, head);
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
+    call(hooks ? hooks->before_backward : nullptr, l + 1);
     blocks_[l]->backward_input(d_in, d_out, grads_);
     blocks_[l]->backward_weight(d_out, grads_);
-    ready(block_offsets_[l]);
+    call(hooks ? hooks->after_backward : nullptr, l + 1);
     std::swap(d_in, d_out);
   }
+  if (!cfg_.tie_embeddings) call(hooks ? hooks->before_backward : nullptr, 0);
   kernels::embedding_backward(store_.grad(wte_), wpe_ >= 0 ? store_.grad(wpe_) : nullptr, d_out,
                               tokens_, B_, T_, cfg_.d_model);
-  ready(0);
+  call(hooks ? hooks->after_backward : nullptr, 0);
+}
+
+void Transformer::release_unit_packed(int unit) {
+  if (unit >= 1 && unit <= cfg_.n_layers) blocks_[unit - 1]->release_packed();
+  // The head's product uses wte when the embeddings are tied.
+  const int head_unit = cfg_.tie_embeddings ? 0 : n_units() - 1;
+  if (unit == head_unit) head_gemm_->release_packed();
 }
 
 std::vector<KVCache> Transformer::new_cache(int64_t max_pos) const {

@@ -15,7 +15,8 @@ namespace cleave {
 
 class Transformer {
  public:
-  // pad_multiple: the flat parameter buffer is padded to a multiple of it (equal ZeRO shards).
+  // pad_multiple: every unit of parameters (see n_units) starts at a multiple of it, and the flat
+  // buffer's size is one (equal ZeRO shards of each unit).
   Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed, int64_t pad_multiple = 1);
 
   const ModelConfig& config() const { return cfg_; }
@@ -23,14 +24,27 @@ class Transformer {
   ParamStore& params() { return store_; }
   void weights_changed();  // after the values in params() were written
 
+  // Units of parameters, in forward order: 0 the embeddings, 1..n_layers the blocks, the last
+  // the final norm and LM head. Unit u holds the flat range [unit_bounds()[u], unit_bounds()[u+1]),
+  // each bound a multiple of the constructor's pad_multiple.
+  int n_units() const { return cfg_.n_layers + 2; }
+  const std::vector<int64_t>& unit_bounds() const { return unit_bounds_; }
+
+  // Called around the use of a unit's parameters, so data parallelism can gather them just in
+  // time and start a unit's gradient communication as soon as backward has finished it. With
+  // tied embeddings the head also uses unit 0 (announced inside the head's before/after pair,
+  // and its gradients are final only after the embeddings' backward).
+  struct UnitHooks {
+    std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
+  };
+
   // Runs B sequences of T tokens; losses()[i] is the loss of token i. With grad_scale != 0 it
   // prepares backward of grad_scale * sum(losses).
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-               float grad_scale);
-  // grads_ready(offset), when given, is called as backward proceeds: the gradients at flat offsets
-  // >= offset are final for this micro-batch (parameters are laid out in forward order, and
-  // backward runs from the head down to the embeddings), so their communication can start.
-  void backward(const std::function<void(int64_t)>& grads_ready = {});
+               float grad_scale, const UnitHooks* hooks = nullptr);
+  void backward(const UnitHooks* hooks = nullptr);
+  // Frees the prepacked weights of a unit's matrix products (rebuilt at their next use).
+  void release_unit_packed(int unit);
   const float* losses() const { return losses_.data(); }
   const float* logits() const { return logits_.data(); }  // valid after a forward with grad_scale 0
 
@@ -51,8 +65,7 @@ class Transformer {
   ParamStore store_;
   std::optional<kernels::RopeTable> rope_;
   int wte_, wpe_ = -1, head_;
-  std::vector<int64_t> block_offsets_;  // flat offset of each block's first parameter
-  int64_t final_norm_offset_ = 0;
+  std::vector<int64_t> unit_bounds_;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<LinearGemm> head_gemm_;

@@ -11,17 +11,22 @@
 
 namespace cleave {
 
+struct FlatRange {
+  int64_t begin = 0, end = 0;  // of the flat parameter buffer
+};
+
 class AdamW {
  public:
-  // State for the flat parameter range [begin, end): the whole store, or this rank's shard when
-  // the optimizer state is sharded (ZeRO).
-  AdamW(const ParamStore& store, const OptimConfig& cfg, int64_t begin, int64_t end);
+  // State for some ranges of the flat parameters: the whole store, or this rank's shards when the
+  // optimizer state is sharded (ZeRO). Its buffers hold the ranges one after the other.
+  AdamW(const ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges);
 
-  // One update of the values in [begin, end) with learning rate lr, from `grads` (the gradients
-  // of that range, multiplied by grad_scale first).
-  void step(ParamStore& store, const float* grads, double lr, float grad_scale);
-  int64_t begin() const { return begin_; }
-  int64_t end() const { return end_; }
+  // One update with learning rate lr of `values` from `grads` (multiplied by grad_scale first),
+  // both holding the ranges one after the other like the state.
+  void step(const ParamStore& store, float* values, const float* grads, double lr,
+            float grad_scale);
+  const std::vector<FlatRange>& ranges() const { return ranges_; }
+  int64_t size() const { return m_.size(); }
 
   bool decays(int tensor) const { return decay_[tensor]; }
   int64_t steps_taken() const { return t_; }
@@ -32,13 +37,13 @@ class AdamW {
  private:
   OptimConfig cfg_;
   std::vector<bool> decay_;
-  int64_t begin_, end_;
-  Buffer<float> m_, v_;  // [end - begin]
+  std::vector<FlatRange> ranges_;
+  Buffer<float> m_, v_;
   int64_t t_ = 0;
 };
 
 // The decay rule: tensors of two or more dimensions decay unless their name contains one of
 // `no_decay`; vectors (norm weights, biases) never decay.
-bool decays(const ParamTensor& t, const std::vector<std::string>& no_decay);
+bool weight_decay_applies(const ParamTensor& t, const std::vector<std::string>& no_decay);
 
 }  // namespace cleave

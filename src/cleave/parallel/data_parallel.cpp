@@ -1,29 +1,67 @@
 #include "cleave/parallel/data_parallel.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include "cleave/optim/grad_norm.h"
 
 namespace cleave {
 
-DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage,
-                           double bucket_mb)
-    : store_(store), g_(groups), zero_stage_(zero_stage) {
-  CLEAVE_CHECK(zero_stage >= 0 && zero_stage <= 2,
-               "parallel.zero_stage = " << zero_stage << " is not built yet (0, 1 and 2 are)");
-  const int64_t total = store.total();
-  const int shards = g_.shard->size();
-  CLEAVE_CHECK(total % shards == 0, "parameter buffer of " << total
-                                                           << " floats is not padded to a multiple of dp_shard = "
-                                                           << shards);
-  if (zero_stage >= 1) {
-    const int64_t shard = total / shards;
-    begin_ = int64_t(g_.shard->rank()) * shard;
-    end_ = begin_ + shard;
-  } else {
-    begin_ = 0, end_ = total;
+namespace {
+
+// Zeroes [begin, end) of a buffer and returns its whole pages to the system: they read as zero
+// and take no memory until written again (ZeRO-3's released parameters and gradients).
+void release_range(float* base, int64_t begin, int64_t end) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  char* lo = reinterpret_cast<char*>(base + begin);
+  char* hi = reinterpret_cast<char*>(base + end);
+  char* page_lo = reinterpret_cast<char*>((uintptr_t(lo) + page - 1) / page * page);
+  char* page_hi = reinterpret_cast<char*>(uintptr_t(hi) / page * page);
+  if (page_lo >= page_hi) {
+    std::memset(lo, 0, size_t(hi - lo));
+    return;
   }
-  if (zero_stage == 2) shard_grads_.resize(end_ - begin_);
+  std::memset(lo, 0, size_t(page_lo - lo));
+  std::memset(page_hi, 0, size_t(hi - page_hi));
+  madvise(page_lo, size_t(page_hi - page_lo), MADV_DONTNEED);
+}
+
+}  // namespace
+
+DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage,
+                           double bucket_mb, std::vector<int64_t> unit_bounds,
+                           std::function<void(int)> release_packed)
+    : store_(store), g_(groups), zero_stage_(zero_stage), bounds_(std::move(unit_bounds)),
+      release_packed_(std::move(release_packed)) {
+  CLEAVE_CHECK(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage = " << zero_stage);
+  const int64_t total = store.total(), shards = g_.shard->size();
+  CLEAVE_CHECK(bounds_.front() == 0 && bounds_.back() == total,
+               "units [" << bounds_.front() << ", " << bounds_.back()
+                         << ") do not cover the parameters [0, " << total << ")");
+  for (int u = 0; u < n_units(); ++u)
+    CLEAVE_CHECK((bounds_[u + 1] - bounds_[u]) % (16 * shards) == 0,
+                 "unit " << u << " of " << bounds_[u + 1] - bounds_[u]
+                         << " floats is not padded to a multiple of 16 x dp_shard = " << 16 * shards);
+  if (zero_stage == 0) {
+    ranges_ = {{0, total}};
+  } else {
+    int64_t at = 0;
+    for (int u = 0; u < n_units(); ++u) {
+      const int64_t begin = bounds_[u] + g_.shard->rank() * slice(u);
+      ranges_.push_back({begin, begin + slice(u)});
+      position_.push_back(at);
+      at += slice(u);
+    }
+    shard_values_.resize(at);
+    take_shard(store.values().data(), shard_values_.data());
+    shard_grads_.resize(at);
+  }
+  grad_work_.resize(n_units());
+  gather_work_.resize(n_units());
+  resident_.assign(n_units(), true);
   // DDP and ZeRO-1 all-reduce buckets, cut from the top of the buffer: backward fills it from the
   // LM head (highest offsets) down to the embeddings.
   if (zero_stage <= 1 && g_.dp->size() > 1) {
@@ -31,9 +69,62 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
     for (int64_t end = total; end > 0; end -= bucket)
       buckets_.push_back({std::max<int64_t>(0, end - bucket), end, {}, false});
   }
+  if (zero_stage == 3) release_parameters();
 }
 
-void DataParallel::grads_ready(int64_t offset) {
+int64_t DataParallel::slice(int unit) const {
+  return (bounds_[unit + 1] - bounds_[unit]) / g_.shard->size();
+}
+
+float* DataParallel::shard_values() {
+  return zero_stage_ == 0 ? store_.values().data() : shard_values_.data();
+}
+
+Transformer::UnitHooks DataParallel::hooks(bool last) {
+  Transformer::UnitHooks h;
+  const int head = n_units() - 1;
+  if (last) {
+    h.after_backward = [this](int unit) {
+      if (zero_stage_ <= 1) launch_buckets(bounds_[unit]);
+      else unit_gradients_done(unit);
+      if (zero_stage_ == 3 && !(in_head_ && unit == 0)) release(unit);
+    };
+  } else if (zero_stage_ == 3) {
+    h.after_backward = [this](int unit) {
+      if (!(in_head_ && unit == 0)) release(unit);
+    };
+  }
+  if (zero_stage_ == 3) {
+    h.before_forward = [this, head](int unit) {
+      if (unit == head) in_head_ = true;
+      ensure_gathered(unit);
+      if (!in_head_ && unit + 1 <= head) prefetch(unit + 1);
+    };
+    // The head stays gathered from its forward to its backward, which follows at once.
+    h.after_forward = [this, head](int unit) {
+      if (!in_head_) release(unit);
+      if (unit == head) in_head_ = false;
+    };
+    h.before_backward = [this, head](int unit) {
+      if (unit == head) in_head_ = true;
+      ensure_gathered(unit);
+      if (unit >= 1 && !(in_head_ && unit == 0)) prefetch(unit - 1);
+    };
+    auto done = h.after_backward;
+    h.after_backward = [this, head, done](int unit) {
+      done(unit);
+      if (unit == head) in_head_ = false;
+    };
+  }
+  return h;
+}
+
+void DataParallel::zero_gradients() {
+  // ZeRO-3 released every unit's gradients after reduce-scattering them: they read as zero.
+  if (zero_stage_ < 3) store_.grads().zero();
+}
+
+void DataParallel::launch_buckets(int64_t offset) {
   for (Bucket& b : buckets_) {
     if (b.launched || b.begin < offset) continue;
     b.work = g_.dp->all_reduce(store_.grads().data() + b.begin, b.end - b.begin, CommType::f32,
@@ -42,40 +133,110 @@ void DataParallel::grads_ready(int64_t offset) {
   }
 }
 
+void DataParallel::unit_gradients_done(int unit) {
+  grad_work_[unit] = g_.shard->reduce_scatter(store_.grads().data() + bounds_[unit],
+                                              shard_grads_.data() + position_[unit], slice(unit),
+                                              CommType::f32, CommAlgo::ours);
+  if (zero_stage_ < 3) return;
+  // Release the gradients of units whose reduce-scatter has had time to finish, keeping at most
+  // two in flight, so the whole gradient is never resident at once.
+  grads_pending_.push_back(unit);
+  while (grads_pending_.size() > 2) {
+    const int u = grads_pending_.front();
+    grads_pending_.erase(grads_pending_.begin());
+    exposed_ += grad_work_[u].wait();
+    release_range(store_.grads().data(), bounds_[u], bounds_[u + 1]);
+  }
+}
+
 const float* DataParallel::finish_gradients() {
-  if (zero_stage_ == 2) {
-    exposed_ += g_.shard->reduce_scatter(store_.grads().data(), shard_grads_.data(),
-                                         end_ - begin_, CommType::f32, CommAlgo::ours)
-                    .wait();
-    if (g_.replicate->size() > 1)
-      exposed_ += g_.replicate->all_reduce(shard_grads_.data(), end_ - begin_, CommType::f32,
-                                           CommAlgo::ours)
-                      .wait();
+  if (zero_stage_ <= 1) {
+    launch_buckets(0);  // anything backward did not announce (none, normally)
+    for (Bucket& b : buckets_) {
+      exposed_ += b.work.wait();
+      b.launched = false;
+    }
+    if (zero_stage_ == 0) return store_.grads().data();
+    take_shard(store_.grads().data(), shard_grads_.data());
     return shard_grads_.data();
   }
-  grads_ready(0);  // anything backward did not announce (none, normally)
-  for (Bucket& b : buckets_) {
-    exposed_ += b.work.wait();
-    b.launched = false;
-  }
-  return store_.grads().data() + begin_;
+  for (int u = 0; u < n_units(); ++u)
+    if (grad_work_[u].valid()) exposed_ += grad_work_[u].wait();
+  for (int u : grads_pending_) release_range(store_.grads().data(), bounds_[u], bounds_[u + 1]);
+  grads_pending_.clear();
+  grad_work_.assign(n_units(), Work());
+  if (g_.replicate->size() > 1)
+    exposed_ += g_.replicate->all_reduce(shard_grads_.data(), shard_grads_.size(), CommType::f32,
+                                         CommAlgo::ours)
+                    .wait();
+  return shard_grads_.data();
 }
 
 double DataParallel::grad_sum_of_squares() {
   if (zero_stage_ < 2) return sum_of_squares(store_.grads().data(), store_.total());
-  // Each rank holds one shard: sum the shards' squares over dp_shard. fp32 partial sums are
-  // enough for a norm that only scales clipping; the order of the sum is fixed by the group.
-  float partial = float(sum_of_squares(shard_grads_.data(), end_ - begin_));
+  // Each rank holds one shard: sum the shards' squares over dp_shard, in the group's fixed order.
+  float partial = float(sum_of_squares(shard_grads_.data(), shard_grads_.size()));
   exposed_ += g_.shard->all_reduce(&partial, 1, CommType::f32, CommAlgo::ours).wait();
   return partial;
 }
 
-void DataParallel::gather_parameters() {
-  if (zero_stage_ == 0 || g_.shard->size() == 1) return;
-  float* values = store_.values().data();
-  exposed_ += g_.shard->all_gather(values + begin_, values, end_ - begin_, CommType::f32,
-                                   CommAlgo::ours)
-                  .wait();
+void DataParallel::after_optimizer_step() {
+  if (zero_stage_ == 1 || zero_stage_ == 2) gather_all_parameters();
+}
+
+void DataParallel::ensure_gathered(int unit) {
+  if (resident_[unit]) return;
+  prefetch(unit);
+  exposed_ += gather_work_[unit].wait();
+  gather_work_[unit] = Work();
+  resident_[unit] = true;
+}
+
+void DataParallel::prefetch(int unit) {
+  if (resident_[unit] || gather_work_[unit].valid()) return;
+  gather_work_[unit] = g_.shard->all_gather(shard_values_.data() + position_[unit],
+                                            store_.values().data() + bounds_[unit], slice(unit),
+                                            CommType::f32, CommAlgo::ours);
+}
+
+void DataParallel::release(int unit) {
+  if (!resident_[unit]) return;
+  release_range(store_.values().data(), bounds_[unit], bounds_[unit + 1]);
+  release_packed_(unit);
+  resident_[unit] = false;
+}
+
+void DataParallel::gather_all_parameters() {
+  if (zero_stage_ == 0) return;
+  for (int u = 0; u < n_units(); ++u) {
+    resident_[u] = false;  // the values are replaced
+    ensure_gathered(u);
+  }
+}
+
+void DataParallel::release_parameters() {
+  if (zero_stage_ < 3) return;
+  for (int u = 0; u < n_units(); ++u) release(u);
+}
+
+void DataParallel::gather_shards(const float* shard, float* full) {
+  if (zero_stage_ == 0) {
+    if (shard != full) std::copy(shard, shard + store_.total(), full);
+    return;
+  }
+  for (int u = 0; u < n_units(); ++u)
+    exposed_ += g_.shard->all_gather(shard + position_[u], full + bounds_[u], slice(u),
+                                     CommType::f32, CommAlgo::ours)
+                    .wait();
+}
+
+void DataParallel::take_shard(const float* full, float* shard) const {
+  if (zero_stage_ == 0) {
+    if (shard != full) std::copy(full, full + store_.total(), shard);
+    return;
+  }
+  for (int u = 0; u < n_units(); ++u)
+    std::copy(full + ranges_[u].begin, full + ranges_[u].end, shard + position_[u]);
 }
 
 double DataParallel::take_exposed_seconds() {

@@ -2,19 +2,25 @@
 // Ranks of dp_replicate hold replicas; ranks of dp_shard shard what zero_stage says:
 //   0  DDP: gradients all-reduced in buckets, each started as soon as backward has finished the
 //      gradients it holds, overlapping the rest of backward; every rank updates everything.
-//   1  ZeRO-1: the same all-reduce; each rank updates only its shard of the parameters (its
-//      optimizer state is only that shard); the updated parameters are all-gathered.
-//   2  ZeRO-2: gradients reduce-scattered over dp_shard (then all-reduced over dp_replicate), so
-//      each rank receives only its shard's gradients; update and all-gather as ZeRO-1.
-// Shards are equal: the parameter buffer is padded to a multiple of dp_shard x 16.
+//   1  ZeRO-1: the same all-reduce; each rank updates only its shard (its optimizer state and
+//      master values are only that shard); the updated shards are all-gathered after the step.
+//   2  ZeRO-2: each unit's gradients are reduce-scattered over dp_shard as soon as backward has
+//      finished the unit (then all-reduced over dp_replicate), so a rank receives only its shard.
+//   3  ZeRO-3 / FSDP: as ZeRO-2, and the parameters too exist only as shards: each unit is
+//      all-gathered just before its forward and again before its backward (the next one
+//      prefetched), and released after use, with its gradients once they are reduce-scattered.
+//      With dp_replicate > 1 this is HSDP.
+// A shard is the rank's 1/dp_shard slice of every unit (embeddings, each block, the head).
 #pragma once
 #include <cstdint>
-#include <memory>
+#include <functional>
 #include <vector>
 
 #include "cleave/base/buffer.h"
 #include "cleave/comm/group.h"
 #include "cleave/model/params.h"
+#include "cleave/model/transformer.h"
+#include "cleave/optim/adamw.h"
 
 namespace cleave {
 
@@ -26,21 +32,34 @@ struct DataParallelGroups {
 
 class DataParallel {
  public:
-  DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage, double bucket_mb);
+  // unit_bounds: Transformer::unit_bounds(), each a multiple of 16 x dp_shard.
+  // release_packed(unit): frees the unit's prepacked weights (ZeRO-3 keeps none between uses).
+  DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage, double bucket_mb,
+               std::vector<int64_t> unit_bounds, std::function<void(int)> release_packed);
 
-  // Flat range of the parameters this rank updates (all of them below ZeRO-1).
-  int64_t shard_begin() const { return begin_; }
-  int64_t shard_end() const { return end_; }
+  // The flat ranges this rank updates; its shard buffers hold them one after the other.
+  const std::vector<FlatRange>& ranges() const { return ranges_; }
+  // Master values of the ranges (the store's own buffer below ZeRO-1).
+  float* shard_values();
 
-  // During backward of the last micro-batch of a step: gradients at offsets >= offset are final.
-  void grads_ready(int64_t offset);
-  // After backward: completes the gradient synchronisation. Returns this rank's synchronised
-  // gradients for [shard_begin, shard_end).
+  // The hooks for one micro-batch; gradients are synchronised during the last one's backward.
+  Transformer::UnitHooks hooks(bool last_micro_batch);
+  void zero_gradients();
+  // After backward of the last micro-batch: this rank's synchronised gradients of its ranges.
   const float* finish_gradients();
-  // Sum of squares of the whole synchronised gradient (identical on every rank).
+  // Sum of squares of the whole synchronised gradient (the same on every rank).
   double grad_sum_of_squares();
-  // After the optimizer updated [shard_begin, shard_end): every rank gets all parameters.
-  void gather_parameters();
+  // After the optimizer updated the ranges: ZeRO-1/2 all-gather the new values; ZeRO-3 gathers
+  // each unit when it is next used.
+  void after_optimizer_step();
+
+  // Every parameter present in the store's buffer (ZeRO-3 gathers every unit), and back.
+  void gather_all_parameters();
+  void release_parameters();
+  // The whole flat buffer from every rank's shard buffer (collective over dp_shard), and this
+  // rank's shard of a whole flat buffer.
+  void gather_shards(const float* shard, float* full);
+  void take_shard(const float* full, float* shard) const;
 
   // Seconds this rank waited on collectives since the last call (exposed communication).
   double take_exposed_seconds();
@@ -51,13 +70,27 @@ class DataParallel {
     Work work;
     bool launched = false;
   };
+  int n_units() const { return int(bounds_.size()) - 1; }
+  int64_t slice(int unit) const;  // length of this rank's part of a unit
+  void launch_buckets(int64_t offset);
+  void unit_gradients_done(int unit);
+  void ensure_gathered(int unit);
+  void prefetch(int unit);
+  void release(int unit);
 
   ParamStore& store_;
   DataParallelGroups g_;
   int zero_stage_;
-  int64_t begin_ = 0, end_ = 0;
+  std::vector<int64_t> bounds_;
+  std::function<void(int)> release_packed_;
+  std::vector<FlatRange> ranges_;
+  std::vector<int64_t> position_;  // where each unit's slice starts in the shard buffers
+  Buffer<float> shard_values_, shard_grads_;
   std::vector<Bucket> buckets_;
-  Buffer<float> shard_grads_;  // ZeRO-2: this rank's reduced gradient shard
+  std::vector<Work> grad_work_, gather_work_;  // per unit
+  std::vector<int> grads_pending_;             // ZeRO-3: units whose reduce-scatter is in flight
+  std::vector<bool> resident_;                 // ZeRO-3: the unit's parameters are gathered
+  bool in_head_ = false;                       // between the head's before and after hooks
   double exposed_ = 0;
 };
 

@@ -90,12 +90,12 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   train_loader_ = std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0);
   val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1);
   model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed, 16 * shard_group_->size());
-  dp_ = std::make_unique<DataParallel>(model_->params(),
-                                       DataParallelGroups{dp_group_.get(), shard_group_.get(),
-                                                          replicate_group_.get()},
-                                       cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb);
-  optim_ = std::make_unique<AdamW>(model_->params(), cfg_.optim, dp_->shard_begin(),
-                                   dp_->shard_end());
+  dp_ = std::make_unique<DataParallel>(
+      model_->params(),
+      DataParallelGroups{dp_group_.get(), shard_group_.get(), replicate_group_.get()},
+      cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb, model_->unit_bounds(),
+      [this](int unit) { model_->release_unit_packed(unit); });
+  optim_ = std::make_unique<AdamW>(model_->params(), cfg_.optim, dp_->ranges());
   inputs_.resize(local_batch_ * t.seq_len);
   targets_.resize(inputs_.size());
 
@@ -135,16 +135,16 @@ StepResult Trainer::train_step(int64_t step) {
   const int64_t mb = t.micro_batch_size, T = t.seq_len, accum = t.grad_accum_steps;
   const float grad_scale = 1.0f / float(mb * T * accum);  // the mean over the global batch
   ParamStore& params = model_->params();
-  params.grads().zero();
+  dp_->zero_gradients();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     train_loader_->fill(inputs_.data(), targets_.data(), uint64_t(step),
                         micro * mb + dp_rank_ * local_batch_, local_batch_);
-    model_->forward(inputs_.data(), targets_.data(), local_batch_, T, grad_scale);
-    for (int64_t i = 0; i < local_batch_ * T; ++i) loss_sum += model_->losses()[i];
     // Gradients are synchronised once per step: during the last micro-batch's backward.
-    if (micro == accum - 1) model_->backward([&](int64_t offset) { dp_->grads_ready(offset); });
-    else model_->backward();
+    const Transformer::UnitHooks hooks = dp_->hooks(micro == accum - 1);
+    model_->forward(inputs_.data(), targets_.data(), local_batch_, T, grad_scale, &hooks);
+    for (int64_t i = 0; i < local_batch_ * T; ++i) loss_sum += model_->losses()[i];
+    model_->backward(&hooks);
   }
   const float* grads = dp_->finish_gradients();
   StepResult r;
@@ -154,8 +154,8 @@ StepResult Trainer::train_step(int64_t step) {
   if (cfg_.optim.grad_clip > 0 && r.grad_norm > cfg_.optim.grad_clip)
     clip = float(cfg_.optim.grad_clip / r.grad_norm);
   r.lr = learning_rate(cfg_.optim, step, t.steps);
-  optim_->step(params, grads, r.lr, clip);
-  dp_->gather_parameters();
+  optim_->step(params, dp_->shard_values(), grads, r.lr, clip);
+  dp_->after_optimizer_step();
   model_->weights_changed();
   r.exposed_comm_s = dp_->take_exposed_seconds();
   return r;
@@ -165,12 +165,14 @@ double Trainer::validate() {
   const TrainConfig& t = cfg_.train;
   const int64_t mb = t.micro_batch_size, T = t.seq_len;
   double sum = 0;
+  const Transformer::UnitHooks hooks = dp_->hooks(false);
   for (int64_t b = 0; b < t.val_batches; ++b) {
     val_loader_->fill(inputs_.data(), targets_.data(), uint64_t(b), dp_rank_ * local_batch_,
                       local_batch_);
-    model_->forward(inputs_.data(), targets_.data(), local_batch_, T, 0.0f);
+    model_->forward(inputs_.data(), targets_.data(), local_batch_, T, 0.0f, &hooks);
     for (int64_t i = 0; i < local_batch_ * T; ++i) sum += model_->losses()[i];
   }
+  dp_->release_parameters();  // ZeRO-3: the head stayed gathered for a backward that never came
   return sum_over_dp(sum) / double(t.val_batches * mb * T);
 }
 
@@ -256,13 +258,11 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps, doubl
 void Trainer::save_checkpoint() {
   const TrainConfig& t = cfg_.train;
   ParamStore& params = model_->params();
-  // The optimizer state of every shard, gathered (each rank holds [shard_begin, shard_end)).
+  // Every shard's parameters and optimizer state, gathered.
   Buffer<float> m(params.total()), v(params.total());
-  const int64_t shard = optim_->end() - optim_->begin();
-  for (auto [part, full] : {std::pair{&optim_->m(), &m}, std::pair{&optim_->v(), &v}}) {
-    if (shard == params.total()) std::copy(part->data(), part->data() + shard, full->data());
-    else shard_group_->all_gather(part->data(), full->data(), shard, CommType::f32, CommAlgo::ours).wait();
-  }
+  dp_->gather_all_parameters();
+  dp_->gather_shards(optim_->m().data(), m.data());
+  dp_->gather_shards(optim_->v().data(), v.data());
   const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
   if (rank_ == 0) {
     save_training_checkpoint(dir, cfg_, step_, params, {m.data(), v.data(), optim_->steps_taken()},
@@ -280,6 +280,7 @@ void Trainer::save_checkpoint() {
     for (size_t i = 0; i + t.keep_checkpoints < steps.size(); ++i)
       fs::remove_all(t.out_dir + "/" + checkpoint_name(steps[i]));
   }
+  dp_->release_parameters();
   dp_group_->barrier().wait();  // nobody looks for the checkpoint before it is complete
 }
 
@@ -290,8 +291,10 @@ void Trainer::load_checkpoint(const std::string& dir) {
   OptimizerState state{m.data(), v.data(), 0};
   step_ = restore_training_state(ck, dir, cfg_, params, &state);
   // Any layout resumes any other: take this rank's shard of the whole state.
-  std::copy(m.data() + optim_->begin(), m.data() + optim_->end(), optim_->m().data());
-  std::copy(v.data() + optim_->begin(), v.data() + optim_->end(), optim_->v().data());
+  dp_->take_shard(params.values().data(), dp_->shard_values());
+  dp_->take_shard(m.data(), optim_->m().data());
+  dp_->take_shard(v.data(), optim_->v().data());
+  dp_->release_parameters();
   optim_->set_steps_taken(state.steps_taken);
   model_->weights_changed();
 }

@@ -1,0 +1,109 @@
+// The timeout/SIGTERM report pieces without MPI: SafeText formatting, the flight recorder's ring,
+// and the status board's analysis of which rank is behind (two boards play two ranks).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "cleave/comm/flight_recorder.h"
+#include "cleave/comm/status.h"
+
+namespace cleave::comm_detail {
+namespace {
+
+std::string format(void (*f)(SafeText&)) {
+  std::string s;
+  {
+    SafeText out(SafeText::string_sink, &s);
+    f(out);
+  }
+  return s;
+}
+
+TEST(CommReport, SafeTextFormatsNumbers) {
+  EXPECT_EQ(format([](SafeText& o) { o.num(0).chr(' ').num(-42).chr(' ').unum(18446744073709551615ull); }),
+            "0 -42 18446744073709551615");
+  EXPECT_EQ(format([](SafeText& o) { o.fixed(1.5, 3).chr(' ').fixed(-0.25, 1).chr(' ').fixed(2, 0); }),
+            "1.500 -0.3 2");
+  EXPECT_EQ(format([](SafeText& o) { o.bytes(512).chr(',').bytes(4096).chr(',').bytes(1536 * 1024); }),
+            "512 B,4 KiB,1.5 MiB");
+  // More than the internal buffer: flushed in pieces, nothing lost.
+  std::string big = format([](SafeText& o) {
+    for (int i = 0; i < 10000; ++i) o.str("abcdefgh");
+  });
+  EXPECT_EQ(big.size(), 80000u);
+}
+
+std::unique_ptr<WorkState> op(Op o, const char* group, int slot, uint64_t seq, int64_t bytes) {
+  auto p = std::make_unique<WorkState>();
+  WorkState& w = *p;
+  w.op = o;
+  w.kind = op_kind(o);
+  w.group = group;
+  w.slot = slot;
+  w.seq = seq;
+  w.bytes = bytes;
+  w.algo = CommAlgo::ours;
+  w.started_wall = wall_seconds();
+  return p;
+}
+
+TEST(CommReport, FlightRecorderKeepsTheLastN) {
+  FlightRecorder fr(3, 0, wall_seconds());
+  uint64_t ids[5];
+  for (int i = 0; i < 5; ++i) {
+    ids[i] = fr.add(*op(Op::all_reduce, "dp", 0, uint64_t(i + 1), 1024), wall_seconds());
+  }
+  fr.started(ids[4], wall_seconds());
+  fr.started(ids[3], wall_seconds());
+  fr.ended(ids[3], wall_seconds(), false);
+  fr.ended(ids[0], wall_seconds(), false);  // long overwritten: ignored
+  const std::string r = fr.report();
+  EXPECT_NE(r.find("last 3 of 5"), std::string::npos) << r;
+  EXPECT_EQ(r.find("#2 "), std::string::npos) << r;
+  EXPECT_NE(r.find("#3 "), std::string::npos) << r;
+  EXPECT_NE(r.find("QUEUED"), std::string::npos) << r;   // #3
+  EXPECT_NE(r.find(" ms"), std::string::npos) << r;      // #4 finished
+  EXPECT_NE(r.find("RUNNING"), std::string::npos) << r;  // #5
+}
+
+TEST(CommReport, StatusNamesTheRankThatIsBehind) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("cleave-comm-report-test-" + std::to_string(getpid()));
+  {
+    StatusBoard r0(dir, 0, 3), r1(dir, 1, 3);  // rank 2 never starts: missing
+    const std::vector<int> members = {0, 1, 2};
+    const int s0 = r0.add_group("world", members, 0), s1 = r1.add_group("world", members, 1);
+    for (uint64_t seq = 1; seq <= 5; ++seq) {
+      auto a = op(Op::all_reduce, "world", s0, seq, 4096), b = op(Op::all_reduce, "world", s1, seq, 4096);
+      r0.started(*a);
+      r0.completed(*a);
+      r1.started(*b);
+      r1.completed(*b);
+    }
+    r0.started(*op(Op::all_reduce, "world", s0, 6, 4096));
+    std::string report;
+    {
+      SafeText out(SafeText::string_sink, &report);
+      r0.write_report(out, s0, 6, Op::all_reduce);
+    }
+    EXPECT_NE(report.find("group \"world\" (3 ranks) at collective #6 all_reduce"), std::string::npos) << report;
+    EXPECT_NE(report.find("waiting in it:           rank 0\n"), std::string::npos) << report;
+    EXPECT_NE(report.find("BEHIND (not started it): rank 1 (at #5 all_reduce"), std::string::npos) << report;
+    EXPECT_NE(report.find("MISSING (no status):     rank 2"), std::string::npos) << report;
+    EXPECT_NE(report.find("rank 2: no status file"), std::string::npos) << report;
+
+    // A rank that started another op under the same number is reported as a mismatch.
+    r1.started(*op(Op::broadcast, "world", s1, 6, 4096));
+    report.clear();
+    {
+      SafeText out(SafeText::string_sink, &report);
+      r0.write_report(out, s0, 6, Op::all_reduce);
+    }
+    EXPECT_NE(report.find("MISMATCH (another op):   rank 1 (at #6 broadcast"), std::string::npos) << report;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir));  // the last board to go removes the folder
+}
+
+}  // namespace
+}  // namespace cleave::comm_detail
