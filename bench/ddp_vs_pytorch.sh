@@ -13,9 +13,11 @@ source bench/common.sh
 cleave_run() {  # dtype ranks threads -> "tok/s exposed_ms step_ms"
   local dtype=$1 np=$2 threads=$3 out=$work/run-$1-$2x$3
   rm -rf "$out"
-  mpirun --oversubscribe -np "$np" ./build/cleave train configs/gpt2_124m.toml --set data.dir="$work" \
+  # One thread per rank: let mpirun bind each rank to a core; more: do not bind.
+  local bind=(); [ "$threads" -gt 1 ] && bind=(--bind-to none)
+  mpirun --oversubscribe "${bind[@]}" -np "$np" ./build/cleave train configs/gpt2_124m.toml --set data.dir="$work" \
     --set model.vocab_size="$vocab" --set train.dtype="$dtype" --set train.steps=13 \
-    --set train.log_interval=1 --set train.val_interval=0 --set train.checkpoint_interval=0 \
+    --set train.log_interval=1 --set train.val_interval=0 --set train.checkpoint_interval=-1 \
     --set train.threads="$threads" --set parallel.dp_shard="$np" --set train.out_dir="$out" \
     > "$out.log" 2>&1 || { cat "$out.log" >&2; return 1; }
   local tok; tok=$(field "$out" tokens_per_s)

@@ -1,6 +1,10 @@
 // A 64-byte aligned, zero-initialised array: the flat buffers that hold parameters, gradients,
 // optimizer state and activations. Allocated once, reused every step (no page faults per step).
+// Large buffers come straight from mmap: their pages are zero and take no memory until written,
+// so a ZeRO-3 rank never holds the whole model's parameters or gradients at once.
 #pragma once
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -15,20 +19,30 @@ class Buffer {
  public:
   Buffer() = default;
   explicit Buffer(int64_t n) { resize(n); }
-  ~Buffer() { std::free(data_); }
-  Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  ~Buffer() { release(); }
+  Buffer(Buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
+        mapped_bytes_(std::exchange(o.mapped_bytes_, 0)) {}
   Buffer& operator=(Buffer&& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
+    std::swap(mapped_bytes_, o.mapped_bytes_);
     return *this;
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
   void resize(int64_t n) {
-    std::free(data_);
+    release();
     size_ = n;
     const size_t bytes = (size_t(n) * sizeof(T) + 63) / 64 * 64;
+    if (bytes >= (size_t(1) << 20)) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      CLEAVE_CHECK(p != MAP_FAILED, "out of memory mapping " << bytes << " bytes");
+      data_ = static_cast<T*>(p);
+      mapped_bytes_ = bytes;
+      return;
+    }
     data_ = static_cast<T*>(std::aligned_alloc(64, bytes ? bytes : 64));
     CLEAVE_CHECK(data_ != nullptr, "out of memory allocating " << bytes << " bytes");
     std::memset(static_cast<void*>(data_), 0, bytes);
@@ -41,8 +55,16 @@ class Buffer {
   const T& operator[](int64_t i) const { return data_[i]; }
 
  private:
+  void release() {
+    if (mapped_bytes_) munmap(data_, mapped_bytes_);
+    else std::free(data_);
+    data_ = nullptr;
+    mapped_bytes_ = 0;
+  }
+
   T* data_ = nullptr;
   int64_t size_ = 0;
+  size_t mapped_bytes_ = 0;  // non-zero: data_ is an mmap of this size
 };
 
 }  // namespace cleave

@@ -1,5 +1,7 @@
 #include "cleave/model/params.h"
 
+#include <algorithm>
+
 #include "cleave/base/philox.h"
 
 namespace cleave {
@@ -14,21 +16,27 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, Init init, flo
   return int(tensors_.size()) - 1;
 }
 
-void ParamStore::allocate(uint64_t seed, int64_t pad_multiple) {
+void ParamStore::allocate(uint64_t seed, int64_t pad_multiple, bool materialise) {
   total_ = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
   values_.resize(total_);
   grads_.resize(total_);
+  if (materialise) init_range(seed, 0, total_, values_.data());
+}
+
+void ParamStore::init_range(uint64_t seed, int64_t begin, int64_t end, float* out) const {
+  std::fill(out, out + (end - begin), 0.0f);
   for (const ParamTensor& t : tensors_) {
-    float* v = values_.data() + t.offset;
+    const int64_t lo = std::max(t.offset, begin), hi = std::min(t.offset + t.numel, end);
+    if (lo >= hi) continue;
+    float* v = out + (lo - begin);
     const uint64_t stream = hash_name(t.name);
+    const int64_t first = lo - t.offset;  // element index within the tensor
     switch (t.init) {
       case Init::zeros: break;
-      case Init::ones:
-        for (int64_t i = 0; i < t.numel; ++i) v[i] = 1.0f;
-        break;
+      case Init::ones: std::fill(v, v + (hi - lo), 1.0f); break;
       case Init::normal:
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < t.numel; ++i) v[i] = t.init_std * philox_normal(seed, stream, i);
+        for (int64_t i = 0; i < hi - lo; ++i) v[i] = t.init_std * philox_normal(seed, stream, first + i);
         break;
     }
   }

@@ -28,9 +28,12 @@ class ParamStore {
   int add(std::string name, std::vector<int64_t> shape, Init init, float init_std = 0.0f);
   // Pads the flat layout so the next tensor starts at a multiple of `multiple` floats.
   void align(int64_t multiple) { total_ = (total_ + multiple - 1) / multiple * multiple; }
-  // Allocates values and gradients and initialises every value from the seed. The flat size is
+  // Allocates values and gradients and initialises every value from the seed (unless
+  // materialise is false: ZeRO-3 initialises only its shards, with init_range). The flat size is
   // padded to a multiple of pad_multiple, so data-parallel shards can be equal.
-  void allocate(uint64_t seed, int64_t pad_multiple = 1);
+  void allocate(uint64_t seed, int64_t pad_multiple = 1, bool materialise = true);
+  // The initial values of the flat range [begin, end) into out (padding gets zeros).
+  void init_range(uint64_t seed, int64_t begin, int64_t end, float* out) const;
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   const ParamTensor& tensor(int i) const { return tensors_[i]; }

@@ -9,7 +9,7 @@
 namespace cleave {
 
 Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t seed,
-                         int64_t pad_multiple)
+                         int64_t pad_multiple, bool materialise)
     : cfg_(c), precision_(precision) {
   wte_ = store_.add("embed.wte", {c.vocab_size, c.d_model}, Init::normal, c.init_std);
   if (c.family == Family::gpt2)
@@ -36,7 +36,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
   store_.align(pad_multiple);
   unit_bounds_.push_back(store_.total());
 
-  store_.allocate(seed);
+  store_.allocate(seed, 1, materialise);
   for (auto& b : blocks_) b->bind(store_);
   final_norm_->bind(store_);
   head_gemm_->set_weight(store_.value(head_));

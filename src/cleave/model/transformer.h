@@ -17,7 +17,9 @@ class Transformer {
  public:
   // pad_multiple: every unit of parameters (see n_units) starts at a multiple of it, and the flat
   // buffer's size is one (equal ZeRO shards of each unit).
-  Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed, int64_t pad_multiple = 1);
+  // materialise = false leaves the parameter values unset (ZeRO-3 builds only its shards).
+  Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed, int64_t pad_multiple = 1,
+              bool materialise = true);
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }

@@ -33,7 +33,7 @@ void release_range(float* base, int64_t begin, int64_t end) {
 
 DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage,
                            double bucket_mb, std::vector<int64_t> unit_bounds,
-                           std::function<void(int)> release_packed)
+                           std::function<void(int)> release_packed, uint64_t seed)
     : store_(store), g_(groups), zero_stage_(zero_stage), bounds_(std::move(unit_bounds)),
       release_packed_(std::move(release_packed)) {
   CLEAVE_CHECK(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage = " << zero_stage);
@@ -56,12 +56,16 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
       at += slice(u);
     }
     shard_values_.resize(at);
-    take_shard(store.values().data(), shard_values_.data());
+    if (zero_stage == 3)
+      for (int u = 0; u < n_units(); ++u)
+        store.init_range(seed, ranges_[u].begin, ranges_[u].end, shard_values_.data() + position_[u]);
+    else
+      take_shard(store.values().data(), shard_values_.data());
     shard_grads_.resize(at);
   }
   grad_work_.resize(n_units());
   gather_work_.resize(n_units());
-  resident_.assign(n_units(), true);
+  resident_.assign(n_units(), zero_stage < 3);
   // DDP and ZeRO-1 all-reduce buckets, cut from the top of the buffer: backward fills it from the
   // LM head (highest offsets) down to the embeddings.
   if (zero_stage <= 1 && g_.dp->size() > 1) {
@@ -69,7 +73,6 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
     for (int64_t end = total; end > 0; end -= bucket)
       buckets_.push_back({std::max<int64_t>(0, end - bucket), end, {}, false});
   }
-  if (zero_stage == 3) release_parameters();
 }
 
 int64_t DataParallel::slice(int unit) const {

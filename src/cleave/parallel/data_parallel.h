@@ -34,8 +34,10 @@ class DataParallel {
  public:
   // unit_bounds: Transformer::unit_bounds(), each a multiple of 16 x dp_shard.
   // release_packed(unit): frees the unit's prepacked weights (ZeRO-3 keeps none between uses).
+  // Under ZeRO-3 the store's values are not materialised: the shards are initialised from seed.
   DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage, double bucket_mb,
-               std::vector<int64_t> unit_bounds, std::function<void(int)> release_packed);
+               std::vector<int64_t> unit_bounds, std::function<void(int)> release_packed,
+               uint64_t seed);
 
   // The flat ranges this rank updates; its shard buffers hold them one after the other.
   const std::vector<FlatRange>& ranges() const { return ranges_; }

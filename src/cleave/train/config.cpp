@@ -155,7 +155,7 @@ const std::vector<Key>& schema() {
     k.push_back(integer_key("train.val_interval", &C::train, &TrainConfig::val_interval, 0, 1e12));
     k.push_back(integer_key("train.val_batches", &C::train, &TrainConfig::val_batches, 1, 1e9));
     k.push_back(integer_key("train.checkpoint_interval", &C::train,
-                            &TrainConfig::checkpoint_interval, 0, 1e12));
+                            &TrainConfig::checkpoint_interval, -1, 1e12));
     k.push_back(integer_key("train.keep_checkpoints", &C::train, &TrainConfig::keep_checkpoints,
                             1, 1e6));
     k.push_back(string_key("train.out_dir", &C::train, &TrainConfig::out_dir));

@@ -43,7 +43,7 @@ struct TrainConfig {
   int64_t log_interval = 10;
   int64_t val_interval = 100;  // 0: never
   int64_t val_batches = 8;
-  int64_t checkpoint_interval = 0;  // 0: only at the end
+  int64_t checkpoint_interval = 0;  // 0: only at the end; -1: never (benchmarks)
   int64_t keep_checkpoints = 2;
   std::string out_dir = "runs/default";
   // The GEMM peak MFU is quoted against, GF/s; 0: measured at start on GPT-2 124M's GEMM shapes.

@@ -1,5 +1,6 @@
 #include "cleave/train/trainer.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -89,12 +90,13 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   val_shard_ = std::make_unique<TokenShard>(dir + "/val.bin", cfg_.model.vocab_size);
   train_loader_ = std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0);
   val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1);
-  model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed, 16 * shard_group_->size());
+  model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed, 16 * shard_group_->size(),
+                                         cfg_.parallel.zero_stage < 3);
   dp_ = std::make_unique<DataParallel>(
       model_->params(),
       DataParallelGroups{dp_group_.get(), shard_group_.get(), replicate_group_.get()},
       cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb, model_->unit_bounds(),
-      [this](int unit) { model_->release_unit_packed(unit); });
+      [this](int unit) { model_->release_unit_packed(unit); }, t.seed);
   optim_ = std::make_unique<AdamW>(model_->params(), cfg_.optim, dp_->ranges());
   inputs_.resize(local_batch_ * t.seq_len);
   targets_.resize(inputs_.size());
@@ -178,6 +180,14 @@ double Trainer::validate() {
 
 void Trainer::run(int64_t exit_after) {
   const TrainConfig& t = cfg_.train;
+  // mpirun binds each rank to one core by default when ranks <= 2: its OpenMP threads then share
+  // that core, which halves a 2-thread rank's speed without any other sign.
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < omp_get_max_threads())
+    std::fprintf(stderr,
+                 "cleave: warning: rank %d may run on %d CPU(s) but uses %d threads; under mpirun "
+                 "pass --bind-to none or --map-by slot:PE=%d\n",
+                 rank_, CPU_COUNT(&cpus), omp_get_max_threads(), omp_get_max_threads());
   if (rank_ == 0) {
     std::cout << "cleave: " << family_name(cfg_.model.family) << " model, "
               << model_->params().count() << " parameters, "
@@ -218,9 +228,9 @@ void Trainer::run(int64_t exit_after) {
       interval_start = now_seconds();
     }
     const bool exiting = exit_after > 0 && step_ - first_step == exit_after;
-    if ((t.checkpoint_interval > 0 && step_ % t.checkpoint_interval == 0) || step_ == t.steps ||
-        exiting)
-      save_checkpoint();
+    const bool due = t.checkpoint_interval > 0 ? step_ % t.checkpoint_interval == 0 || step_ == t.steps
+                                               : t.checkpoint_interval == 0 && step_ == t.steps;
+    if (due || exiting) save_checkpoint();
     if (exiting) {
       if (rank_ == 0) std::printf("exiting after %lld steps (--exit-after)\n", (long long)exit_after);
       break;
