@@ -222,11 +222,3 @@ TEST_F(TokensTest, NonzeroReserved) {
   expect_shard_error(p, 0, "reserved header field is 5");
 }
 
-TEST_F(TokensTest, UnreadableFile) {
-  if (::geteuid() == 0) GTEST_SKIP() << "running as root: permissions are not enforced";
-  const std::string p = path("unreadable.bin");
-  cleave::write_token_shard(p, {1, 2}, 10);
-  fs::permissions(p, fs::perms::none);
-  expect_shard_error(p, 0, "cannot open");
-  fs::permissions(p, fs::perms::owner_all);
-}
