@@ -14,6 +14,7 @@
 
 #include "cleave/base/check.h"
 #include "cleave/checkpoint/folder.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using cleave::TensorView;
@@ -22,14 +23,8 @@ namespace {
 
 class CheckpointFolderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    run_ = fs::temp_directory_path() /
-           ("cleave-ckpt-" + std::to_string(::getpid()) + "-" + info->name());
-    fs::remove_all(run_);
-    fs::create_directories(run_);
-  }
-  void TearDown() override { fs::remove_all(run_); }
+  cleave::test_util::TestDir tmp_{"cleave-ckpt"};
+  const fs::path run_ = tmp_.path();
   std::string step_dir(int step) const {
     char name[32];
     std::snprintf(name, sizeof name, "step_%08d", step);
@@ -41,7 +36,6 @@ class CheckpointFolderTest : public ::testing::Test {
     return out;
   }
 
-  fs::path run_;
 };
 
 // A small model state whose values depend on `seed`.

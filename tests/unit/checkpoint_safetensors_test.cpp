@@ -13,6 +13,7 @@
 
 #include "cleave/base/check.h"
 #include "cleave/checkpoint/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using cleave::SafetensorsFile;
@@ -22,17 +23,9 @@ namespace {
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("cleave-st-" + std::to_string(::getpid()) + "-" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  cleave::test_util::TestDir tmp_{"cleave-st"};
+  const fs::path dir_ = tmp_.path();
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
 };
 
 std::vector<char> slurp(const std::string& p) {

@@ -1,9 +1,13 @@
 // Helpers shared by the unit tests: seeded random inputs, bitwise comparison, and a scoped
 // OpenMP thread count (results must not depend on it).
 #pragma once
+#include <gtest/gtest.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <string>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -38,6 +42,25 @@ struct Threads {  // sets the OpenMP thread count for a scope
   int saved;
   explicit Threads(int n) : saved(omp_get_max_threads()) { omp_set_num_threads(n); }
   ~Threads() { omp_set_num_threads(saved); }
+};
+
+// A fresh folder for the running test (named after it and the process), removed afterwards.
+class TestDir {
+ public:
+  explicit TestDir(const std::string& prefix) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = std::filesystem::temp_directory_path() /
+            (prefix + "-" + std::to_string(::getpid()) + "-" + info->name());
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TestDir() { std::filesystem::remove_all(path_); }
+  TestDir(const TestDir&) = delete;
+  TestDir& operator=(const TestDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
 };
 
 }  // namespace cleave::test_util

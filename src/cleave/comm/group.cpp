@@ -206,13 +206,23 @@ Work Group::all_to_allv(const void* send, const std::vector<int64_t>& send_count
                mpi_task(Op::all_to_allv, args));
 }
 
+namespace {
+
+// The point-to-point arguments a send or a receive must satisfy.
+void check_p2p(const char* op, const std::string& group, const void* buf, int64_t count, int peer,
+               int tag, int size) {
+  CLEAVE_CHECK(buf || count == 0, op << " on group \"" << group << "\": null buffer");
+  CLEAVE_CHECK(peer >= 0 && peer < size, op << " on group \"" << group << "\": peer " << peer
+                                            << " is not in [0, " << size << ")");
+  CLEAVE_CHECK(tag >= 0 && tag <= 32767, op << " on group \"" << group << "\": tag " << tag
+                                            << " is not in [0, 32767]");
+}
+
+}  // namespace
+
 Work Group::send(const void* buf, int64_t count, CommType t, int peer, int tag) {
   CLEAVE_COMM_ARGS("send");
-  CLEAVE_CHECK(buf || count == 0, "send on group \"" << name_ << "\": null buffer");
-  CLEAVE_CHECK(peer >= 0 && peer < size_, "send on group \"" << name_ << "\": peer " << peer
-                                                             << " is not in [0, " << size_ << ")");
-  CLEAVE_CHECK(tag >= 0 && tag <= 32767, "send on group \"" << name_ << "\": tag " << tag
-                                                            << " is not in [0, 32767]");
+  check_p2p("send", name_, buf, count, peer, tag, size_);
   args.send = buf;
   args.peer = peer;
   args.tag = tag;
@@ -222,11 +232,7 @@ Work Group::send(const void* buf, int64_t count, CommType t, int peer, int tag) 
 
 Work Group::recv(void* buf, int64_t count, CommType t, int peer, int tag) {
   CLEAVE_COMM_ARGS("recv");
-  CLEAVE_CHECK(buf || count == 0, "recv on group \"" << name_ << "\": null buffer");
-  CLEAVE_CHECK(peer >= 0 && peer < size_, "recv on group \"" << name_ << "\": peer " << peer
-                                                             << " is not in [0, " << size_ << ")");
-  CLEAVE_CHECK(tag >= 0 && tag <= 32767, "recv on group \"" << name_ << "\": tag " << tag
-                                                            << " is not in [0, 32767]");
+  check_p2p("recv", name_, buf, count, peer, tag, size_);
   args.recv = buf;
   args.peer = peer;
   args.tag = tag;
