@@ -1,6 +1,5 @@
 // Safetensors writer/reader: roundtrips, header layout, validation errors, checksums.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
