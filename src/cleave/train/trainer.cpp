@@ -9,8 +9,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <map>
-#include <sstream>
 
 #include <omp.h>
 
@@ -19,7 +17,6 @@
 #include "cleave/checkpoint/folder.h"
 #include "cleave/train/checkpoint_io.h"
 #include "cleave/kernels/gemm_bench.h"
-#include "cleave/optim/grad_norm.h"
 #include "cleave/optim/schedule.h"
 #include "cleave/parallel/mesh_groups.h"
 
