@@ -1,7 +1,6 @@
 #include "cleave/data/loader.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -9,6 +8,7 @@
 
 #include "cleave/base/check.h"
 #include "cleave/data/tokens.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -16,14 +16,7 @@ namespace {
 
 class LoaderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(CLEAVE_BINARY_DIR) / "test_tmp" /
-           ("data_loader_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  cleave::test_util::TestDir tmp_{"cleave-data-loader"};
 
   // A shard whose token i is i % vocab, so a window's offset is readable from its first token.
   std::string make_shard(const std::string& name, uint32_t n, uint32_t vocab) {
@@ -34,7 +27,7 @@ class LoaderTest : public ::testing::Test {
     return p;
   }
 
-  fs::path dir_;
+  const fs::path dir_ = tmp_.path();
 };
 
 struct Batch {

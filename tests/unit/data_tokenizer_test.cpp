@@ -1,7 +1,6 @@
 #include "cleave/data/tokenizer.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -13,6 +12,7 @@
 
 #include "cleave/base/check.h"
 #include "cleave/data/tokens.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -70,18 +70,13 @@ std::string join_documents(const std::vector<std::string>& docs) {
 class TokenizerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(CLEAVE_BINARY_DIR) / "test_tmp" /
-           ("data_tokenizer_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
     docs_ = make_documents(1500);
     corpus_ = (dir_ / "corpus.txt").string();
     write_text(corpus_, join_documents(docs_));
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
-  fs::path dir_;
+  cleave::test_util::TestDir tmp_{"cleave-data-tokenizer"};
+  const fs::path dir_ = tmp_.path();
   std::vector<std::string> docs_;
   std::string corpus_;
 };
@@ -253,11 +248,11 @@ TEST_F(TokenizerTest, ValidationGetsAtLeastOneDocument) {
 }
 
 TEST(TokenizerShakespeare, TokenizeTinyShakespeare) {
-  const fs::path corpus = "/work/shared/data/tinyshakespeare.txt";
+  // ../shared beside the checkout, as CI lays it out.
+  const fs::path corpus = fs::path(CLEAVE_SOURCE_DIR) / ".." / "shared" / "data" / "tinyshakespeare.txt";
   if (!fs::exists(corpus)) GTEST_SKIP() << corpus << " is not available";
-  const fs::path out = fs::path(CLEAVE_BINARY_DIR) / "test_tmp" /
-                       ("data_tokenizer_shakespeare_" + std::to_string(::getpid()));
-  fs::remove_all(out);
+  const cleave::test_util::TestDir tmp("cleave-data-shakespeare");
+  const fs::path out = tmp.path() / "out";
   const auto t0 = std::chrono::steady_clock::now();
   const auto rep = cleave::tokenize_corpus(corpus.string(), out.string(), 1024, 0.1, 1337);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -270,5 +265,4 @@ TEST(TokenizerShakespeare, TokenizeTinyShakespeare) {
   cleave::TokenShard train((out / "train.bin").string(), 1024);
   cleave::TokenShard val((out / "val.bin").string(), 1024);
   EXPECT_EQ(train.size() + val.size(), total);
-  fs::remove_all(out);
 }

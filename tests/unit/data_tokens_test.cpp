@@ -1,7 +1,6 @@
 #include "cleave/data/tokens.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "cleave/base/check.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -17,17 +17,9 @@ namespace {
 
 class TokensTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(CLEAVE_BINARY_DIR) / "test_tmp" /
-           ("data_tokens_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  cleave::test_util::TestDir tmp_{"cleave-data-tokens"};
+  const fs::path dir_ = tmp_.path();
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
 };
 
 std::string read_bytes(const std::string& p) {
