@@ -123,8 +123,8 @@ Transformer::UnitHooks DataParallel::hooks(bool last) {
 }
 
 void DataParallel::zero_gradients() {
-  // ZeRO-3 released every unit's gradients after reduce-scattering them: they read as zero.
-  if (zero_stage_ < 3) store_.grads().zero();
+  // ZeRO-2 and 3 released every unit's gradients after reduce-scattering them: they read as zero.
+  if (zero_stage_ < 2) store_.grads().zero();
 }
 
 void DataParallel::launch_buckets(int64_t offset) {
@@ -140,7 +140,6 @@ void DataParallel::unit_gradients_done(int unit) {
   grad_work_[unit] = g_.shard->reduce_scatter(store_.grads().data() + bounds_[unit],
                                               shard_grads_.data() + position_[unit], slice(unit),
                                               CommType::f32, CommAlgo::ours);
-  if (zero_stage_ < 3) return;
   // Release the gradients of units whose reduce-scatter has had time to finish, keeping at most
   // two in flight, so the whole gradient is never resident at once.
   grads_pending_.push_back(unit);

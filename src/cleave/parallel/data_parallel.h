@@ -5,10 +5,13 @@
 //   1  ZeRO-1: the same all-reduce; each rank updates only its shard (its optimizer state and
 //      master values are only that shard); the updated shards are all-gathered after the step.
 //   2  ZeRO-2: each unit's gradients are reduce-scattered over dp_shard as soon as backward has
-//      finished the unit (then all-reduced over dp_replicate), so a rank receives only its shard.
+//      finished the unit (then all-reduced over dp_replicate), so a rank receives only its shard;
+//      the unit's full gradients are released once reduced, so at most a few units' are resident.
+//      With gradient accumulation the earlier micro-batches accumulate into the full buffer (as
+//      FSDP's no_sync does): fewer collectives, the full gradient resident until the last one.
 //   3  ZeRO-3 / FSDP: as ZeRO-2, and the parameters too exist only as shards: each unit is
 //      all-gathered just before its forward and again before its backward (the next one
-//      prefetched), and released after use, with its gradients once they are reduce-scattered.
+//      prefetched), and released after use.
 //      With dp_replicate > 1 this is HSDP.
 // A shard is the rank's 1/dp_shard slice of every unit (embeddings, each block, the head).
 #pragma once
@@ -90,7 +93,7 @@ class DataParallel {
   Buffer<float> shard_values_, shard_grads_;
   std::vector<Bucket> buckets_;
   std::vector<Work> grad_work_, gather_work_;  // per unit
-  std::vector<int> grads_pending_;             // ZeRO-3: units whose reduce-scatter is in flight
+  std::vector<int> grads_pending_;             // ZeRO-2/3: units whose reduce-scatter is in flight
   std::vector<bool> resident_;                 // ZeRO-3: the unit's parameters are gathered
   bool in_head_ = false;                       // between the head's before and after hooks
   double exposed_ = 0;
