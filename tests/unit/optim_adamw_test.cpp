@@ -32,7 +32,7 @@ TEST(AdamW, MatchesReferenceWithDecayRule) {
     for (int64_t i = 0; i < store.total(); ++i) store.grads()[i] = std::sin(0.37 * i + step);
     const double lr = 1e-2 * step;
     const float scale = 0.5f;
-    opt.step(store, store.values().data(), store.grads().data(), lr, scale);
+    opt.step(store, {store.values().data()}, {store.grads().data()}, lr, scale);
     for (int ti = 0; ti < 3; ++ti) {
       const ParamTensor& t = store.tensor(ti);
       for (int64_t j = 0; j < t.numel; ++j) {
@@ -60,13 +60,14 @@ TEST(AdamW, ShardedRangesEqualTheWhole) {
     for (int64_t i = 0; i < s.total(); ++i) s.grads()[i] = std::cos(0.1 * i);
     return s;
   };
-  ParamStore whole = make(), split = make();
+  ParamStore whole = make(), split = make(), in_place = make();
   OptimConfig cfg;
   AdamW all(whole, cfg, {{0, whole.total()}});
   // Pieces out of order, one cut inside tensor "a": each piece's values and gradients are
   // gathered into buffers that hold the ranges one after the other.
   const int64_t cut = 20, total = split.total();
   AdamW pieces(split, cfg, {{cut, total}, {0, cut}});
+  AdamW pieces_in_place(in_place, cfg, {{cut, total}, {0, cut}});
   std::vector<float> values(total), grads(total);
   auto pack = [&](const float* flat, std::vector<float>& out) {
     std::copy(flat + cut, flat + total, out.begin());
@@ -75,13 +76,16 @@ TEST(AdamW, ShardedRangesEqualTheWhole) {
   pack(split.values().data(), values);
   pack(split.grads().data(), grads);
   for (int step = 0; step < 3; ++step) {
-    all.step(whole, whole.values().data(), whole.grads().data(), 1e-2, 1.0f);
-    pieces.step(split, values.data(), grads.data(), 1e-2, 1.0f);
+    all.step(whole, {whole.values().data()}, {whole.grads().data()}, 1e-2, 1.0f);
+    pieces.step(split, {values.data(), true}, {grads.data(), true}, 1e-2, 1.0f);
+    // The values where they are in the flat buffer, the gradients packed (ZeRO-2).
+    pieces_in_place.step(in_place, {in_place.values().data()}, {grads.data(), true}, 1e-2, 1.0f);
   }
   std::copy(values.begin(), values.begin() + (total - cut), split.values().data() + cut);
   std::copy(values.begin() + (total - cut), values.end(), split.values().data());
   EXPECT_EQ(whole.total() % 32, 0);
   EXPECT_EQ(0, std::memcmp(whole.values().data(), split.values().data(), whole.total() * 4));
+  EXPECT_EQ(0, std::memcmp(whole.values().data(), in_place.values().data(), whole.total() * 4));
 }
 
 TEST(Schedule, WarmupThenCosineAndLinear) {

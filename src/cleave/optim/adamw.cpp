@@ -26,7 +26,7 @@ AdamW::AdamW(const ParamStore& store, const OptimConfig& cfg, std::vector<FlatRa
   v_.resize(size);
 }
 
-void AdamW::step(const ParamStore& store, float* values, const float* grads, double lr,
+void AdamW::step(const ParamStore& store, RangeBuffer values, RangeBuffer grads, double lr,
                  float grad_scale) {
   ++t_;
   const float b1 = float(cfg_.beta1), b2 = float(cfg_.beta2), eps = float(cfg_.eps);
@@ -42,8 +42,8 @@ void AdamW::step(const ParamStore& store, float* values, const float* grads, dou
       const int64_t hi = std::min(tensors[i].offset + tensors[i].numel, r.end);
       if (lo >= hi) continue;
       const int64_t at = base + (lo - r.begin);
-      float* p = values + at;
-      const float* g = grads + at;
+      float* p = values.data + (values.packed ? at : lo);
+      const float* g = grads.data + (grads.packed ? at : lo);
       float* m = m_.data() + at;
       float* v = v_.data() + at;
       const float decay = decay_[i] ? 1.0f - float(lr * cfg_.weight_decay) : 1.0f;

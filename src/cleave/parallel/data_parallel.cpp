@@ -55,13 +55,12 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
       position_.push_back(at);
       at += slice(u);
     }
-    shard_values_.resize(at);
-    if (zero_stage == 3)
+    if (zero_stage == 3) {
+      shard_values_.resize(at);
       for (int u = 0; u < n_units(); ++u)
         store.init_range(seed, ranges_[u].begin, ranges_[u].end, shard_values_.data() + position_[u]);
-    else
-      take_shard(store.values().data(), shard_values_.data());
-    shard_grads_.resize(at);
+    }
+    if (zero_stage >= 2) shard_grads_.resize(at);
   }
   grad_work_.resize(n_units());
   gather_work_.resize(n_units());
@@ -77,10 +76,6 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
 
 int64_t DataParallel::slice(int unit) const {
   return (bounds_[unit + 1] - bounds_[unit]) / g_.shard->size();
-}
-
-float* DataParallel::shard_values() {
-  return zero_stage_ == 0 ? store_.values().data() : shard_values_.data();
 }
 
 Transformer::UnitHooks DataParallel::hooks(bool last) {
@@ -151,16 +146,16 @@ void DataParallel::unit_gradients_done(int unit) {
   }
 }
 
-const float* DataParallel::finish_gradients() {
+DataParallel::OptimizerInputs DataParallel::finish_gradients() {
+  const RangeBuffer values = zero_stage_ == 3 ? RangeBuffer{shard_values_.data(), true}
+                                              : RangeBuffer{store_.values().data(), false};
   if (zero_stage_ <= 1) {
     launch_buckets(0);  // anything backward did not announce (none, normally)
     for (Bucket& b : buckets_) {
       exposed_ += b.work.wait();
       b.launched = false;
     }
-    if (zero_stage_ == 0) return store_.grads().data();
-    take_shard(store_.grads().data(), shard_grads_.data());
-    return shard_grads_.data();
+    return {values, {store_.grads().data(), false}};
   }
   for (int u = 0; u < n_units(); ++u)
     if (grad_work_[u].valid()) exposed_ += grad_work_[u].wait();
@@ -171,7 +166,7 @@ const float* DataParallel::finish_gradients() {
     exposed_ += g_.replicate->all_reduce(shard_grads_.data(), shard_grads_.size(), CommType::f32,
                                          CommAlgo::ours)
                     .wait();
-  return shard_grads_.data();
+  return {values, {shard_grads_.data(), true}};
 }
 
 double DataParallel::grad_sum_of_squares() {
@@ -196,9 +191,14 @@ void DataParallel::ensure_gathered(int unit) {
 
 void DataParallel::prefetch(int unit) {
   if (resident_[unit] || gather_work_[unit].valid()) return;
-  gather_work_[unit] = g_.shard->all_gather(shard_values_.data() + position_[unit],
-                                            store_.values().data() + bounds_[unit], slice(unit),
-                                            CommType::f32, CommAlgo::ours);
+  gather_work_[unit] = g_.shard->all_gather(shard_source(unit), store_.values().data() + bounds_[unit],
+                                            slice(unit), CommType::f32, CommAlgo::ours);
+}
+
+const float* DataParallel::shard_source(int unit) {
+  // Below ZeRO-3 the rank's slice sits where all_gather puts it: the gather is in place.
+  return zero_stage_ == 3 ? shard_values_.data() + position_[unit]
+                          : store_.values().data() + ranges_[unit].begin;
 }
 
 void DataParallel::release(int unit) {
@@ -219,6 +219,12 @@ void DataParallel::gather_all_parameters() {
 void DataParallel::release_parameters() {
   if (zero_stage_ < 3) return;
   for (int u = 0; u < n_units(); ++u) release(u);
+}
+
+void DataParallel::parameters_loaded() {
+  if (zero_stage_ < 3) return;
+  take_shard(store_.values().data(), shard_values_.data());
+  release_parameters();
 }
 
 void DataParallel::gather_shards(const float* shard, float* full) {

@@ -2,8 +2,9 @@
 // Ranks of dp_replicate hold replicas; ranks of dp_shard shard what zero_stage says:
 //   0  DDP: gradients all-reduced in buckets, each started as soon as backward has finished the
 //      gradients it holds, overlapping the rest of backward; every rank updates everything.
-//   1  ZeRO-1: the same all-reduce; each rank updates only its shard (its optimizer state and
-//      master values are only that shard); the updated shards are all-gathered after the step.
+//   1  ZeRO-1: the same all-reduce; each rank updates only its shard (its optimizer state is
+//      only that shard; it updates the values in place); the updated shards are all-gathered
+//      in place after the step.
 //   2  ZeRO-2: each unit's gradients are reduce-scattered over dp_shard as soon as backward has
 //      finished the unit (then all-reduced over dp_replicate), so a rank receives only its shard;
 //      the unit's full gradients are released once reduced, so at most a few units' are resident.
@@ -44,14 +45,16 @@ class DataParallel {
 
   // The flat ranges this rank updates; its shard buffers hold them one after the other.
   const std::vector<FlatRange>& ranges() const { return ranges_; }
-  // Master values of the ranges (the store's own buffer below ZeRO-1).
-  float* shard_values();
 
   // The hooks for one micro-batch; gradients are synchronised during the last one's backward.
   Transformer::UnitHooks hooks(bool last_micro_batch);
   void zero_gradients();
-  // After backward of the last micro-batch: this rank's synchronised gradients of its ranges.
-  const float* finish_gradients();
+  // After backward of the last micro-batch: where the optimizer finds the values of this rank's
+  // ranges and their synchronised gradients (the store's flat buffers or the shard buffers).
+  struct OptimizerInputs {
+    RangeBuffer values, grads;
+  };
+  OptimizerInputs finish_gradients();
   // Sum of squares of the whole synchronised gradient (the same on every rank).
   double grad_sum_of_squares();
   // After the optimizer updated the ranges: ZeRO-1/2 all-gather the new values; ZeRO-3 gathers
@@ -61,6 +64,8 @@ class DataParallel {
   // Every parameter present in the store's buffer (ZeRO-3 gathers every unit), and back.
   void gather_all_parameters();
   void release_parameters();
+  // After the whole parameter buffer was written (a checkpoint restored): ZeRO-3 takes its shard.
+  void parameters_loaded();
   // The whole flat buffer from every rank's shard buffer (collective over dp_shard), and this
   // rank's shard of a whole flat buffer.
   void gather_shards(const float* shard, float* full);
@@ -81,6 +86,7 @@ class DataParallel {
   void unit_gradients_done(int unit);
   void ensure_gathered(int unit);
   void prefetch(int unit);
+  const float* shard_source(int unit);  // this rank's values of a unit, which all-gather sends
   void release(int unit);
 
   ParamStore& store_;
@@ -90,7 +96,8 @@ class DataParallel {
   std::function<void(int)> release_packed_;
   std::vector<FlatRange> ranges_;
   std::vector<int64_t> position_;  // where each unit's slice starts in the shard buffers
-  Buffer<float> shard_values_, shard_grads_;
+  Buffer<float> shard_values_;  // ZeRO-3 (below it the shard lives in the store's buffer)
+  Buffer<float> shard_grads_;   // ZeRO-2 and 3
   std::vector<Bucket> buckets_;
   std::vector<Work> grad_work_, gather_work_;  // per unit
   std::vector<int> grads_pending_;             // ZeRO-2/3: units whose reduce-scatter is in flight

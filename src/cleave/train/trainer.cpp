@@ -145,7 +145,7 @@ StepResult Trainer::train_step(int64_t step) {
     for (int64_t i = 0; i < local_batch_ * T; ++i) loss_sum += model_->losses()[i];
     model_->backward(&hooks);
   }
-  const float* grads = dp_->finish_gradients();
+  const DataParallel::OptimizerInputs shard = dp_->finish_gradients();
   StepResult r;
   r.loss = sum_over_dp(loss_sum) / double(mb * T * accum);
   r.grad_norm = std::sqrt(dp_->grad_sum_of_squares());
@@ -153,7 +153,7 @@ StepResult Trainer::train_step(int64_t step) {
   if (cfg_.optim.grad_clip > 0 && r.grad_norm > cfg_.optim.grad_clip)
     clip = float(cfg_.optim.grad_clip / r.grad_norm);
   r.lr = learning_rate(cfg_.optim, step, t.steps);
-  optim_->step(params, dp_->shard_values(), grads, r.lr, clip);
+  optim_->step(params, shard.values, shard.grads, r.lr, clip);
   dp_->after_optimizer_step();
   model_->weights_changed();
   r.exposed_comm_s = dp_->take_exposed_seconds();
@@ -298,10 +298,9 @@ void Trainer::load_checkpoint(const std::string& dir) {
   OptimizerState state{m.data(), v.data(), 0};
   step_ = restore_training_state(ck, dir, cfg_, params, &state);
   // Any layout resumes any other: take this rank's shard of the whole state.
-  dp_->take_shard(params.values().data(), dp_->shard_values());
+  dp_->parameters_loaded();
   dp_->take_shard(m.data(), optim_->m().data());
   dp_->take_shard(v.data(), optim_->v().data());
-  dp_->release_parameters();
   optim_->set_steps_taken(state.steps_taken);
   model_->weights_changed();
 }
