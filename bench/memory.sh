@@ -1,34 +1,55 @@
 #!/usr/bin/env bash
-# Peak resident memory per rank of the data-parallel layouts, for GPT-2 124M's shape at vocab 8192
-# (91M parameters, P), against the model state each layout should hold: DDP 16P bytes (fp32
-# values, gradients, AdamW m and v), ZeRO-1 8P + 8P/N, ZeRO-2 8P + 12P/N (cleave keeps the full
-# gradient buffer backward accumulates into), ZeRO-3 ~20P/N (shard values, gradients, m, v, plus
-# the reduced gradient shard) + the few units gathered at a time. Everything else (activations,
-# the prepacked weights of fp32 GEMMs: 8 bytes per resident parameter, buffers) is the remainder.
-# Usage: bench/memory.sh [RANKS=4]
+# Peak resident memory per rank of the data-parallel layouts on 2 and 4 ranks, for GPT-2 124M's
+# shape at vocab 8192 (P = 92M parameters), fp32, against the model state each layout should hold:
+#   DDP 16P bytes (values, gradients, AdamW m and v), ZeRO-1 8P + 8P/N (m and v sharded),
+#   ZeRO-2 4P + 12P/N (the gradients too), ZeRO-3 16P/N (everything sharded).
+# Every rank takes one sequence per step whatever N, so activations are the same at N = 2 and 4:
+# what changes between the two is the model state, and the script compares the measured change
+# of the peak with the predicted one. The remainder (peak minus model state) is activations, the
+# prepacked copies of fp32 GEMM weights (8 bytes per resident matmul parameter), the units ZeRO-2/3
+# hold in flight, communication buffers and the runtime.
+# Usage: bench/memory.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ranks=${1:-4}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 bench/random_tokens.py "$work" 8192 2000000
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-P=$(./build/cleave train configs/gpt2_124m.toml --set data.dir="$work" --set train.steps=0 \
-      --set train.peak_gflops=1 --set train.out_dir="$work/count" 2>/dev/null |
-    sed -n 's/.*model, \([0-9]*\) parameters.*/\1/p')
-printf "P = %s parameters, %s ranks, micro-batch 4 x 256 tokens, fp32\n" "$P" "$ranks"
-printf "%-8s %14s %16s %14s\n" layout "peak RSS/rank" "model state" "remainder"
+common=(--set data.dir="$work" --set train.dtype=fp32 --set train.threads=1 --set train.peak_gflops=1
+        --set train.val_interval=0 --set train.checkpoint_interval=-1 --set train.log_interval=1)
+P=$(./build/cleave train configs/gpt2_124m.toml "${common[@]}" --set train.steps=0 \
+      --set train.out_dir="$work/count" | sed -n 's/.*model, \([0-9]*\) parameters.*/\1/p')
+mib() { awk -v b="$1" 'BEGIN { printf "%.0f", b / 1048576 }'; }
+state() {  # zero_stage N -> predicted model-state bytes per rank
+  awk -v p="$P" -v z="$1" -v n="$2" 'BEGIN {
+    print (z == 0) ? 16 * p : (z == 1) ? 8 * p + 8 * p / n : (z == 2) ? 4 * p + 12 * p / n : 16 * p / n }'
+}
+printf "P = %s parameters, fp32, one sequence of 256 tokens per rank per step\n" "$P"
+printf "%-7s %3s %15s %13s %11s\n" layout N "peak RSS/rank" "model state" remainder
+declare -A peak
 for zero in 0 1 2 3; do
   name=$([ $zero = 0 ] && echo DDP || echo "ZeRO-$zero")
-  mpirun --oversubscribe -np "$ranks" /usr/bin/time -f "RSS %M" ./build/cleave train configs/gpt2_124m.toml \
-    --set data.dir="$work" --set train.steps=2 --set train.threads=1 --set train.log_interval=1 \
-    --set train.val_interval=0 --set train.checkpoint_interval=-1 --set train.peak_gflops=1 \
-    --set parallel.dp_shard="$ranks" --set parallel.zero_stage=$zero --set train.out_dir="$work/z$zero" \
-    > "$work/z$zero.log" 2>&1 || { tail "$work/z$zero.log"; exit 1; }
-  rss=$(grep '^RSS' "$work/z$zero.log" | awk '{print $2}' | sort -n | tail -1)
-  state=$(awk -v p="$P" -v n="$ranks" -v z=$zero 'BEGIN {
-    b = (z == 0) ? 16 * p : (z == 1) ? 8 * p + 8 * p / n : (z == 2) ? 8 * p + 12 * p / n : 20 * p / n;
-    print b / 1048576 }')
-  printf "%-8s %10.0f MiB %12.0f MiB %10.0f MiB\n" "$name" "$((rss / 1024))" "$state" "$(awk -v r="$rss" -v s="$state" 'BEGIN {print r / 1024 - s}')"
-  rm -rf "$work/z$zero"
+  for n in 2 4; do
+    log=$work/z$zero-n$n.log
+    mpirun --oversubscribe -np "$n" /usr/bin/time -f "RSS %M" ./build/cleave train \
+      configs/gpt2_124m.toml "${common[@]}" --set train.steps=3 --set train.micro_batch_size="$n" \
+      --set parallel.dp_shard="$n" --set parallel.zero_stage=$zero \
+      --set train.out_dir="$work/z$zero-n$n" > "$log" 2>&1 || { tail "$log"; exit 1; }
+    kib=$(grep '^RSS' "$log" | awk '{print $2}' | sort -n | tail -1)  # the largest rank
+    peak[$zero,$n]=$((kib * 1024))
+    s=$(state $zero "$n")
+    printf "%-7s %3s %11s MiB %9s MiB %7s MiB\n" "$name" "$n" "$(mib "${peak[$zero,$n]}")" \
+      "$(mib "$s")" "$(mib "$(awk -v a="${peak[$zero,$n]}" -v b="$s" 'BEGIN {print a - b}')")"
+    rm -rf "$work/z$zero-n$n"
+  done
+done
+echo
+echo "change of the peak from N = 2 to N = 4, measured against the model state's predicted change:"
+for zero in 0 1 2 3; do
+  name=$([ $zero = 0 ] && echo DDP || echo "ZeRO-$zero")
+  measured=$((peak[$zero,2] - peak[$zero,4]))
+  predicted=$(awk -v a="$(state $zero 2)" -v b="$(state $zero 4)" 'BEGIN {print a - b}')
+  printf "%-7s %6s MiB predicted %6s MiB" "$name" "$(mib $measured)" "$(mib "$predicted")"
+  awk -v m="$measured" -v p="$predicted" 'BEGIN {
+    if (p > 0) printf "  (%+.1f%%)", 100 * (m - p) / p; print "" }'
 done

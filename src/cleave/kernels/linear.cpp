@@ -34,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
 #include "cleave/kernels/convert.h"
 
@@ -93,6 +94,10 @@ struct PlansForN {
 struct Packed {
   Role role;
   memory::desc md;
+  // Ours rather than oneDNN's allocation: large ones are mapped and unmapped, so releasing a
+  // ZeRO-3 unit returns its pages at once (glibc's malloc would keep freed blocks of this size
+  // once its dynamic mmap threshold has risen past them).
+  Buffer<char> storage;
   memory mem;
   uint64_t version = 0;  // weight version packed into mem; 0 = never packed
 };
@@ -194,7 +199,9 @@ struct LinearGemm::Impl {
     for (auto& p : packed)
       if (p.role == role && p.md == want) entry = &p;
     if (!entry) {
-      packed.push_back(Packed{role, want, memory(want, ctx.engine), 0});
+      Buffer<char> storage(int64_t(want.get_size()));
+      memory mem(want, ctx.engine, storage.data());
+      packed.push_back(Packed{role, want, std::move(storage), std::move(mem), 0});
       entry = &packed.back();
     }
     if (entry->version != weight_version) {
