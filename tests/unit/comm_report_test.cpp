@@ -1,5 +1,6 @@
 // The timeout/SIGTERM report pieces without MPI: SafeText formatting, the flight recorder's ring,
-// and the status board's analysis of which rank is behind (two boards play two ranks).
+// and the status board's analysis of which rank is behind (two boards play two ranks; a third,
+// on another host, is unknown).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -90,7 +91,8 @@ TEST(CommReport, StatusNamesTheRankThatIsBehind) {
     EXPECT_NE(report.find("group \"world\" (3 ranks) at collective #6 all_reduce"), std::string::npos) << report;
     EXPECT_NE(report.find("waiting in it:           rank 0\n"), std::string::npos) << report;
     EXPECT_NE(report.find("BEHIND (not started it): rank 1 (at #5 all_reduce"), std::string::npos) << report;
-    EXPECT_NE(report.find("MISSING (no status):     rank 2"), std::string::npos) << report;
+    // Nothing more about rank 2: there is nothing to read (not the page of the rank read before).
+    EXPECT_NE(report.find("MISSING (no status):     rank 2\n"), std::string::npos) << report;
     EXPECT_NE(report.find("rank 2: no status file"), std::string::npos) << report;
 
     // A rank that started another op under the same number is reported as a mismatch.
@@ -103,6 +105,41 @@ TEST(CommReport, StatusNamesTheRankThatIsBehind) {
     EXPECT_NE(report.find("MISMATCH (another op):   rank 1 (at #6 broadcast"), std::string::npos) << report;
   }
   EXPECT_FALSE(std::filesystem::exists(dir));  // the last board to go removes the folder
+}
+
+// A rank on another host whose status file is not in this host's folder (a status folder per host,
+// the default) is unknown: the report must neither call it dead or missing nor guess its progress.
+TEST(CommReport, RankOnAnotherHostWithoutStatusIsUnknown) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("cleave-comm-report-hosts-" + std::to_string(getpid()));
+  char me[64] = {};
+  gethostname(me, sizeof(me) - 1);
+  const std::vector<std::string> hosts = {me, me, "far-away-host"};
+  {
+    StatusBoard r0(dir, 0, 3, hosts), r1(dir, 1, 3, hosts);
+    const std::vector<int> members = {0, 1, 2};
+    const int s0 = r0.add_group("world", members, 0), s1 = r1.add_group("world", members, 1);
+    auto a = op(Op::all_reduce, "world", s0, 1, 4096), b = op(Op::all_reduce, "world", s1, 1, 4096);
+    r0.started(*a);
+    r1.started(*b);
+    for (int focus : {s0, -1}) {  // the timeout report, then the SIGTERM one (no focus)
+      std::string report;
+      {
+        SafeText out(SafeText::string_sink, &report);
+        r0.write_report(out, focus, focus < 0 ? 0 : 1, focus < 0 ? Op::barrier : Op::all_reduce);
+      }
+      EXPECT_NE(report.find("rank 2: on far-away-host, status UNKNOWN: no status file in " + dir +
+                            " as seen from " + me + " (not shared between hosts? set "
+                            "parallel.status_dir to a folder every host shares)"),
+                std::string::npos) << report;
+      EXPECT_NE(report.find("waiting in it:           rank 0, rank 1\n"), std::string::npos) << report;
+      EXPECT_NE(report.find("UNKNOWN (other host):    rank 2 (on far-away-host, status not visible here)"),
+                std::string::npos) << report;
+      for (const char* wrong : {"DEAD", "MISSING", "BEHIND", "not started yet"})
+        EXPECT_EQ(report.find(wrong), std::string::npos) << wrong << " in\n" << report;
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
 }  // namespace

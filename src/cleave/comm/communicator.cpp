@@ -80,12 +80,12 @@ void comm_detail::check_mpi(int rc, const char* what) {
 }
 
 Communicator::Communicator(const CommOptions& options, const std::string& status_dir,
-                           int world_rank, int world_size)
+                           int world_rank, int world_size, std::vector<std::string> hosts)
     : options_(options),
       world_rank_(world_rank),
       world_size_(world_size),
       t0_(wall_seconds()),
-      status_(status_dir, world_rank, world_size),
+      status_(status_dir, world_rank, world_size, std::move(hosts)),
       recorder_(options.flight_recorder_size, world_rank, t0_) {
   progress_thread_ = std::thread([this] { progress_loop(); });
   watchdog_thread_ = std::thread([this] { watchdog_loop(); });
@@ -314,15 +314,27 @@ void init_comm(const CommOptions& options) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  std::string dir = options.status_dir;
-  if (dir.empty()) {  // one folder per job: rank 0 names it, everyone else learns the name
-    char name[256] = {};
-    if (rank == 0)
-      std::snprintf(name, sizeof(name), "/tmp/cleave-%ld-%ld", long(getpid()), long(time(nullptr)));
-    MPI_Bcast(name, int(sizeof(name)), MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir = name;
-  }
-  auto* c = new Communicator(options, dir, rank, size);
+  // One status folder per job, inside status_dir: rank 0 names it, everyone else learns the name,
+  // so jobs that share a status_dir keep their files apart. Each rank joins the name to its own
+  // status_dir: normally the same path everywhere (a shared folder lets every rank's report see
+  // every rank), but it need not be.
+  char name[64] = {};
+  if (rank == 0)
+    std::snprintf(name, sizeof(name), "cleave-%ld-%ld", long(getpid()), long(time(nullptr)));
+  MPI_Bcast(name, int(sizeof(name)), MPI_CHAR, 0, MPI_COMM_WORLD);
+  std::string dir = options.status_dir.empty() ? std::string("/tmp") : options.status_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir != "/") dir += '/';
+  dir += name;
+  // Every rank's host, so that a report can say where a rank whose status file it cannot read runs.
+  constexpr int kHost = 64;
+  std::vector<char> all(size_t(size) * kHost, 0);
+  char host[kHost] = {};
+  ::gethostname(host, kHost - 1);
+  MPI_Allgather(host, kHost, MPI_CHAR, all.data(), kHost, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < size; ++r) hosts.emplace_back(all.data() + size_t(r) * kHost);
+  auto* c = new Communicator(options, dir, rank, size, std::move(hosts));
   MPI_Barrier(MPI_COMM_WORLD);  // every status file exists before anyone issues an operation
   g_instance.store(c);
   struct sigaction sa = {};

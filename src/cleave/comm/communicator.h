@@ -15,8 +15,9 @@ namespace cleave {
 
 class Communicator {
  public:
+  // `hosts`: the host name of every world rank (for the status report).
   Communicator(const CommOptions& options, const std::string& status_dir, int world_rank,
-               int world_size);
+               int world_size, std::vector<std::string> hosts);
   ~Communicator();  // stop() if not done yet
 
   // Runs what is queued to completion, then joins the threads.

@@ -42,8 +42,10 @@ class Work {
 struct CommOptions {
   double timeout_seconds = 300;   // a collective taking longer aborts the job with a report
   int flight_recorder_size = 64;  // last N operations kept per rank
-  std::string status_dir;         // where ranks publish progress for the timeout report; "" = a
-                                  // folder per job, /tmp/cleave-<pid of rank 0>-<time> (per host)
+  std::string status_dir;         // where ranks publish progress for the timeout report: the
+                                  // job's folder cleave-<pid of rank 0>-<time> is made in it;
+                                  // "" = /tmp (per host). A report sees the ranks whose folder
+                                  // it can read: share it between hosts to see them all.
 };
 
 class Communicator;  // the process-wide engine: progress thread, flight recorder, status

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <utility>
 
 #include "cleave/base/check.h"
 
@@ -85,8 +86,11 @@ const StatusSlot* find_slot(const StatusPage& p, uint64_t key) {
 
 }  // namespace
 
-StatusBoard::StatusBoard(const std::string& dir, int world_rank, int world_size)
-    : dir_(dir), world_rank_(world_rank), world_size_(world_size) {
+StatusBoard::StatusBoard(const std::string& dir, int world_rank, int world_size,
+                         std::vector<std::string> hosts)
+    : dir_(dir), hosts_(std::move(hosts)), world_rank_(world_rank), world_size_(world_size) {
+  CLEAVE_CHECK(hosts_.empty() || int(hosts_.size()) == world_size,
+               "StatusBoard: " << hosts_.size() << " host names for " << world_size << " ranks");
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   CLEAVE_CHECK(std::filesystem::is_directory(dir_),
@@ -167,6 +171,10 @@ void StatusBoard::heartbeat(double t) { store(page_->heartbeat, t); }
 
 void StatusBoard::set_state(RankState s) { store(page_->state, int32_t(s)); }
 
+bool StatusBoard::on_other_host(int rank) const {
+  return !hosts_.empty() && std::strncmp(hosts_[size_t(rank)].c_str(), host_, sizeof(host_)) != 0;
+}
+
 bool StatusBoard::read_page(int rank, StatusPage& page) const {
   const int fd = ::open(paths_[size_t(rank)].c_str(), O_RDONLY);
   if (fd < 0) return false;
@@ -190,7 +198,16 @@ void StatusBoard::write_report(SafeText& out, int focus_slot, uint64_t focus_seq
   for (int r = 0; r < world_size_; ++r) {
     out.str("  rank ").num(r).str(": ");
     if (!read_page(r, page)) {
-      out.str("no status file (not started yet, or already finished)\n");
+      // Every file exists before the first operation (init_comm waits for all ranks), so on this
+      // host a missing file means the rank finished. A rank on another host whose file is not
+      // here most likely writes into a folder of its own host: nothing is known about it.
+      if (on_other_host(r))
+        out.str("on ").str(hosts_[size_t(r)].c_str()).str(", status UNKNOWN: no status file in ")
+            .str(dir_.c_str()).str(" as seen from ").str(host_, sizeof(host_))
+            .str(" (not shared between hosts? set parallel.status_dir to a folder every host "
+                 "shares)\n");
+      else
+        out.str("no status file (not started yet, or already finished)\n");
       continue;
     }
     out.str("pid ").num(page.pid).str(" on ").str(page.host, sizeof(page.host)).str(", ");
@@ -241,19 +258,21 @@ void StatusBoard::write_group_analysis(SafeText& out, int slot, uint64_t seq, in
   if (op >= 0) out.chr(' ').str(op_name(Op(op)));
   out.str(":\n");
   // One line per category, listing the world ranks in it.
-  enum { waiting, done, behind, dead, missing, mismatch, ncat };
+  enum { waiting, done, behind, dead, missing, unknown, mismatch, ncat };
   static const char* const labels[ncat] = {
       "    waiting in it:           ", "    done with it:            ",
       "    BEHIND (not started it): ", "    DEAD:                    ",
-      "    MISSING (no status):     ", "    MISMATCH (another op):   "};
+      "    MISSING (no status):     ", "    UNKNOWN (other host):    ",
+      "    MISMATCH (another op):   "};
   for (int cat = 0; cat < ncat; ++cat) {
     bool any = false;
     for (size_t g = 0; g < members.size(); ++g) {
       const int m = members[g];
-      int c = missing;
+      int c = on_other_host(m) ? unknown : missing;  // unless its file is readable
       const StatusSlot* s = nullptr;
       int alive = 1;
-      if (read_page(m, page)) {
+      const bool readable = read_page(m, page);  // if not, `page` still holds another rank's
+      if (readable) {
         s = find_slot(page, key);
         alive = liveness(page, host_);
         if (alive == 0) c = dead;
@@ -273,8 +292,10 @@ void StatusBoard::write_group_analysis(SafeText& out, int slot, uint64_t seq, in
         if (c == behind && alive == 1 && page.state == int32_t(RankState::running))
           out.str(", alive: stalled or desynchronised");
         out.chr(')');
-      } else if (c == missing && s == nullptr && page.magic == kMagic && alive != 0) {
+      } else if (c == missing && readable && alive != 0) {
         out.str(" (has no group with this name and members)");
+      } else if (c == unknown) {
+        out.str(" (on ").str(hosts_[size_t(m)].c_str()).str(", status not visible here)");
       }
     }
     if (any) out.chr('\n');

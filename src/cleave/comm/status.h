@@ -3,7 +3,8 @@
 // and its point-to-point counts, plus the pid, host and a heartbeat. Other ranks read the files
 // without MPI, so a rank whose collective times out, or that is being killed because another rank
 // died, can say which rank stopped where. The folder must be shared by the ranks that should see
-// each other (the default, /tmp/cleave-<id>, is per host).
+// each other (the default, /tmp/cleave-<id>, is per host); a rank whose file cannot be read from a
+// rank on another host is reported as unknown, never as dead or behind.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -38,8 +39,11 @@ struct StatusPage {
 
 class StatusBoard {
  public:
-  // Creates the folder if needed and this rank's file.
-  StatusBoard(const std::string& dir, int world_rank, int world_size);
+  // Creates the folder if needed and this rank's file. `hosts`: the host name of every world rank
+  // (gathered at init), so that a rank whose file is not visible here can be placed; empty: not
+  // known (every rank is then taken to be on this host).
+  StatusBoard(const std::string& dir, int world_rank, int world_size,
+              std::vector<std::string> hosts = {});
   ~StatusBoard();  // marks this rank finished, removes its file (and the folder once empty)
   StatusBoard(const StatusBoard&) = delete;
   StatusBoard& operator=(const StatusBoard&) = delete;
@@ -62,10 +66,12 @@ class StatusBoard {
 
  private:
   bool read_page(int rank, StatusPage& page) const;
+  bool on_other_host(int rank) const;  // known to run on another host than this rank
   void write_group_analysis(SafeText& out, int slot, uint64_t seq, int op) const;
 
   std::string dir_;
   std::vector<std::string> paths_;  // status file of every world rank (built once: no allocation later)
+  std::vector<std::string> hosts_;  // host of every world rank; empty: not known
   int world_rank_, world_size_;
   char host_[64] = {};
   StatusPage* page_ = nullptr;      // this rank's file, mmapped
