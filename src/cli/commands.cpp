@@ -39,6 +39,7 @@ int train(int argc, char** argv) {
   if (rank == 0) std::cout << "# resolved config\n" << to_toml(cfg) << std::endl;
   CommOptions comm;
   comm.timeout_seconds = cfg.parallel.comm_timeout_s;
+  comm.status_dir = cfg.parallel.status_dir;
   init_comm(comm);
   Trainer trainer(cfg, a.get("--resume", ""));
   trainer.run(int64_t(a.number("--exit-after", 0)));

@@ -62,11 +62,14 @@ TEST(Config, CrossKeyRules) {
 TEST(Config, Overrides) {
   const Config c = parse_config("[train]\nsteps = 3\n", "t",
                                 {"train.steps=7", "train.dtype=bf16", "optim.no_decay=[\"wpe\"]",
-                                 "train.out_dir=runs/x", "model.norm_eps=1e-6"});
+                                 "train.out_dir=runs/x", "model.norm_eps=1e-6",
+                                 "parallel.status_dir=/shared/cleave-status"});
   EXPECT_EQ(c.train.steps, 7);
   EXPECT_EQ(c.train.dtype, Precision::bf16);
   EXPECT_EQ(c.optim.no_decay, std::vector<std::string>{"wpe"});
   EXPECT_EQ(c.train.out_dir, "runs/x");
+  EXPECT_EQ(c.parallel.status_dir, "/shared/cleave-status");
+  EXPECT_EQ(parse_config("", "t").parallel.status_dir, "");  // default: /tmp, chosen by the comm layer
   EXPECT_FLOAT_EQ(c.model.norm_eps, 1e-6f);
   EXPECT_NE(error_of("", {"train.stepz=3"}).find("did you mean 'train.steps'?"), std::string::npos);
   EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);

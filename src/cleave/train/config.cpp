@@ -197,6 +197,7 @@ const std::vector<Key>& schema() {
     k.push_back(real_key("parallel.bucket_mb", &C::parallel, &ParallelConfig::bucket_mb, 0.001, 1e6));
     k.push_back(real_key("parallel.comm_timeout_s", &C::parallel, &ParallelConfig::comm_timeout_s,
                          0.1, 1e7));
+    k.push_back(string_key("parallel.status_dir", &C::parallel, &ParallelConfig::status_dir));
     return k;
   }();
   return keys;

@@ -58,6 +58,8 @@ struct ParallelConfig {
   int zero_stage = 0;
   double bucket_mb = 25;         // DDP gradient buckets, MiB
   double comm_timeout_s = 300;   // a collective taking longer aborts the job with a report
+  std::string status_dir;        // where ranks publish progress for that report ("" = /tmp);
+                                 // a folder every host shares lets it show ranks on every host
 };
 
 struct Config {
