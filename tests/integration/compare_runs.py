@@ -31,18 +31,25 @@ def losses(run, from_step):
     return out
 
 
-def tensors(run, prefix):
-    ck = sorted(glob.glob(f"{run}/step_*"))[-1]
-    path = f"{ck}/model-rank00000.safetensors"
+def read_safetensors(path):
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
         data = f.read()
+    return {name: np.frombuffer(data[info["data_offsets"][0]:info["data_offsets"][1]], dtype=np.float32)
+            for name, info in header.items() if name != "__metadata__"}
+
+
+def tensors(run, prefix):
+    """The newest checkpoint's tensors under prefix, each assembled from the pieces meta.json lists."""
+    ck = sorted(glob.glob(f"{run}/step_*"))[-1]
+    meta = json.load(open(f"{ck}/meta.json"))
+    files = {name: read_safetensors(f"{ck}/{name}") for name in meta["files"]}
     out = {}
-    for name, info in header.items():
+    for name, info in meta["tensors"].items():
         if name.startswith(prefix):
-            b, e = info["data_offsets"]
-            out[name[len(prefix):]] = np.frombuffer(data[b:e], dtype=np.float32).reshape(info["shape"])
+            whole = np.concatenate([files[p["file"]][name] for p in sorted(info["pieces"], key=lambda p: p["begin"])])
+            out[name[len(prefix):]] = whole.reshape(info["shape"])
     return ck, out
 
 

@@ -32,7 +32,7 @@ TEST(AdamW, MatchesReferenceWithDecayRule) {
     for (int64_t i = 0; i < store.total(); ++i) store.grads()[i] = std::sin(0.37 * i + step);
     const double lr = 1e-2 * step;
     const float scale = 0.5f;
-    opt.step(store, {store.values().data()}, {store.grads().data()}, lr, scale);
+    opt.step({store.values().data()}, {store.grads().data()}, lr, scale);
     for (int ti = 0; ti < 3; ++ti) {
       const ParamTensor& t = store.tensor(ti);
       for (int64_t j = 0; j < t.numel; ++j) {
@@ -76,10 +76,10 @@ TEST(AdamW, ShardedRangesEqualTheWhole) {
   pack(split.values().data(), values);
   pack(split.grads().data(), grads);
   for (int step = 0; step < 3; ++step) {
-    all.step(whole, {whole.values().data()}, {whole.grads().data()}, 1e-2, 1.0f);
-    pieces.step(split, {values.data(), true}, {grads.data(), true}, 1e-2, 1.0f);
+    all.step({whole.values().data()}, {whole.grads().data()}, 1e-2, 1.0f);
+    pieces.step({values.data(), true}, {grads.data(), true}, 1e-2, 1.0f);
     // The values where they are in the flat buffer, the gradients packed (ZeRO-2).
-    pieces_in_place.step(in_place, {in_place.values().data()}, {grads.data(), true}, 1e-2, 1.0f);
+    pieces_in_place.step({in_place.values().data()}, {grads.data(), true}, 1e-2, 1.0f);
   }
   std::copy(values.begin(), values.begin() + (total - cut), split.values().data() + cut);
   std::copy(values.begin() + (total - cut), values.end(), split.values().data());

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "cleave-checkpoint";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 2: a tensor may be split in pieces over several files
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -151,47 +151,65 @@ bool step_less(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-void write_checkpoint_folder(const std::string& dir_in, const nlohmann::json& meta,
-                             const std::vector<TensorView>& tensors) {
+std::string checkpoint_temp_folder(const std::string& dir, const std::string& tag) {
+  return strip_trailing_slashes(dir) + ".tmp-" + tag;
+}
+
+void begin_checkpoint_folder(const std::string& dir_in, const std::string& tag) {
   const std::string dir = strip_trailing_slashes(dir_in);
-  CLEAVE_CHECK(!dir.empty(), "write_checkpoint_folder: empty folder name");
-  CLEAVE_CHECK(meta.is_object() || meta.is_null(),
-               "write_checkpoint_folder " << dir << ": meta must be a JSON object");
+  CLEAVE_CHECK(!dir.empty(), "checkpoint folder: empty name");
   const std::string parent = parent_of(dir);
   std::error_code ec;
   fs::create_directories(parent, ec);
   CLEAVE_CHECK(!ec, "cannot create " << parent << ": " << ec.message());
-
-  const std::string tmp = dir + ".tmp-" + std::to_string(::getpid());
-  if (fs::exists(fs::symlink_status(tmp, ec))) {  // left by an earlier crash of a process
-    fs::remove_all(tmp, ec);                      // that had our pid
+  const std::string tmp = checkpoint_temp_folder(dir, tag);
+  if (fs::exists(fs::symlink_status(tmp, ec))) {  // left by an earlier crash of a job
+    fs::remove_all(tmp, ec);                      // with our tag
     CLEAVE_CHECK(!ec, "cannot remove stale " << tmp << ": " << ec.message());
   }
-  try {
-    CLEAVE_CHECK(fs::create_directory(tmp, ec) && !ec,
-                 "cannot create " << tmp << ": " << ec.message());
-    nlohmann::json files = nlohmann::json::object();
-    // One file per rank; for now the whole state is rank 0's.
-    const std::string name = "model-rank00000.safetensors";
-    files[name] =
-        write_safetensors(tmp + "/" + name, tensors, {{"format", kFormat}, {"rank", "0"}});
+  CLEAVE_CHECK(fs::create_directory(tmp, ec) && !ec, "cannot create " << tmp << ": " << ec.message());
+}
 
-    nlohmann::json m = meta.is_null() ? nlohmann::json::object() : meta;
-    m["format"] = kFormat;
-    m["version"] = kVersion;
-    m["files"] = std::move(files);
-    std::string text;
-    try {
-      text = m.dump(2) + "\n";
-    } catch (const nlohmann::json::exception& e) {
-      CLEAVE_FAIL("cannot encode meta.json for " << dir << ": " << e.what());
-    }
-    write_file_synced(tmp + "/meta.json", text);
-    fsync_path(tmp, true);
-    install(tmp, dir);
+void finish_checkpoint_folder(const std::string& dir_in, const std::string& tag,
+                              const nlohmann::json& meta, const std::vector<std::string>& files) {
+  const std::string dir = strip_trailing_slashes(dir_in);
+  const std::string tmp = checkpoint_temp_folder(dir, tag);
+  CLEAVE_CHECK(meta.is_object() || meta.is_null(),
+               "checkpoint " << dir << ": meta must be a JSON object");
+  nlohmann::json checksums = nlohmann::json::object();
+  // Read back by this rank: it also proves that every writer's file is visible here.
+  for (const std::string& name : files) checksums[name] = file_checksum(tmp + "/" + name);
+  nlohmann::json m = meta.is_null() ? nlohmann::json::object() : meta;
+  m["format"] = kFormat;
+  m["version"] = kVersion;
+  m["files"] = std::move(checksums);
+  std::string text;
+  try {
+    text = m.dump(2) + "\n";
+  } catch (const nlohmann::json::exception& e) {
+    CLEAVE_FAIL("cannot encode meta.json for " << dir << ": " << e.what());
+  }
+  write_file_synced(tmp + "/meta.json", text);
+  fsync_path(tmp, true);
+  install(tmp, dir);
+}
+
+void abandon_checkpoint_folder(const std::string& dir, const std::string& tag) {
+  std::error_code ignored;
+  fs::remove_all(checkpoint_temp_folder(dir, tag), ignored);
+}
+
+void write_checkpoint_folder(const std::string& dir, const nlohmann::json& meta,
+                             const std::vector<TensorView>& tensors) {
+  const std::string tag = std::to_string(::getpid());
+  begin_checkpoint_folder(dir, tag);
+  try {
+    const std::string name = "model-rank00000.safetensors";
+    write_safetensors(checkpoint_temp_folder(dir, tag) + "/" + name, tensors,
+                      {{"format", kFormat}, {"rank", "0"}});
+    finish_checkpoint_folder(dir, tag, meta, {name});
   } catch (...) {
-    std::error_code ignored;
-    fs::remove_all(tmp, ignored);
+    abandon_checkpoint_folder(dir, tag);
     throw;
   }
 }
@@ -217,10 +235,11 @@ LoadedCheckpoint read_checkpoint_folder(const std::string& dir_in) {
                          << (m.contains("format") ? m["format"].dump() : "missing")
                          << ", expected \"" << kFormat << "\"");
   CLEAVE_CHECK(
-      m.contains("version") && m["version"].is_number_integer() && m["version"] == kVersion,
+      m.contains("version") && m["version"].is_number_integer() && m["version"] >= 1 &&
+          m["version"] <= kVersion,
       meta_path << ": unsupported checkpoint version "
                 << (m.contains("version") ? m["version"].dump() : "(missing)")
-                << "; this build reads version " << kVersion);
+                << "; this build reads versions 1 to " << kVersion);
   CLEAVE_CHECK(m.contains("files") && m["files"].is_object() && !m["files"].empty(),
                meta_path << ": \"files\" must be a non-empty object {file name: checksum}");
   for (auto it = m["files"].begin(); it != m["files"].end(); ++it) {

@@ -11,9 +11,20 @@
 
 namespace cleave {
 
-// Writes dir/{meta.json, model-rank00000.safetensors} atomically. `meta` is stored with a
-// "format" ("cleave-checkpoint"), "version" (1), and "files": {file name: checksum} added.
-// An existing folder of the same name is replaced only after the new one is complete.
+// Writing a checkpoint from several ranks: one rank begins (the temporary folder
+// "<dir>.tmp-<tag>", tag shared by the ranks: a stale one of the same name is removed), every
+// writer puts its file into checkpoint_temp_folder(dir, tag), and after all have finished one rank
+// finishes: it records each file's checksum in meta.json together with "format"
+// ("cleave-checkpoint") and "version", makes everything durable, and swaps the folder into place
+// (an existing folder of the same name is replaced only then).
+std::string checkpoint_temp_folder(const std::string& dir, const std::string& tag);
+void begin_checkpoint_folder(const std::string& dir, const std::string& tag);
+void finish_checkpoint_folder(const std::string& dir, const std::string& tag,
+                              const nlohmann::json& meta, const std::vector<std::string>& files);
+// Removes the temporary folder of a checkpoint that failed.
+void abandon_checkpoint_folder(const std::string& dir, const std::string& tag);
+
+// One writer: dir/{meta.json, model-rank00000.safetensors} written atomically as above.
 void write_checkpoint_folder(const std::string& dir, const nlohmann::json& meta,
                              const std::vector<TensorView>& tensors);
 

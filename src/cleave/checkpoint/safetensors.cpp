@@ -371,6 +371,22 @@ void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_
   read(name, "F32", shape, out);
 }
 
+void SafetensorsFile::read_f32_elements(const std::string& name, int64_t numel, int64_t begin,
+                                        int64_t count, float* out) const {
+  const TensorInfo& info = find(name);
+  CLEAVE_CHECK(info.dtype == "F32", "tensor '" << name << "' in " << path_
+                                               << ": expected dtype F32, found " << info.dtype);
+  CLEAVE_CHECK(int64_t(info.end - info.begin) == numel * 4,
+               "tensor '" << name << "' in " << path_ << ": expected " << numel
+                          << " elements, found " << (info.end - info.begin) / 4);
+  CLEAVE_CHECK(0 <= begin && 0 <= count && begin + count <= numel,
+               "tensor '" << name << "' in " << path_ << ": elements [" << begin << ", "
+                          << begin + count << ") outside [0, " << numel << ")");
+  if (count > 0)
+    std::memcpy(out, bytes_.get() + data_start_ + info.begin + uint64_t(begin) * 4,
+                size_t(count) * 4);
+}
+
 std::string file_checksum(const std::string& path) {
   Fd fd;
   fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -47,6 +47,9 @@ class SafetensorsFile {
   // and shape.
   void read(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
             void* out) const;
+  // Elements [begin, begin + count) of F32 tensor `name`, which must hold `numel` elements.
+  void read_f32_elements(const std::string& name, int64_t numel, int64_t begin, int64_t count,
+                         float* out) const;
   // XXH64 of the whole file, 16 hex digits (always computed on opening).
   const std::string& checksum() const { return checksum_; }
   const std::string& path() const { return path_; }

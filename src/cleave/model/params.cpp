@@ -54,4 +54,21 @@ int64_t ParamStore::count() const {
   return n;
 }
 
+std::vector<TensorPiece> tensor_pieces(const ParamStore& store, const std::vector<FlatRange>& ranges) {
+  std::vector<TensorPiece> out;
+  int64_t base = 0;  // where the current range starts in a packed buffer
+  for (const FlatRange& r : ranges) {
+    CLEAVE_CHECK(0 <= r.begin && r.begin <= r.end && r.end <= store.total(),
+                 "flat range [" << r.begin << ", " << r.end << ") outside the parameters [0, "
+                                << store.total() << ")");
+    for (int i = 0; i < int(store.tensors().size()); ++i) {
+      const ParamTensor& t = store.tensor(i);
+      const int64_t lo = std::max(t.offset, r.begin), hi = std::min(t.offset + t.numel, r.end);
+      if (lo < hi) out.push_back({i, lo - t.offset, hi - t.offset, lo, base + (lo - r.begin)});
+    }
+    base += r.end - r.begin;
+  }
+  return out;
+}
+
 }  // namespace cleave

@@ -22,6 +22,31 @@ struct ParamTensor {
   float init_std = 0.0f;
 };
 
+// A slice [begin, end) of the flat buffers: a data-parallel shard is a list of them.
+struct FlatRange {
+  int64_t begin = 0, end = 0;
+};
+
+// Values (or gradients, or optimizer moments) of a list of flat ranges: in a whole flat buffer
+// (range [begin, end) at data + begin), or packed (the ranges one after the other).
+struct RangeBuffer {
+  float* data = nullptr;
+  bool packed = false;
+};
+
+// The part of one tensor inside a list of flat ranges: its elements [begin, end), which sit at
+// `flat` in the flat buffers and at `packed` in a packed buffer of the ranges.
+struct TensorPiece {
+  int tensor = 0;
+  int64_t begin = 0, end = 0;
+  int64_t flat = 0, packed = 0;
+  float* in(RangeBuffer b) const { return b.data + (b.packed ? packed : flat); }
+};
+
+class ParamStore;
+// Every tensor's part of each range, range by range; padding between tensors belongs to none.
+std::vector<TensorPiece> tensor_pieces(const ParamStore& store, const std::vector<FlatRange>& ranges);
+
 class ParamStore {
  public:
   // Declares a tensor; returns its index. Only before allocate().

@@ -14,50 +14,35 @@ bool weight_decay_applies(const ParamTensor& t, const std::vector<std::string>& 
 
 AdamW::AdamW(const ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges)
     : cfg_(cfg), ranges_(std::move(ranges)) {
+  pieces_ = tensor_pieces(store, ranges_);  // checks the ranges
   int64_t size = 0;
-  for (const FlatRange& r : ranges_) {
-    CLEAVE_CHECK(0 <= r.begin && r.begin <= r.end && r.end <= store.total(),
-                 "optimizer range [" << r.begin << ", " << r.end << ") outside the parameters [0, "
-                                     << store.total() << ")");
-    size += r.end - r.begin;
-  }
+  for (const FlatRange& r : ranges_) size += r.end - r.begin;
   for (auto& t : store.tensors()) decay_.push_back(weight_decay_applies(t, cfg.no_decay));
   m_.resize(size);
   v_.resize(size);
 }
 
-void AdamW::step(const ParamStore& store, RangeBuffer values, RangeBuffer grads, double lr,
-                 float grad_scale) {
+void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale) {
   ++t_;
   const float b1 = float(cfg_.beta1), b2 = float(cfg_.beta2), eps = float(cfg_.eps);
   const float bc1 = float(1.0 - std::pow(cfg_.beta1, double(t_)));
   const float bc2 = float(1.0 - std::pow(cfg_.beta2, double(t_)));
   const float step_size = float(lr) / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
-  const auto& tensors = store.tensors();
-  int64_t base = 0;  // where the current range starts in the buffers
-  for (const FlatRange& r : ranges_) {
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      // The part of tensor i inside the range; padding between tensors is never touched.
-      const int64_t lo = std::max(tensors[i].offset, r.begin);
-      const int64_t hi = std::min(tensors[i].offset + tensors[i].numel, r.end);
-      if (lo >= hi) continue;
-      const int64_t at = base + (lo - r.begin);
-      float* p = values.data + (values.packed ? at : lo);
-      const float* g = grads.data + (grads.packed ? at : lo);
-      float* m = m_.data() + at;
-      float* v = v_.data() + at;
-      const float decay = decay_[i] ? 1.0f - float(lr * cfg_.weight_decay) : 1.0f;
+  for (const TensorPiece& piece : pieces_) {
+    float* p = piece.in(values);
+    const float* g = piece.in(grads);
+    float* m = m_.data() + piece.packed;
+    float* v = v_.data() + piece.packed;
+    const float decay = decay_[piece.tensor] ? 1.0f - float(lr * cfg_.weight_decay) : 1.0f;
 #pragma omp parallel for simd schedule(static)
-      for (int64_t j = 0; j < hi - lo; ++j) {
-        const float gj = g[j] * grad_scale;
-        const float mj = b1 * m[j] + (1.0f - b1) * gj;
-        const float vj = b2 * v[j] + (1.0f - b2) * gj * gj;
-        m[j] = mj;
-        v[j] = vj;
-        p[j] = p[j] * decay - step_size * mj / (std::sqrt(vj) * inv_sqrt_bc2 + eps);
-      }
+    for (int64_t j = 0; j < piece.end - piece.begin; ++j) {
+      const float gj = g[j] * grad_scale;
+      const float mj = b1 * m[j] + (1.0f - b1) * gj;
+      const float vj = b2 * v[j] + (1.0f - b2) * gj * gj;
+      m[j] = mj;
+      v[j] = vj;
+      p[j] = p[j] * decay - step_size * mj / (std::sqrt(vj) * inv_sqrt_bc2 + eps);
     }
-    base += r.end - r.begin;
   }
 }
 

@@ -11,17 +11,6 @@
 
 namespace cleave {
 
-struct FlatRange {
-  int64_t begin = 0, end = 0;  // of the flat parameter buffer
-};
-
-// Values or gradients of an optimizer's ranges: in a whole flat buffer (range [begin, end) at
-// data + begin), or packed (the ranges one after the other, like the optimizer state).
-struct RangeBuffer {
-  float* data = nullptr;
-  bool packed = false;
-};
-
 class AdamW {
  public:
   // State for some ranges of the flat parameters: the whole store, or this rank's shards when the
@@ -29,8 +18,7 @@ class AdamW {
   AdamW(const ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges);
 
   // One update with learning rate lr of `values` from `grads` (multiplied by grad_scale first).
-  void step(const ParamStore& store, RangeBuffer values, RangeBuffer grads, double lr,
-            float grad_scale);
+  void step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale);
   const std::vector<FlatRange>& ranges() const { return ranges_; }
   int64_t size() const { return m_.size(); }
 
@@ -44,6 +32,7 @@ class AdamW {
   OptimConfig cfg_;
   std::vector<bool> decay_;
   std::vector<FlatRange> ranges_;
+  std::vector<TensorPiece> pieces_;
   Buffer<float> m_, v_;
   int64_t t_ = 0;
 };

@@ -48,10 +48,9 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
   if (zero_stage == 0) {
     ranges_ = {{0, total}};
   } else {
+    ranges_ = ranges_of(g_.shard->rank());
     int64_t at = 0;
     for (int u = 0; u < n_units(); ++u) {
-      const int64_t begin = bounds_[u] + g_.shard->rank() * slice(u);
-      ranges_.push_back({begin, begin + slice(u)});
       position_.push_back(at);
       at += slice(u);
     }
@@ -147,8 +146,7 @@ void DataParallel::unit_gradients_done(int unit) {
 }
 
 DataParallel::OptimizerInputs DataParallel::finish_gradients() {
-  const RangeBuffer values = zero_stage_ == 3 ? RangeBuffer{shard_values_.data(), true}
-                                              : RangeBuffer{store_.values().data(), false};
+  const RangeBuffer values = this->values();
   if (zero_stage_ <= 1) {
     launch_buckets(0);  // anything backward did not announce (none, normally)
     for (Bucket& b : buckets_) {
@@ -221,30 +219,26 @@ void DataParallel::release_parameters() {
   for (int u = 0; u < n_units(); ++u) release(u);
 }
 
-void DataParallel::parameters_loaded() {
-  if (zero_stage_ < 3) return;
-  take_shard(store_.values().data(), shard_values_.data());
-  release_parameters();
+RangeBuffer DataParallel::values() {
+  return zero_stage_ == 3 ? RangeBuffer{shard_values_.data(), true}
+                          : RangeBuffer{store_.values().data(), false};
 }
 
-void DataParallel::gather_shards(const float* shard, float* full) {
-  if (zero_stage_ == 0) {
-    if (shard != full) std::copy(shard, shard + store_.total(), full);
-    return;
-  }
-  for (int u = 0; u < n_units(); ++u)
-    exposed_ += g_.shard->all_gather(shard + position_[u], full + bounds_[u], slice(u),
-                                     CommType::f32, CommAlgo::ours)
-                    .wait();
+int DataParallel::checkpoint_files() const { return zero_stage_ == 0 ? 1 : g_.shard->size(); }
+
+int DataParallel::checkpoint_file() const {
+  if (zero_stage_ == 0) return g_.dp->rank() == 0 ? 0 : -1;
+  return g_.replicate->rank() == 0 ? g_.shard->rank() : -1;
 }
 
-void DataParallel::take_shard(const float* full, float* shard) const {
-  if (zero_stage_ == 0) {
-    if (shard != full) std::copy(full, full + store_.total(), shard);
-    return;
+std::vector<FlatRange> DataParallel::ranges_of(int shard_rank) const {
+  if (zero_stage_ == 0) return {{0, store_.total()}};
+  std::vector<FlatRange> out;
+  for (int u = 0; u < n_units(); ++u) {
+    const int64_t begin = bounds_[u] + shard_rank * slice(u);
+    out.push_back({begin, begin + slice(u)});
   }
-  for (int u = 0; u < n_units(); ++u)
-    std::copy(full + ranges_[u].begin, full + ranges_[u].end, shard + position_[u]);
+  return out;
 }
 
 double DataParallel::take_exposed_seconds() {

@@ -61,15 +61,17 @@ class DataParallel {
   // each unit when it is next used.
   void after_optimizer_step();
 
-  // Every parameter present in the store's buffer (ZeRO-3 gathers every unit), and back.
-  void gather_all_parameters();
+  // ZeRO-3: releases every unit still gathered (validation's forward keeps the head).
   void release_parameters();
-  // After the whole parameter buffer was written (a checkpoint restored): ZeRO-3 takes its shard.
-  void parameters_loaded();
-  // The whole flat buffer from every rank's shard buffer (collective over dp_shard), and this
-  // rank's shard of a whole flat buffer.
-  void gather_shards(const float* shard, float* full);
-  void take_shard(const float* full, float* shard) const;
+  // The values of ranges(): the store's flat buffer, or ZeRO-3's packed shard.
+  RangeBuffer values();
+
+  // Checkpoints hold one file per distinct shard: DDP's whole state is one (written by rank 0),
+  // ZeRO's one per dp_shard rank (written by the first replica). checkpoint_file() is the file
+  // this rank writes, or -1; ranges_of(i) are the flat ranges of file i.
+  int checkpoint_files() const;
+  int checkpoint_file() const;
+  std::vector<FlatRange> ranges_of(int shard_rank) const;
 
   // Seconds this rank waited on collectives since the last call (exposed communication).
   double take_exposed_seconds();
@@ -86,6 +88,7 @@ class DataParallel {
   void unit_gradients_done(int unit);
   void ensure_gathered(int unit);
   void prefetch(int unit);
+  void gather_all_parameters();  // ZeRO-1/2 after the step: every rank's updated slices
   const float* shard_source(int unit);  // this rank's values of a unit, which all-gather sends
   void release(int unit);
 

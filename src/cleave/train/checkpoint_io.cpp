@@ -1,5 +1,6 @@
 #include "cleave/train/checkpoint_io.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -9,7 +10,7 @@ namespace cleave {
 
 namespace {
 
-constexpr const char* kFile = "model-rank00000.safetensors";
+constexpr const char* kKinds[] = {"param", "adam_m", "adam_v"};
 
 // key -> "key = value" of one table of a resolved config, to name what differs between two.
 std::map<std::string, std::string> lines_of(const std::string& toml, const std::string& table) {
@@ -23,6 +24,57 @@ std::map<std::string, std::string> lines_of(const std::string& toml, const std::
   return out;
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+struct SavedPiece {
+  const SafetensorsFile* file;
+  int64_t begin, end;  // elements of the flattened tensor
+};
+
+// Where the checkpoint keeps the elements of tensor `name` (of the model's `shape`): its pieces in
+// element order, checked to tile the tensor exactly. Version 1 kept each tensor whole in one file.
+std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::string& dir,
+                                     const std::string& name, const std::vector<int64_t>& shape,
+                                     int64_t numel) {
+  const nlohmann::json& all = ck.meta.at("tensors");
+  CLEAVE_CHECK(all.contains(name), "checkpoint " << dir << " has no tensor " << name);
+  const nlohmann::json& t = all.at(name);
+  const auto saved_shape = t.at("shape").get<std::vector<int64_t>>();
+  CLEAVE_CHECK(saved_shape == shape, "checkpoint " << dir << ": tensor " << name << " has shape "
+                                                   << shape_text(saved_shape)
+                                                   << ", the model's is " << shape_text(shape));
+  auto file_of = [&](const std::string& file) {
+    for (const SafetensorsFile& f : ck.files)
+      if (f.path() == dir + "/" + file) return &f;
+    CLEAVE_FAIL("checkpoint " << dir << ": tensor " << name << " is in " << file
+                              << ", which meta.json does not list");
+  };
+  std::vector<SavedPiece> out;
+  if (t.contains("pieces")) {
+    for (const nlohmann::json& p : t.at("pieces"))
+      out.push_back({file_of(p.at("file").get<std::string>()), p.at("begin").get<int64_t>(),
+                     p.at("end").get<int64_t>()});
+  } else {
+    out.push_back({file_of(t.at("file").get<std::string>()), 0, numel});
+  }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
+  int64_t at = 0;
+  for (const SavedPiece& p : out) {
+    CLEAVE_CHECK(p.begin == at && p.end > p.begin,
+                 "checkpoint " << dir << ": the pieces of tensor " << name
+                               << " do not tile its elements (gap or overlap at element " << at
+                               << ")");
+    at = p.end;
+  }
+  CLEAVE_CHECK(at == numel, "checkpoint " << dir << ": the pieces of tensor " << name << " end at "
+                                          << at << " of its " << numel << " elements");
+  return out;
+}
+
 }  // namespace
 
 std::string checkpoint_name(int64_t step) {
@@ -31,28 +83,54 @@ std::string checkpoint_name(int64_t step) {
   return buf;
 }
 
-void save_training_checkpoint(const std::string& dir, const Config& cfg, int64_t step,
-                              ParamStore& params, const OptimizerState& optim, int world_size) {
+std::string state_file_name(int index) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-rank%05d.safetensors", index);
+  return buf;
+}
+
+void write_state_file(const std::string& tmp, int index, const ParamStore& params,
+                      const StateSlices& state) {
   std::vector<TensorView> views;
+  const RangeBuffer buffers[] = {state.values, state.m, state.v};
+  for (const TensorPiece& piece : tensor_pieces(params, state.ranges)) {
+    const ParamTensor& t = params.tensor(piece.tensor);
+    const int64_t count = piece.end - piece.begin;
+    const std::vector<int64_t> shape = count == t.numel ? t.shape : std::vector<int64_t>{count};
+    for (int k = 0; k < 3; ++k)
+      views.push_back({std::string(kKinds[k]) + "/" + t.name, "F32", shape,
+                       piece.in(buffers[k]), uint64_t(count) * 4});
+  }
+  write_safetensors(tmp + "/" + state_file_name(index), views,
+                    {{"format", "cleave-checkpoint"}, {"rank", std::to_string(index)}});
+}
+
+void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
+                                int64_t step, const ParamStore& params,
+                                const std::vector<std::vector<FlatRange>>& ranges_of_file,
+                                int64_t optimizer_steps, int world_size) {
   nlohmann::json tensors = nlohmann::json::object();
-  const std::pair<const char*, const float*> parts[] = {{"param/", params.values().data()},
-                                                  {"adam_m/", optim.m},
-                                                  {"adam_v/", optim.v}};
-  for (const auto& [prefix, base] : parts) {
-    for (const ParamTensor& p : params.tensors()) {
-      const std::string name = prefix + p.name;
-      views.push_back({name, "F32", p.shape, base + p.offset, uint64_t(p.numel) * 4});
-      tensors[name] = {{"shape", p.shape}, {"dtype", "F32"}, {"file", kFile}};
+  std::vector<std::string> files;
+  for (size_t i = 0; i < ranges_of_file.size(); ++i) {
+    files.push_back(state_file_name(int(i)));
+    for (const TensorPiece& piece : tensor_pieces(params, ranges_of_file[i])) {
+      const ParamTensor& t = params.tensor(piece.tensor);
+      for (const char* kind : kKinds) {
+        nlohmann::json& entry = tensors[std::string(kind) + "/" + t.name];
+        entry["shape"] = t.shape;
+        entry["dtype"] = "F32";
+        entry["pieces"].push_back({{"file", files.back()}, {"begin", piece.begin}, {"end", piece.end}});
+      }
     }
   }
   const nlohmann::json meta = {
       {"step", step},
       {"config", to_toml(cfg)},
       {"data", {{"seed", cfg.train.seed}, {"next_step", step}}},
-      {"optimizer", {{"name", "adamw"}, {"steps_taken", optim.steps_taken}}},
-      {"mesh", {{"world_size", world_size}}},
+      {"optimizer", {{"name", "adamw"}, {"steps_taken", optimizer_steps}}},
+      {"mesh", {{"world_size", world_size}, {"files", files.size()}}},
       {"tensors", tensors}};
-  write_checkpoint_folder(dir, meta, views);
+  finish_checkpoint_folder(dir, tag, meta, files);
 }
 
 Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir) {
@@ -61,23 +139,34 @@ Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir) {
   return parse_config(ck.meta["config"].get<std::string>(), dir + "/meta.json:config");
 }
 
-int64_t restore_training_state(const LoadedCheckpoint& ck, const std::string& dir,
-                               const Config& cfg, ParamStore& params, OptimizerState* optim) {
+int64_t checkpoint_step(const LoadedCheckpoint& ck, const std::string& dir, const Config& cfg) {
   const auto saved = lines_of(ck.meta.at("config").get<std::string>(), "model");
   for (auto& [key, line] : lines_of(to_toml(cfg), "model"))
     if (saved.count(key) && saved.at(key) != line)
       throw Error("checkpoint " + dir + " was written with model." + saved.at(key) +
                   " but the config has model." + line);
-  const SafetensorsFile& f = ck.files.at(0);
-  for (const ParamTensor& p : params.tensors()) {
-    f.read_f32("param/" + p.name, p.shape, params.values().data() + p.offset);
-    if (optim) {
-      f.read_f32("adam_m/" + p.name, p.shape, optim->m + p.offset);
-      f.read_f32("adam_v/" + p.name, p.shape, optim->v + p.offset);
+  return ck.meta.at("step").get<int64_t>();
+}
+
+int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string& dir) {
+  CLEAVE_CHECK(ck.meta.contains("optimizer") && ck.meta["optimizer"].contains("steps_taken"),
+               "checkpoint " << dir << "/meta.json has no optimizer.steps_taken");
+  return ck.meta["optimizer"]["steps_taken"].get<int64_t>();
+}
+
+void read_state(const LoadedCheckpoint& ck, const std::string& dir, const ParamStore& params,
+                const std::string& kind, const std::vector<FlatRange>& ranges, RangeBuffer out) {
+  for (const TensorPiece& piece : tensor_pieces(params, ranges)) {
+    const ParamTensor& t = params.tensor(piece.tensor);
+    const std::string name = kind + "/" + t.name;
+    float* dst = piece.in(out);
+    for (const SavedPiece& s : saved_pieces(ck, dir, name, t.shape, t.numel)) {
+      const int64_t lo = std::max(s.begin, piece.begin), hi = std::min(s.end, piece.end);
+      if (lo < hi)
+        s.file->read_f32_elements(name, s.end - s.begin, lo - s.begin, hi - lo,
+                                  dst + (lo - piece.begin));
     }
   }
-  if (optim) optim->steps_taken = ck.meta.at("optimizer").at("steps_taken").get<int64_t>();
-  return ck.meta.at("step").get<int64_t>();
 }
 
 std::unique_ptr<Transformer> load_model(const std::string& path, Precision precision, Config* cfg) {
@@ -89,7 +178,8 @@ std::unique_ptr<Transformer> load_model(const std::string& path, Precision preci
   const LoadedCheckpoint ck = read_checkpoint_folder(dir);
   *cfg = checkpoint_config(ck, dir);
   auto model = std::make_unique<Transformer>(cfg->model, precision, cfg->train.seed);
-  restore_training_state(ck, dir, *cfg, model->params(), nullptr);
+  ParamStore& params = model->params();
+  read_state(ck, dir, params, "param", {{0, params.total()}}, {params.values().data()});
   model->weights_changed();
   return model;
 }

@@ -1,10 +1,14 @@
 // What a training checkpoint holds (DESIGN.md section 9): the parameters ("param/<name>"), the
-// AdamW moments ("adam_m/<name>", "adam_v/<name>"), and in meta.json the step, the resolved
-// config, the data position and each tensor's global shape and file.
+// AdamW moments ("adam_m/<name>", "adam_v/<name>"), one safetensors file per shard of the state,
+// and in meta.json the step, the resolved config, the data position, and for each tensor its
+// global shape and the pieces (element ranges of the flattened tensor) each file holds. A file
+// stores a piece under the tensor's name: with the tensor's shape when it is whole, flat when not.
+// Element ranges do not depend on the layout that wrote them, so any layout reads any other's.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cleave/checkpoint/folder.h"
 #include "cleave/model/transformer.h"
@@ -13,25 +17,37 @@
 namespace cleave {
 
 std::string checkpoint_name(int64_t step);  // "step_00000042"
+std::string state_file_name(int index);     // "model-rank00003.safetensors"
 
-// The AdamW state over the whole flat parameter buffer (gathered from the shards under ZeRO).
-struct OptimizerState {
-  float* m = nullptr;
-  float* v = nullptr;
-  int64_t steps_taken = 0;
+// One writer's part of the training state: flat ranges of the parameter buffer, their values
+// and their AdamW moments.
+struct StateSlices {
+  std::vector<FlatRange> ranges;
+  RangeBuffer values, m, v;
 };
 
-// Written by one rank: the layout that wrote a checkpoint does not matter to the one that reads it.
-void save_training_checkpoint(const std::string& dir, const Config& cfg, int64_t step,
-                              ParamStore& params, const OptimizerState& optim, int world_size);
+// Writes state file `index` into the checkpoint's temporary folder `tmp` (begin_checkpoint_folder).
+void write_state_file(const std::string& tmp, int index, const ParamStore& params,
+                      const StateSlices& state);
+
+// Once every state file is written: meta.json (file i holds ranges_of_file[i]) and the folder
+// swapped into place (finish_checkpoint_folder).
+void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
+                                int64_t step, const ParamStore& params,
+                                const std::vector<std::vector<FlatRange>>& ranges_of_file,
+                                int64_t optimizer_steps, int world_size);
 
 // The config the checkpoint was written with.
 Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir);
 
-// Loads parameters (and, when optim is given, the whole AdamW state) into a model built from
-// `cfg`, after checking that the checkpoint's [model] matches cfg's. Returns the checkpoint's step.
-int64_t restore_training_state(const LoadedCheckpoint& ck, const std::string& dir,
-                               const Config& cfg, ParamStore& params, OptimizerState* optim);
+// Checks that the checkpoint's [model] matches cfg's; returns the checkpoint's step.
+int64_t checkpoint_step(const LoadedCheckpoint& ck, const std::string& dir, const Config& cfg);
+int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string& dir);
+
+// Reads the elements of `ranges` (in this model's flat layout) of the saved tensors
+// "<kind>/<name>" (kind: "param", "adam_m" or "adam_v") from whichever files hold them.
+void read_state(const LoadedCheckpoint& ck, const std::string& dir, const ParamStore& params,
+                const std::string& kind, const std::vector<FlatRange>& ranges, RangeBuffer out);
 
 // A model built from the checkpoint's own config, with its parameters, for generate and export.
 // `path` is a checkpoint folder, or a run folder (its newest checkpoint is used).

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -76,6 +77,9 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   replicate_group_ = make_group(*mesh_, rank_, {Axis::dp_replicate}, "dp_replicate");
   dp_size_ = dp_group_->size();
   dp_rank_ = dp_group_->rank();
+  long pid = long(getpid());
+  MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  job_tag_ = std::to_string(pid);
   if (t.micro_batch_size % dp_size_ != 0)
     throw Error("train.micro_batch_size = " + std::to_string(t.micro_batch_size) +
                 " is not divisible by the data-parallel degree " + std::to_string(dp_size_) +
@@ -133,7 +137,6 @@ StepResult Trainer::train_step(int64_t step) {
   const TrainConfig& t = cfg_.train;
   const int64_t mb = t.micro_batch_size, T = t.seq_len, accum = t.grad_accum_steps;
   const float grad_scale = 1.0f / float(mb * T * accum);  // the mean over the global batch
-  ParamStore& params = model_->params();
   dp_->zero_gradients();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
@@ -153,7 +156,7 @@ StepResult Trainer::train_step(int64_t step) {
   if (cfg_.optim.grad_clip > 0 && r.grad_norm > cfg_.optim.grad_clip)
     clip = float(cfg_.optim.grad_clip / r.grad_norm);
   r.lr = learning_rate(cfg_.optim, step, t.steps);
-  optim_->step(params, shard.values, shard.grads, r.lr, clip);
+  optim_->step(shard.values, shard.grads, r.lr, clip);
   dp_->after_optimizer_step();
   model_->weights_changed();
   r.exposed_comm_s = dp_->take_exposed_seconds();
@@ -265,15 +268,21 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps, doubl
 void Trainer::save_checkpoint() {
   const TrainConfig& t = cfg_.train;
   ParamStore& params = model_->params();
-  // Every shard's parameters and optimizer state, gathered.
-  Buffer<float> m(params.total()), v(params.total());
-  dp_->gather_all_parameters();
-  dp_->gather_shards(optim_->m().data(), m.data());
-  dp_->gather_shards(optim_->v().data(), v.data());
+  // Every writer puts its shard of the state into one temporary folder; rank 0 then checks the
+  // files, records them in meta.json and swaps the folder into place. Nothing is gathered.
   const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
+  if (rank_ == 0) begin_checkpoint_folder(dir, job_tag_);
+  dp_group_->barrier().wait();
+  if (const int file = dp_->checkpoint_file(); file >= 0)
+    write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params,
+                     {dp_->ranges(), dp_->values(), {optim_->m().data(), true},
+                      {optim_->v().data(), true}});
+  dp_group_->barrier().wait();
   if (rank_ == 0) {
-    save_training_checkpoint(dir, cfg_, step_, params, {m.data(), v.data(), optim_->steps_taken()},
-                             world_);
+    std::vector<std::vector<FlatRange>> ranges_of_file;
+    for (int i = 0; i < dp_->checkpoint_files(); ++i) ranges_of_file.push_back(dp_->ranges_of(i));
+    finish_training_checkpoint(dir, job_tag_, cfg_, step_, params, ranges_of_file,
+                               optim_->steps_taken(), world_);
     std::printf("saved checkpoint %s\n", dir.c_str());
     // Keep the newest keep_checkpoints folders.
     std::vector<int64_t> steps;
@@ -287,21 +296,20 @@ void Trainer::save_checkpoint() {
     for (size_t i = 0; i + t.keep_checkpoints < steps.size(); ++i)
       fs::remove_all(t.out_dir + "/" + checkpoint_name(steps[i]));
   }
-  dp_->release_parameters();
   dp_group_->barrier().wait();  // nobody looks for the checkpoint before it is complete
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
+  // Each rank reads only what it keeps, from whichever files hold it: any layout resumes any other.
   const LoadedCheckpoint ck = read_checkpoint_folder(dir);
+  step_ = checkpoint_step(ck, dir, cfg_);
   ParamStore& params = model_->params();
-  Buffer<float> m(params.total()), v(params.total());
-  OptimizerState state{m.data(), v.data(), 0};
-  step_ = restore_training_state(ck, dir, cfg_, params, &state);
-  // Any layout resumes any other: take this rank's shard of the whole state.
-  dp_->parameters_loaded();
-  dp_->take_shard(m.data(), optim_->m().data());
-  dp_->take_shard(v.data(), optim_->v().data());
-  optim_->set_steps_taken(state.steps_taken);
+  const std::vector<FlatRange> all = {{0, params.total()}};
+  const RangeBuffer values = dp_->values();
+  read_state(ck, dir, params, "param", values.packed ? dp_->ranges() : all, values);
+  read_state(ck, dir, params, "adam_m", dp_->ranges(), {optim_->m().data(), true});
+  read_state(ck, dir, params, "adam_v", dp_->ranges(), {optim_->v().data(), true});
+  optim_->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
   model_->weights_changed();
 }
 

@@ -54,6 +54,7 @@ class Trainer {
   std::unique_ptr<AdamW> optim_;
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;  // steps completed
+  std::string job_tag_;  // rank 0's pid: names the temporary folder all ranks write a checkpoint to
   double peak_gflops_ = 0;
   std::ofstream metrics_;
   double elapsed_ = 0;  // training seconds so far in this process
