@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -253,10 +252,7 @@ TEST(TokenizerShakespeare, TokenizeTinyShakespeare) {
   if (!fs::exists(corpus)) GTEST_SKIP() << corpus << " is not available";
   const cleave::test_util::TestDir tmp("cleave-data-shakespeare");
   const fs::path out = tmp.path() / "out";
-  const auto t0 = std::chrono::steady_clock::now();
   const auto rep = cleave::tokenize_corpus(corpus.string(), out.string(), 1024, 0.1, 1337);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(secs, 30.0);
   const uint64_t total = rep.train_tokens + rep.val_tokens;
   const double bytes_per_token = double(fs::file_size(corpus)) / double(total);
   EXPECT_GT(bytes_per_token, 2.0);
