@@ -59,8 +59,15 @@ $compare "$work/ref-a1" "$work/cross3" --loss-rtol 1e-5 --eps 6e-8 --from-step 1
 
 # bf16: a layout against the bf16 reference, within bf16's tolerance.
 run ref-bf16 1 "${one_micro[@]}" --set train.dtype=bf16
-for zero in 1 3; do
-  run zero$zero-bf16 2 "${one_micro[@]}" --set train.dtype=bf16 --set parallel.dp_shard=2 --set parallel.zero_stage=$zero
-  $compare "$work/ref-bf16" "$work/zero$zero-bf16" --loss-rtol 2e-2 --eps 4e-3
+for layout in "2 ddp 1 2 0" "2 zero1 1 2 1" "2 zero2 1 2 2" "2 zero3 1 2 3" "4 hsdp 2 2 3"; do
+  read -r np name replicate shard zero <<<"$layout"
+  run "$name$np-bf16" "$np" "${one_micro[@]}" --set train.dtype=bf16 --set parallel.dp_replicate=$replicate \
+    --set parallel.dp_shard=$shard --set parallel.zero_stage=$zero
+  $compare "$work/ref-bf16" "$work/$name$np-bf16" --loss-rtol 2e-2 --eps 4e-3
 done
+# bf16 reruns are bitwise identical too (HSDP: sharded and replicated groups both in play).
+run hsdp4-bf16-again 4 "${one_micro[@]}" --set train.dtype=bf16 --set parallel.dp_replicate=2 \
+  --set parallel.dp_shard=2 --set parallel.zero_stage=3
+diff <(numbers "$work/hsdp4-bf16") <(numbers "$work/hsdp4-bf16-again") \
+  || { echo "FAIL: rerun of HSDP 2x2 bf16 gave other losses"; exit 1; }
 echo "data-parallel layouts match the reference"
