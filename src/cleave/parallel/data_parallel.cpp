@@ -62,6 +62,7 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
     if (zero_stage >= 2) shard_grads_.resize(at);
   }
   grad_work_.resize(n_units());
+  replicate_work_.resize(n_units());
   gather_work_.resize(n_units());
   resident_.assign(n_units(), zero_stage < 3);
   // DDP and ZeRO-1 all-reduce buckets, cut from the top of the buffer: backward fills it from the
@@ -134,6 +135,11 @@ void DataParallel::unit_gradients_done(int unit) {
   grad_work_[unit] = g_.shard->reduce_scatter(store_.grads().data() + bounds_[unit],
                                               shard_grads_.data() + position_[unit], slice(unit),
                                               CommType::f32, CommAlgo::ours);
+  // HSDP: the replicas sum the unit's shard as soon as it is reduced (operations run in issue
+  // order), still under the rest of backward.
+  if (g_.replicate->size() > 1)
+    replicate_work_[unit] = g_.replicate->all_reduce(shard_grads_.data() + position_[unit],
+                                                     slice(unit), CommType::f32, CommAlgo::ours);
   // Release the gradients of units whose reduce-scatter has had time to finish, keeping at most
   // two in flight, so the whole gradient is never resident at once.
   grads_pending_.push_back(unit);
@@ -160,10 +166,9 @@ DataParallel::OptimizerInputs DataParallel::finish_gradients() {
   for (int u : grads_pending_) release_range(store_.grads().data(), bounds_[u], bounds_[u + 1]);
   grads_pending_.clear();
   grad_work_.assign(n_units(), Work());
-  if (g_.replicate->size() > 1)
-    exposed_ += g_.replicate->all_reduce(shard_grads_.data(), shard_grads_.size(), CommType::f32,
-                                         CommAlgo::ours)
-                    .wait();
+  for (Work& w : replicate_work_)
+    if (w.valid()) exposed_ += w.wait();
+  replicate_work_.assign(n_units(), Work());
   return {values, {shard_grads_.data(), true}};
 }
 

@@ -6,8 +6,9 @@
 //      only that shard; it updates the values in place); the updated shards are all-gathered
 //      in place after the step.
 //   2  ZeRO-2: each unit's gradients are reduce-scattered over dp_shard as soon as backward has
-//      finished the unit (then all-reduced over dp_replicate), so a rank receives only its shard;
-//      the unit's full gradients are released once reduced, so at most a few units' are resident.
+//      finished the unit (its shard then all-reduced over dp_replicate, also during backward), so
+//      a rank receives only its shard; the unit's full gradients are released once reduced, so
+//      at most a few units' are resident.
 //      With gradient accumulation the earlier micro-batches accumulate into the full buffer (as
 //      FSDP's no_sync does): fewer collectives, the full gradient resident until the last one.
 //   3  ZeRO-3 / FSDP: as ZeRO-2, and the parameters too exist only as shards: each unit is
@@ -102,7 +103,7 @@ class DataParallel {
   Buffer<float> shard_values_;  // ZeRO-3 (below it the shard lives in the store's buffer)
   Buffer<float> shard_grads_;   // ZeRO-2 and 3
   std::vector<Bucket> buckets_;
-  std::vector<Work> grad_work_, gather_work_;  // per unit
+  std::vector<Work> grad_work_, replicate_work_, gather_work_;  // per unit
   std::vector<int> grads_pending_;             // ZeRO-2/3: units whose reduce-scatter is in flight
   std::vector<bool> resident_;                 // ZeRO-3: the unit's parameters are gathered
   bool in_head_ = false;                       // between the head's before and after hooks
