@@ -26,7 +26,7 @@ struct Args {
         continue;
       }
       if (switches.count(s)) {
-        a.options[s] = "1";
+        a.options.insert_or_assign(s, std::string(1, '1'));  // not = "1": GCC 12 warns falsely (-Wrestrict)
         continue;
       }
       if (s != "--set" && !known.count(s)) throw Error("cleave " + command + ": unknown option " + s);
