@@ -291,3 +291,45 @@ TEST_F(CheckpointFolderTest, FailedWriteLeavesNoTmpAndKeepsPrevious) {
   EXPECT_EQ(entries(run_), (std::set<std::string>{"step_00000500"}));
   expect_state(cleave::read_checkpoint_folder(dir), good);
 }
+
+TEST_F(CheckpointFolderTest, SeveralWritersOneFinisher) {
+  // Writers put their files into the shared temporary folder; the finisher checksums them all.
+  const std::string dir = step_dir(400);
+  const State a(1.0f), b(2.0f);
+  cleave::begin_checkpoint_folder(dir, "job7");
+  const std::string tmp = cleave::checkpoint_temp_folder(dir, "job7");
+  EXPECT_EQ(tmp, dir + ".tmp-job7");
+  cleave::write_safetensors(tmp + "/model-rank00000.safetensors", a.views(), {});
+  cleave::write_safetensors(tmp + "/model-rank00001.safetensors", b.views(), {});
+  EXPECT_EQ(cleave::latest_checkpoint(run_.string()), "");  // nothing installed yet
+  cleave::finish_checkpoint_folder(dir, "job7", {{"step", 400}},
+                                   {"model-rank00000.safetensors", "model-rank00001.safetensors"});
+  EXPECT_FALSE(fs::exists(tmp));
+  const cleave::LoadedCheckpoint ck = cleave::read_checkpoint_folder(dir);
+  ASSERT_EQ(ck.files.size(), 2u);
+  std::vector<float> ln(8);
+  ck.files[1].read_f32("ln_f.weight", {8}, ln.data());
+  EXPECT_EQ(ln, b.ln);
+  EXPECT_EQ(ck.meta["files"]["model-rank00001.safetensors"],
+            cleave::file_checksum(dir + "/model-rank00001.safetensors"));
+}
+
+TEST_F(CheckpointFolderTest, FinishNamesAFileNoWriterLeft) {
+  // A writer on a host whose folder is not shared: the finisher names the missing file, and the
+  // previous checkpoint of the same step stays in place.
+  const std::string dir = step_dir(500);
+  const State good(3.0f);
+  cleave::write_checkpoint_folder(dir, {{"step", 500}}, good.views());
+  cleave::begin_checkpoint_folder(dir, "job8");
+  const std::string tmp = cleave::checkpoint_temp_folder(dir, "job8");
+  cleave::write_safetensors(tmp + "/model-rank00000.safetensors", State(4.0f).views(), {});
+  const std::string msg = error_of([&] {
+    cleave::finish_checkpoint_folder(dir, "job8", {{"step", 500}},
+                                     {"model-rank00000.safetensors", "model-rank00001.safetensors"});
+  });
+  EXPECT_NE(msg.find(tmp + "/model-rank00001.safetensors is missing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("train.out_dir must be"), std::string::npos) << msg;
+  cleave::abandon_checkpoint_folder(dir, "job8");
+  EXPECT_FALSE(fs::exists(tmp));
+  expect_state(cleave::read_checkpoint_folder(dir), good);
+}

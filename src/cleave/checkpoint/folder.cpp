@@ -178,7 +178,13 @@ void finish_checkpoint_folder(const std::string& dir_in, const std::string& tag,
                "checkpoint " << dir << ": meta must be a JSON object");
   nlohmann::json checksums = nlohmann::json::object();
   // Read back by this rank: it also proves that every writer's file is visible here.
-  for (const std::string& name : files) checksums[name] = file_checksum(tmp + "/" + name);
+  for (const std::string& name : files) {
+    std::error_code ec;
+    CLEAVE_CHECK(fs::is_regular_file(tmp + "/" + name, ec),
+                 "checkpoint file " << tmp << "/" << name << " is missing: its writer failed, or "
+                                    << "the folder is not shared by every host (train.out_dir must be)");
+    checksums[name] = file_checksum(tmp + "/" + name);
+  }
   nlohmann::json m = meta.is_null() ? nlohmann::json::object() : meta;
   m["format"] = kFormat;
   m["version"] = kVersion;
