@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # generate: the same seed gives the same text, another seed other text, greedy decoding through
 # the key/value cache equals greedy decoding without it (checked inside cleave's unit tests too);
-# export: a Hugging Face folder whose tensors have the GPT-2 / Llama names and shapes.
+# export: a Hugging Face folder whose tensors have the GPT-2 / Llama names and shapes; a version 1
+# checkpoint still loads.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 work=$(mktemp -d)
@@ -47,3 +48,22 @@ print(f"{family}: export ok, {len(names)} tensors")
 PY
   echo "$family: generate deterministic: $a"
 done
+
+# A version 1 checkpoint (one file, whole tensors, each tensor's "file" in meta.json) still loads:
+# rewrite the newest gpt2 checkpoint's meta.json in that form and export it again.
+ck=$(ls -d "$work"/gpt2/step_* | tail -1)
+cp -r "$ck" "$work/v1"
+/usr/bin/python3 - "$work/v1/meta.json" <<'PY'
+import json, sys
+meta = json.load(open(sys.argv[1]))
+assert meta["version"] == 2 and len(meta["files"]) == 1, meta["files"]
+for t in meta["tensors"].values():
+    (piece,) = t.pop("pieces")
+    t["file"] = piece["file"]
+meta["version"] = 1
+json.dump(meta, open(sys.argv[1], "w"))
+PY
+"$cleave" export "$work/v1" "$work/v1-hf" > /dev/null
+cmp "$work/v1-hf/model.safetensors" "$work/gpt2-hf/model.safetensors" \
+  || { echo "FAIL: a version 1 checkpoint exported other tensors"; exit 1; }
+echo "version 1 checkpoint: loads and exports the same tensors"
