@@ -58,6 +58,14 @@ piece["begin"] += 16  # the first 16 elements are in no file
 json.dump(meta, open(sys.argv[1], "w"))
 PY
 expect_error "checkpoint missing part of a tensor" "the pieces of tensor adam_v/blocks.0.attn.qkv.weight do not tile its elements (gap or overlap at element 0)" train --resume "$work/gap"
+cp -r "$ck" "$work/noend"
+/usr/bin/python3 - "$work/noend/meta.json" <<'PY' || { echo "FAIL: cannot edit meta.json"; exit 1; }
+import json, sys
+meta = json.load(open(sys.argv[1]))
+del meta["tensors"]["param/blocks.0.attn.qkv.weight"]["pieces"][0]["end"]
+json.dump(meta, open(sys.argv[1], "w"))
+PY
+expect_error "checkpoint meta.json with a malformed piece" "$work/noend/meta.json: tensor param/blocks.0.attn.qkv.weight:" train --resume "$work/noend"
 expect_error "checkpoint of another model" "was written with model.d_model = 64 but the config has model.d_model = 32" train --resume "$ck" --set model.d_model=32
 expect_error "fresh run over an old one" "already holds checkpoints (newest $work/run/step_00000002): pass --resume latest" train
 expect_error "no checkpoint to resume" "no checkpoint" train --resume latest --set train.out_dir="$work/fresh"

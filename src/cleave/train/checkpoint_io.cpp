@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 namespace cleave {
 
@@ -40,10 +41,23 @@ struct SavedPiece {
 std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::string& dir,
                                      const std::string& name, const std::vector<int64_t>& shape,
                                      int64_t numel) {
-  const nlohmann::json& all = ck.meta.at("tensors");
-  CLEAVE_CHECK(all.contains(name), "checkpoint " << dir << " has no tensor " << name);
-  const nlohmann::json& t = all.at(name);
-  const auto saved_shape = t.at("shape").get<std::vector<int64_t>>();
+  CLEAVE_CHECK(ck.meta.contains("tensors") && ck.meta["tensors"].contains(name),
+               "checkpoint " << dir << " has no tensor " << name);
+  const nlohmann::json& t = ck.meta["tensors"][name];
+  std::vector<int64_t> saved_shape;
+  std::vector<std::tuple<std::string, int64_t, int64_t>> listed;  // file, begin, end
+  try {
+    saved_shape = t.at("shape").get<std::vector<int64_t>>();
+    if (t.contains("pieces")) {
+      for (const nlohmann::json& p : t.at("pieces"))
+        listed.emplace_back(p.at("file").get<std::string>(), p.at("begin").get<int64_t>(),
+                            p.at("end").get<int64_t>());
+    } else {
+      listed.emplace_back(t.at("file").get<std::string>(), 0, numel);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    CLEAVE_FAIL("checkpoint " << dir << "/meta.json: tensor " << name << ": " << e.what());
+  }
   CLEAVE_CHECK(saved_shape == shape, "checkpoint " << dir << ": tensor " << name << " has shape "
                                                    << shape_text(saved_shape)
                                                    << ", the model's is " << shape_text(shape));
@@ -54,13 +68,7 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
                               << ", which meta.json does not list");
   };
   std::vector<SavedPiece> out;
-  if (t.contains("pieces")) {
-    for (const nlohmann::json& p : t.at("pieces"))
-      out.push_back({file_of(p.at("file").get<std::string>()), p.at("begin").get<int64_t>(),
-                     p.at("end").get<int64_t>()});
-  } else {
-    out.push_back({file_of(t.at("file").get<std::string>()), 0, numel});
-  }
+  for (const auto& [file, begin, end] : listed) out.push_back({file_of(file), begin, end});
   std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
   int64_t at = 0;
   for (const SavedPiece& p : out) {
@@ -140,17 +148,22 @@ Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir) {
 }
 
 int64_t checkpoint_step(const LoadedCheckpoint& ck, const std::string& dir, const Config& cfg) {
-  const auto saved = lines_of(ck.meta.at("config").get<std::string>(), "model");
+  CLEAVE_CHECK(ck.meta.contains("config") && ck.meta["config"].is_string(),
+               "checkpoint " << dir << "/meta.json has no \"config\"");
+  const auto saved = lines_of(ck.meta["config"].get<std::string>(), "model");
   for (auto& [key, line] : lines_of(to_toml(cfg), "model"))
     if (saved.count(key) && saved.at(key) != line)
       throw Error("checkpoint " + dir + " was written with model." + saved.at(key) +
                   " but the config has model." + line);
-  return ck.meta.at("step").get<int64_t>();
+  CLEAVE_CHECK(ck.meta.contains("step") && ck.meta["step"].is_number_integer(),
+               "checkpoint " << dir << "/meta.json has no integer \"step\"");
+  return ck.meta["step"].get<int64_t>();
 }
 
 int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string& dir) {
-  CLEAVE_CHECK(ck.meta.contains("optimizer") && ck.meta["optimizer"].contains("steps_taken"),
-               "checkpoint " << dir << "/meta.json has no optimizer.steps_taken");
+  CLEAVE_CHECK(ck.meta.contains("optimizer") && ck.meta["optimizer"].contains("steps_taken") &&
+                   ck.meta["optimizer"]["steps_taken"].is_number_integer(),
+               "checkpoint " << dir << "/meta.json has no integer optimizer.steps_taken");
   return ck.meta["optimizer"]["steps_taken"].get<int64_t>();
 }
 
