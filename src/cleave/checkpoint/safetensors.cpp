@@ -42,14 +42,6 @@ std::string hex16(uint64_t h) {
   return buf;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
-}
-
 // Number of elements, or false on a negative extent or overflow.
 bool checked_numel(const std::vector<int64_t>& shape, uint64_t* numel) {
   uint64_t n = 1;
@@ -385,6 +377,14 @@ void SafetensorsFile::read_f32_elements(const std::string& name, int64_t numel, 
   if (count > 0)
     std::memcpy(out, bytes_.get() + data_start_ + info.begin + uint64_t(begin) * 4,
                 size_t(count) * 4);
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
 }
 
 std::string file_checksum(const std::string& path) {

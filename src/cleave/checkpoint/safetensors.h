@@ -67,6 +67,9 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// "[2304, 768]": a shape as error messages print it.
+std::string shape_text(const std::vector<int64_t>& shape);
+
 // XXH64 of a file's contents, 16 hex digits.
 std::string file_checksum(const std::string& path);
 

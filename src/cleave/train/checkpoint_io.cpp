@@ -25,12 +25,6 @@ std::map<std::string, std::string> lines_of(const std::string& toml, const std::
   return out;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 struct SavedPiece {
   const SafetensorsFile* file;
   int64_t begin, end;  // elements of the flattened tensor
