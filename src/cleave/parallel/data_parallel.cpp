@@ -45,10 +45,8 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
     CLEAVE_CHECK((bounds_[u + 1] - bounds_[u]) % (16 * shards) == 0,
                  "unit " << u << " of " << bounds_[u + 1] - bounds_[u]
                          << " floats is not padded to a multiple of 16 x dp_shard = " << 16 * shards);
-  if (zero_stage == 0) {
-    ranges_ = {{0, total}};
-  } else {
-    ranges_ = ranges_of(g_.shard->rank());
+  ranges_ = ranges_of(g_.shard->rank());
+  if (zero_stage > 0) {
     int64_t at = 0;
     for (int u = 0; u < n_units(); ++u) {
       position_.push_back(at);
