@@ -253,17 +253,20 @@ t0=$SECONDS
 judges_host2() {
   grep -qE "^  rank [23]: .*(DEAD|MISSING|BEHIND|not started yet)|^    (BEHIND|DEAD|MISSING)[^:]*: .*rank [23]( |,|$)" "$1"
 }
+# The report of scenario $r matches the extended regular expression $1, or the test fails with $2.
+report_has() {
+  grep -qE "$1" "$work/$r" || { cat "$work/$r"; fail "$2"; }
+}
 
 cut_and_time_out cut-shared -- --set parallel.status_dir="$work/status"
 r=cut-shared.report
-grep -q "status of the 4 ranks (from $work/status/cleave-" "$work/$r" \
-  || { cat "$work/$r"; fail "cut-shared: the report did not read parallel.status_dir ($work/status)"; }
+report_has "status of the 4 ranks \(from $work/status/cleave-" \
+  "cut-shared: the report did not read parallel.status_dir ($work/status)"
 for rank in 2 3; do
-  grep -qE "^  rank $rank: pid [0-9]+ on host2, " "$work/$r" \
-    || { cat "$work/$r"; fail "cut-shared: the report does not show rank $rank on host2"; }
+  report_has "^  rank $rank: pid [0-9]+ on host2, " "cut-shared: the report does not show rank $rank on host2"
 done
-grep -qE "^    waiting in it: +rank [01], .*rank [23]|^    done with it: .*rank [23]" "$work/$r" \
-  || { cat "$work/$r"; fail "cut-shared: the report does not place a host2 rank at the stalled collective"; }
+report_has "^    waiting in it: +rank [01], .*rank [23]|^    done with it: .*rank [23]" \
+  "cut-shared: the report does not place a host2 rank at the stalled collective"
 # Host1's other rank may have timed out and exited first: DEAD is right for it. Host2's ranks are
 # visible through the shared folder and must never be judged.
 if grep -qE "MISSING|UNKNOWN" "$work/$r" || judges_host2 "$work/$r"; then
@@ -273,14 +276,14 @@ echo "cut-shared: the report of rank $report_rank shows every rank, host2's from
 
 cut_and_time_out cut-per-host --status-per-host "$work/status" --
 r=cut-per-host.report
-grep -q "status of the 4 ranks (from $work/status/host1/cleave-" "$work/$r" \
-  || { cat "$work/$r"; fail "cut-per-host: the report did not read $work/status/host1"; }
+report_has "status of the 4 ranks \(from $work/status/host1/cleave-" \
+  "cut-per-host: the report did not read $work/status/host1"
 for rank in 2 3; do
-  grep -qE "^  rank $rank: on host2, status UNKNOWN: no status file in $work/status/host1/cleave-" "$work/$r" \
-    || { cat "$work/$r"; fail "cut-per-host: rank $rank (host2, status not visible) is not reported as unknown"; }
+  report_has "^  rank $rank: on host2, status UNKNOWN: no status file in $work/status/host1/cleave-" \
+    "cut-per-host: rank $rank (host2, status not visible) is not reported as unknown"
 done
-grep -qE "^    UNKNOWN \(other host\): +rank [23] \(on host2" "$work/$r" \
-  || { cat "$work/$r"; fail "cut-per-host: the group analysis does not mark host2's rank unknown"; }
+report_has "^    UNKNOWN \(other host\): +rank [23] \(on host2" \
+  "cut-per-host: the group analysis does not mark host2's rank unknown"
 if judges_host2 "$work/$r"; then
   cat "$work/$r"; fail "cut-per-host: the report judges ranks whose status it cannot see"
 fi
