@@ -303,7 +303,7 @@ TEST_F(CheckpointFolderTest, SeveralWritersOneFinisher) {
   cleave::write_safetensors(tmp + "/model-rank00001.safetensors", b.views(), {});
   EXPECT_EQ(cleave::latest_checkpoint(run_.string()), "");  // nothing installed yet
   cleave::finish_checkpoint_folder(dir, "job7", {{"step", 400}},
-                                   {"model-rank00000.safetensors", "model-rank00001.safetensors"});
+                                   {{"model-rank00000.safetensors", ""}, {"model-rank00001.safetensors", ""}});
   EXPECT_FALSE(fs::exists(tmp));
   const cleave::LoadedCheckpoint ck = cleave::read_checkpoint_folder(dir);
   ASSERT_EQ(ck.files.size(), 2u);
@@ -324,8 +324,9 @@ TEST_F(CheckpointFolderTest, FinishNamesAFileNoWriterLeft) {
   const std::string tmp = cleave::checkpoint_temp_folder(dir, "job8");
   cleave::write_safetensors(tmp + "/model-rank00000.safetensors", State(4.0f).views(), {});
   const std::string msg = error_of([&] {
-    cleave::finish_checkpoint_folder(dir, "job8", {{"step", 500}},
-                                     {"model-rank00000.safetensors", "model-rank00001.safetensors"});
+    cleave::finish_checkpoint_folder(
+        dir, "job8", {{"step", 500}},
+        {{"model-rank00000.safetensors", ""}, {"model-rank00001.safetensors", ""}});
   });
   EXPECT_NE(msg.find(tmp + "/model-rank00001.safetensors is missing"), std::string::npos) << msg;
   EXPECT_NE(msg.find("train.out_dir must be"), std::string::npos) << msg;

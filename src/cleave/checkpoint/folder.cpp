@@ -171,14 +171,18 @@ void begin_checkpoint_folder(const std::string& dir_in, const std::string& tag) 
 }
 
 void finish_checkpoint_folder(const std::string& dir_in, const std::string& tag,
-                              const nlohmann::json& meta, const std::vector<std::string>& files) {
+                              const nlohmann::json& meta,
+                              const std::map<std::string, std::string>& files) {
   const std::string dir = strip_trailing_slashes(dir_in);
   const std::string tmp = checkpoint_temp_folder(dir, tag);
   CLEAVE_CHECK(meta.is_object() || meta.is_null(),
                "checkpoint " << dir << ": meta must be a JSON object");
   nlohmann::json checksums = nlohmann::json::object();
-  // Read back by this rank: it also proves that every writer's file is visible here.
-  for (const std::string& name : files) {
+  for (const auto& [name, known] : files) {
+    if (!known.empty()) {
+      checksums[name] = known;
+      continue;
+    }
     std::error_code ec;
     CLEAVE_CHECK(fs::is_regular_file(tmp + "/" + name, ec),
                  "checkpoint file " << tmp << "/" << name << " is missing: its writer failed, or "
@@ -211,9 +215,9 @@ void write_checkpoint_folder(const std::string& dir, const nlohmann::json& meta,
   begin_checkpoint_folder(dir, tag);
   try {
     const std::string name = "model-rank00000.safetensors";
-    write_safetensors(checkpoint_temp_folder(dir, tag) + "/" + name, tensors,
-                      {{"format", kFormat}, {"rank", "0"}});
-    finish_checkpoint_folder(dir, tag, meta, {name});
+    const std::string checksum = write_safetensors(checkpoint_temp_folder(dir, tag) + "/" + name,
+                                                   tensors, {{"format", kFormat}, {"rank", "0"}});
+    finish_checkpoint_folder(dir, tag, meta, {{name, checksum}});
   } catch (...) {
     abandon_checkpoint_folder(dir, tag);
     throw;

@@ -2,6 +2,7 @@
 // each file's checksum recorded in meta.json. It is written into "<dir>.tmp-<pid>" and renamed
 // into place, so a crash never leaves a half-written checkpoint under the final name.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,11 +17,14 @@ namespace cleave {
 // writer puts its file into checkpoint_temp_folder(dir, tag), and after all have finished one rank
 // finishes: it records each file's checksum in meta.json together with "format"
 // ("cleave-checkpoint") and "version", makes everything durable, and swaps the folder into place
-// (an existing folder of the same name is replaced only then).
+// (an existing folder of the same name is replaced only then). `files` maps each file name to its
+// checksum when the finisher wrote it (write_safetensors returned it), or to "": the finisher
+// reads such a file back, which also proves that the file is visible from here.
 std::string checkpoint_temp_folder(const std::string& dir, const std::string& tag);
 void begin_checkpoint_folder(const std::string& dir, const std::string& tag);
 void finish_checkpoint_folder(const std::string& dir, const std::string& tag,
-                              const nlohmann::json& meta, const std::vector<std::string>& files);
+                              const nlohmann::json& meta,
+                              const std::map<std::string, std::string>& files);
 // Removes the temporary folder of a checkpoint that failed.
 void abandon_checkpoint_folder(const std::string& dir, const std::string& tag);
 

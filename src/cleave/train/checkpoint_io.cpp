@@ -91,8 +91,8 @@ std::string state_file_name(int index) {
   return buf;
 }
 
-void write_state_file(const std::string& tmp, int index, const ParamStore& params,
-                      const StateSlices& state) {
+std::string write_state_file(const std::string& tmp, int index, const ParamStore& params,
+                             const StateSlices& state) {
   std::vector<TensorView> views;
   const RangeBuffer buffers[] = {state.values, state.m, state.v};
   for (const TensorPiece& piece : tensor_pieces(params, state.ranges)) {
@@ -103,25 +103,27 @@ void write_state_file(const std::string& tmp, int index, const ParamStore& param
       views.push_back({std::string(kKinds[k]) + "/" + t.name, "F32", shape,
                        piece.in(buffers[k]), uint64_t(count) * 4});
   }
-  write_safetensors(tmp + "/" + state_file_name(index), views,
-                    {{"format", "cleave-checkpoint"}, {"rank", std::to_string(index)}});
+  return write_safetensors(tmp + "/" + state_file_name(index), views,
+                           {{"format", "cleave-checkpoint"}, {"rank", std::to_string(index)}});
 }
 
 void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
                                 int64_t step, const ParamStore& params,
                                 const std::vector<std::vector<FlatRange>>& ranges_of_file,
+                                int own_file, const std::string& own_checksum,
                                 int64_t optimizer_steps, int world_size) {
   nlohmann::json tensors = nlohmann::json::object();
-  std::vector<std::string> files;
+  std::map<std::string, std::string> files;  // name -> checksum, "" where another rank wrote it
   for (size_t i = 0; i < ranges_of_file.size(); ++i) {
-    files.push_back(state_file_name(int(i)));
+    const std::string file = state_file_name(int(i));
+    files[file] = int(i) == own_file ? own_checksum : "";
     for (const TensorPiece& piece : tensor_pieces(params, ranges_of_file[i])) {
       const ParamTensor& t = params.tensor(piece.tensor);
       for (const char* kind : kKinds) {
         nlohmann::json& entry = tensors[std::string(kind) + "/" + t.name];
         entry["shape"] = t.shape;
         entry["dtype"] = "F32";
-        entry["pieces"].push_back({{"file", files.back()}, {"begin", piece.begin}, {"end", piece.end}});
+        entry["pieces"].push_back({{"file", file}, {"begin", piece.begin}, {"end", piece.end}});
       }
     }
   }

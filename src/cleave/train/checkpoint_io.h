@@ -26,15 +26,18 @@ struct StateSlices {
   RangeBuffer values, m, v;
 };
 
-// Writes state file `index` into the checkpoint's temporary folder `tmp` (begin_checkpoint_folder).
-void write_state_file(const std::string& tmp, int index, const ParamStore& params,
+// Writes state file `index` into the checkpoint's temporary folder `tmp` (begin_checkpoint_folder);
+// returns its checksum.
+std::string write_state_file(const std::string& tmp, int index, const ParamStore& params,
                       const StateSlices& state);
 
 // Once every state file is written: meta.json (file i holds ranges_of_file[i]) and the folder
-// swapped into place (finish_checkpoint_folder).
+// swapped into place (finish_checkpoint_folder). own_file, own_checksum: the file this rank wrote
+// (-1: none) and what write_state_file returned; the other files are read back for theirs.
 void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
                                 int64_t step, const ParamStore& params,
                                 const std::vector<std::vector<FlatRange>>& ranges_of_file,
+                                int own_file, const std::string& own_checksum,
                                 int64_t optimizer_steps, int world_size);
 
 // The config the checkpoint was written with.

@@ -273,15 +273,17 @@ void Trainer::save_checkpoint() {
   const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
   if (rank_ == 0) begin_checkpoint_folder(dir, job_tag_);
   dp_group_->barrier().wait();
-  if (const int file = dp_->checkpoint_file(); file >= 0)
-    write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params,
-                     {dp_->ranges(), dp_->values(), {optim_->m().data(), true},
-                      {optim_->v().data(), true}});
+  const int file = dp_->checkpoint_file();
+  std::string checksum;
+  if (file >= 0)
+    checksum = write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params,
+                                {dp_->ranges(), dp_->values(), {optim_->m().data(), true},
+                                 {optim_->v().data(), true}});
   dp_group_->barrier().wait();
   if (rank_ == 0) {
     std::vector<std::vector<FlatRange>> ranges_of_file;
     for (int i = 0; i < dp_->checkpoint_files(); ++i) ranges_of_file.push_back(dp_->ranges_of(i));
-    finish_training_checkpoint(dir, job_tag_, cfg_, step_, params, ranges_of_file,
+    finish_training_checkpoint(dir, job_tag_, cfg_, step_, params, ranges_of_file, file, checksum,
                                optim_->steps_taken(), world_);
     std::printf("saved checkpoint %s\n", dir.c_str());
     // Keep the newest keep_checkpoints folders.
