@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 
+#include "cleave/base/bf16.h"
 #include "cleave/comm/group.h"
 
 namespace cleave::comm_detail {
@@ -60,20 +61,6 @@ inline double wall_seconds() {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-// bf16 <-> fp32: round to nearest even, NaN stays NaN (same rule as kernels/convert).
-inline float bf16_to_float(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 // MPI return code -> cleave::Error naming the call.

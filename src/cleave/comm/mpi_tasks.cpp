@@ -71,13 +71,13 @@ class MpiTask : public Task {
 float* to_f32_scratch(int index, const void* src, int64_t n) {
   float* dst = static_cast<float*>(Communicator::get().scratch(index, size_t(n) * 4));
   const uint16_t* s = static_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(s[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_bf16(s[i]);
   return dst;
 }
 
-void to_bf16(void* dst, const float* src, int64_t n) {
+void narrow_to_bf16(void* dst, const float* src, int64_t n) {
   uint16_t* d = static_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
+  for (int64_t i = 0; i < n; ++i) d[i] = to_bf16(src[i]);
 }
 
 std::unique_ptr<Task> all_reduce(const CollArgs& a) {
@@ -87,7 +87,7 @@ std::unique_ptr<Task> all_reduce(const CollArgs& a) {
   auto data = std::make_shared<float*>(static_cast<float*>(a.recv));
   if (a.type == CommType::bf16) {
     p->before = [data, a] { *data = to_f32_scratch(0, a.recv, a.count); };
-    p->after = [data, a] { to_bf16(a.recv, *data, a.count); };
+    p->after = [data, a] { narrow_to_bf16(a.recv, *data, a.count); };
   }
   for (int64_t lo = 0; lo < a.count; lo += kAllReduceChunk) {
     const int n = int(std::min(kAllReduceChunk, a.count - lo));
@@ -113,7 +113,7 @@ std::unique_ptr<Task> reduce_scatter(const CollArgs& a) {
       *dst = static_cast<float*>(Communicator::get().scratch(1, size_t(a.count) * 4));
     };
     p->after = [=] {
-      if (a.type == CommType::bf16) to_bf16(a.recv, *dst, a.count);
+      if (a.type == CommType::bf16) narrow_to_bf16(a.recv, *dst, a.count);
       else std::memcpy(a.recv, *dst, size_t(a.count) * 4);
     };
   }

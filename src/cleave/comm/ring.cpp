@@ -39,9 +39,9 @@ constexpr int64_t kWindow = 8;
 std::atomic<int64_t> g_chunk_elems{kChunkElems}, g_window{kWindow};  // see set_ring_geometry
 
 inline float load(float x) { return x; }
-inline float load(uint16_t x) { return bf16_to_float(x); }
+inline float load(uint16_t x) { return from_bf16(x); }
 inline void put(float& d, float x) { d = x; }
-inline void put(uint16_t& d, float x) { d = float_to_bf16(x); }
+inline void put(uint16_t& d, float x) { d = to_bf16(x); }
 
 template <class A, class B, class D>
 void add_into(const void* a, const void* b, void* d, int64_t n) {

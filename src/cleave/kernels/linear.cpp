@@ -8,10 +8,12 @@
 // the destination is read and accumulated in place without temporaries.
 //
 // Prepacking: the forward and backward_input primitives are created with format_tag::any for
-// the weights; their preferred (blocked) layout is queried and W is reordered into it once after
-// each set_weight (lazily, at the next product that needs it). In bf16 mode that reorder also
-// converts to bf16. The packed buffers are keyed by (role, memory descriptor), so token counts
-// whose primitives want the same layout share one packed copy.
+// the weights; their preferred (blocked) layout is queried and W is packed into it once after
+// each set_weight (lazily, at the next product that needs one). Every stale layout is packed in
+// that one pass over W (kernels/weight_pack.h); a layout the packer does not know goes through
+// oneDNN's reorder. In bf16 mode packing also converts to bf16. The packed buffers are keyed by
+// (role, memory descriptor), so token counts whose primitives want the same layout share one
+// packed copy.
 //
 // bf16 mode: x is converted to bf16 in forward and kept for backward_weight (same pointer and
 // N); dy is converted in backward_input and kept for the backward_weight that follows it with
@@ -37,6 +39,7 @@
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
 #include "cleave/kernels/convert.h"
+#include "cleave/kernels/weight_pack.h"
 
 namespace cleave {
 
@@ -94,6 +97,7 @@ struct PlansForN {
 struct Packed {
   Role role;
   memory::desc md;
+  std::optional<kernels::BlockedLayout> layout;  // nullopt: oneDNN's reorder packs it
   // Ours rather than oneDNN's allocation: large ones are mapped and unmapped, so releasing a
   // ZeRO-3 unit returns its pages at once (glibc's malloc would keep freed blocks of this size
   // once its dynamic mmap threshold has risen past them).
@@ -185,15 +189,18 @@ struct LinearGemm::Impl {
     return *slot;
   }
 
+  // The user's fp32 W in the logical shape of this role's B operand.
+  memory::desc user_weights(Role role) const {
+    return role == Role::forward ? memory::desc({in, out}, dt::f32, memory::dims{1, in})
+                                 : memory::desc({out, in}, dt::f32, memory::dims{in, 1});
+  }
+
   // The weights in the layout `plan` wants, repacked if set_weight was called since.
   memory packed_weights(Role role, const Plan& plan) {
     CLEAVE_CHECK(weight != nullptr, "LinearGemm: set_weight was never called");
     auto& ctx = dnnl_context();
     memory::desc want = plan.pd.weights_desc();
-    // The user's fp32 W in the logical shape of this role's B operand.
-    memory::desc user = role == Role::forward
-                            ? memory::desc({in, out}, dt::f32, memory::dims{1, in})
-                            : memory::desc({out, in}, dt::f32, memory::dims{in, 1});
+    memory::desc user = user_weights(role);
     if (want == user) return memory(user, ctx.engine, const_cast<float*>(weight));
     Packed* entry = nullptr;
     for (auto& p : packed)
@@ -201,16 +208,30 @@ struct LinearGemm::Impl {
     if (!entry) {
       Buffer<char> storage(int64_t(want.get_size()));
       memory mem(want, ctx.engine, storage.data());
-      packed.push_back(Packed{role, want, std::move(storage), std::move(mem), 0});
+      packed.push_back(Packed{role, want, kernels::blocked_layout(want), std::move(storage),
+                              std::move(mem), 0});
       entry = &packed.back();
     }
-    if (entry->version != weight_version) {
-      memory src(user, ctx.engine, const_cast<float*>(weight));
-      dnnl::reorder(src, entry->mem).execute(ctx.stream, src, entry->mem);
-      ctx.stream.wait();
-      entry->version = weight_version;
-    }
+    if (entry->version != weight_version) repack(role);
     return entry->mem;
+  }
+
+  // Brings every packed copy up to the current weight version; the one for `now` stays in cache.
+  void repack(Role now) {
+    auto& ctx = dnnl_context();
+    std::vector<kernels::PackTarget> targets;
+    for (Packed& p : packed) {
+      if (p.version == weight_version) continue;
+      p.version = weight_version;
+      if (p.layout) {
+        targets.push_back({&*p.layout, p.role == Role::forward, p.storage.data(), p.role != now});
+        continue;
+      }
+      memory src(user_weights(p.role), ctx.engine, const_cast<float*>(weight));
+      dnnl::reorder(src, p.mem).execute(ctx.stream, src, p.mem);
+      ctx.stream.wait();
+    }
+    if (!targets.empty()) kernels::pack_weight(weight, out, in, targets);
   }
 
   memory scratchpad(const Plan& plan) {

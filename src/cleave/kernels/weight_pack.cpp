@@ -1,0 +1,327 @@
+// pack_weight: W is read in bands of rows, each band as many rows as the targets' blocks need to
+// be whole (64 for oneDNN's fp32 and bf16 matmul layouts: a band of 64 x 3,072 fp32 is 768 KiB,
+// within one core's L2, brought in as one sequential stream first). For each target, every block
+// the band covers is written whole: by vector code for the two block shapes oneDNN's AVX-512
+// matmul uses, else assembled in a small aligned buffer through the layout's offset table. The
+// copy that the product about to run reads is stored through the cache; the others, read only
+// later (in backward), are streamed around it.
+#include "cleave/kernels/weight_pack.h"
+
+#include <omp.h>
+
+// GCC 12's AVX-512 intrinsics start from an "undefined" vector that -Wmaybe-uninitialized
+// mistakes for a read of an uninitialised variable (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+
+#include "cleave/base/bf16.h"
+#include "cleave/base/check.h"
+
+namespace cleave::kernels {
+namespace {
+
+constexpr int64_t kMaxBlockElements = 1 << 16;
+
+void store_block(char* dst, const char* block, size_t bytes, bool streaming) {
+#ifdef __AVX512F__
+  if (streaming && bytes % 64 == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0) {
+    for (size_t i = 0; i < bytes; i += 64)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i),
+                          _mm512_load_si512(reinterpret_cast<const void*>(block + i)));
+    return;
+  }
+#endif
+  std::memcpy(dst, block, bytes);
+}
+
+template <typename T>
+T narrow(float x) {
+  if constexpr (sizeof(T) == 2)
+    return to_bf16(x);
+  else
+    return x;
+}
+
+// Assembles block (rb, cb) of the logical matrix (W, or W^T when transposed) in `stage`.
+template <typename T>
+void assemble_block(T* stage, const BlockedLayout& L, bool transposed, const float* w, int64_t in,
+                    int64_t rb, int64_t cb) {
+  const int64_t BR = L.block_rows, BC = L.block_cols;
+  const int64_t r0 = rb * BR, c0 = cb * BC;
+  const int64_t nr = std::min(BR, L.rows - r0), nc = std::min(BC, L.cols - c0);
+  if (nr < BR || nc < BC) std::fill(stage, stage + BR * BC, T(0));
+  const int32_t* inner = L.inner.data();
+  if (!transposed) {
+    for (int64_t dr = 0; dr < nr; ++dr) {
+      const float* src = w + (r0 + dr) * in + c0;
+      const int32_t* at = inner + dr * BC;
+      for (int64_t dc = 0; dc < nc; ++dc) stage[at[dc]] = narrow<T>(src[dc]);
+    }
+  } else {
+    // Logical (r, c) is W[c][r]: walk each row of W that the block covers.
+    for (int64_t dc = 0; dc < nc; ++dc) {
+      const float* src = w + (c0 + dc) * in + r0;
+      for (int64_t dr = 0; dr < nr; ++dr) stage[inner[dr * BC + dc]] = narrow<T>(src[dr]);
+    }
+  }
+}
+
+#ifdef __AVX512F__
+// r[j] becomes column j of the 16 x 16 matrix whose row i was r[i].
+void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  auto lo = [](__m512 a, __m512 b) {
+    return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+  };
+  auto hi = [](__m512 a, __m512 b) {
+    return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+  };
+  // u[4g + k] holds, per 128-bit lane l, columns k + 4l of rows 4g..4g+3.
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g + 0] = lo(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = hi(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = lo(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = hi(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512 v0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);
+    const __m512 v1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
+    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
+    const __m512 v3 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+    r[k] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+    r[k + 8] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
+    r[k + 4] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+    r[k + 12] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
+  }
+}
+
+// to_bf16 on 16 lanes, each result in the low half of its 32-bit lane (vector extensions rather
+// than intrinsics: GCC 12's shift intrinsics warn from inside its own header).
+using u32x16 = uint32_t __attribute__((vector_size(64)));
+u32x16 bf16_lanes(__m512 x) {
+  const u32x16 u = reinterpret_cast<u32x16>(x);
+  const u32x16 rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const u32x16 quiet_nan = (u >> 16) | 0x0040u;
+  const u32x16 nan = reinterpret_cast<u32x16>((u & 0x7FFFFFFFu) > 0x7F800000u);
+  return (nan & quiet_nan) | (~nan & rounded);
+}
+
+void put(void* dst, __m512i v, bool streaming) {
+  if (streaming)
+    _mm512_stream_si512(static_cast<__m512i*>(dst), v);
+  else
+    _mm512_store_si512(dst, v);
+}
+
+// One whole 16 x 64 block at dst. Logical (r, c) is W[r0 + r][c0 + c], or W[c0 + c][r0 + r]
+// when transposed.
+void f32_block(float* dst, const float* w, int64_t in, int64_t r0, int64_t c0, bool transposed,
+               bool streaming) {
+  if (!transposed) {
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < 64; c += 16)
+        put(dst + r * 64 + c, _mm512_castps_si512(_mm512_loadu_ps(w + (r0 + r) * in + c0 + c)), streaming);
+    return;
+  }
+  for (int c = 0; c < 64; c += 16) {
+    __m512 rows[16];
+    for (int i = 0; i < 16; ++i) rows[i] = _mm512_loadu_ps(w + (c0 + c + i) * in + r0);
+    transpose16(rows);
+    for (int r = 0; r < 16; ++r) put(dst + r * 64 + c, _mm512_castps_si512(rows[r]), streaming);
+  }
+}
+
+// One whole 32 x 64 bf16 block: rows 2k and 2k + 1 of a column share a 32-bit word, at word
+// k * 64 + c.
+void bf16_block(bf16* dst, const float* w, int64_t in, int64_t r0, int64_t c0, bool transposed,
+                bool streaming, uint32_t* words) {
+  auto* out = reinterpret_cast<uint32_t*>(dst);
+  if (!transposed) {
+    for (int k = 0; k < 16; ++k) {
+      const float* even = w + (r0 + 2 * k) * in + c0;
+      const float* odd = even + in;
+      for (int c = 0; c < 64; c += 16) {
+        const u32x16 pair = bf16_lanes(_mm512_loadu_ps(even + c)) |
+                            (bf16_lanes(_mm512_loadu_ps(odd + c)) << 16);
+        put(out + k * 64 + c, reinterpret_cast<__m512i>(pair), streaming);
+      }
+    }
+    return;
+  }
+  // Transposed, a row of W gives one column: its 32 values of r, so its 16 words, are adjacent.
+  for (int c = 0; c < 64; ++c) {
+    const float* row = w + (c0 + c) * in + r0;
+    alignas(64) uint32_t column[16];
+    for (int half = 0; half < 2; ++half) {
+      const __m256i pairs =
+          _mm512_cvtepi32_epi16(reinterpret_cast<__m512i>(bf16_lanes(_mm512_loadu_ps(row + 16 * half))));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(column + 8 * half), pairs);
+    }
+    for (int k = 0; k < 16; ++k) words[k * 64 + c] = column[k];
+  }
+  for (int i = 0; i < 1024; i += 16) put(out + i, _mm512_load_si512(words + i), streaming);
+}
+#endif
+
+// Every block of `t` whose rows of W lie in [w_row0, w_row1).
+template <typename T>
+void pack_band(const PackTarget& t, const float* w, int64_t in, int64_t w_row0, int64_t w_row1,
+               T* stage) {
+  const BlockedLayout& L = *t.layout;
+  const int64_t BR = L.block_rows, BC = L.block_cols;
+  const size_t block_bytes = size_t(BR * BC) * sizeof(T);
+  char* dst = static_cast<char*>(t.dst);
+  auto place = [&](int64_t rb, int64_t cb) {
+    const int64_t offset = rb * L.row_block_stride + cb * L.col_block_stride;
+    T* block = reinterpret_cast<T*>(dst) + offset;
+#ifdef __AVX512F__
+    const bool whole = (rb + 1) * BR <= L.rows && (cb + 1) * BC <= L.cols;
+    if (whole && L.kind == BlockedLayout::Kind::f32_16x64) {
+      f32_block(reinterpret_cast<float*>(block), w, in, rb * BR, cb * BC, t.transposed,
+                t.streaming);
+      return;
+    }
+    if (whole && L.kind == BlockedLayout::Kind::bf16_32x64) {
+      bf16_block(reinterpret_cast<bf16*>(block), w, in, rb * BR, cb * BC, t.transposed,
+                 t.streaming, reinterpret_cast<uint32_t*>(stage));
+      return;
+    }
+#endif
+    assemble_block(stage, L, t.transposed, w, in, rb, cb);
+    store_block(reinterpret_cast<char*>(block), reinterpret_cast<const char*>(stage),
+                block_bytes, t.streaming);
+  };
+  if (!t.transposed) {
+    const int64_t rb1 = std::min(w_row1, L.padded_rows) / BR;
+    for (int64_t rb = w_row0 / BR; rb < rb1; ++rb)
+      for (int64_t cb = 0; cb < L.padded_cols / BC; ++cb) place(rb, cb);
+  } else {
+    const int64_t cb1 = std::min(w_row1, L.padded_cols) / BC;
+    for (int64_t cb = w_row0 / BC; cb < cb1; ++cb)
+      for (int64_t rb = 0; rb < L.padded_rows / BR; ++rb) place(rb, cb);
+  }
+}
+
+}  // namespace
+
+std::optional<BlockedLayout> blocked_layout(const dnnl::memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.ndims != 2 || d.format_kind != dnnl_blocked) return std::nullopt;
+  if (d.data_type != dnnl_f32 && d.data_type != dnnl_bf16) return std::nullopt;
+  if (d.offset0 != 0 || d.padded_offsets[0] != 0 || d.padded_offsets[1] != 0) return std::nullopt;
+  if (d.extra.flags != dnnl_memory_extra_flag_none) return std::nullopt;
+  const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+  BlockedLayout L;
+  L.bf16 = d.data_type == dnnl_bf16;
+  L.rows = d.dims[0];
+  L.cols = d.dims[1];
+  L.padded_rows = d.padded_dims[0];
+  L.padded_cols = d.padded_dims[1];
+  int64_t block[2] = {1, 1};
+  for (int i = 0; i < b.inner_nblks; ++i) block[b.inner_idxs[i]] *= b.inner_blks[i];
+  L.block_rows = block[0];
+  L.block_cols = block[1];
+  const int64_t elements_per_block = L.block_rows * L.block_cols;
+  const int64_t element_bytes = L.bf16 ? 2 : 4;
+  // Blocks of less than a cache line (plain layouts, transposes) are not worth it block by block.
+  if (elements_per_block * element_bytes < 64 || elements_per_block > kMaxBlockElements)
+    return std::nullopt;
+  if (L.padded_rows % L.block_rows != 0 || L.padded_cols % L.block_cols != 0) return std::nullopt;
+  L.row_block_stride = b.strides[0];
+  L.col_block_stride = b.strides[1];
+  // Dense: the blocks tile the storage exactly, one after the other in some order.
+  const int64_t nblocks = (L.padded_rows / L.block_rows) * (L.padded_cols / L.block_cols);
+  const int64_t last = (L.padded_rows / L.block_rows - 1) * L.row_block_stride +
+                       (L.padded_cols / L.block_cols - 1) * L.col_block_stride +
+                       elements_per_block;
+  if (int64_t(md.get_size()) != nblocks * elements_per_block * element_bytes ||
+      last != nblocks * elements_per_block)
+    return std::nullopt;
+  L.inner.resize(size_t(elements_per_block));
+  for (int64_t dr = 0; dr < L.block_rows; ++dr)
+    for (int64_t dc = 0; dc < L.block_cols; ++dc) {
+      const int64_t pos[2] = {dr, dc};
+      int64_t offset = 0;
+      for (int i = 0; i < b.inner_nblks; ++i) {
+        const int dim = int(b.inner_idxs[i]);
+        int64_t finer = 1;  // the product of this dimension's blocks inside this one
+        for (int j = i + 1; j < b.inner_nblks; ++j)
+          if (b.inner_idxs[j] == dim) finer *= b.inner_blks[j];
+        offset = offset * b.inner_blks[i] + (pos[dim] / finer) % b.inner_blks[i];
+      }
+      L.inner[size_t(dr * L.block_cols + dc)] = int32_t(offset);
+    }
+  if (L.block_cols == 64 && L.block_rows == (L.bf16 ? 32 : 16)) {
+    bool matches = true;
+    for (int64_t dr = 0; dr < L.block_rows; ++dr)
+      for (int64_t dc = 0; dc < 64; ++dc) {
+        const int32_t at = L.inner[size_t(dr * 64 + dc)];
+        matches = matches && at == (L.bf16 ? (dr / 2) * 128 + dc * 2 + dr % 2 : dr * 64 + dc);
+      }
+    if (matches) L.kind = L.bf16 ? BlockedLayout::Kind::bf16_32x64 : BlockedLayout::Kind::f32_16x64;
+  }
+  return L;
+}
+
+void pack_weight(const float* w, int64_t out, int64_t in, std::span<const PackTarget> targets) {
+  int64_t band = 1, w_rows = 0;
+  for (const PackTarget& t : targets) {
+    const BlockedLayout& L = *t.layout;
+    const int64_t want_rows = t.transposed ? in : out, want_cols = t.transposed ? out : in;
+    CLEAVE_CHECK(L.rows == want_rows && L.cols == want_cols,
+                 "pack_weight: layout of " << L.rows << "x" << L.cols << " for a weight of "
+                                           << out << "x" << in
+                                           << (t.transposed ? " transposed" : ""));
+    CLEAVE_CHECK(reinterpret_cast<uintptr_t>(t.dst) % 64 == 0, "pack_weight: unaligned target");
+    band = std::lcm(band, t.transposed ? L.block_cols : L.block_rows);
+    w_rows = std::max(w_rows, t.transposed ? L.padded_cols : L.padded_rows);
+  }
+  int64_t stage_elements = 0;
+  for (const PackTarget& t : targets)
+    stage_elements = std::max(stage_elements, t.layout->block_rows * t.layout->block_cols);
+  const int64_t nbands = (w_rows + band - 1) / band;
+  const size_t stage_bytes = (size_t(stage_elements) * 4 + 63) / 64 * 64;
+  std::unique_ptr<void, decltype(&std::free)> stages(
+      std::aligned_alloc(64, stage_bytes * size_t(omp_get_max_threads())), &std::free);
+  CLEAVE_CHECK(stages != nullptr, "pack_weight: out of memory for " << omp_get_max_threads()
+                                                                    << " blocks of "
+                                                                    << stage_bytes << " bytes");
+#pragma omp parallel
+  {
+    void* stage = static_cast<char*>(stages.get()) + stage_bytes * size_t(omp_get_thread_num());
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < nbands; ++i) {
+      // Into L2 as one sequential stream: a transposed target reads the band 64 bytes of a
+      // row at a time, as many rows at once as its blocks have, which the prefetchers miss.
+      const int64_t r1 = std::min(out, (i + 1) * band);
+      if (i * band < r1) {
+        const char* first = reinterpret_cast<const char*>(w + i * band * in);
+        const char* last = reinterpret_cast<const char*>(w + r1 * in);
+        for (const char* line = first; line < last; line += 64) _mm_prefetch(line, _MM_HINT_T1);
+      }
+      for (const PackTarget& t : targets) {
+        if (t.layout->bf16)
+          pack_band(t, w, in, i * band, (i + 1) * band, static_cast<bf16*>(stage));
+        else
+          pack_band(t, w, in, i * band, (i + 1) * band, static_cast<float*>(stage));
+      }
+    }
+#ifdef __AVX512F__
+    _mm_sfence();  // streaming stores are visible before the threads join
+#endif
+  }
+}
+
+}  // namespace cleave::kernels
