@@ -34,14 +34,18 @@ void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_sc
     float* m = m_.data() + piece.packed;
     float* v = v_.data() + piece.packed;
     const float decay = decay_[piece.tensor] ? 1.0f - float(lr * cfg_.weight_decay) : 1.0f;
+    // Every multiply-add is an explicit fma, so the vectorised body and the scalar remainder
+    // round alike wherever a piece starts (the compiler may not contract a product into an fma
+    // call), and the result does not depend on how the flat range is cut into pieces.
 #pragma omp parallel for simd schedule(static)
     for (int64_t j = 0; j < piece.end - piece.begin; ++j) {
       const float gj = g[j] * grad_scale;
-      const float mj = b1 * m[j] + (1.0f - b1) * gj;
-      const float vj = b2 * v[j] + (1.0f - b2) * gj * gj;
+      const float mj = std::fma(b1, m[j], (1.0f - b1) * gj);
+      const float vj = std::fma(b2, v[j], ((1.0f - b2) * gj) * gj);
       m[j] = mj;
       v[j] = vj;
-      p[j] = p[j] * decay - step_size * mj / (std::sqrt(vj) * inv_sqrt_bc2 + eps);
+      const float update = step_size * mj / std::fma(std::sqrt(vj), inv_sqrt_bc2, eps);
+      p[j] = std::fma(p[j], decay, -update);
     }
   }
 }
