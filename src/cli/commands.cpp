@@ -142,6 +142,14 @@ int bench_gemm(int argc, char** argv) {
                   r.pass.c_str(), r.gflops);
     std::printf("%-6s overall (FLOP-weighted): %.1f GF/s\n", name, overall_gflops(results));
   }
+  std::printf("\nPacking a weight into its forward and backward_input layouts (cold weights), "
+              "median ms:\n%-6s %6s %6s %9s %14s %6s\n",
+              "dtype", "in", "out", "cleave", "oneDNN reorder", "ratio");
+  for (Precision p : {Precision::fp32, Precision::bf16})
+    for (auto& r : bench_weight_packing(shapes, p, seconds))
+      std::printf("%-6s %6d %6d %9.3f %14.3f %5.2fx\n", p == Precision::fp32 ? "fp32" : "bf16",
+                  r.in, r.out, r.cleave_seconds * 1e3, r.reorder_seconds * 1e3,
+                  r.reorder_seconds / r.cleave_seconds);
   return 0;
 }
 

@@ -36,21 +36,6 @@ std::vector<float> random_weight(int64_t out, int64_t in) {
   return w;
 }
 
-// W [out, in] as the logical matrix of a role: W itself, or W^T through strides.
-memory::desc user_desc(int64_t out, int64_t in, bool transposed) {
-  return transposed ? memory::desc({in, out}, dt::f32, memory::dims{1, in})
-                    : memory::desc({out, in}, dt::f32, memory::dims{in, 1});
-}
-
-// The weights layout oneDNN's matmul wants for x[N, in] W^T (transposed) or dy[N, out] W.
-memory::desc matmul_weights(int64_t out, int64_t in, bool transposed, dt type, int64_t N) {
-  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  const int64_t k = transposed ? in : out, n = transposed ? out : in;
-  memory::desc src({N, k}, type, tag::ab), wei({k, n}, type, tag::any), dst({N, n}, dt::f32, tag::ab);
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), eng);
-  return pd.weights_desc();
-}
-
 // Packs W into every layout in one call and compares each with oneDNN's reorder.
 void expect_same_as_reorder(int64_t out, int64_t in, const std::vector<memory::desc>& wants,
                             const std::vector<bool>& transposed) {
@@ -68,7 +53,7 @@ void expect_same_as_reorder(int64_t out, int64_t in, const std::vector<memory::d
     ours.push_back(std::make_unique<AlignedBytes>(wants[i].get_size()));
     theirs.push_back(std::make_unique<AlignedBytes>(wants[i].get_size()));
     targets.push_back({&layouts.back(), bool(transposed[i]), ours.back()->p, i % 2 == 1});
-    memory src(user_desc(out, in, transposed[i]), eng, w.data());
+    memory src(user_weight_desc(out, in, transposed[i]), eng, w.data());
     memory dst(wants[i], eng, theirs.back()->p);
     dnnl::reorder(src, dst).execute(stream, src, dst);
     stream.wait();
@@ -86,8 +71,9 @@ TEST(WeightPack, MatmulLayoutsBothRolesInOnePass) {
     for (auto& s : shapes)
       for (int64_t N : {64, 1024}) {
         const int64_t out = s[0], in = s[1];
-        memory::desc fwd = matmul_weights(out, in, true, type, N);
-        memory::desc bin = matmul_weights(out, in, false, type, N);
+        const PreferredLayouts preferred = preferred_weight_layouts(N, in, out, type == dt::bf16);
+        const memory::desc& fwd = preferred.forward;
+        const memory::desc& bin = preferred.backward_input;
         std::vector<memory::desc> wants;
         std::vector<bool> transposed;
         if (blocked_layout(fwd)) wants.push_back(fwd), transposed.push_back(true);

@@ -6,6 +6,11 @@
 #include <functional>
 #include <vector>
 
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "cleave/base/buffer.h"
+#include "cleave/kernels/weight_pack.h"
+
 namespace cleave {
 
 namespace {
@@ -83,6 +88,64 @@ std::vector<GemmBenchResult> bench_linear_shapes(
       before_bwd_weight = [&] { gemm.backward_input(dx.data(), dy.data(), N, false); };
     record("bwd_weight", before_bwd_weight,
            [&] { gemm.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N); });
+  }
+  return results;
+}
+
+std::vector<PackBenchResult> bench_weight_packing(
+    const std::vector<std::tuple<int64_t, int, int>>& shapes, Precision precision,
+    double seconds_per_shape) {
+  using dnnl::memory;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  std::vector<PackBenchResult> results;
+  for (const auto& [N, in, out] : shapes) {
+    const auto preferred =
+        kernels::preferred_weight_layouts(N, in, out, precision == Precision::bf16);
+    const auto fwd = kernels::blocked_layout(preferred.forward);
+    const auto bin = kernels::blocked_layout(preferred.backward_input);
+    if (!fwd || !bin) continue;  // pack_weight would hand these to the reorder itself
+    const size_t w_bytes = size_t(out) * in * 4;
+    constexpr size_t kColdBytes = size_t(128) << 20;  // several times any last-level cache here
+    const int copies = int(std::clamp<size_t>(kColdBytes / w_bytes + 1, 2, 64));
+    struct Copy {
+      Buffer<float> w;
+      Buffer<char> fwd, bin;
+    };
+    std::vector<Copy> pool;
+    for (int c = 0; c < copies; ++c) {
+      Copy copy{Buffer<float>(int64_t(out) * in), Buffer<char>(int64_t(preferred.forward.get_size())),
+                Buffer<char>(int64_t(preferred.backward_input.get_size()))};
+      std::vector<float> w(size_t(out) * in);
+      fill(w, uint32_t(c + 1), 0.05f);
+      std::copy(w.begin(), w.end(), copy.w.data());
+      pool.push_back(std::move(copy));
+    }
+    int next = 0;
+    auto ours = [&] {
+      Copy& c = pool[size_t(next++ % copies)];
+      const kernels::PackTarget targets[] = {{&*fwd, true, c.fwd.data(), false},
+                                             {&*bin, false, c.bin.data(), true}};
+      kernels::pack_weight(c.w.data(), out, in, targets);
+    };
+    auto reorders = [&] {
+      Copy& c = pool[size_t(next++ % copies)];
+      for (bool transposed : {true, false}) {
+        memory src(kernels::user_weight_desc(out, in, transposed), engine, c.w.data());
+        memory dst(transposed ? preferred.forward : preferred.backward_input, engine,
+                   transposed ? c.fwd.data() : c.bin.data());
+        dnnl::reorder(src, dst).execute(stream, src, dst);
+        stream.wait();
+      }
+    };
+    PackBenchResult r;
+    r.in = in;
+    r.out = out;
+    r.precision = precision;
+    int reps = 0;
+    r.cleave_seconds = median_seconds(nullptr, ours, seconds_per_shape / 2, &reps);
+    r.reorder_seconds = median_seconds(nullptr, reorders, seconds_per_shape / 2, &reps);
+    results.push_back(r);
   }
   return results;
 }

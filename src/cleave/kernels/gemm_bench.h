@@ -30,6 +30,18 @@ std::vector<GemmBenchResult> bench_linear_shapes(
     const std::vector<std::tuple<int64_t, int, int>>& shapes, Precision precision,
     double seconds_per_shape);
 
+// Packing W into both of its layouts (forward, backward_input), as after every optimizer step:
+// pack_weight's one pass against oneDNN's reorder, once per layout. The weights rotate through
+// copies that together exceed the last-level cache, so each is read cold, as in a training step.
+struct PackBenchResult {
+  int in = 0, out = 0;
+  Precision precision = Precision::fp32;
+  double cleave_seconds = 0, reorder_seconds = 0;  // median of one weight
+};
+std::vector<PackBenchResult> bench_weight_packing(
+    const std::vector<std::tuple<int64_t, int, int>>& shapes, Precision precision,
+    double seconds_per_shape);
+
 // FLOP-weighted overall GF/s of a set of results: total flops / total median time, i.e. the
 // throughput of running each listed (shape, pass) once.
 double overall_gflops(const std::vector<GemmBenchResult>& results);

@@ -189,18 +189,12 @@ struct LinearGemm::Impl {
     return *slot;
   }
 
-  // The user's fp32 W in the logical shape of this role's B operand.
-  memory::desc user_weights(Role role) const {
-    return role == Role::forward ? memory::desc({in, out}, dt::f32, memory::dims{1, in})
-                                 : memory::desc({out, in}, dt::f32, memory::dims{in, 1});
-  }
-
   // The weights in the layout `plan` wants, repacked if set_weight was called since.
   memory packed_weights(Role role, const Plan& plan) {
     CLEAVE_CHECK(weight != nullptr, "LinearGemm: set_weight was never called");
     auto& ctx = dnnl_context();
     memory::desc want = plan.pd.weights_desc();
-    memory::desc user = user_weights(role);
+    memory::desc user = kernels::user_weight_desc(out, in, role == Role::forward);
     if (want == user) return memory(user, ctx.engine, const_cast<float*>(weight));
     Packed* entry = nullptr;
     for (auto& p : packed)
@@ -227,7 +221,7 @@ struct LinearGemm::Impl {
         targets.push_back({&*p.layout, p.role == Role::forward, p.storage.data(), p.role != now});
         continue;
       }
-      memory src(user_weights(p.role), ctx.engine, const_cast<float*>(weight));
+      memory src(kernels::user_weight_desc(out, in, p.role == Role::forward), ctx.engine, const_cast<float*>(weight));
       dnnl::reorder(src, p.mem).execute(ctx.stream, src, p.mem);
       ctx.stream.wait();
     }

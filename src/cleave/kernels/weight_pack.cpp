@@ -13,6 +13,7 @@
 // mistakes for a read of an uninitialised variable (GCC bug 105593, fixed in GCC 13).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
@@ -146,7 +147,7 @@ void f32_block(float* dst, const float* w, int64_t in, int64_t r0, int64_t c0, b
 // One whole 32 x 64 bf16 block: rows 2k and 2k + 1 of a column share a 32-bit word, at word
 // k * 64 + c.
 void bf16_block(bf16* dst, const float* w, int64_t in, int64_t r0, int64_t c0, bool transposed,
-                bool streaming, uint32_t* words) {
+                bool streaming) {
   auto* out = reinterpret_cast<uint32_t*>(dst);
   if (!transposed) {
     for (int k = 0; k < 16; ++k) {
@@ -160,18 +161,21 @@ void bf16_block(bf16* dst, const float* w, int64_t in, int64_t r0, int64_t c0, b
     }
     return;
   }
-  // Transposed, a row of W gives one column: its 32 values of r, so its 16 words, are adjacent.
-  for (int c = 0; c < 64; ++c) {
-    const float* row = w + (c0 + c) * in + r0;
-    alignas(64) uint32_t column[16];
-    for (int half = 0; half < 2; ++half) {
-      const __m256i pairs =
-          _mm512_cvtepi32_epi16(reinterpret_cast<__m512i>(bf16_lanes(_mm512_loadu_ps(row + 16 * half))));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(column + 8 * half), pairs);
+  // Transposed, a row of W gives one column: its 32 values of r make its 16 words, adjacent
+  // already. 16 rows at a time, a 16 x 16 transpose of the words gives word k of 16 columns.
+  for (int c = 0; c < 64; c += 16) {
+    __m512 rows[16];
+    for (int i = 0; i < 16; ++i) {
+      const float* row = w + (c0 + c + i) * in + r0;
+      const __m256i lo =
+          _mm512_cvtepi32_epi16(reinterpret_cast<__m512i>(bf16_lanes(_mm512_loadu_ps(row))));
+      const __m256i hi =
+          _mm512_cvtepi32_epi16(reinterpret_cast<__m512i>(bf16_lanes(_mm512_loadu_ps(row + 16))));
+      rows[i] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
     }
-    for (int k = 0; k < 16; ++k) words[k * 64 + c] = column[k];
+    transpose16(rows);
+    for (int k = 0; k < 16; ++k) put(out + k * 64 + c, _mm512_castps_si512(rows[k]), streaming);
   }
-  for (int i = 0; i < 1024; i += 16) put(out + i, _mm512_load_si512(words + i), streaming);
 }
 #endif
 
@@ -195,7 +199,7 @@ void pack_band(const PackTarget& t, const float* w, int64_t in, int64_t w_row0, 
     }
     if (whole && L.kind == BlockedLayout::Kind::bf16_32x64) {
       bf16_block(reinterpret_cast<bf16*>(block), w, in, rb * BR, cb * BC, t.transposed,
-                 t.streaming, reinterpret_cast<uint32_t*>(stage));
+                 t.streaming);
       return;
     }
 #endif
@@ -311,17 +315,38 @@ void pack_weight(const float* w, int64_t out, int64_t in, std::span<const PackTa
         const char* last = reinterpret_cast<const char*>(w + r1 * in);
         for (const char* line = first; line < last; line += 64) _mm_prefetch(line, _MM_HINT_T1);
       }
-      for (const PackTarget& t : targets) {
-        if (t.layout->bf16)
-          pack_band(t, w, in, i * band, (i + 1) * band, static_cast<bf16*>(stage));
-        else
-          pack_band(t, w, in, i * band, (i + 1) * band, static_cast<float*>(stage));
-      }
+      for (bool transposed : {false, true})
+        for (const PackTarget& t : targets) {
+          if (t.transposed != transposed) continue;
+          if (t.layout->bf16)
+            pack_band(t, w, in, i * band, (i + 1) * band, static_cast<bf16*>(stage));
+          else
+            pack_band(t, w, in, i * band, (i + 1) * band, static_cast<float*>(stage));
+        }
     }
 #ifdef __AVX512F__
     _mm_sfence();  // streaming stores are visible before the threads join
 #endif
   }
+}
+
+dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed) {
+  using dnnl::memory;
+  return transposed ? memory::desc({in, out}, memory::data_type::f32, memory::dims{1, in})
+                    : memory::desc({out, in}, memory::data_type::f32, memory::dims{in, 1});
+}
+
+PreferredLayouts preferred_weight_layouts(int64_t N, int64_t in, int64_t out, bool bf16) {
+  using dnnl::memory;
+  const auto type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  auto weights = [&](int64_t k, int64_t n) {
+    const memory::desc src({N, k}, type, memory::format_tag::ab);
+    const memory::desc wei({k, n}, type, memory::format_tag::any);
+    const memory::desc dst({N, n}, memory::data_type::f32, memory::format_tag::ab);
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), engine).weights_desc();
+  };
+  return {weights(in, out), weights(out, in)};
 }
 
 }  // namespace cleave::kernels

@@ -43,4 +43,15 @@ struct PackTarget {
 // Writes W [out, in] (row-major fp32) into every target in one pass over W.
 void pack_weight(const float* w, int64_t out, int64_t in, std::span<const PackTarget> targets);
 
+// W [out, in] row-major fp32 as the logical matrix of a target: W^T [in, out] through strides
+// when transposed, else W.
+dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed);
+
+// The layouts oneDNN's matmul prefers for W as the B operand of x[N, in] W^T (forward) and of
+// dy[N, out] W (backward_input), with operands in fp32 or bf16.
+struct PreferredLayouts {
+  dnnl::memory::desc forward, backward_input;
+};
+PreferredLayouts preferred_weight_layouts(int64_t N, int64_t in, int64_t out, bool bf16);
+
 }  // namespace cleave::kernels
