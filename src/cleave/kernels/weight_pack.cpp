@@ -108,15 +108,12 @@ void transpose16(__m512 r[16]) {
   }
 }
 
-// to_bf16 on 16 lanes, each result in the low half of its 32-bit lane (vector extensions rather
-// than intrinsics: GCC 12's shift intrinsics warn from inside its own header).
-using u32x16 = uint32_t __attribute__((vector_size(64)));
-u32x16 bf16_lanes(__m512 x) {
-  const u32x16 u = reinterpret_cast<u32x16>(x);
-  const u32x16 rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  const u32x16 quiet_nan = (u >> 16) | 0x0040u;
-  const u32x16 nan = reinterpret_cast<u32x16>((u & 0x7FFFFFFFu) > 0x7F800000u);
-  return (nan & quiet_nan) | (~nan & rounded);
+// to_bf16 on 16 values, each in the low half of a 32-bit lane (the loop vectorises).
+__m512i bf16_lanes(const float* x) {
+  alignas(64) uint32_t lanes[16];
+#pragma omp simd
+  for (int i = 0; i < 16; ++i) lanes[i] = to_bf16(x[i]);
+  return _mm512_load_si512(lanes);
 }
 
 void put(void* dst, __m512i v, bool streaming) {
@@ -154,9 +151,9 @@ void bf16_block(bf16* dst, const float* w, int64_t in, int64_t r0, int64_t c0, b
       const float* even = w + (r0 + 2 * k) * in + c0;
       const float* odd = even + in;
       for (int c = 0; c < 64; c += 16) {
-        const u32x16 pair = bf16_lanes(_mm512_loadu_ps(even + c)) |
-                            (bf16_lanes(_mm512_loadu_ps(odd + c)) << 16);
-        put(out + k * 64 + c, reinterpret_cast<__m512i>(pair), streaming);
+        const __m512i pair =
+            _mm512_or_si512(bf16_lanes(even + c), _mm512_slli_epi32(bf16_lanes(odd + c), 16));
+        put(out + k * 64 + c, pair, streaming);
       }
     }
     return;
@@ -167,10 +164,8 @@ void bf16_block(bf16* dst, const float* w, int64_t in, int64_t r0, int64_t c0, b
     __m512 rows[16];
     for (int i = 0; i < 16; ++i) {
       const float* row = w + (c0 + c + i) * in + r0;
-      const __m256i lo =
-          _mm512_cvtepi32_epi16(reinterpret_cast<__m512i>(bf16_lanes(_mm512_loadu_ps(row))));
-      const __m256i hi =
-          _mm512_cvtepi32_epi16(reinterpret_cast<__m512i>(bf16_lanes(_mm512_loadu_ps(row + 16))));
+      const __m256i lo = _mm512_cvtepi32_epi16(bf16_lanes(row));
+      const __m256i hi = _mm512_cvtepi32_epi16(bf16_lanes(row + 16));
       rows[i] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
     }
     transpose16(rows);
