@@ -66,7 +66,8 @@ void expect_same_as_reorder(int64_t out, int64_t in, const std::vector<memory::d
 }
 
 TEST(WeightPack, MatmulLayoutsBothRolesInOnePass) {
-  const int64_t shapes[][2] = {{3072, 768}, {768, 2304}, {96, 64}, {130, 200}, {50, 37}, {8192, 96}};
+  const int64_t shapes[][2] = {{3072, 768}, {768, 2304}, {96, 64},
+                               {130, 200},  {50, 37},    {8192, 96}};
   for (dt type : {dt::f32, dt::bf16})
     for (auto& s : shapes)
       for (int64_t N : {64, 1024}) {

@@ -114,7 +114,8 @@ std::vector<PackBenchResult> bench_weight_packing(
     };
     std::vector<Copy> pool;
     for (int c = 0; c < copies; ++c) {
-      Copy copy{Buffer<float>(int64_t(out) * in), Buffer<char>(int64_t(preferred.forward.get_size())),
+      Copy copy{Buffer<float>(int64_t(out) * in),
+                Buffer<char>(int64_t(preferred.forward.get_size())),
                 Buffer<char>(int64_t(preferred.backward_input.get_size()))};
       std::vector<float> w(size_t(out) * in);
       fill(w, uint32_t(c + 1), 0.05f);

@@ -221,7 +221,8 @@ struct LinearGemm::Impl {
         targets.push_back({&*p.layout, p.role == Role::forward, p.storage.data(), p.role != now});
         continue;
       }
-      memory src(kernels::user_weight_desc(out, in, p.role == Role::forward), ctx.engine, const_cast<float*>(weight));
+      memory src(kernels::user_weight_desc(out, in, p.role == Role::forward), ctx.engine,
+                 const_cast<float*>(weight));
       dnnl::reorder(src, p.mem).execute(ctx.stream, src, p.mem);
       ctx.stream.wait();
     }

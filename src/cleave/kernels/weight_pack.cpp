@@ -130,7 +130,8 @@ void f32_block(float* dst, const float* w, int64_t in, int64_t r0, int64_t c0, b
   if (!transposed) {
     for (int r = 0; r < 16; ++r)
       for (int c = 0; c < 64; c += 16)
-        put(dst + r * 64 + c, _mm512_castps_si512(_mm512_loadu_ps(w + (r0 + r) * in + c0 + c)), streaming);
+        put(dst + r * 64 + c, _mm512_castps_si512(_mm512_loadu_ps(w + (r0 + r) * in + c0 + c)),
+            streaming);
     return;
   }
   for (int c = 0; c < 64; c += 16) {
