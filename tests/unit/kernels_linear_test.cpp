@@ -249,6 +249,44 @@ TEST_P(LinearPrecisionTest, SetWeightInvalidatesPackedWeights) {
                "forward after set_weight (new buffer)");
 }
 
+// An optimizer packing W band by band as it writes W (in any order, from several threads) leaves
+// the same products, bit for bit, as packing at the next product; shapes with and without
+// padding rows, and a layer packed by bands that gives up no band.
+TEST_P(LinearPrecisionTest, RowPackingMatchesPackingAtTheNextProduct) {
+  const Precision p = GetParam();
+  const int64_t N = 64;
+  for (auto [in, out] : {std::pair<int, int>{128, 256}, {72, 200}}) {
+    auto w = random_vec(size_t(out) * in, 31, 0.5f);
+    auto x = random_vec(size_t(N) * in, 32);
+    auto dy = random_vec(size_t(N) * out, 33);
+    LinearGemm lazy(in, out, p), rows(in, out, p);
+    std::vector<float> y(size_t(N) * out), dx(size_t(N) * in);
+    for (LinearGemm* g : {&lazy, &rows}) {
+      g->set_weight(w.data());
+      g->forward(y.data(), x.data(), N, nullptr);  // creates both packed copies
+      g->backward_input(dx.data(), dy.data(), N, false);
+    }
+    auto w2 = random_vec(size_t(out) * in, 34, 0.5f);
+    std::memcpy(w.data(), w2.data(), w.size() * sizeof(float));
+    lazy.set_weight(w.data());
+    rows.set_weight(w.data());
+    const int64_t band = rows.begin_row_packing();
+    ASSERT_GT(band, 0) << in << "x" << out;
+    const int64_t bands = (out + band - 1) / band;
+#pragma omp parallel for schedule(static, 1)
+    for (int64_t b = bands - 1; b >= 0; --b)
+      rows.pack_rows(b * band, std::min<int64_t>(out, (b + 1) * band));
+    rows.all_rows_packed();
+    std::vector<float> y_lazy(y.size()), y_rows(y.size()), dx_lazy(dx.size()), dx_rows(dx.size());
+    lazy.forward(y_lazy.data(), x.data(), N, nullptr);
+    rows.forward(y_rows.data(), x.data(), N, nullptr);
+    lazy.backward_input(dx_lazy.data(), dy.data(), N, false);
+    rows.backward_input(dx_rows.data(), dy.data(), N, false);
+    EXPECT_EQ(std::memcmp(y_lazy.data(), y_rows.data(), y.size() * 4), 0) << in << "x" << out;
+    EXPECT_EQ(std::memcmp(dx_lazy.data(), dx_rows.data(), dx.size() * 4), 0) << in << "x" << out;
+  }
+}
+
 TEST_P(LinearPrecisionTest, SeveralTokenCountsShareOneLayer) {
   const Precision p = GetParam();
   const double rel = p == Precision::bf16 ? 1e-2 : 1e-5;

@@ -118,6 +118,7 @@ struct LinearGemm::Impl {
 
   std::map<int64_t, PlansForN> plans;
   std::vector<Packed> packed;
+  std::vector<kernels::PackTarget> row_targets;  // between begin_row_packing and all_rows_packed
   AlignedBuffer scratch;
 
   // bf16 operand copies (bf16 mode only).
@@ -266,6 +267,28 @@ LinearGemm::LinearGemm(LinearGemm&&) noexcept = default;
 LinearGemm& LinearGemm::operator=(LinearGemm&&) noexcept = default;
 
 void LinearGemm::release_packed() { impl_->packed.clear(); }
+
+int64_t LinearGemm::begin_row_packing() {
+  auto& m = *impl_;
+  m.row_targets.clear();
+  for (Packed& p : m.packed)
+    if (p.layout)
+      m.row_targets.push_back({&*p.layout, p.role == Role::forward, p.storage.data(), true});
+  if (m.row_targets.empty()) return 0;
+  return kernels::pack_band_rows(m.out, m.in, m.row_targets);
+}
+
+void LinearGemm::pack_rows(int64_t row0, int64_t row1) {
+  auto& m = *impl_;
+  kernels::pack_weight_rows(m.weight, m.out, m.in, m.row_targets, row0, row1);
+}
+
+void LinearGemm::all_rows_packed() {
+  auto& m = *impl_;
+  for (Packed& p : m.packed)
+    if (p.layout) p.version = m.weight_version;
+  m.row_targets.clear();
+}
 
 int LinearGemm::in_features() const { return impl_->in; }
 int LinearGemm::out_features() const { return impl_->out; }

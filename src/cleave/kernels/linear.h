@@ -38,6 +38,15 @@ class LinearGemm {
   // reproducible for a fixed thread count.
   void backward_weight(float* dweight, float* dbias, const float* dy, const float* x, int64_t N);
 
+  // For an optimizer that packs W while it writes it, after set_weight: the rows per band (0 when
+  // no copy can be packed this way; they are then packed at the next product, as usual).
+  // pack_rows packs rows [row0, row1) of W, whole bands, into every copy, serially: calls for
+  // disjoint bands may run in parallel. Once every row has been, all_rows_packed() records the
+  // copies as current.
+  int64_t begin_row_packing();
+  void pack_rows(int64_t row0, int64_t row1);
+  void all_rows_packed();
+
   // Frees the prepacked weights (rebuilt at the next product): under ZeRO-3 a layer's weights
   // exist only while it runs.
   void release_packed();

@@ -275,8 +275,17 @@ std::optional<BlockedLayout> blocked_layout(const dnnl::memory::desc& md) {
   return L;
 }
 
-void pack_weight(const float* w, int64_t out, int64_t in, std::span<const PackTarget> targets) {
-  int64_t band = 1, w_rows = 0;
+namespace {
+
+struct Bands {
+  int64_t rows = 1;        // per band
+  int64_t count = 0;       // bands covering every target's padded rows
+  size_t stage_bytes = 0;  // for the largest block
+};
+
+Bands bands_of(int64_t out, int64_t in, std::span<const PackTarget> targets) {
+  Bands b;
+  int64_t w_rows = 0, stage_elements = 0;
   for (const PackTarget& t : targets) {
     const BlockedLayout& L = *t.layout;
     const int64_t want_rows = t.transposed ? in : out, want_cols = t.transposed ? out : in;
@@ -285,45 +294,77 @@ void pack_weight(const float* w, int64_t out, int64_t in, std::span<const PackTa
                                            << out << "x" << in
                                            << (t.transposed ? " transposed" : ""));
     CLEAVE_CHECK(reinterpret_cast<uintptr_t>(t.dst) % 64 == 0, "pack_weight: unaligned target");
-    band = std::lcm(band, t.transposed ? L.block_cols : L.block_rows);
+    b.rows = std::lcm(b.rows, t.transposed ? L.block_cols : L.block_rows);
     w_rows = std::max(w_rows, t.transposed ? L.padded_cols : L.padded_rows);
+    stage_elements = std::max(stage_elements, L.block_rows * L.block_cols);
   }
-  int64_t stage_elements = 0;
-  for (const PackTarget& t : targets)
-    stage_elements = std::max(stage_elements, t.layout->block_rows * t.layout->block_cols);
-  const int64_t nbands = (w_rows + band - 1) / band;
-  const size_t stage_bytes = (size_t(stage_elements) * 4 + 63) / 64 * 64;
-  std::unique_ptr<void, decltype(&std::free)> stages(
-      std::aligned_alloc(64, stage_bytes * size_t(omp_get_max_threads())), &std::free);
-  CLEAVE_CHECK(stages != nullptr, "pack_weight: out of memory for " << omp_get_max_threads()
-                                                                    << " blocks of "
-                                                                    << stage_bytes << " bytes");
+  b.count = (w_rows + b.rows - 1) / b.rows;
+  b.stage_bytes = (size_t(stage_elements) * 4 + 63) / 64 * 64;
+  return b;
+}
+
+// Band i of every target, the sequential (non-transposed) layouts first.
+void pack_one_band(const float* w, int64_t out, int64_t in, std::span<const PackTarget> targets,
+                   int64_t band_rows, int64_t i, void* stage) {
+  // Into L2 as one sequential stream: a transposed target reads the band 64 bytes of a row at a
+  // time, as many rows at once as its blocks have, which the prefetchers miss.
+  const int64_t r1 = std::min(out, (i + 1) * band_rows);
+  if (i * band_rows < r1) {
+    const char* first = reinterpret_cast<const char*>(w + i * band_rows * in);
+    const char* last = reinterpret_cast<const char*>(w + r1 * in);
+    for (const char* line = first; line < last; line += 64) _mm_prefetch(line, _MM_HINT_T1);
+  }
+  for (bool transposed : {false, true})
+    for (const PackTarget& t : targets) {
+      if (t.transposed != transposed) continue;
+      if (t.layout->bf16)
+        pack_band(t, w, in, i * band_rows, (i + 1) * band_rows, static_cast<bf16*>(stage));
+      else
+        pack_band(t, w, in, i * band_rows, (i + 1) * band_rows, static_cast<float*>(stage));
+    }
+}
+
+using StageBuffer = std::unique_ptr<void, decltype(&std::free)>;
+
+StageBuffer stage_buffer(size_t bytes) {
+  StageBuffer stage(std::aligned_alloc(64, bytes), &std::free);
+  CLEAVE_CHECK(stage != nullptr, "pack_weight: out of memory for " << bytes << " bytes");
+  return stage;
+}
+
+}  // namespace
+
+void pack_weight(const float* w, int64_t out, int64_t in, std::span<const PackTarget> targets) {
+  const Bands bands = bands_of(out, in, targets);
+  StageBuffer stages = stage_buffer(bands.stage_bytes * size_t(omp_get_max_threads()));
 #pragma omp parallel
   {
-    void* stage = static_cast<char*>(stages.get()) + stage_bytes * size_t(omp_get_thread_num());
+    void* stage = static_cast<char*>(stages.get()) + bands.stage_bytes * size_t(omp_get_thread_num());
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < nbands; ++i) {
-      // Into L2 as one sequential stream: a transposed target reads the band 64 bytes of a
-      // row at a time, as many rows at once as its blocks have, which the prefetchers miss.
-      const int64_t r1 = std::min(out, (i + 1) * band);
-      if (i * band < r1) {
-        const char* first = reinterpret_cast<const char*>(w + i * band * in);
-        const char* last = reinterpret_cast<const char*>(w + r1 * in);
-        for (const char* line = first; line < last; line += 64) _mm_prefetch(line, _MM_HINT_T1);
-      }
-      for (bool transposed : {false, true})
-        for (const PackTarget& t : targets) {
-          if (t.transposed != transposed) continue;
-          if (t.layout->bf16)
-            pack_band(t, w, in, i * band, (i + 1) * band, static_cast<bf16*>(stage));
-          else
-            pack_band(t, w, in, i * band, (i + 1) * band, static_cast<float*>(stage));
-        }
-    }
+    for (int64_t i = 0; i < bands.count; ++i)
+      pack_one_band(w, out, in, targets, bands.rows, i, stage);
 #ifdef __AVX512F__
     _mm_sfence();  // streaming stores are visible before the threads join
 #endif
   }
+}
+
+int64_t pack_band_rows(int64_t out, int64_t in, std::span<const PackTarget> targets) {
+  return bands_of(out, in, targets).rows;
+}
+
+void pack_weight_rows(const float* w, int64_t out, int64_t in,
+                      std::span<const PackTarget> targets, int64_t row0, int64_t row1) {
+  const Bands bands = bands_of(out, in, targets);
+  CLEAVE_CHECK(row0 % bands.rows == 0 && row1 > row0,
+               "pack_weight_rows: rows " << row0 << ".." << row1 << " for bands of " << bands.rows);
+  const int64_t last = row1 >= out ? bands.count : (row1 + bands.rows - 1) / bands.rows;
+  StageBuffer stage = stage_buffer(bands.stage_bytes);
+  for (int64_t i = row0 / bands.rows; i < last; ++i)
+    pack_one_band(w, out, in, targets, bands.rows, i, stage.get());
+#ifdef __AVX512F__
+  _mm_sfence();
+#endif
 }
 
 dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed) {

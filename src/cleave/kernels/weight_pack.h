@@ -43,6 +43,14 @@ struct PackTarget {
 // Writes W [out, in] (row-major fp32) into every target in one pass over W.
 void pack_weight(const float* w, int64_t out, int64_t in, std::span<const PackTarget> targets);
 
+// For a caller that packs W band by band as it writes W (an optimizer step): the rows of a band,
+// and pack_weight for the bands in rows [row0, row1) only, serially, so that calls for disjoint
+// bands may run in parallel. row0 is a multiple of the band; a row1 at or past `out` also covers
+// the padding rows of the layouts.
+int64_t pack_band_rows(int64_t out, int64_t in, std::span<const PackTarget> targets);
+void pack_weight_rows(const float* w, int64_t out, int64_t in,
+                      std::span<const PackTarget> targets, int64_t row0, int64_t row1);
+
 // W [out, in] row-major fp32 as the logical matrix of a target: W^T [in, out] through strides
 // when transposed, else W.
 dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed);

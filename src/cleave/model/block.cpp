@@ -50,6 +50,10 @@ void Block::weights_changed() {
   proj_.weights_changed();
 }
 
+void Block::gemms_by_tensor(std::vector<LinearGemm*>& by_tensor) {
+  for (Linear* l : {&qkv_, &out_, &fc_, &proj_}) by_tensor[size_t(l->weight_index())] = &l->gemm();
+}
+
 void Block::release_packed() {
   qkv_.release_packed();
   out_.release_packed();

@@ -32,6 +32,8 @@ class Block {
   void bind(ParamStore& store);
   void weights_changed();
   void release_packed();
+  // Its linear layers' products, at the index of each one's weight tensor.
+  void gemms_by_tensor(std::vector<LinearGemm*>& by_tensor);
   void reserve(int64_t B, int64_t T);
   static void reserve_grads(BlockGrads& g, const ModelConfig& cfg, int64_t N);
 

@@ -22,6 +22,7 @@ class Linear {
   void backward_weight(const float* dy, const float* x, int64_t N);
 
   int weight_index() const { return w_; }
+  LinearGemm& gemm() { return gemm_; }
 
  private:
   int w_, b_ = -1;

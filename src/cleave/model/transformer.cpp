@@ -47,6 +47,13 @@ void Transformer::weights_changed() {
   head_gemm_->set_weight(store_.value(head_));
 }
 
+std::vector<LinearGemm*> Transformer::gemms_by_tensor() {
+  std::vector<LinearGemm*> by_tensor(store_.tensors().size(), nullptr);
+  for (auto& b : blocks_) b->gemms_by_tensor(by_tensor);
+  by_tensor[size_t(head_)] = head_gemm_.get();
+  return by_tensor;
+}
+
 void Transformer::reserve(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
   const int64_t N = B * T, d = cfg_.d_model;

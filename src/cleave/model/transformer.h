@@ -25,6 +25,8 @@ class Transformer {
   Precision precision() const { return precision_; }
   ParamStore& params() { return store_; }
   void weights_changed();  // after the values in params() were written
+  // Every matrix product's weight tensor: its LinearGemm at the tensor's index, else null.
+  std::vector<LinearGemm*> gemms_by_tensor();
 
   // Units of parameters, in forward order: 0 the embeddings, 1..n_layers the blocks, the last
   // the final norm and LM head. Unit u holds the flat range [unit_bounds()[u], unit_bounds()[u+1]),

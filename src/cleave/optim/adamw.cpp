@@ -5,6 +5,9 @@
 
 namespace cleave {
 
+// Elements per task of the plain update.
+constexpr int64_t kBlock = 1 << 14;
+
 bool weight_decay_applies(const ParamTensor& t, const std::vector<std::string>& no_decay) {
   if (t.shape.size() < 2) return false;
   for (auto& pattern : no_decay)
@@ -17,35 +20,72 @@ AdamW::AdamW(const ParamStore& store, const OptimConfig& cfg, std::vector<FlatRa
   pieces_ = tensor_pieces(store, ranges_);  // checks the ranges
   int64_t size = 0;
   for (const FlatRange& r : ranges_) size += r.end - r.begin;
-  for (auto& t : store.tensors()) decay_.push_back(weight_decay_applies(t, cfg.no_decay));
+  for (auto& t : store.tensors()) {
+    decay_.push_back(weight_decay_applies(t, cfg.no_decay));
+    shapes_.push_back(t.shape);
+  }
   m_.resize(size);
   v_.resize(size);
 }
 
-void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale) {
+namespace {
+
+struct Coefficients {
+  float b1, b2, eps, step_size, inv_sqrt_bc2, decay, grad_scale;
+};
+
+// Elements [j0, j1) of one piece. Every multiply-add is an explicit fma, so the vectorised body
+// and the scalar remainder round alike wherever a piece or chunk starts (the compiler may not
+// contract a product into an fma call): the result does not depend on how ranges are cut.
+inline void update(float* p, const float* g, float* m, float* v, int64_t j0, int64_t j1,
+                   const Coefficients& c) {
+#pragma omp simd
+  for (int64_t j = j0; j < j1; ++j) {
+    const float gj = g[j] * c.grad_scale;
+    const float mj = std::fma(c.b1, m[j], (1.0f - c.b1) * gj);
+    const float vj = std::fma(c.b2, v[j], ((1.0f - c.b2) * gj) * gj);
+    m[j] = mj;
+    v[j] = vj;
+    const float step = c.step_size * mj / std::fma(std::sqrt(vj), c.inv_sqrt_bc2, c.eps);
+    p[j] = std::fma(p[j], c.decay, -step);
+  }
+}
+
+}  // namespace
+
+void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale,
+                 const RowHook* hook) {
   ++t_;
-  const float b1 = float(cfg_.beta1), b2 = float(cfg_.beta2), eps = float(cfg_.eps);
-  const float bc1 = float(1.0 - std::pow(cfg_.beta1, double(t_)));
-  const float bc2 = float(1.0 - std::pow(cfg_.beta2, double(t_)));
-  const float step_size = float(lr) / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+  Coefficients c;
+  c.b1 = float(cfg_.beta1);
+  c.b2 = float(cfg_.beta2);
+  c.eps = float(cfg_.eps);
+  c.step_size = float(lr) / float(1.0 - std::pow(cfg_.beta1, double(t_)));
+  c.inv_sqrt_bc2 = 1.0f / std::sqrt(float(1.0 - std::pow(cfg_.beta2, double(t_))));
+  c.grad_scale = grad_scale;
   for (const TensorPiece& piece : pieces_) {
     float* p = piece.in(values);
     const float* g = piece.in(grads);
     float* m = m_.data() + piece.packed;
     float* v = v_.data() + piece.packed;
-    const float decay = decay_[piece.tensor] ? 1.0f - float(lr * cfg_.weight_decay) : 1.0f;
-    // Every multiply-add is an explicit fma, so the vectorised body and the scalar remainder
-    // round alike wherever a piece starts (the compiler may not contract a product into an fma
-    // call), and the result does not depend on how the flat range is cut into pieces.
-#pragma omp parallel for simd schedule(static)
-    for (int64_t j = 0; j < piece.end - piece.begin; ++j) {
-      const float gj = g[j] * grad_scale;
-      const float mj = std::fma(b1, m[j], (1.0f - b1) * gj);
-      const float vj = std::fma(b2, v[j], ((1.0f - b2) * gj) * gj);
-      m[j] = mj;
-      v[j] = vj;
-      const float update = step_size * mj / std::fma(std::sqrt(vj), inv_sqrt_bc2, eps);
-      p[j] = std::fma(p[j], decay, -update);
+    c.decay = decay_[piece.tensor] ? 1.0f - float(lr * cfg_.weight_decay) : 1.0f;
+    const std::vector<int64_t>& shape = shapes_[size_t(piece.tensor)];
+    const int64_t n = piece.end - piece.begin;
+    const bool whole = shape.size() == 2 && piece.begin == 0 && n == shape[0] * shape[1];
+    const int64_t rows = hook && whole ? hook->chunk_rows(piece.tensor) : 0;
+    if (rows <= 0) {
+      const int64_t nblocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+      for (int64_t b = 0; b < nblocks; ++b)
+        update(p, g, m, v, b * kBlock, std::min(n, (b + 1) * kBlock), c);
+      continue;
+    }
+    const int64_t cols = shape[1], nchunks = (shape[0] + rows - 1) / rows;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < nchunks; ++k) {
+      const int64_t r0 = k * rows, r1 = std::min(shape[0], r0 + rows);
+      update(p, g, m, v, r0 * cols, r1 * cols, c);
+      hook->rows_updated(piece.tensor, r0, r1);
     }
   }
 }

@@ -2,6 +2,7 @@
 // parameter, gradient and moment buffers: gradient clipping's scale is applied in the same pass.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,17 @@ class AdamW {
   // optimizer state is sharded (ZeRO). Its buffers hold the ranges one after the other.
   AdamW(const ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges);
 
+  // For whoever packs weights while the update writes them: chunk_rows(tensor) > 0 asks that a
+  // 2-D tensor held whole in one piece be updated in chunks of that many rows, with
+  // rows_updated(tensor, row0, row1) called after each chunk from inside the parallel loop.
+  struct RowHook {
+    std::function<int64_t(int tensor)> chunk_rows;
+    std::function<void(int tensor, int64_t row0, int64_t row1)> rows_updated;
+  };
+
   // One update with learning rate lr of `values` from `grads` (multiplied by grad_scale first).
-  void step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale);
+  void step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale,
+            const RowHook* hook = nullptr);
   const std::vector<FlatRange>& ranges() const { return ranges_; }
   int64_t size() const { return m_.size(); }
 
@@ -31,6 +41,7 @@ class AdamW {
  private:
   OptimConfig cfg_;
   std::vector<bool> decay_;
+  std::vector<std::vector<int64_t>> shapes_;
   std::vector<FlatRange> ranges_;
   std::vector<TensorPiece> pieces_;
   Buffer<float> m_, v_;
