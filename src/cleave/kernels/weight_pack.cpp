@@ -339,7 +339,8 @@ void pack_weight(const float* w, int64_t out, int64_t in, std::span<const PackTa
   StageBuffer stages = stage_buffer(bands.stage_bytes * size_t(omp_get_max_threads()));
 #pragma omp parallel
   {
-    void* stage = static_cast<char*>(stages.get()) + bands.stage_bytes * size_t(omp_get_thread_num());
+    void* stage =
+        static_cast<char*>(stages.get()) + bands.stage_bytes * size_t(omp_get_thread_num());
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < bands.count; ++i)
       pack_one_band(w, out, in, targets, bands.rows, i, stage);
