@@ -211,6 +211,11 @@ struct LinearGemm::Impl {
     return entry->mem;
   }
 
+  // What the packer needs to write copy p (which has a layout it knows).
+  static kernels::PackTarget target_of(Packed& p, bool streaming) {
+    return {&*p.layout, p.role == Role::forward, p.storage.data(), streaming};
+  }
+
   // Brings every packed copy up to the current weight version; the one for `now` stays in cache.
   void repack(Role now) {
     auto& ctx = dnnl_context();
@@ -219,7 +224,7 @@ struct LinearGemm::Impl {
       if (p.version == weight_version) continue;
       p.version = weight_version;
       if (p.layout) {
-        targets.push_back({&*p.layout, p.role == Role::forward, p.storage.data(), p.role != now});
+        targets.push_back(target_of(p, p.role != now));
         continue;
       }
       memory src(kernels::user_weight_desc(out, in, p.role == Role::forward), ctx.engine,
@@ -272,8 +277,7 @@ int64_t LinearGemm::begin_row_packing() {
   auto& m = *impl_;
   m.row_targets.clear();
   for (Packed& p : m.packed)
-    if (p.layout)
-      m.row_targets.push_back({&*p.layout, p.role == Role::forward, p.storage.data(), true});
+    if (p.layout) m.row_targets.push_back(Impl::target_of(p, true));
   if (m.row_targets.empty()) return 0;
   return kernels::pack_band_rows(m.out, m.in, m.row_targets);
 }

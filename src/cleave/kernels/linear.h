@@ -19,7 +19,8 @@ class LinearGemm {
   LinearGemm& operator=(LinearGemm&&) noexcept;
 
   // The weights changed (optimizer step, load): repack lazily before the next product.
-  // `weight` must stay valid and unchanged until the next call.
+  // `weight` must stay valid until the next call. It may still be written until the next product
+  // (which packs it), or while rows are packed as below; after that, only with a new call.
   void set_weight(const float* weight);
 
   // y = x W^T (+ bias if non-null). y is written (=).

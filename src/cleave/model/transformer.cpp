@@ -40,6 +40,9 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
   for (auto& b : blocks_) b->bind(store_);
   final_norm_->bind(store_);
   head_gemm_->set_weight(store_.value(head_));
+  gemm_of_tensor_.assign(store_.tensors().size(), nullptr);
+  for (auto& b : blocks_) b->gemms_by_tensor(gemm_of_tensor_);
+  gemm_of_tensor_[size_t(head_)] = head_gemm_.get();
 }
 
 void Transformer::weights_changed() {
@@ -47,11 +50,20 @@ void Transformer::weights_changed() {
   head_gemm_->set_weight(store_.value(head_));
 }
 
-std::vector<LinearGemm*> Transformer::gemms_by_tensor() {
-  std::vector<LinearGemm*> by_tensor(store_.tensors().size(), nullptr);
-  for (auto& b : blocks_) b->gemms_by_tensor(by_tensor);
-  by_tensor[size_t(head_)] = head_gemm_.get();
-  return by_tensor;
+int64_t Transformer::begin_row_packing(int tensor) {
+  LinearGemm* gemm = gemm_of_tensor_[size_t(tensor)];
+  const int64_t rows = gemm ? gemm->begin_row_packing() : 0;
+  if (rows > 0) row_packing_.push_back(gemm);
+  return rows;
+}
+
+void Transformer::pack_rows(int tensor, int64_t row0, int64_t row1) {
+  gemm_of_tensor_[size_t(tensor)]->pack_rows(row0, row1);
+}
+
+void Transformer::all_rows_packed() {
+  for (LinearGemm* gemm : row_packing_) gemm->all_rows_packed();
+  row_packing_.clear();
 }
 
 void Transformer::reserve(int64_t B, int64_t T) {

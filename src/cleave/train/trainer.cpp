@@ -93,7 +93,6 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1);
   model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed, 16 * shard_group_->size(),
                                          cfg_.parallel.zero_stage < 3);
-  gemms_by_tensor_ = model_->gemms_by_tensor();
   dp_ = std::make_unique<DataParallel>(
       model_->params(),
       DataParallelGroups{dp_group_.get(), shard_group_.get(), replicate_group_.get()},
@@ -157,30 +156,17 @@ StepResult Trainer::train_step(int64_t step) {
   if (cfg_.optim.grad_clip > 0 && r.grad_norm > cfg_.optim.grad_clip)
     clip = float(cfg_.optim.grad_clip / r.grad_norm);
   r.lr = learning_rate(cfg_.optim, step, t.steps);
-  // With the whole optimizer step on every rank (DDP, or one process), each linear weight is
-  // packed for oneDNN band by band while AdamW writes it, from cache. Otherwise (ZeRO) the
-  // weights are packed at their next product, once gathered.
-  if (cfg_.parallel.zero_stage == 0) {
-    model_->weights_changed();
-    std::vector<LinearGemm*> packing;
-    AdamW::RowHook hook;
-    hook.chunk_rows = [&](int tensor) -> int64_t {
-      LinearGemm* gemm = gemms_by_tensor_[size_t(tensor)];
-      const int64_t rows = gemm ? gemm->begin_row_packing() : 0;
-      if (rows > 0) packing.push_back(gemm);
-      return rows;
-    };
-    hook.rows_updated = [&](int tensor, int64_t row0, int64_t row1) {
-      gemms_by_tensor_[size_t(tensor)]->pack_rows(row0, row1);
-    };
-    optim_->step(shard.values, shard.grads, r.lr, clip, &hook);
-    for (LinearGemm* gemm : packing) gemm->all_rows_packed();
-    dp_->after_optimizer_step();
-  } else {
-    optim_->step(shard.values, shard.grads, r.lr, clip);
-    dp_->after_optimizer_step();
-    model_->weights_changed();
-  }
+  // The packed copies of the weights go stale here. With the whole optimizer step on every rank
+  // (DDP, or one process), AdamW hands each linear weight to the packer band by band as it
+  // writes it, from cache; under ZeRO the weights are packed at their next product, once gathered.
+  model_->weights_changed();
+  const AdamW::RowHook hook{
+      [this](int tensor) { return model_->begin_row_packing(tensor); },
+      [this](int tensor, int64_t row0, int64_t row1) { model_->pack_rows(tensor, row0, row1); }};
+  optim_->step(shard.values, shard.grads, r.lr, clip,
+               cfg_.parallel.zero_stage == 0 ? &hook : nullptr);
+  model_->all_rows_packed();
+  dp_->after_optimizer_step();
   r.exposed_comm_s = dp_->take_exposed_seconds();
   return r;
 }

@@ -50,7 +50,6 @@ class Trainer {
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
   std::unique_ptr<BatchLoader> train_loader_, val_loader_;
   std::unique_ptr<Transformer> model_;
-  std::vector<LinearGemm*> gemms_by_tensor_;  // model_'s, for packing weights during the step
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<AdamW> optim_;
   std::vector<int32_t> inputs_, targets_;
