@@ -13,6 +13,7 @@
 #include "cleave/model/generate.h"
 #include "cleave/model/hf_export.h"
 #include "cleave/train/checkpoint_io.h"
+#include "cleave/train/peak.h"
 #include "cleave/train/trainer.h"
 #include "cli/args.h"
 
@@ -111,6 +112,30 @@ int export_hf(int argc, char** argv) {
   const std::string tok = cfg.data.dir + "/tokenizer.model";
   if (fs::exists(tok)) fs::copy_file(tok, out + "/tokenizer.model", fs::copy_options::overwrite_existing);
   std::printf("exported %zu tensors to %s/{config.json,model.safetensors}\n", tensors.size(), out.c_str());
+  return 0;
+}
+
+int peak(int argc, char** argv) {
+  const Args a = Args::parse("peak", argc, argv, {"--dtype", "--threads"}, {"--refresh"});
+  if (!a.positional.empty()) throw Error("cleave peak: takes no positional arguments");
+  if (a.has("--threads")) omp_set_num_threads(int(a.number("--threads", 0)));
+  const std::string dtypes = a.get("--dtype", "all");
+  if (dtypes != "all" && dtypes != "fp32" && dtypes != "bf16")
+    throw Error("cleave peak: --dtype must be fp32, bf16 or all, not '" + dtypes + "'");
+  PeakRequest request;
+  request.threads = omp_get_max_threads();
+  request.refresh = a.has("--refresh");
+  request.cache_path = default_peak_cache();
+  std::printf("cache: %s\n", request.cache_path.empty() ? "none (no HOME)" : request.cache_path.c_str());
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    const char* name = p == Precision::fp32 ? "fp32" : "bf16";
+    if (dtypes != "all" && dtypes != name) continue;
+    request.precision = p;
+    const ComputePeak peak = resolve_peak(request);
+    std::printf("%s, %d threads: GEMM peak %.1f GF/s (%s); hardware FMA peak %s\n", name,
+                request.threads, peak.gflops, source_name(peak.source),
+                describe(peak.hardware).c_str());
+  }
   return 0;
 }
 

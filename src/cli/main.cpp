@@ -15,6 +15,7 @@ int tokenize(int argc, char** argv);
 int generate(int argc, char** argv);
 int export_hf(int argc, char** argv);
 int bench_gemm(int argc, char** argv);
+int peak(int argc, char** argv);
 int bench_comm(int argc, char** argv);
 int mesh(int argc, char** argv);
 }  // namespace cleave::cli
@@ -28,6 +29,7 @@ const char* kUsage = R"(usage: cleave COMMAND ...
            [--seed S] [--tokenizer MODEL]
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   bench-gemm [CONFIG.toml] [--set key=value ...] [--seconds S]   GEMM GF/s, fp32 and bf16
+  peak [--dtype fp32|bf16] [--threads N] [--refresh]   the peaks MFU is quoted against (cached)
   bench-comm (under mpirun)                        collective algbw/busbw, cleave's and MPI's
   mesh --world N [--set parallel.AXIS=D ...] [--ranks-per-host K]   the device mesh's groups
 Multi-rank: mpirun -np N cleave train CONFIG.toml --set parallel.dp_shard=N ...
@@ -59,6 +61,7 @@ int main(int argc, char** argv) {
       else if (cmd == "generate") rc = cleave::cli::generate(argc - 2, argv + 2);
       else if (cmd == "export") rc = cleave::cli::export_hf(argc - 2, argv + 2);
       else if (cmd == "bench-gemm") rc = cleave::cli::bench_gemm(argc - 2, argv + 2);
+      else if (cmd == "peak") rc = cleave::cli::peak(argc - 2, argv + 2);
       else {
         std::fprintf(stderr, "cleave: unknown command '%s'\n%s", cmd.c_str(), kUsage);
         rc = 2;

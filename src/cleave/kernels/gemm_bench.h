@@ -21,6 +21,7 @@ struct GemmBenchResult {
   Precision precision = Precision::fp32;
   double seconds = 0;  // median time of one call
   double gflops = 0;   // 2*N*in*out / seconds / 1e9
+  double best_gflops = 0;  // of the fastest call, on CPU time where neighbours took the cores
   int repetitions = 0;
 };
 
@@ -45,6 +46,18 @@ std::vector<PackBenchResult> bench_weight_packing(
 // FLOP-weighted overall GF/s of a set of results: total flops / total median time, i.e. the
 // throughput of running each listed (shape, pass) once.
 double overall_gflops(const std::vector<GemmBenchResult>& results);
+
+// The GEMM peak MFU is quoted against: the best rate of any pass of a fixed set of large shapes,
+// each call timed on CPU time where the machine is shared, after warm-up, in rounds over the set
+// until a round no longer beats the best by 1% (at least 3 rounds, at most about max_seconds).
+// Every matrix product of a training step runs at most at this rate, and the rest of a step adds
+// time, so a step's model FLOPs per second stay below it.
+struct GemmPeak {
+  double gflops = 0;
+  int rounds = 0;
+  double seconds = 0;  // spent measuring
+};
+GemmPeak measure_gemm_peak(Precision precision, double max_seconds);
 
 // The linear-layer shapes of a GPT-2 124M training step with N tokens: qkv 768->2304, attention
 // projection 768->768, MLP up 768->3072, MLP down 3072->768, LM head 768->vocab.

@@ -160,6 +160,9 @@ const std::vector<Key>& schema() {
                             1, 1e6));
     k.push_back(string_key("train.out_dir", &C::train, &TrainConfig::out_dir));
     k.push_back(real_key("train.peak_gflops", &C::train, &TrainConfig::peak_gflops, 0.0, 1e9));
+    k.push_back(choice_key("train.mfu_peak", &C::train, &TrainConfig::mfu_peak,
+                           std::vector<std::pair<std::string, MfuPeak>>{
+                               {"gemm", MfuPeak::gemm}, {"hardware", MfuPeak::hardware}}));
 
     k.push_back(real_key("optim.lr", &C::optim, &OptimConfig::lr, 0.0, 10.0));
     k.push_back(real_key("optim.min_lr", &C::optim, &OptimConfig::min_lr, 0.0, 10.0));

@@ -32,6 +32,10 @@ struct OptimConfig {
   double grad_clip = 1.0;  // 0 turns clipping off
 };
 
+// What MFU is quoted against when train.peak_gflops is 0: the GEMM peak measured on this machine
+// (cached per machine, oneDNN version, dtype and threads), or the hardware's FMA peak.
+enum class MfuPeak { gemm, hardware };
+
 struct TrainConfig {
   uint64_t seed = 1337;
   int seq_len = 256;
@@ -46,8 +50,9 @@ struct TrainConfig {
   int64_t checkpoint_interval = 0;  // 0: only at the end; -1: never (benchmarks)
   int64_t keep_checkpoints = 2;
   std::string out_dir = "runs/default";
-  // The GEMM peak MFU is quoted against, GF/s; 0: measured at start on GPT-2 124M's GEMM shapes.
+  // The peak MFU is quoted against, GF/s per rank; 0: the one mfu_peak names (train/peak.h).
   double peak_gflops = 0;
+  MfuPeak mfu_peak = MfuPeak::gemm;
 };
 
 // The device mesh degrees (-1: the rest of the world) and how data parallelism shards state.

@@ -17,7 +17,6 @@
 
 #include "cleave/checkpoint/folder.h"
 #include "cleave/train/checkpoint_io.h"
-#include "cleave/kernels/gemm_bench.h"
 #include "cleave/optim/schedule.h"
 #include "cleave/parallel/mesh_groups.h"
 
@@ -72,6 +71,8 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   mesh_ = std::make_unique<Mesh>(build_mesh(cfg_.parallel, world_));
+  world_group_ = make_group(*mesh_, rank_, {Axis::pp, Axis::dp_replicate, Axis::dp_shard,
+                                            Axis::cp, Axis::tp}, "world");
   dp_group_ = make_group(*mesh_, rank_, {Axis::dp_replicate, Axis::dp_shard}, "dp");
   shard_group_ = make_group(*mesh_, rank_, {Axis::dp_shard}, "dp_shard");
   replicate_group_ = make_group(*mesh_, rank_, {Axis::dp_replicate}, "dp_replicate");
@@ -120,9 +121,42 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     if (!metrics_) throw Error("cannot write " + t.out_dir + "/metrics.jsonl");
   }
 
-  peak_gflops_ = t.peak_gflops;
-  if (peak_gflops_ == 0)
-    peak_gflops_ = overall_gflops(bench_linear_shapes(gpt2_small_linear_shapes(), t.dtype, 0.15));
+  resolve_peaks();
+}
+
+void Trainer::resolve_peaks() {
+  // One rank per host resolves the peak (from the cache, or measuring it alone while the others
+  // wait) and tells the host's other ranks; MFU's denominators sum every rank's figure.
+  MPI_Comm host;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host);
+  int host_rank = 0;
+  MPI_Comm_rank(host, &host_rank);
+  double figures[6] = {};
+  if (host_rank == 0) {
+    PeakRequest request;
+    request.precision = cfg_.train.dtype;
+    request.threads = omp_get_max_threads();
+    request.configured_gflops = cfg_.train.peak_gflops;
+    request.hardware = cfg_.train.mfu_peak == MfuPeak::hardware;
+    request.cache_path = default_peak_cache();
+    peak_ = resolve_peak(request);
+    const HardwarePeak& h = peak_.hardware;
+    const double mine[6] = {peak_.gflops, double(int(peak_.source)), h.gflops, h.ghz,
+                            h.flops_per_cycle, h.derived ? 1.0 : 0.0};
+    std::copy(mine, mine + 6, figures);
+  }
+  MPI_Bcast(figures, 6, MPI_DOUBLE, 0, host);
+  MPI_Comm_free(&host);
+  if (host_rank != 0) {
+    peak_.gflops = figures[0];
+    peak_.source = PeakSource(int(figures[1]));
+    peak_.hardware = {figures[2], figures[3], figures[4], omp_get_max_threads(), "",
+                      figures[5] != 0};
+  }
+  double sums[2] = {peak_.gflops, peak_.hardware.gflops};
+  MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  peak_sum_ = sums[0];
+  hardware_sum_ = sums[1];
 }
 
 double Trainer::sum_over_dp(double local) {
@@ -143,7 +177,12 @@ StepResult Trainer::train_step(int64_t step) {
     train_loader_->fill(inputs_.data(), targets_.data(), uint64_t(step),
                         micro * mb + dp_rank_ * local_batch_, local_batch_);
     // Gradients are synchronised once per step: during the last micro-batch's backward.
-    const Transformer::UnitHooks hooks = dp_->hooks(micro == accum - 1);
+    Transformer::UnitHooks hooks = dp_->hooks(micro == accum - 1);
+    if (gradient_fault_)
+      hooks.after_backward = [this, step, reduce = hooks.after_backward](int unit) {
+        gradient_fault_(step, unit, model_->params());
+        reduce(unit);
+      };
     model_->forward(inputs_.data(), targets_.data(), local_batch_, T, grad_scale, &hooks);
     for (int64_t i = 0; i < local_batch_ * T; ++i) loss_sum += model_->losses()[i];
     model_->backward(&hooks);
@@ -152,6 +191,8 @@ StepResult Trainer::train_step(int64_t step) {
   StepResult r;
   r.loss = sum_over_dp(loss_sum) / double(mb * T * accum);
   r.grad_norm = std::sqrt(dp_->grad_sum_of_squares());
+  // Both are the same on every rank, so every rank stops here alike, before anything is applied.
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) stop_non_finite(step, r, shard);
   float clip = 1.0f;
   if (cfg_.optim.grad_clip > 0 && r.grad_norm > cfg_.optim.grad_clip)
     clip = float(cfg_.optim.grad_clip / r.grad_norm);
@@ -169,6 +210,34 @@ StepResult Trainer::train_step(int64_t step) {
   dp_->after_optimizer_step();
   r.exposed_comm_s = dp_->take_exposed_seconds();
   return r;
+}
+
+void Trainer::stop_non_finite(int64_t step, const StepResult& r,
+                              const DataParallel::OptimizerInputs& shard) {
+  // The first tensor (in the store's order) whose gradient this rank holds a non-finite value of;
+  // the smallest over the data-parallel ranks is the first of the whole model.
+  ParamStore& params = model_->params();
+  const float none = float(params.tensors().size());
+  float first = none;
+  for (const TensorPiece& p : tensor_pieces(params, dp_->ranges())) {
+    if (float(p.tensor) >= first) continue;
+    const float* g = p.in(shard.grads);
+    for (int64_t i = 0; i < p.end - p.begin; ++i)
+      if (!std::isfinite(g[i])) {
+        first = float(p.tensor);
+        break;
+      }
+  }
+  std::vector<float> firsts(static_cast<size_t>(dp_size_));
+  dp_group_->all_gather(&first, firsts.data(), 1, CommType::f32, CommAlgo::ours).wait();
+  const int tensor = int(*std::min_element(firsts.begin(), firsts.end()));
+  char numbers[96];
+  std::snprintf(numbers, sizeof numbers, "loss %g, gradient norm %g", r.loss, r.grad_norm);
+  std::string what = "step " + std::to_string(step + 1) + ": " + numbers;
+  if (float(tensor) < none)
+    what += "; the first parameter with a non-finite gradient is " + params.tensor(tensor).name;
+  throw Error(what + ". Stopped before the update: the parameters and optimizer state are those "
+              "of step " + std::to_string(step) + ", and no checkpoint of this step was written");
 }
 
 double Trainer::validate() {
@@ -204,26 +273,31 @@ void Trainer::run(int64_t exit_after) {
               << " x dp_shard " << shard_group_->size() << ", ZeRO-" << cfg_.parallel.zero_stage
               << ") x " << omp_get_max_threads() << " threads, global batch "
               << int64_t(t.micro_batch_size) * t.grad_accum_steps << " x " << t.seq_len
-              << " tokens; MFU against a measured GEMM peak of " << std::llround(peak_gflops_)
-              << " GF/s per rank\n";
+              << " tokens\n"
+              << "MFU against " << std::llround(peak_.gflops) << " GF/s per rank ("
+              << source_name(peak_.source) << (peak_.source == PeakSource::measured ||
+                                                 peak_.source == PeakSource::cached
+                                                   ? " GEMM peak" : "")
+              << "); hardware FMA peak per rank " << describe(peak_.hardware) << "\n";
     if (step_ > 0) std::cout << "resumed at step " << step_ << "\n";
   }
-  double interval_start = now_seconds(), interval_exposed = 0;
+  // Throughput counts the training steps' own time: validation and checkpoints are left out.
+  double interval_seconds = 0, interval_exposed = 0;
   int64_t interval_steps = 0;
   const int64_t first_step = step_;
   while (step_ < t.steps) {
     const double t0 = now_seconds();
     const StepResult r = train_step(step_);
-    elapsed_ += now_seconds() - t0;
+    const double step_seconds = now_seconds() - t0;
+    elapsed_ += step_seconds;
+    interval_seconds += step_seconds;
     ++steps_timed_;
     ++step_;
     ++interval_steps;
     interval_exposed += r.exposed_comm_s;
-    if (!std::isfinite(r.loss))
-      throw Error("loss became " + std::to_string(r.loss) + " at step " + std::to_string(step_));
     if (step_ % t.log_interval == 0 || step_ == t.steps) {
-      log_step(r, now_seconds() - interval_start, interval_steps, interval_exposed);
-      interval_start = now_seconds();
+      log_step(r, interval_seconds, interval_steps, interval_exposed);
+      interval_seconds = 0;
       interval_steps = 0;
       interval_exposed = 0;
     }
@@ -233,7 +307,6 @@ void Trainer::run(int64_t exit_after) {
         std::printf("step %lld | val loss %.4f\n", (long long)step_, v);
         metrics_ << nlohmann::json{{"step", step_}, {"val_loss", v}}.dump() << "\n" << std::flush;
       }
-      interval_start = now_seconds();
     }
     const bool exiting = exit_after > 0 && step_ - first_step == exit_after;
     const bool due = t.checkpoint_interval > 0 ? step_ % t.checkpoint_interval == 0 || step_ == t.steps
@@ -248,24 +321,49 @@ void Trainer::run(int64_t exit_after) {
 }
 
 void Trainer::log_step(const StepResult& r, double seconds, int64_t steps, double exposed) {
+  // Every rank's peak resident memory, so a layout whose ranks differ shows each.
+  float rss = float(peak_rss_mib());
+  std::vector<float> rss_of(static_cast<size_t>(world_));
+  world_group_->all_gather(&rss, rss_of.data(), 1, CommType::f32, CommAlgo::ours).wait();
   if (rank_ != 0) return;
   const TrainConfig& t = cfg_.train;
   const double tokens = double(steps) * t.micro_batch_size * t.grad_accum_steps * t.seq_len;
   const double tok_s = tokens / seconds;
-  // DESIGN.md section 10: 6 x matmul parameters + 6 x layers x sequence x d_model (causal, halved).
+  // docs/architecture.md, MFU: 6 x matmul parameters + 6 x layers x sequence x d_model (causal,
+  // halved).
   const double flops_per_token = 6.0 * double(model_->matmul_params()) +
                                  6.0 * cfg_.model.n_layers * t.seq_len * cfg_.model.d_model;
-  const double mfu = tok_s * flops_per_token / (peak_gflops_ * 1e9 * world_);
+  const double model_gflops = tok_s * flops_per_token * 1e-9;
+  const double mfu = model_gflops / peak_sum_;
+  const double mfu_hardware = hardware_sum_ > 0 ? model_gflops / hardware_sum_ : 0.0;
+  if (mfu > 1 && !warned_peak_ && peak_.source != PeakSource::configured) {
+    warned_peak_ = true;
+    std::fprintf(stderr,
+                 "cleave: warning: the step ran at %.0f GF/s, above the %s peak of %.0f GF/s: "
+                 "that peak is wrong; run `cleave peak --refresh --dtype %s --threads %d`\n",
+                 model_gflops, source_name(peak_.source), peak_sum_,
+                 t.dtype == Precision::bf16 ? "bf16" : "fp32", peak_.hardware.threads);
+  }
   const double comm_ms = 1e3 * exposed / double(steps);
   const double eta = double(t.steps - step_) * elapsed_ / double(steps_timed_);
-  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% of %.0f GF/s | comm %.0f ms/step | RSS %.0f MiB | ETA %s\n",
+  const double rss_max = *std::max_element(rss_of.begin(), rss_of.end());
+  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% of %.0f GF/s %s (hw %.0f) | comm %.0f ms/step | RSS %.0f MiB%s | ETA %s\n",
               (long long)step_, (long long)t.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu,
-              peak_gflops_, comm_ms, peak_rss_mib(), format_duration(eta).c_str());
+              peak_.gflops, source_name(peak_.source), peak_.hardware.gflops, comm_ms, rss_max,
+              world_ > 1 ? " (max rank)" : "", format_duration(eta).c_str());
   std::fflush(stdout);
-  metrics_ << nlohmann::json{{"step", step_},        {"loss", r.loss},
-                             {"lr", r.lr},           {"grad_norm", r.grad_norm},
-                             {"tokens_per_s", tok_s}, {"mfu", mfu},
-                             {"peak_gflops", peak_gflops_}, {"peak_rss_mib", peak_rss_mib()},
+  metrics_ << nlohmann::json{{"step", step_},
+                             {"loss", r.loss},
+                             {"lr", r.lr},
+                             {"grad_norm", r.grad_norm},
+                             {"tokens_per_s", tok_s},
+                             {"mfu", mfu},
+                             {"peak_gflops", peak_.gflops},
+                             {"peak_source", source_name(peak_.source)},
+                             {"mfu_hardware", mfu_hardware},
+                             {"hardware_peak_gflops", peak_.hardware.gflops},
+                             {"peak_rss_mib", rss_max},
+                             {"peak_rss_mib_per_rank", rss_of},
                              {"exposed_comm_ms", comm_ms},
                              {"eta_s", eta}}
                   .dump()

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "cleave/optim/adamw.h"
 #include "cleave/parallel/data_parallel.h"
 #include "cleave/train/config.h"
+#include "cleave/train/peak.h"
 
 namespace cleave {
 
@@ -34,17 +36,26 @@ class Trainer {
   double validate();
   void save_checkpoint();
   int64_t step() const { return step_; }
+  // Fault injection for tests: called with (step, unit) on this rank once backward has finished a
+  // unit's gradients and before they are reduced, so a test can poison one rank's gradients.
+  using GradientFault = std::function<void(int64_t step, int unit, ParamStore& params)>;
+  void inject_gradient_fault(GradientFault fault) { gradient_fault_ = std::move(fault); }
 
  private:
   void load_checkpoint(const std::string& dir);
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
                 double exposed_seconds);
   double sum_over_dp(double local);  // exact enough for losses: sent as two floats
+  void resolve_peaks();
+  // Every rank alike, before the update: names the step and the first tensor whose gradient holds
+  // a non-finite value (a collective over the data-parallel ranks).
+  [[noreturn]] void stop_non_finite(int64_t step, const StepResult& r,
+                                    const DataParallel::OptimizerInputs& shard);
 
   Config cfg_;
   int world_ = 1, rank_ = 0;
   std::unique_ptr<Mesh> mesh_;
-  std::unique_ptr<Group> dp_group_, shard_group_, replicate_group_;
+  std::unique_ptr<Group> world_group_, dp_group_, shard_group_, replicate_group_;
   int dp_size_ = 1, dp_rank_ = 0;
   int64_t local_batch_ = 0;  // samples of each micro-batch on this rank
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
@@ -55,7 +66,10 @@ class Trainer {
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;  // steps completed
   std::string job_tag_;  // rank 0's pid: names the temporary folder all ranks write a checkpoint to
-  double peak_gflops_ = 0;
+  ComputePeak peak_;                  // this rank's (rank 0's is printed)
+  double peak_sum_ = 0, hardware_sum_ = 0;  // GF/s over every rank: MFU's denominators
+  bool warned_peak_ = false;
+  GradientFault gradient_fault_;
   std::ofstream metrics_;
   double elapsed_ = 0;  // training seconds so far in this process
   int64_t steps_timed_ = 0;

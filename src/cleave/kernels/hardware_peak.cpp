@@ -1,0 +1,184 @@
+#include "cleave/kernels/hardware_peak.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <vector>
+
+#include <omp.h>
+
+#if defined(__x86_64__)
+// GCC 12's AVX-512 intrinsics start from an "undefined" vector that -Wmaybe-uninitialized
+// mistakes for a read of an uninitialised variable (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+namespace cleave {
+
+namespace {
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+bool cpu_has(const std::string& flag) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    std::string w;
+    while (words >> w)
+      if (w == flag) return true;
+    return false;
+  }
+  return false;
+}
+
+#if defined(__x86_64__)
+// Each loop runs independent accumulators (more than FMA latency x ports), so the FMA pipes, not
+// the dependency chains, set the rate. a = a * b + c converges to a fixed point near 1: no
+// overflow, no denormals. Returns the FLOPs done; the sum, stored in g_sink, keeps the work alive.
+constexpr int kChains = 12;
+std::atomic<float> g_sink{0};
+
+__attribute__((target("avx512f"))) double fma_avx512(int64_t iters) {
+  __m512 a[kChains];
+  for (int j = 0; j < kChains; ++j) a[j] = _mm512_set1_ps(1.0f + 0.01f * float(j));
+  const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kChains; ++j) a[j] = _mm512_fmadd_ps(a[j], b, c);
+  __m512 s = a[0];
+  for (int j = 1; j < kChains; ++j) s = _mm512_add_ps(s, a[j]);
+  g_sink.store(_mm512_reduce_add_ps(s), std::memory_order_relaxed);
+  return double(iters) * kChains * 16 * 2;
+}
+
+__attribute__((target("avx2,fma"))) double fma_avx2(int64_t iters) {
+  __m256 a[kChains];
+  for (int j = 0; j < kChains; ++j) a[j] = _mm256_set1_ps(1.0f + 0.01f * float(j));
+  const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kChains; ++j) a[j] = _mm256_fmadd_ps(a[j], b, c);
+  alignas(32) float out[8];
+  __m256 s = a[0];
+  for (int j = 1; j < kChains; ++j) s = _mm256_add_ps(s, a[j]);
+  _mm256_store_ps(out, s);
+  g_sink.store(out[0] + out[7], std::memory_order_relaxed);
+  return double(iters) * kChains * 8 * 2;
+}
+
+// vdpbf16ps: 16 lanes, each a sum of two bf16 products added to an fp32 accumulator (4 FLOPs).
+__attribute__((target("avx512f,avx512bf16"))) double dot_bf16(int64_t iters) {
+  __m512 a[kChains];
+  for (int j = 0; j < kChains; ++j) a[j] = _mm512_setzero_ps();
+  const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(-1e-3f));
+  const __m512bh y = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.5f));
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kChains; ++j) a[j] = _mm512_dpbf16_ps(a[j], x, y);
+  __m512 s = a[0];
+  for (int j = 1; j < kChains; ++j) s = _mm512_add_ps(s, a[j]);
+  g_sink.store(_mm512_reduce_add_ps(s), std::memory_order_relaxed);
+  return double(iters) * kChains * 16 * 4;
+}
+
+// A chain of dependent integer adds retires one per cycle: adds per CPU second is the clock.
+double add_chain(int64_t iters) {
+  uint64_t x = 0;
+  for (int64_t i = 0; i < iters; ++i)
+    asm volatile(
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+        : "+r"(x));
+  return double(iters) * 16;
+}
+#endif
+
+using Loop = double (*)(int64_t);
+
+// The best rate (operations per CPU second) of `bursts` bursts of `iters` iterations on each of
+// `threads` threads, summed over the threads; a first burst warms the core up untimed.
+double best_rate(const std::function<double(int64_t)>& burst, int threads, int64_t iters,
+                 int bursts) {
+  std::vector<double> best(size_t(threads), 0.0);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    burst(iters);
+    for (int b = 0; b < bursts; ++b) {
+      const double t0 = thread_cpu_seconds();
+      const double ops = burst(iters);
+      const double dt = thread_cpu_seconds() - t0;
+      if (dt > 0) best[size_t(t)] = std::max(best[size_t(t)], ops / dt);
+    }
+  }
+  double sum = 0;
+  for (double r : best) sum += r;
+  return sum;
+}
+
+}  // namespace
+
+HardwarePeak measure_hardware_peak(Precision precision, int threads) {
+  HardwarePeak p;
+  p.threads = threads;
+#if defined(__x86_64__)
+  const double ghz = best_rate([](int64_t n) { return add_chain(n); }, 1, 1 << 16, 200) * 1e-9;
+  if (precision == Precision::bf16 && cpu_has("amx_bf16")) {
+    p.instruction = "AMX";
+    p.derived = true;
+    p.flops_per_cycle = 1024;
+    p.ghz = ghz;
+    p.gflops = threads * ghz * p.flops_per_cycle;
+    return p;
+  }
+  Loop loop = nullptr;
+  if (precision == Precision::bf16 && cpu_has("avx512_bf16")) {
+    loop = dot_bf16;
+    p.instruction = "AVX-512 BF16 dot product";
+  } else if (cpu_has("avx512f")) {
+    loop = fma_avx512;
+    p.instruction = "AVX-512 FMA";
+  } else if (cpu_has("fma")) {
+    loop = fma_avx2;
+    p.instruction = "AVX2 FMA";
+  }
+  if (!loop) return p;
+  const double flops_per_s = best_rate([&](int64_t n) { return loop(n); }, threads, 1 << 18, 200);
+  // The nominal FLOPs per cycle is a power of two; the clock under FMA load (which may run below
+  // the integer clock) is what makes threads x GHz x FLOPs/cycle equal the measured rate.
+  p.flops_per_cycle = std::exp2(std::round(std::log2(flops_per_s / (threads * ghz * 1e9))));
+  p.ghz = flops_per_s / (threads * p.flops_per_cycle) * 1e-9;
+  p.gflops = flops_per_s * 1e-9;
+#else
+  (void)precision;
+#endif
+  return p;
+}
+
+std::string describe(const HardwarePeak& peak) {
+  if (peak.gflops <= 0) return "unknown on this CPU";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%.0f GF/s: %d thread%s x %.2f GHz x %.0f FLOP/cycle (%s, %s)",
+                peak.gflops, peak.threads, peak.threads == 1 ? "" : "s", peak.ghz,
+                peak.flops_per_cycle, peak.instruction.c_str(),
+                peak.derived ? "derived from the clock" : "measured");
+  return buf;
+}
+
+}  // namespace cleave

@@ -1,0 +1,28 @@
+// The hardware's floating-point peak for a dtype and thread count: cores x frequency x FLOPs per
+// cycle, next to which the measured GEMM peak (gemm_bench.h) can be judged. The FMA rate is
+// measured with the widest FMA instruction the CPU has (AVX-512 or AVX2 FMA for fp32, the AVX-512
+// BF16 dot product for bf16), each thread timing its own bursts by its CPU time, so neighbours
+// that take the cores away lengthen the wall time but not the figure. Intel's AMX has no loop
+// here: its bf16 rate is derived from the measured clock and AMX's 1024 FLOPs per cycle.
+#pragma once
+#include <string>
+
+#include "cleave/kernels/linear.h"
+
+namespace cleave {
+
+struct HardwarePeak {
+  double gflops = 0;           // threads x ghz x flops_per_cycle; 0 when not known (non-x86)
+  double ghz = 0;              // the clock under this load: the FMA rate over the nominal rate
+  double flops_per_cycle = 0;  // per core, for the instruction below (nominal: a power of two)
+  int threads = 0;
+  std::string instruction;     // e.g. "AVX-512 FMA", "AVX-512 BF16 dot product", "AMX"
+  bool derived = false;        // true: computed from the clock (AMX), not timed
+};
+
+HardwarePeak measure_hardware_peak(Precision precision, int threads);
+
+// "17 GF/s: 2 threads x 3.70 GHz x 32 FLOP/cycle (AVX-512 FMA, measured)"
+std::string describe(const HardwarePeak& peak);
+
+}  // namespace cleave

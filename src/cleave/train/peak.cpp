@@ -1,0 +1,169 @@
+#include "cleave/train/peak.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "cleave/base/check.h"
+#include "cleave/kernels/gemm_bench.h"
+
+namespace fs = std::filesystem;
+
+namespace cleave {
+
+namespace {
+
+// At most this long measuring the GEMM peak (typically 2 to 4 s: it stops once stable).
+constexpr double kGemmPeakSeconds = 8.0;
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  return "unknown CPU";
+}
+
+std::string cache_key(Precision precision, int threads) {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const dnnl_version_t* v = dnnl_version();
+  return "host=" + std::string(host) + ";cpu=" + cpu_model() + ";onednn=" +
+         std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) + ";dtype=" + (precision == Precision::bf16 ? "bf16" : "fp32") +
+         ";threads=" + std::to_string(threads);
+}
+
+nlohmann::json read_cache(const std::string& path) {
+  if (path.empty() || !fs::exists(path)) return nlohmann::json::object();
+  try {
+    std::ifstream in(path);
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (j.is_object()) return j;
+  } catch (const nlohmann::json::exception&) {
+  }
+  std::fprintf(stderr, "cleave: warning: the peak cache %s is not a JSON object; measuring again "
+                       "and rewriting it\n", path.c_str());
+  return nlohmann::json::object();
+}
+
+// Another start may write the cache at the same time: each writes a whole file and renames it
+// into place, so a reader sees one complete version (an entry of the other may be lost and is
+// then measured again).
+void write_cache(const std::string& path, const nlohmann::json& cache) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp);
+    out << cache.dump(2) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "cleave: warning: cannot write the peak cache %s\n", tmp.c_str());
+      return;
+    }
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) std::fprintf(stderr, "cleave: warning: cannot write the peak cache %s: %s\n",
+                       path.c_str(), ec.message().c_str());
+}
+
+nlohmann::json to_json(const HardwarePeak& h) {
+  return {{"gflops", h.gflops}, {"ghz", h.ghz}, {"flops_per_cycle", h.flops_per_cycle},
+          {"threads", h.threads}, {"instruction", h.instruction}, {"derived", h.derived}};
+}
+
+HardwarePeak hardware_from(const nlohmann::json& j) {
+  HardwarePeak h;
+  h.gflops = j.at("gflops").get<double>();
+  h.ghz = j.at("ghz").get<double>();
+  h.flops_per_cycle = j.at("flops_per_cycle").get<double>();
+  h.threads = j.at("threads").get<int>();
+  h.instruction = j.at("instruction").get<std::string>();
+  h.derived = j.at("derived").get<bool>();
+  return h;
+}
+
+std::string utc_now() {
+  char buf[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+const char* source_name(PeakSource s) {
+  switch (s) {
+    case PeakSource::measured: return "measured";
+    case PeakSource::cached: return "cached";
+    case PeakSource::configured: return "configured";
+    case PeakSource::hardware: return "hardware";
+  }
+  return "?";
+}
+
+std::string default_peak_cache() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    return std::string(x) + "/cleave/peaks.json";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/cleave/peaks.json";
+  return "";
+}
+
+ComputePeak resolve_peak(const PeakRequest& r) {
+  ComputePeak peak;
+  peak.key = cache_key(r.precision, r.threads);
+  nlohmann::json cache = read_cache(r.cache_path);
+  nlohmann::json entry = r.refresh || !cache.contains(peak.key) ? nlohmann::json::object()
+                                                                : cache[peak.key];
+  bool changed = false;
+  try {
+    if (entry.contains("hardware")) peak.hardware = hardware_from(entry["hardware"]);
+  } catch (const nlohmann::json::exception&) {
+    entry = nlohmann::json::object();  // an entry of another version: measure again
+  }
+  if (!entry.contains("hardware")) {
+    peak.hardware = measure_hardware_peak(r.precision, r.threads);
+    entry["hardware"] = to_json(peak.hardware);
+    changed = true;
+  }
+  if (r.configured_gflops > 0) {
+    peak.gflops = r.configured_gflops;
+    peak.source = PeakSource::configured;
+  } else if (r.hardware) {
+    if (peak.hardware.gflops <= 0)
+      throw Error("train.mfu_peak = \"hardware\": the hardware peak of this CPU is unknown; use "
+                  "\"gemm\" or set train.peak_gflops");
+    peak.gflops = peak.hardware.gflops;
+    peak.source = PeakSource::hardware;
+  } else if (entry.contains("gemm_gflops") && entry["gemm_gflops"].is_number()) {
+    peak.gflops = entry["gemm_gflops"].get<double>();
+    peak.source = PeakSource::cached;
+  } else {
+    const GemmPeak g = measure_gemm_peak(r.precision, kGemmPeakSeconds);
+    peak.gflops = g.gflops;
+    peak.source = PeakSource::measured;
+    entry["gemm_gflops"] = g.gflops;
+    entry["gemm_rounds"] = g.rounds;
+    entry["gemm_seconds"] = g.seconds;
+    changed = true;
+  }
+  if (changed && !r.cache_path.empty()) {
+    entry["measured_at"] = utc_now();
+    cache = read_cache(r.cache_path);  // what others wrote meanwhile stays
+    cache[peak.key] = entry;
+    write_cache(r.cache_path, cache);
+  }
+  return peak;
+}
+
+}  // namespace cleave
