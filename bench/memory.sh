@@ -31,13 +31,17 @@ for zero in 0 1 2 3; do
   name=$([ $zero = 0 ] && echo DDP || echo "ZeRO-$zero")
   for n in 2 4; do
     log=$work/z$zero-n$n.log
-    mpirun --oversubscribe -np "$n" /usr/bin/time -f "RSS %M" ./build/cleave train \
+    mpirun --oversubscribe -np "$n" ./build/cleave train \
       configs/gpt2_124m.toml "${common[@]}" --set train.steps=3 --set train.micro_batch_size="$n" \
       --set parallel.dp_shard="$n" --set parallel.zero_stage=$zero \
       --set train.out_dir="$work/z$zero-n$n" > "$log" 2>&1 || { tail "$log"; exit 1; }
-    kib=$(grep '^RSS' "$log" | awk '{print $2}' | sort -n | tail -1)  # the largest rank
-    [ -n "$kib" ] || { echo "no peak RSS in $log:"; tail "$log"; exit 1; }
-    peak[$zero,$n]=$((kib * 1024))
+    # Every rank's peak RSS as cleave measured it (metrics.jsonl, the last logged step): the largest.
+    mib_peak=$(/usr/bin/python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if "peak_rss_mib_per_rank" in l]
+print(max(rows[-1]["peak_rss_mib_per_rank"]) if rows else "")' "$work/z$zero-n$n/metrics.jsonl")
+    [ -n "$mib_peak" ] || { echo "no peak RSS in $work/z$zero-n$n/metrics.jsonl:"; tail "$log"; exit 1; }
+    peak[$zero,$n]=$(awk -v m="$mib_peak" 'BEGIN { printf "%.0f", m * 1048576 }')
     s=$(state $zero "$n")
     printf "%-7s %3s %11s MiB %9s MiB %7s MiB\n" "$name" "$n" "$(mib "${peak[$zero,$n]}")" \
       "$(mib "$s")" "$(mib "$(awk -v a="${peak[$zero,$n]}" -v b="$s" 'BEGIN {print a - b}')")"

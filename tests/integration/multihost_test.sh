@@ -27,9 +27,23 @@ skip() { echo "SKIP (multihost): $*"; exit 77; }
 fail() { echo "FAIL (multihost): $*"; exit 1; }
 [ -f "$tool" ] || skip "no simulated-hosts tool at $tool (CI puts ../shared beside the checkout)"
 [ "$(id -u)" -eq 0 ] || skip "simulated hosts need root (network namespaces), running as uid $(id -u)"
-for cmd in ip unshare mpirun /usr/bin/python3; do
+for cmd in ip unshare mountpoint mpirun /usr/bin/python3; do
   command -v "$cmd" >/dev/null || skip "$cmd is not installed"
 done
+# `ip -n` and `ip netns exec` make / a slave mount, which fails (EINVAL) where / is no mount point:
+# inside a plain chroot, such as ../shared/fresh's new Debian root. There the test runs again in a
+# mount namespace of its own whose root is a bind mount of /, with the same paths.
+if ! mountpoint -q /; then
+  [ -z "${CLEAVE_MULTIHOST_REROOTED:-}" ] || fail "/ is still no mount point after re-rooting"
+  newroot=$(mktemp -d)
+  unshare --mount --propagation unchanged sh -c '
+    mount --rbind / "$1" || exit 1
+    exec chroot "$1" env CLEAVE_MULTIHOST_REROOTED=1 sh -c "cd \"\$1\" && exec bash \"\$2\" \"\$3\" \"\$4\" \"\$5\"" \
+      reroot "$2" "$3" "$4" "$5" "$6"' reroot "$newroot" "$PWD" "$0" "$cleave" "$src" "$data"
+  rc=$?
+  rmdir "$newroot"
+  exit $rc
+fi
 probe_ns=cleave-multihost-probe-$$
 if ! err=$(ip netns add "$probe_ns" 2>&1); then
   skip "'ip netns add' is not permitted here (needs CAP_NET_ADMIN): $err"
