@@ -252,7 +252,8 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps, doubl
   const TrainConfig& t = cfg_.train;
   const double tokens = double(steps) * t.micro_batch_size * t.grad_accum_steps * t.seq_len;
   const double tok_s = tokens / seconds;
-  // DESIGN.md section 10: 6 x matmul parameters + 6 x layers x sequence x d_model (causal, halved).
+  // docs/architecture.md, MFU: 6 x matmul parameters + 6 x layers x sequence x d_model (causal,
+  // halved).
   const double flops_per_token = 6.0 * double(model_->matmul_params()) +
                                  6.0 * cfg_.model.n_layers * t.seq_len * cfg_.model.d_model;
   const double mfu = tok_s * flops_per_token / (peak_gflops_ * 1e9 * world_);
