@@ -1,4 +1,4 @@
-"""Compares a run against the single-process reference run (DESIGN.md section 5): every logged
+"""Compares a run with the one-process reference (docs/architecture.md, Equivalence): every logged
 loss within a relative tolerance, and every parameter of the final checkpoints within the
 depth-aware bound k * C^(L+1-l) * eps, where l is the tensor's layer (embeddings 0, block i at
 i+1, final norm and head at L+1): errors introduced early in the forward pass are amplified by

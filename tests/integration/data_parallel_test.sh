@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Data-parallel layouts against the single-process reference (DESIGN.md section 5): DDP, ZeRO-1,
-# ZeRO-2, ZeRO-3 on 2 and 4 ranks, HSDP (dp_replicate 2 x dp_shard 2, ZeRO-3) and hybrid ZeRO-1,
-# with and without gradient accumulation, in fp32 and bf16; the same layout twice is bitwise
-# identical; a checkpoint of one layout resumes under another with the reference's losses.
+# Data-parallel layouts against the single-process reference (docs/architecture.md, Equivalence):
+# DDP, ZeRO-1, ZeRO-2, ZeRO-3 on 2 and 4 ranks, HSDP (dp_replicate 2 x dp_shard 2, ZeRO-3) and
+# hybrid ZeRO-1, with and without gradient accumulation, in fp32 and bf16; the same layout twice is
+# bitwise identical; a checkpoint of one layout resumes under another with the reference's losses.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 work=$(mktemp -d)

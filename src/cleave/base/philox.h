@@ -1,6 +1,6 @@
 // Counter-based random numbers (Philox4x32-10, Salmon et al. 2011). A value is a pure function of
-// (key, counter), so any slice of a tensor can be initialised without generating the rest, and
-// any layout of the model builds exactly its part of the one model (DESIGN.md section 5).
+// (key, counter), so any slice of a tensor can be initialised without generating the rest, and any
+// layout of the model builds exactly its part of the one model (docs/architecture.md, Determinism).
 #pragma once
 #include <array>
 #include <cstdint>

@@ -1,6 +1,6 @@
-// A checkpoint is a folder (DESIGN.md section 9): meta.json plus one safetensors file per rank,
-// each file's checksum recorded in meta.json. It is written into "<dir>.tmp-<pid>" and renamed
-// into place, so a crash never leaves a half-written checkpoint under the final name.
+// A checkpoint is a folder (docs/architecture.md, Checkpoints): meta.json plus one safetensors file
+// per rank, each file's checksum recorded in meta.json. It is written into "<dir>.tmp-<pid>" and
+// renamed into place, so a crash never leaves a half-written checkpoint under the final name.
 #pragma once
 #include <map>
 #include <string>

@@ -1,9 +1,9 @@
-// Communication over MPI (DESIGN.md section 6). A Group wraps one communicator of the mesh. Every
-// operation is asynchronous: it returns a Work to wait on, so communication overlaps compute.
-// Operations are executed in the order they were issued on each rank; all ranks of a group must
-// issue the group's collectives in the same order (the flight recorder checks and reports this).
-// Reductions are sums with a fixed order (deterministic: the same layout gives bitwise the same
-// result every run). bf16 data is reduced in fp32 and rounded once.
+// Communication over MPI (docs/architecture.md, Communication). A Group wraps one communicator of
+// the mesh. Every operation is asynchronous: it returns a Work to wait on, so communication
+// overlaps compute. Operations are executed in the order they were issued on each rank; all ranks
+// of a group must issue the group's collectives in the same order (the flight recorder checks and
+// reports this). Reductions are sums with a fixed order (deterministic: the same layout gives
+// bitwise the same result every run). bf16 data is reduced in fp32 and rounded once.
 #pragma once
 #include <mpi.h>
 

@@ -1,6 +1,6 @@
-// The device mesh (DESIGN.md section 2): a pure function from (world size, degrees) to the groups
-// of every axis. Axes outermost to innermost: pp, dp_replicate, dp_shard, cp, tp; tp innermost so
-// its groups are consecutive ranks (one host). No MPI here: unit-tested on its own.
+// The device mesh (docs/architecture.md, Placements): a pure function from (world size, degrees) to
+// the groups of every axis. Axes outermost to innermost: pp, dp_replicate, dp_shard, cp, tp; tp
+// innermost so its groups are consecutive ranks (one host). No MPI here: unit-tested on its own.
 #pragma once
 #include <array>
 #include <string>

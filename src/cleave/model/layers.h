@@ -1,5 +1,6 @@
 // The parameterised building blocks of a block: a linear layer and a normalisation layer. Each has
-// forward, backward_input (dx) and backward_weight (dW) as separate calls (DESIGN.md section 4).
+// forward, backward_input (dx) and backward_weight (dW) as separate calls (docs/architecture.md,
+// Model).
 #pragma once
 #include <cstdint>
 #include <string>

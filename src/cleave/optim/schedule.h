@@ -1,5 +1,6 @@
-// Learning rate at a step: linear warmup from 0 to lr over warmup_steps, then cosine or linear
-// decay to min_lr at total_steps (or constant).
+// Learning rate of step `step` (0-based): linear warmup, lr * (step + 1) / warmup_steps, then
+// cosine or linear decay from lr to min_lr at the last step, total_steps - 1 (or constant lr).
+// The exact formulas: docs/config.md, Learning-rate schedule.
 #pragma once
 #include <cstdint>
 

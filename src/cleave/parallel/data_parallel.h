@@ -1,4 +1,5 @@
-// The data-parallel family over the flat gradient and parameter buffers (DESIGN.md section 7).
+// The data-parallel family over the flat gradient and parameter buffers (docs/architecture.md,
+// Placements).
 // Ranks of dp_replicate hold replicas; ranks of dp_shard shard what zero_stage says:
 //   0  DDP: gradients all-reduced in buckets, each started as soon as backward has finished the
 //      gradients it holds, overlapping the rest of backward; every rank updates everything.

@@ -1,9 +1,10 @@
-// What a training checkpoint holds (DESIGN.md section 9): the parameters ("param/<name>"), the
-// AdamW moments ("adam_m/<name>", "adam_v/<name>"), one safetensors file per shard of the state,
-// and in meta.json the step, the resolved config, the data position, and for each tensor its
-// global shape and the pieces (element ranges of the flattened tensor) each file holds. A file
-// stores a piece under the tensor's name: with the tensor's shape when it is whole, flat when not.
-// Element ranges do not depend on the layout that wrote them, so any layout reads any other's.
+// What a training checkpoint holds (docs/architecture.md, Checkpoints): the parameters
+// ("param/<name>"), the AdamW moments ("adam_m/<name>", "adam_v/<name>"), one safetensors file per
+// shard of the state, and in meta.json the step, the resolved config, the data position, and for
+// each tensor its global shape and the pieces (element ranges of the flattened tensor) each file
+// holds. A file stores a piece under the tensor's name: with the tensor's shape when it is whole,
+// flat when not. Element ranges do not depend on the layout that wrote them, so any layout reads
+// any other's.
 #pragma once
 #include <cstdint>
 #include <memory>
