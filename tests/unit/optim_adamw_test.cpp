@@ -49,6 +49,28 @@ TEST(AdamW, MatchesReferenceWithDecayRule) {
   }
 }
 
+TEST(AdamW, NoDecayPatternThatMatchesNothingIsAnError) {
+  ParamStore store;
+  store.add("embed.wte", {4, 3}, Init::normal, 0.5f);
+  store.add("blocks.0.attn.qkv.weight", {3, 9}, Init::normal, 0.5f);
+  store.allocate(3);
+  OptimConfig cfg;
+  auto error_of = [&](std::vector<std::string> patterns) {
+    cfg.no_decay = std::move(patterns);
+    try {
+      AdamW opt(store, cfg, {{0, store.total()}});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of({"wte", "qkv"}), "");
+  EXPECT_EQ(error_of({"wte", "c_attn"}),
+            "optim.no_decay: \"c_attn\" matches no parameter of this model (first: embed.wte, "
+            "last: blocks.0.attn.qkv.weight; docs/config.md lists them)");
+  EXPECT_EQ(error_of({""}), "optim.no_decay: \"\" would match every parameter");
+}
+
 TEST(AdamW, ShardedRangesEqualTheWhole) {
   // Two optimizers over [0, cut) and [cut, total) update exactly as one over everything.
   auto make = [] {

@@ -24,6 +24,21 @@ AdamW::AdamW(const ParamStore& store, const OptimConfig& cfg, std::vector<FlatRa
     decay_.push_back(weight_decay_applies(t, cfg.no_decay));
     shapes_.push_back(t.shape);
   }
+  // A pattern that matches no tensor would be ignored without a word: a name from another
+  // naming (e.g. Hugging Face's c_attn) or a typo.
+  for (const std::string& pattern : cfg.no_decay) {
+    bool matches = !pattern.empty();
+    if (matches)
+      matches = std::any_of(store.tensors().begin(), store.tensors().end(), [&](const ParamTensor& t) {
+        return t.name.find(pattern) != std::string::npos;
+      });
+    if (!matches)
+      throw Error("optim.no_decay: \"" + pattern + "\" " +
+                  (pattern.empty() ? std::string("would match every parameter")
+                                   : "matches no parameter of this model (first: " +
+                                         store.tensors().front().name + ", last: " +
+                                         store.tensors().back().name + "; docs/config.md lists them)"));
+  }
   m_.resize(size);
   v_.resize(size);
 }
