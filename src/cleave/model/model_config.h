@@ -27,6 +27,6 @@ struct ModelConfig {
   int mlp_in_dim() const { return family == Family::llama ? 2 * ffn_hidden : ffn_hidden; }
 };
 
-const char* family_name(Family f);
+inline const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
 
 }  // namespace cleave

@@ -8,7 +8,7 @@
 
 #include "cleave/base/buffer.h"
 #include "cleave/model/params.h"
-#include "cleave/train/config.h"
+#include "cleave/optim/optim_config.h"
 
 namespace cleave {
 

@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "cleave/train/config.h"
+#include "cleave/optim/optim_config.h"
 
 namespace cleave {
 

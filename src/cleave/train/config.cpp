@@ -15,8 +15,6 @@
 
 namespace cleave {
 
-const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
-
 namespace {
 
 enum class Kind { integer, real, boolean, string, string_list };

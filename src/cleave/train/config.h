@@ -8,6 +8,7 @@
 
 #include "cleave/kernels/linear.h"
 #include "cleave/model/model_config.h"
+#include "cleave/optim/optim_config.h"
 
 namespace cleave {
 
@@ -15,21 +16,6 @@ struct DataConfig {
   std::string dir = "data/fortunes";  // tokenizer.model, train.bin, val.bin
   std::string corpus;                 // text file `cleave tokenize` reads
   double val_fraction = 0.05;
-};
-
-enum class LrDecay { cosine, linear, constant };
-
-struct OptimConfig {
-  double lr = 6e-4;
-  double min_lr = 6e-5;
-  int64_t warmup_steps = 100;
-  LrDecay decay = LrDecay::cosine;
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double weight_decay = 0.1;
-  // Which parameters decay: tensors with at least two dimensions (matrices and embeddings), minus
-  // any whose name contains one of no_decay. Norm weights and biases never decay.
-  std::vector<std::string> no_decay;
-  double grad_clip = 1.0;  // 0 turns clipping off
 };
 
 // What MFU is quoted against when train.peak_gflops is 0: the GEMM peak measured on this machine
