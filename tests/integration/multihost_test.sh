@@ -179,7 +179,7 @@ EOF
   # a parameter; here a quarter of that, for margin): proof the collectives crossed the bridge.
   (( crossed >= steps * params )) \
     || fail "$name: host2's bridge port carried $crossed bytes, expected >= $((steps * params))"
-  $compare "$work/ref" "$work/$name" --loss-rtol 1e-5 --eps 6e-8 \
+  $compare "$work/ref" "$work/$name" \
     || fail "$name across 2 hosts differs from the single-process reference"
   echo "$name across 2 hosts matches the reference ($crossed bytes crossed hosts)"
 done

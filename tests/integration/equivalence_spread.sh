@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Re-measures the honest spread that compare_runs.py's bounds are derived from (docs/data_parallel.md,
+# "Equivalence bounds"): runs that differ from the single-process reference only in the order of
+# their reductions, compared with `compare_runs.py --report`, which prints every tensor's largest
+# error over the runs. Not a ctest test (about 2 minutes on 2 cores).
+#   bash tests/integration/equivalence_spread.sh build/cleave . build/testdata [WORK_DIR]
+set -euo pipefail
+cleave=$1 src=$2 data=$3 work=${4:-$(mktemp -d)}
+mkdir -p "$work"
+cfg=$src/tests/configs/tiny_train.toml
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+common=(--set data.dir="$data" --set train.steps=20 --set train.log_interval=1
+        --set train.val_interval=10 --set train.checkpoint_interval=10 --set train.threads=1
+        --set parallel.comm_timeout_s=60)
+
+run() {  # name ranks [--set ...]
+  local name=$1 np=$2; shift 2
+  if ! timeout 300 mpirun --oversubscribe -np "$np" "$cleave" train "$cfg" "${common[@]}" \
+      --set train.out_dir="$work/$name" "$@" > "$work/$name.log" 2>&1; then
+    echo "FAIL: run $name"; tail -20 "$work/$name.log"; exit 1
+  fi
+}
+layout() {  # replicate shard zero [--set ...]
+  echo --set parallel.dp_replicate="$1" --set parallel.dp_shard="$2" --set parallel.zero_stage="$3" "${@:4}"
+}
+
+for dtype in fp32 bf16; do
+  # Global batch 8 against the one-process run without accumulation: data_parallel_test.sh's
+  # layouts with accumulation 1 and 2, 8 ranks, small buckets, one process accumulating 2 and 4,
+  # one process on 2 threads.
+  batch() { echo --set train.dtype=$dtype --set train.micro_batch_size=$((8 / $1)) --set train.grad_accum_steps="$1"; }
+  run $dtype-ref 1 $(batch 1)
+  runs=()
+  for accum in 1 2; do
+    for l in "2 ddp 1 2 0" "2 zero1 1 2 1" "2 zero2 1 2 2" "2 zero3 1 2 3" "4 ddp 1 4 0" "4 zero1 1 4 1" \
+             "4 zero2 1 4 2" "4 zero3 1 4 3" "4 hsdp 2 2 3" "4 hybrid-zero1 2 2 1"; do
+      read -r np name replicate shard zero <<<"$l"
+      run $dtype-$name$np-a$accum "$np" $(batch $accum) $(layout "$replicate" "$shard" "$zero")
+      runs+=("$work/$dtype-$name$np-a$accum")
+    done
+  done
+  run $dtype-ddp8 8 $(batch 1) $(layout 1 8 0)
+  run $dtype-zero38 8 $(batch 1) $(layout 1 8 3)
+  run $dtype-hsdp2x4 8 $(batch 1) $(layout 2 4 3)
+  run $dtype-hsdp4x2 8 $(batch 1) $(layout 4 2 3)
+  run $dtype-ddp4-10kb-buckets 4 $(batch 1) $(layout 1 4 0 --set parallel.bucket_mb=0.01)
+  run $dtype-one-a2 1 $(batch 2)
+  run $dtype-one-a4 1 $(batch 4)
+  run $dtype-one-2threads 1 $(batch 1) --set train.threads=2
+  /usr/bin/python3 "$src/tests/integration/compare_runs.py" --report "$work/$dtype-ref" "${runs[@]}" \
+    "$work/$dtype"-{ddp8,zero38,hsdp2x4,hsdp4x2,ddp4-10kb-buckets,one-a2,one-a4,one-2threads} \
+    || echo "(runs above exceed the bounds)"
+
+  # Global batch 6: 3 and 6 ranks (rings of other sizes) against their own reference.
+  b6=(--set train.dtype=$dtype --set train.micro_batch_size=6 --set train.grad_accum_steps=1)
+  run $dtype-ref-b6 1 "${b6[@]}"
+  run $dtype-ddp3-b6 3 "${b6[@]}" $(layout 1 3 0)
+  run $dtype-zero23-b6 3 "${b6[@]}" $(layout 1 3 2)
+  run $dtype-zero33-b6 3 "${b6[@]}" $(layout 1 3 3)
+  run $dtype-zero26-b6 6 "${b6[@]}" $(layout 1 6 2)
+  /usr/bin/python3 "$src/tests/integration/compare_runs.py" --report "$work/$dtype-ref-b6" \
+    "$work/$dtype"-{ddp3,zero23,zero33,zero26}-b6 || echo "(runs above exceed the bounds)"
+done
