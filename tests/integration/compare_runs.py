@@ -1,5 +1,6 @@
 """Compares runs against the single-process reference run (docs/architecture.md, Equivalence)
-with bounds measured from honest runs; docs/data_parallel.md ("Equivalence bounds") has the derivation.
+with bounds measured from honest runs; docs/data_parallel.md ("Equivalence bounds") has the
+derivation.
 
     compare_runs.py REF_RUN RUN [RUN ...] [--from-step S] [--report]
 
