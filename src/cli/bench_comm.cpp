@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cleave/comm/comm_bench.h"
+#include "cleave/comm/errors.h"
 #include "cli/args.h"
 
 namespace cleave::cli {
@@ -25,25 +26,31 @@ std::string human(int64_t b) {
 }  // namespace
 
 int bench_comm(int argc, char** argv) {
-  const Args a = Args::parse("bench-comm", argc, argv,
-                             {"--min-bytes", "--max-bytes", "--factor", "--ops", "--type",
-                              "--seconds", "--overlap-bytes"},
-                             {"--no-overlap"});
+  Args a;
   CommBenchOptions o;
-  o.min_bytes = int64_t(a.number("--min-bytes", double(o.min_bytes)));
-  o.max_bytes = int64_t(a.number("--max-bytes", double(o.max_bytes)));
-  o.factor = int(a.number("--factor", o.factor));
-  o.seconds_per_case = a.number("--seconds", o.seconds_per_case);
-  if (a.has("--ops")) {
-    o.ops.clear();
-    std::stringstream ss(a.get("--ops", ""));
-    for (std::string op; std::getline(ss, op, ',');) o.ops.push_back(op);
-  }
-  const std::string type = a.get("--type", "f32");
-  if (type == "f32") o.types = {CommType::f32};
-  else if (type == "bf16") o.types = {CommType::bf16};
-  else if (type == "both") o.types = {CommType::f32, CommType::bf16};
-  else throw Error("bench-comm: --type expects f32, bf16 or both, got '" + type + "'");
+  int64_t overlap_bytes = 0;
+  // Every rank reads the same command line: an error in it is agreed on and reported once.
+  agree_on_errors([&] {
+    a = Args::parse("bench-comm", argc, argv,
+                    {"--min-bytes", "--max-bytes", "--factor", "--ops", "--type", "--seconds",
+                     "--overlap-bytes"},
+                    {"--no-overlap"});
+    o.min_bytes = int64_t(a.number("--min-bytes", double(o.min_bytes)));
+    o.max_bytes = int64_t(a.number("--max-bytes", double(o.max_bytes)));
+    o.factor = int(a.number("--factor", o.factor));
+    o.seconds_per_case = a.number("--seconds", o.seconds_per_case);
+    if (a.has("--ops")) {
+      o.ops.clear();
+      std::stringstream ss(a.get("--ops", ""));
+      for (std::string op; std::getline(ss, op, ',');) o.ops.push_back(op);
+    }
+    const std::string type = a.get("--type", "f32");
+    if (type == "f32") o.types = {CommType::f32};
+    else if (type == "bf16") o.types = {CommType::bf16};
+    else if (type == "both") o.types = {CommType::f32, CommType::bf16};
+    else throw Error("bench-comm: --type expects f32, bf16 or both, got '" + type + "'");
+    overlap_bytes = int64_t(a.number("--overlap-bytes", 16 << 20));
+  });
 
   init_comm(CommOptions{});
   int rank = 0;
@@ -76,7 +83,7 @@ int bench_comm(int argc, char** argv) {
     std::fflush(stdout);
   }
   if (!a.has("--no-overlap")) {
-    const int64_t bytes = int64_t(a.number("--overlap-bytes", 16 << 20));
+    const int64_t bytes = overlap_bytes;
     for (CommAlgo algo : {CommAlgo::ours, CommAlgo::mpi}) {
       const OverlapResult r = measure_overlap(world, bytes, algo);
       if (rank == 0)

@@ -3,16 +3,19 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 
 #include <mpi.h>
 #include <omp.h>
 
 #include "cleave/checkpoint/safetensors.h"
+#include "cleave/comm/errors.h"
 #include "cleave/data/tokenizer.h"
 #include "cleave/kernels/gemm_bench.h"
 #include "cleave/model/generate.h"
 #include "cleave/model/hf_export.h"
 #include "cleave/train/checkpoint_io.h"
+#include "cleave/train/layout.h"
 #include "cleave/train/peak.h"
 #include "cleave/train/trainer.h"
 #include "cli/args.h"
@@ -33,17 +36,34 @@ Config config_from(const Args& a, const std::string& command) {
 }  // namespace
 
 int train(int argc, char** argv) {
-  const Args a = Args::parse("train", argc, argv, {"--resume", "--exit-after"});
-  const Config cfg = config_from(a, "train");
-  int rank = 0;
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Args a;
+  Config cfg;
+  int64_t exit_after = 0;
+  // Before the comm engine starts: the command line, the config and the layout, agreed on by every
+  // rank (each error reported once).
+  agree_on_errors([&] {
+    a = Args::parse("train", argc, argv, {"--resume", "--exit-after"});
+    cfg = config_from(a, "train");
+    plan_layout(cfg, world);
+    exit_after = int64_t(a.number("--exit-after", 0));
+  });
   if (rank == 0) std::cout << "# resolved config\n" << to_toml(cfg) << std::endl;
   CommOptions comm;
   comm.timeout_seconds = cfg.parallel.comm_timeout_s;
   comm.status_dir = cfg.parallel.status_dir;
   init_comm(comm);
-  Trainer trainer(cfg, a.get("--resume", ""));
-  trainer.run(int64_t(a.number("--exit-after", 0)));
+  // An error of this rank alone is reported while the trainer lives: unwinding it first would wait,
+  // in its groups' destructors, for operations the other ranks never join.
+  std::unique_ptr<Trainer> trainer;
+  try {
+    trainer = std::make_unique<Trainer>(cfg, a.get("--resume", ""));
+    trainer->run(exit_after);
+  } catch (const std::exception& e) {
+    return report_error(e);
+  }
   return 0;
 }
 

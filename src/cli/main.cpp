@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cleave/base/check.h"
+#include "cleave/comm/errors.h"
 #include "cleave/comm/group.h"
 
 namespace cleave::cli {
@@ -47,13 +48,14 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-      std::fputs(kUsage, argc < 2 ? stderr : stdout);
+      if (rank == 0) std::fputs(kUsage, argc < 2 ? stderr : stdout);
       rc = argc < 2 ? 2 : 0;
     } else {
       const std::string cmd = argv[1];
       if (world > 1 && cmd != "train" && cmd != "bench-comm")
-        throw cleave::Error("cleave " + cmd + " runs on one rank (" + std::to_string(world) +
-                            " were started); under mpirun use train or bench-comm");
+        throw cleave::EveryRankError("cleave " + cmd + " runs on one rank (" +
+                                     std::to_string(world) +
+                                     " were started); under mpirun use train or bench-comm");
       if (cmd == "train") rc = cleave::cli::train(argc - 2, argv + 2);
       else if (cmd == "bench-comm") rc = cleave::cli::bench_comm(argc - 2, argv + 2);
       else if (cmd == "mesh") rc = cleave::cli::mesh(argc - 2, argv + 2);
@@ -68,12 +70,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "cleave: error: %s%s\n", world > 1 ? ("rank " + std::to_string(rank) + ": ").c_str() : "",
-                 e.what());
-    // Other ranks may be waiting in a collective for this one: end the job, do not hang.
-    if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
-    rc = 1;
+    rc = cleave::report_error(e);
   }
   cleave::shutdown_comm();
   MPI_Finalize();

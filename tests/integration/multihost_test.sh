@@ -255,8 +255,13 @@ cut_and_time_out() {  # name PLACE_ARGS -- TRAINER_ARGS: the link stays cut unti
   [ -n "$found" ] || { cat "$work/$name.log"; fail "$name: no host1 rank printed a TIMEOUT report"; }
   timeout_report "$name" "$found" > "$work/$name.report"
   [ -n "${SHOW_REPORTS:-}" ] && cat "$work/$name.report"
+  # The stall is in a collective of a group that crosses hosts: the reporting rank timed out in
+  # it, or in a group within host1 behind a host1 rank whose status shows it still in one.
   grep -qE "TIMEOUT on rank $found: (all_reduce|all_gather|reduce_scatter) #[0-9]+ on group \"(dp_replicate|dp)\"" \
-    "$work/$name.report" || { cat "$work/$name.report"; fail "$name: the report does not name a collective of a group crossing hosts"; }
+      "$work/$name.report" \
+    || grep -qE "^      group \"(dp_replicate|dp)\" \(rank [0-9] of [0-9]\): started #([0-9]+) [a-z_]+ \([^)]*\) [0-9.]+ s ago, completed #" \
+      "$work/$name.report" \
+    || { cat "$work/$name.report"; fail "$name: the report does not show a host1 rank stalled in a collective of a group crossing hosts"; }
   grep -qE "^    waiting in it: +rank [01]" "$work/$name.report" \
     || { cat "$work/$name.report"; fail "$name: the report lists no host1 rank waiting in the collective"; }
   report_rank=$found

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 
 #include "cleave/comm/flight_recorder.h"
 #include "cleave/comm/status.h"
@@ -139,6 +140,26 @@ TEST(CommReport, RankOnAnotherHostWithoutStatusIsUnknown) {
         EXPECT_EQ(report.find(wrong), std::string::npos) << wrong << " in\n" << report;
     }
   }
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+// A rank that failed with an error is seen as such by the others (their SIGTERM handlers then stay
+// quiet), and its file stays until the last rank leaves, which removes the whole folder.
+TEST(CommReport, FailedRankIsSeenAndTheLastToLeaveRemovesTheFolder) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("cleave-comm-report-failed-" + std::to_string(getpid()));
+  std::optional<StatusBoard> r0, r1, r2;
+  r0.emplace(dir, 0, 3);
+  r1.emplace(dir, 1, 3);
+  r2.emplace(dir, 2, 3);
+  EXPECT_EQ(r0->failed_rank(), -1);
+  r2->set_state(RankState::failed);
+  r2->leave();
+  EXPECT_EQ(r0->failed_rank(), 2);
+  EXPECT_EQ(r1->failed_rank(), 2);
+  r1->leave();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/rank-2.status"));  // rank 0 may still read it
+  r0->leave();
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
 

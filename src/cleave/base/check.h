@@ -11,6 +11,15 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An error every rank of a job raises alike, at the same point of its run: a check on a value all
+// ranks hold the same (an all-reduced loss), or an error agreed on with agree_on_errors
+// (cleave/comm/errors.h). Rank 0 alone reports it and every rank ends normally, through
+// MPI_Finalize, where any other error aborts the job. Raised on some ranks only, it leaves the
+// others waiting in their next collective until its timeout.
+struct EveryRankError : Error {
+  using Error::Error;
+};
+
 }  // namespace cleave
 
 #define CLEAVE_FAIL(msg)                                                        \

@@ -12,6 +12,10 @@
 // timeout_seconds makes this rank print the status of every rank (status.h) and its flight
 // recorder to stderr, then MPI_Abort. The watchdog is separate from the progress thread so that
 // the report comes even if an MPI call hangs.
+//
+// SIGTERM. mpirun stops the other ranks with it when one dies or calls MPI_Abort: each then reports
+// where every rank stood, unless a rank marked itself failed (an error of its own, which it
+// reported: no communication fault to explain).
 #include "cleave/comm/communicator.h"
 
 #include <signal.h>
@@ -271,23 +275,39 @@ void Communicator::on_timeout(const WorkState& w, double elapsed) {
     recorder_.write(out);
     out.str("cleave comm: rank ").num(world_rank_).str(" aborts the job (MPI_Abort)\n");
   }
+  status_.leave();
   MPI_Abort(MPI_COMM_WORLD, 3);
   _exit(3);  // MPI_Abort does not return; if it ever did, do not hang
 }
 
 void Communicator::write_signal_report(int signo) {
+  if (status_.state() == RankState::failed) return;  // said why; the mark stays for the others
   int fd = 2;
-  SafeText out(SafeText::fd_sink, &fd);
-  if (reported_.exchange(true)) {  // this rank already reported a timeout
+  if (reported_.exchange(true)) {  // this rank already reported a timeout (and left)
+    SafeText out(SafeText::fd_sink, &fd);
     out.str("cleave comm: rank ").num(world_rank_).str(" terminated by signal ").num(signo)
         .chr('\n');
     return;
   }
   status_.set_state(RankState::terminated);
-  out.str("\ncleave comm: rank ").num(world_rank_).str(" terminated by signal ").num(signo)
-      .str(" (the job is being stopped: another rank died, failed or timed out)\n");
-  status_.write_report(out, -1, 0, Op::barrier);
-  recorder_.write(out);
+  // A rank that failed with an error has said why: it is marked failed, or it has already removed
+  // the folder (its file last, so a missing file of that rank means this rank's is gone too).
+  if (status_.failed_rank() < 0 && status_.own_file_present()) {
+    SafeText out(SafeText::fd_sink, &fd);
+    out.str("\ncleave comm: rank ").num(world_rank_).str(" terminated by signal ").num(signo)
+        .str(" (the job is being stopped: another rank died, failed or timed out)\n");
+    status_.write_report(out, -1, 0, Op::barrier);
+    recorder_.write(out);
+  }
+  status_.leave();
+}
+
+void Communicator::mark_failed() {
+  status_.set_state(RankState::failed);
+  status_.leave();
+  // The other ranks are about to be stopped by MPI_Abort, and mpirun does not always let them run
+  // their SIGTERM handler (it may kill them outright): the folder goes now, whoever is left.
+  status_.remove_folder();
 }
 
 // ---- public API ----

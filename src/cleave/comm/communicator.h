@@ -40,8 +40,13 @@ class Communicator {
   const CommOptions& options() const { return options_; }
   int world_rank() const { return world_rank_; }
 
-  // SIGTERM: the job is being torn down (usually because another rank died). Async-signal-safe.
+  // SIGTERM: the job is being torn down (usually because another rank died, failed or timed out).
+  // Reports where every rank stood, unless a rank failed with an error (then the job ends for that
+  // error, which that rank reported). Then leaves the status folder. Async-signal-safe.
   void write_signal_report(int signo);
+  // This rank ends the job for an error of its own, which it reported (MPI_Abort follows): its
+  // status says so, and the other ranks' SIGTERM handlers stay quiet.
+  void mark_failed();
 
  private:
   void progress_loop();

@@ -74,6 +74,7 @@ const char* state_text(int32_t s) {
     case RankState::finished: return "finished (shutdown_comm done)";
     case RankState::timed_out: return "timed out, aborting";
     case RankState::terminated: return "terminated by a signal";
+    case RankState::failed: return "failed with an error";
     default: return "?";
   }
 }
@@ -120,11 +121,10 @@ StatusBoard::StatusBoard(const std::string& dir, int world_rank, int world_size,
 StatusBoard::~StatusBoard() {
   if (page_) {
     set_state(RankState::finished);
+    leave();
     ::munmap(page_, sizeof(StatusPage));
   }
   if (fd_ >= 0) ::close(fd_);
-  ::unlink(paths_[size_t(world_rank_)].c_str());
-  ::rmdir(dir_.c_str());  // succeeds for the last rank to leave
 }
 
 int StatusBoard::add_group(const std::string& name, const std::vector<int>& members, int rank) {
@@ -170,6 +170,41 @@ void StatusBoard::completed(const WorkState& w) {
 void StatusBoard::heartbeat(double t) { store(page_->heartbeat, t); }
 
 void StatusBoard::set_state(RankState s) { store(page_->state, int32_t(s)); }
+
+RankState StatusBoard::state() const {
+  int32_t s;
+  __atomic_load(&page_->state, &s, __ATOMIC_ACQUIRE);
+  return RankState(s);
+}
+
+int StatusBoard::failed_rank() const {
+  StatusPage page;
+  for (int r = 0; r < world_size_; ++r)
+    if (r != world_rank_ && read_page(r, page) && page.state == int32_t(RankState::failed)) return r;
+  return -1;
+}
+
+void StatusBoard::leave() {
+  store(page_->left, int32_t(1));
+  // Every rank marks itself before it looks at the others, so of ranks leaving at once the last to
+  // look sees them all gone.
+  StatusPage page;
+  for (int r = 0; r < world_size_; ++r)
+    if (r != world_rank_ && read_page(r, page) && !page.left && liveness(page, host_) != 0) return;
+  remove_folder();
+}
+
+bool StatusBoard::own_file_present() const {
+  return ::access(paths_[size_t(world_rank_)].c_str(), F_OK) == 0;
+}
+
+void StatusBoard::remove_folder() {
+  // This rank's file last: a rank that sees it gone knows its own is gone too (own_file_present).
+  for (int r = 0; r < world_size_; ++r)
+    if (r != world_rank_) ::unlink(paths_[size_t(r)].c_str());
+  ::unlink(paths_[size_t(world_rank_)].c_str());
+  ::rmdir(dir_.c_str());
+}
 
 bool StatusBoard::on_other_host(int rank) const {
   return !hosts_.empty() && std::strncmp(hosts_[size_t(rank)].c_str(), host_, sizeof(host_)) != 0;

@@ -4,7 +4,8 @@
 // without MPI, so a rank whose collective times out, or that is being killed because another rank
 // died, can say which rank stopped where. The folder must be shared by the ranks that should see
 // each other (the default, /tmp/cleave-<id>, is per host); a rank whose file cannot be read from a
-// rank on another host is reported as unknown, never as dead or behind.
+// rank on another host is reported as unknown, never as dead or behind. The job leaves no folder
+// behind, however it ends: the last rank to be done with it removes it (see leave()).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,11 +28,15 @@ struct StatusSlot {
   uint64_t p2p_started, p2p_completed;
 };
 
-enum class RankState : int32_t { none = 0, running = 1, finished = 2, timed_out = 3, terminated = 4 };
+// failed: the rank ends the job for an error of its own, which it reported (MPI_Abort follows).
+enum class RankState : int32_t {
+  none = 0, running = 1, finished = 2, timed_out = 3, terminated = 4, failed = 5
+};
 
 struct StatusPage {
   uint64_t magic;
   int32_t world_rank, world_size, pid, state;
+  int32_t left;  // 1 once the rank reads the folder no more (leave())
   char host[64];
   double init_time, heartbeat;  // wall seconds
   StatusSlot slots[kMaxStatusGroups];
@@ -44,7 +49,7 @@ class StatusBoard {
   // known (every rank is then taken to be on this host).
   StatusBoard(const std::string& dir, int world_rank, int world_size,
               std::vector<std::string> hosts = {});
-  ~StatusBoard();  // marks this rank finished, removes its file (and the folder once empty)
+  ~StatusBoard();  // marks this rank finished and leaves
   StatusBoard(const StatusBoard&) = delete;
   StatusBoard& operator=(const StatusBoard&) = delete;
 
@@ -56,7 +61,21 @@ class StatusBoard {
   void started(const WorkState& w);
   void completed(const WorkState& w);
   void heartbeat(double t);
-  void set_state(RankState s);
+  void set_state(RankState s);  // async-signal-safe
+  RankState state() const;
+
+  // Async-signal-safe. A rank whose status says it failed with an error (RankState::failed), or -1.
+  int failed_rank() const;
+  // Async-signal-safe. Whether this rank's file is still there: a rank that failed with an error
+  // removes the folder before it aborts the job, so a rank that finds its file gone is being
+  // stopped for an error already reported.
+  bool own_file_present() const;
+  // Async-signal-safe. Removes every rank's file, this rank's last, then the folder.
+  void remove_folder();
+  // Async-signal-safe. This rank reads the folder no more (its file stays: other ranks' reports
+  // still read its state). The last rank to leave, the others having left or died, removes every
+  // file and the folder.
+  void leave();
 
   // Async-signal-safe. The progress of every rank read from the status files; then, for the group
   // in `focus_slot` (or, with -1, for each of this rank's groups at the furthest sequence number any

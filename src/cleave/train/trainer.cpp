@@ -16,9 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cleave/checkpoint/folder.h"
+#include "cleave/comm/errors.h"
 #include "cleave/train/checkpoint_io.h"
 #include "cleave/optim/schedule.h"
 #include "cleave/parallel/mesh_groups.h"
+#include "cleave/train/layout.h"
 
 namespace fs = std::filesystem;
 
@@ -48,19 +50,20 @@ double peak_rss_mib() {
 
 namespace {
 
-// The data-parallel mesh: axes this build does not have yet are errors naming the degree.
-Mesh build_mesh(const ParallelConfig& p, int world) {
-  const std::pair<const char*, int> unbuilt[] = {
-      {"pp (pipeline)", p.pp}, {"cp (context)", p.cp}, {"tp (tensor)", p.tp}};
-  for (auto& [axis, degree] : unbuilt)
-    if (degree != 1)
-      throw Error("parallel." + std::string(axis).substr(0, 2) + " = " + std::to_string(degree) +
-                  ": " + axis + " parallelism is not built yet; only data parallelism "
-                  "(dp_replicate, dp_shard) is");
-  MeshDegrees d;
-  d.dp_replicate = p.dp_replicate;
-  d.dp_shard = p.dp_shard;
-  return Mesh(world, d);
+// The checkpoint folder a run continues from ("" for a fresh run), or an error that names the
+// folders involved.
+std::string checkpoint_to_resume(const std::string& resume, const std::string& out_dir) {
+  if (resume == "latest") {
+    const std::string latest = latest_checkpoint(out_dir);
+    if (latest.empty())
+      throw Error("--resume latest: no checkpoint (step_NNNNNNNN folder) in " + out_dir);
+    return latest;
+  }
+  if (resume.empty())
+    if (const std::string existing = latest_checkpoint(out_dir); !existing.empty())
+      throw Error("train.out_dir " + out_dir + " already holds checkpoints (newest " + existing +
+                  "): pass --resume latest to continue that run, or choose another train.out_dir");
+  return resume;
 }
 
 }  // namespace
@@ -70,7 +73,20 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   const TrainConfig& t = cfg_.train;
   MPI_Comm_size(MPI_COMM_WORLD, &world_);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  mesh_ = std::make_unique<Mesh>(build_mesh(cfg_.parallel, world_));
+  // What can go wrong before the first collective is checked on every rank and agreed on: a bad
+  // layout, data file or out_dir then ends the job alike on every rank, reported once.
+  std::string from;
+  agree_on_errors([&] {
+    const Layout layout = plan_layout(cfg_, world_);
+    mesh_ = std::make_unique<Mesh>(layout.mesh);
+    local_batch_ = layout.local_batch;
+    const std::string dir = cfg_.data.dir;
+    train_shard_ = std::make_unique<TokenShard>(dir + "/train.bin", cfg_.model.vocab_size);
+    val_shard_ = std::make_unique<TokenShard>(dir + "/val.bin", cfg_.model.vocab_size);
+    train_loader_ = std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0);
+    val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1);
+    from = checkpoint_to_resume(resume, t.out_dir);
+  });
   world_group_ = make_group(*mesh_, rank_, {Axis::pp, Axis::dp_replicate, Axis::dp_shard,
                                             Axis::cp, Axis::tp}, "world");
   dp_group_ = make_group(*mesh_, rank_, {Axis::dp_replicate, Axis::dp_shard}, "dp");
@@ -81,17 +97,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   long pid = long(getpid());
   MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
   job_tag_ = std::to_string(pid);
-  if (t.micro_batch_size % dp_size_ != 0)
-    throw Error("train.micro_batch_size = " + std::to_string(t.micro_batch_size) +
-                " is not divisible by the data-parallel degree " + std::to_string(dp_size_) +
-                " (dp_replicate x dp_shard): every rank takes an equal slice of each micro-batch");
-  local_batch_ = t.micro_batch_size / dp_size_;
 
-  const std::string dir = cfg_.data.dir;
-  train_shard_ = std::make_unique<TokenShard>(dir + "/train.bin", cfg_.model.vocab_size);
-  val_shard_ = std::make_unique<TokenShard>(dir + "/val.bin", cfg_.model.vocab_size);
-  train_loader_ = std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0);
-  val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1);
   model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed, 16 * shard_group_->size(),
                                          cfg_.parallel.zero_stage < 3);
   dp_ = std::make_unique<DataParallel>(
@@ -103,16 +109,8 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   inputs_.resize(local_batch_ * t.seq_len);
   targets_.resize(inputs_.size());
 
-  std::string from = resume;
-  if (resume == "latest") {
-    from = latest_checkpoint(t.out_dir);
-    if (from.empty())
-      throw Error("--resume latest: no checkpoint (step_NNNNNNNN folder) in " + t.out_dir);
-  }
-  if (!from.empty()) load_checkpoint(from);
-  else if (const std::string existing = latest_checkpoint(t.out_dir); !existing.empty())
-    throw Error("train.out_dir " + t.out_dir + " already holds checkpoints (newest " + existing +
-                "): pass --resume latest to continue that run, or choose another train.out_dir");
+  // Each rank reads its own part of the checkpoint: a bad part may be seen by some ranks only.
+  if (!from.empty()) agree_on_errors([&] { load_checkpoint(from); });
 
   if (rank_ == 0) {
     fs::create_directories(t.out_dir);
@@ -236,8 +234,9 @@ void Trainer::stop_non_finite(int64_t step, const StepResult& r,
   std::string what = "step " + std::to_string(step + 1) + ": " + numbers;
   if (float(tensor) < none)
     what += "; the first parameter with a non-finite gradient is " + params.tensor(tensor).name;
-  throw Error(what + ". Stopped before the update: the parameters and optimizer state are those "
-              "of step " + std::to_string(step) + ", and no checkpoint of this step was written");
+  throw EveryRankError(what + ". Stopped before the update: the parameters and optimizer state "
+                       "are those of step " + std::to_string(step) +
+                       ", and no checkpoint of this step was written");
 }
 
 double Trainer::validate() {
