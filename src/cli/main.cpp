@@ -51,6 +51,12 @@ int main(int argc, char** argv) {
       if (rank == 0) std::fputs(kUsage, argc < 2 ? stderr : stdout);
       rc = argc < 2 ? 2 : 0;
     } else {
+      // The communication thread calls MPI while the main thread calls it too (groups, agreement).
+      if (provided < MPI_THREAD_MULTIPLE)
+        throw cleave::EveryRankError("the MPI library provides thread level " +
+                                     std::to_string(provided) + ", below MPI_THREAD_MULTIPLE (" +
+                                     std::to_string(MPI_THREAD_MULTIPLE) +
+                                     "), which cleave's communication thread needs");
       const std::string cmd = argv[1];
       if (world > 1 && cmd != "train" && cmd != "bench-comm")
         throw cleave::EveryRankError("cleave " + cmd + " runs on one rank (" +

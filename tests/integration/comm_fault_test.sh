@@ -8,7 +8,9 @@
 #  (c) fail: one rank throws an error of its own: it prints it once and aborts the job; the others,
 #      stopped with SIGTERM, print no report;
 #  (d) fail-all: every rank throws an EveryRankError: rank 0 prints it, no abort, no report.
-# However the job ends, its status folder is removed.
+# However the job ends, its status folder is removed: by its ranks, or, where mpirun killed them
+# outright (SIGKILL, which it sends a second after SIGTERM to a rank still running), by the next
+# job's start in the same status folder.
 # Args: the cleave binary (its folder holds tests/comm_fault_probe), the source folder, test data.
 set -u
 probe="$(dirname "$1")/tests/comm_fault_probe"
@@ -23,9 +25,11 @@ timeout_s=3
 # take well under a second on an idle machine and a few on a loaded one.
 bound_s=$((timeout_s + 10))
 
-run() {  # name mode np victim -> sets rc, secs (from the fault to the end); output in $out/name.log
-  mkdir -p "$out/status-$1"
-  timeout 60 mpirun --oversubscribe -np "$3" "$probe" "$2" "$4" "$timeout_s" "$out/status-$1" \
+run() {  # name mode np victim [status] -> sets rc, secs (from the fault to the end); output in
+         # $out/name.log; the job's status folder goes into $out/status-<status, default name>
+  local status=$out/status-${5:-$1}
+  mkdir -p "$status"
+  timeout 60 mpirun --oversubscribe -np "$3" "$probe" "$2" "$4" "$timeout_s" "$status" \
     >"$out/$1.log" 2>&1
   rc=$?
   local end
@@ -34,8 +38,8 @@ run() {  # name mode np victim -> sets rc, secs (from the fault to the end); out
   secs=$(awk -v end="$end" '/^probe: rank [0-9]+ at collective #6 at / {
            if (start == "" || $NF < start) start = $NF }
          END { if (start == "") print "unknown"; else printf "%.1f", end - start }' "$out/$1.log")
-  if [ -n "$(ls -A "$out/status-$1")" ]; then
-    echo "FAIL ($1): the job left its status folder: $(ls -A "$out/status-$1")"; fail=1
+  if [ "$1" != kill ] && [ -n "$(ls -A "$status")" ]; then
+    echo "FAIL ($1): the job left a status folder: $(ls -A "$status")"; fail=1
   fi
 }
 
@@ -77,6 +81,9 @@ run kill kill 3 2
 expect_ended kill
 expect kill 'rank [01] terminated by signal 15'
 expect kill 'DEAD: +rank 2 \(at #5 all_reduce'
+# The next job in the same status folder removes what a killed job's ranks could not.
+run after-kill ok 3 1 kill
+[ "$rc" -eq 0 ] || { echo "FAIL (after-kill): exit $rc"; fail=1; }
 
 run fail fail 3 1
 expect_ended fail

@@ -2,6 +2,7 @@
 // and the status board's analysis of which rank is behind (two boards play two ranks; a third,
 // on another host, is unknown).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -161,6 +162,29 @@ TEST(CommReport, FailedRankIsSeenAndTheLastToLeaveRemovesTheFolder) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/rank-2.status"));  // rank 0 may still read it
   r0->leave();
   EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+TEST(CommReport, AJobStartRemovesTheFoldersOfKilledJobsOnly) {
+  const std::filesystem::path parent = std::filesystem::temp_directory_path() /
+                                       ("cleave-comm-report-sweep-" + std::to_string(getpid()));
+  const std::string killed = parent / "cleave-killed", running = parent / "cleave-running";
+  // A job whose only rank was killed outright: its file stays, its process is gone.
+  const pid_t child = fork();
+  if (child == 0) {
+    new StatusBoard(killed, 0, 1);  // never destroyed, as under SIGKILL
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(std::filesystem::exists(killed + "/rank-0.status"));
+  {
+    StatusBoard alive(running, 0, 1);  // a job still running beside
+    StatusBoard starting((parent / "cleave-new").string(), 0, 1);
+    EXPECT_FALSE(std::filesystem::exists(killed));
+    EXPECT_TRUE(std::filesystem::exists(running + "/rank-0.status"));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(parent));
+  std::filesystem::remove_all(parent);
 }
 
 }  // namespace

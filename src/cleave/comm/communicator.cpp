@@ -20,6 +20,7 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -276,6 +277,14 @@ void Communicator::on_timeout(const WorkState& w, double elapsed) {
     out.str("cleave comm: rank ").num(world_rank_).str(" aborts the job (MPI_Abort)\n");
   }
   status_.leave();
+  // Ranks timing out at the same moment read the folder for their reports: give them a second.
+  // Then the folder goes, whoever is left, since mpirun does not always let the ranks it stops
+  // run their SIGTERM handler; those that do find their file gone and say nothing more.
+  for (int i = 0; i < 50 && !status_.others_gone(); ++i) {
+    const timespec pause{0, 20'000'000};
+    nanosleep(&pause, nullptr);
+  }
+  status_.remove_folder();
   MPI_Abort(MPI_COMM_WORLD, 3);
   _exit(3);  // MPI_Abort does not return; if it ever did, do not hang
 }
@@ -287,6 +296,7 @@ void Communicator::write_signal_report(int signo) {
     SafeText out(SafeText::fd_sink, &fd);
     out.str("cleave comm: rank ").num(world_rank_).str(" terminated by signal ").num(signo)
         .chr('\n');
+    status_.remove_folder();  // it was stopped in its grace second (on_timeout)
     return;
   }
   status_.set_state(RankState::terminated);

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include "cleave/base/check.h"
@@ -85,6 +86,38 @@ const StatusSlot* find_slot(const StatusPage& p, uint64_t key) {
   return nullptr;
 }
 
+void sweep_stale_folders(const std::string& own) {
+  // Ranks killed outright (SIGKILL: by mpirun when they take long to stop, or by the OOM killer)
+  // run no code, so their job's folder outlives it. Each job start removes such folders beside its
+  // own: every rank file of this host, of a process that is gone or has left. A folder of another
+  // host's ranks, or of a process still running, stays.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path parent = fs::path(own).parent_path();
+  char host[64] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("cleave-", 0) != 0 || entry.path() == fs::path(own) || !entry.is_directory(ec))
+      continue;
+    std::vector<fs::path> files;
+    bool stale = true;
+    for (const auto& f : fs::directory_iterator(entry.path(), ec)) {
+      files.push_back(f.path());
+      StatusPage page{};
+      std::ifstream in(f.path(), std::ios::binary);
+      in.read(reinterpret_cast<char*>(&page), sizeof(page));
+      if (!in || page.magic != kMagic || liveness(page, host) == -1 ||
+          (!page.left && liveness(page, host) == 1))
+        stale = false;
+    }
+    if (!stale || files.empty()) continue;  // an empty folder may be a job starting this moment
+    for (const fs::path& f : files) fs::remove(f, ec);
+    fs::remove(entry.path(), ec);
+  }
+}
+
+
 }  // namespace
 
 StatusBoard::StatusBoard(const std::string& dir, int world_rank, int world_size,
@@ -116,7 +149,16 @@ StatusBoard::StatusBoard(const std::string& dir, int world_rank, int world_size,
   page_->init_time = page_->heartbeat = wall_seconds();
   page_->state = int32_t(RankState::running);
   store(page_->magic, kMagic);
+  // Once per host: by its first rank.
+  int first_here = world_rank;
+  for (int r = 0; r < world_rank; ++r)
+    if (!on_other_host(r)) {
+      first_here = r;
+      break;
+    }
+  if (first_here == world_rank) sweep_stale_folders(dir_);
 }
+
 
 StatusBoard::~StatusBoard() {
   if (page_) {
@@ -188,10 +230,15 @@ void StatusBoard::leave() {
   store(page_->left, int32_t(1));
   // Every rank marks itself before it looks at the others, so of ranks leaving at once the last to
   // look sees them all gone.
+  if (others_gone()) remove_folder();
+}
+
+bool StatusBoard::others_gone() const {
   StatusPage page;
   for (int r = 0; r < world_size_; ++r)
-    if (r != world_rank_ && read_page(r, page) && !page.left && liveness(page, host_) != 0) return;
-  remove_folder();
+    if (r != world_rank_ && read_page(r, page) && !page.left && liveness(page, host_) != 0)
+      return false;
+  return true;
 }
 
 bool StatusBoard::own_file_present() const {

@@ -70,6 +70,8 @@ class StatusBoard {
   // removes the folder before it aborts the job, so a rank that finds its file gone is being
   // stopped for an error already reported.
   bool own_file_present() const;
+  // Async-signal-safe. Whether every other rank has left the folder or died.
+  bool others_gone() const;
   // Async-signal-safe. Removes every rank's file, this rank's last, then the folder.
   void remove_folder();
   // Async-signal-safe. This rank reads the folder no more (its file stays: other ranks' reports
