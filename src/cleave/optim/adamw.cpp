@@ -26,18 +26,16 @@ AdamW::AdamW(const ParamStore& store, const OptimConfig& cfg, std::vector<FlatRa
   }
   // A pattern that matches no tensor would be ignored without a word: a name from another
   // naming (e.g. Hugging Face's c_attn) or a typo.
+  const std::vector<ParamTensor>& tensors = store.tensors();
   for (const std::string& pattern : cfg.no_decay) {
-    bool matches = !pattern.empty();
-    if (matches)
-      matches = std::any_of(store.tensors().begin(), store.tensors().end(), [&](const ParamTensor& t) {
-        return t.name.find(pattern) != std::string::npos;
-      });
-    if (!matches)
-      throw Error("optim.no_decay: \"" + pattern + "\" " +
-                  (pattern.empty() ? std::string("would match every parameter")
-                                   : "matches no parameter of this model (first: " +
-                                         store.tensors().front().name + ", last: " +
-                                         store.tensors().back().name + "; docs/config.md lists them)"));
+    if (pattern.empty()) throw Error("optim.no_decay: \"\" would match every parameter");
+    if (std::none_of(tensors.begin(), tensors.end(), [&](const ParamTensor& t) {
+          return t.name.find(pattern) != std::string::npos;
+        }))
+      throw Error("optim.no_decay: \"" + pattern +
+                  "\" matches no parameter of this model (first: " +
+                  tensors.front().name + ", last: " + tensors.back().name +
+                  "; docs/config.md lists them)");
   }
   m_.resize(size);
   v_.resize(size);
