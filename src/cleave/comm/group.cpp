@@ -250,4 +250,12 @@ Work Group::barrier() {
 
 #undef CLEAVE_COMM_ARGS
 
+double sum_of_doubles(Group& group, double local, double* waited) {
+  float parts[2] = {float(local), 0.0f};
+  parts[1] = float(local - double(parts[0]));
+  const double seconds = group.all_reduce(parts, 2, CommType::f32, CommAlgo::ours).wait();
+  if (waited) *waited += seconds;
+  return double(parts[0]) + double(parts[1]);
+}
+
 }  // namespace cleave

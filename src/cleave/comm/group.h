@@ -91,6 +91,11 @@ class Group {
   uint64_t p2p_sequence_ = 0;  // send/recv issued on this group (differs between members)
 };
 
+// The sum of one double per member, carried as two floats (a float and the float of what it left
+// out: about 1e-14 relative) in the group's fixed reduction order, so every member gets the same
+// bits. Adds the seconds it waited to *waited when given.
+double sum_of_doubles(Group& group, double local, double* waited = nullptr);
+
 // Process-wide setup, after MPI_Init_thread (MPI_THREAD_MULTIPLE, or at least SERIALIZED if the
 // application makes no MPI calls of its own meanwhile): options, the progress thread, the status
 // file, the SIGTERM report. Collective over MPI_COMM_WORLD. Idempotent; the options of the first

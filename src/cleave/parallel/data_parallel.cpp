@@ -172,10 +172,10 @@ DataParallel::OptimizerInputs DataParallel::finish_gradients() {
 
 double DataParallel::grad_sum_of_squares() {
   if (zero_stage_ < 2) return sum_of_squares(store_.grads().data(), store_.total());
-  // Each rank holds one shard: sum the shards' squares over dp_shard, in the group's fixed order.
-  float partial = float(sum_of_squares(shard_grads_.data(), shard_grads_.size()));
-  exposed_ += g_.shard->all_reduce(&partial, 1, CommType::f32, CommAlgo::ours).wait();
-  return partial;
+  // Each rank holds one shard: sum the shards' squares over dp_shard, in the group's fixed order,
+  // at the double precision the whole buffer's sum has below ZeRO-2.
+  return sum_of_doubles(*g_.shard, sum_of_squares(shard_grads_.data(), shard_grads_.size()),
+                        &exposed_);
 }
 
 void DataParallel::after_optimizer_step() {

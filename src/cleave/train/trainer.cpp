@@ -157,14 +157,6 @@ void Trainer::resolve_peaks() {
   hardware_sum_ = sums[1];
 }
 
-double Trainer::sum_over_dp(double local) {
-  // Two floats carry a double's value to about 1e-14 relative, in a fixed reduction order.
-  float parts[2] = {float(local), 0.0f};
-  parts[1] = float(local - double(parts[0]));
-  dp_group_->all_reduce(parts, 2, CommType::f32, CommAlgo::ours).wait();
-  return double(parts[0]) + double(parts[1]);
-}
-
 StepResult Trainer::train_step(int64_t step) {
   const TrainConfig& t = cfg_.train;
   const int64_t mb = t.micro_batch_size, T = t.seq_len, accum = t.grad_accum_steps;
@@ -187,7 +179,7 @@ StepResult Trainer::train_step(int64_t step) {
   }
   const DataParallel::OptimizerInputs shard = dp_->finish_gradients();
   StepResult r;
-  r.loss = sum_over_dp(loss_sum) / double(mb * T * accum);
+  r.loss = sum_of_doubles(*dp_group_, loss_sum) / double(mb * T * accum);
   r.grad_norm = std::sqrt(dp_->grad_sum_of_squares());
   // Both are the same on every rank, so every rank stops here alike, before anything is applied.
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) stop_non_finite(step, r, shard);
@@ -251,7 +243,7 @@ double Trainer::validate() {
     for (int64_t i = 0; i < local_batch_ * T; ++i) sum += model_->losses()[i];
   }
   dp_->release_parameters();  // ZeRO-3: the head stayed gathered for a backward that never came
-  return sum_over_dp(sum) / double(t.val_batches * mb * T);
+  return sum_of_doubles(*dp_group_, sum) / double(t.val_batches * mb * T);
 }
 
 void Trainer::run(int64_t exit_after) {

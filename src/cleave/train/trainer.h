@@ -45,7 +45,6 @@ class Trainer {
   void load_checkpoint(const std::string& dir);
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
                 double exposed_seconds);
-  double sum_over_dp(double local);  // exact enough for losses: sent as two floats
   void resolve_peaks();
   // Every rank alike, before the update: names the step and the first tensor whose gradient holds
   // a non-finite value (a collective over the data-parallel ranks).
