@@ -314,7 +314,6 @@ void Communicator::write_signal_report(int signo) {
 
 void Communicator::mark_failed() {
   status_.set_state(RankState::failed);
-  status_.leave();
   // The other ranks are about to be stopped by MPI_Abort, and mpirun does not always let them run
   // their SIGTERM handler (it may kill them outright): the folder goes now, whoever is left.
   status_.remove_folder();

@@ -8,7 +8,6 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include "cleave/base/check.h"
@@ -86,6 +85,21 @@ const StatusSlot* find_slot(const StatusPage& p, uint64_t key) {
   return nullptr;
 }
 
+// A whole status page with its magic number, from a rank's file. Async-signal-safe.
+bool read_page_file(const char* path, StatusPage& page) {
+  const int fd = ::open(path, O_RDONLY);
+  if (fd < 0) return false;
+  size_t got = 0;
+  char* dst = reinterpret_cast<char*>(&page);
+  while (got < sizeof(page)) {
+    const ssize_t n = ::read(fd, dst + got, sizeof(page) - got);
+    if (n <= 0) break;
+    got += size_t(n);
+  }
+  ::close(fd);
+  return got == sizeof(page) && page.magic == kMagic;
+}
+
 void sweep_stale_folders(const std::string& own) {
   // Ranks killed outright (SIGKILL: by mpirun when they take long to stop, or by the OOM killer)
   // run no code, so their job's folder outlives it. Each job start removes such folders beside its
@@ -105,11 +119,12 @@ void sweep_stale_folders(const std::string& own) {
     for (const auto& f : fs::directory_iterator(entry.path(), ec)) {
       files.push_back(f.path());
       StatusPage page{};
-      std::ifstream in(f.path(), std::ios::binary);
-      in.read(reinterpret_cast<char*>(&page), sizeof(page));
-      if (!in || page.magic != kMagic || liveness(page, host) == -1 ||
-          (!page.left && liveness(page, host) == 1))
+      if (!read_page_file(f.path().c_str(), page)) {
         stale = false;
+        continue;
+      }
+      const int alive = liveness(page, host);
+      if (alive == -1 || (alive == 1 && !page.left)) stale = false;
     }
     if (!stale || files.empty()) continue;  // an empty folder may be a job starting this moment
     for (const fs::path& f : files) fs::remove(f, ec);
@@ -258,17 +273,7 @@ bool StatusBoard::on_other_host(int rank) const {
 }
 
 bool StatusBoard::read_page(int rank, StatusPage& page) const {
-  const int fd = ::open(paths_[size_t(rank)].c_str(), O_RDONLY);
-  if (fd < 0) return false;
-  size_t got = 0;
-  char* dst = reinterpret_cast<char*>(&page);
-  while (got < sizeof(page)) {
-    const ssize_t n = ::read(fd, dst + got, sizeof(page) - got);
-    if (n <= 0) break;
-    got += size_t(n);
-  }
-  ::close(fd);
-  return got == sizeof(page) && page.magic == kMagic;
+  return read_page_file(paths_[size_t(rank)].c_str(), page);
 }
 
 void StatusBoard::write_report(SafeText& out, int focus_slot, uint64_t focus_seq,
