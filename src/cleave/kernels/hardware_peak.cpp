@@ -35,16 +35,10 @@ double thread_cpu_seconds() {
 }
 
 bool cpu_has(const std::string& flag) {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    std::string w;
-    while (words >> w)
-      if (w == flag) return true;
-    return false;
-  }
+  std::istringstream words(cpu_info("flags"));
+  std::string w;
+  while (words >> w)
+    if (w == flag) return true;
   return false;
 }
 
@@ -133,6 +127,18 @@ double best_rate(const std::function<double(int64_t)>& burst, int threads, int64
 }
 
 }  // namespace
+
+std::string cpu_info(const std::string& key) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || line.rfind(key, 0) != 0) continue;
+    const size_t value = line.find_first_not_of(" \t", colon + 1);
+    return value == std::string::npos ? "" : line.substr(value);
+  }
+  return "";
+}
 
 HardwarePeak measure_hardware_peak(Precision precision, int threads) {
   HardwarePeak p;

@@ -22,6 +22,9 @@ struct HardwarePeak {
 
 HardwarePeak measure_hardware_peak(Precision precision, int threads);
 
+// The value of the first /proc/cpuinfo line that starts with key ("model name", "flags"), or "".
+std::string cpu_info(const std::string& key);
+
 // "17 GF/s: 2 threads x 3.70 GHz x 32 FLOP/cycle (AVX-512 FMA, measured)"
 std::string describe(const HardwarePeak& peak);
 

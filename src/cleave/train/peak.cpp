@@ -23,22 +23,13 @@ namespace {
 // At most this long measuring the GEMM peak (typically 2 to 4 s: it stops once stable).
 constexpr double kGemmPeakSeconds = 8.0;
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  return "unknown CPU";
-}
-
 std::string cache_key(Precision precision, int threads) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
+  std::string cpu = cpu_info("model name");
+  if (cpu.empty()) cpu = "unknown CPU";
   const dnnl_version_t* v = dnnl_version();
-  return "host=" + std::string(host) + ";cpu=" + cpu_model() + ";onednn=" +
+  return "host=" + std::string(host) + ";cpu=" + cpu + ";onednn=" +
          std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
          std::to_string(v->patch) + ";dtype=" + (precision == Precision::bf16 ? "bf16" : "fp32") +
          ";threads=" + std::to_string(threads);
@@ -115,7 +106,8 @@ const char* source_name(PeakSource s) {
 std::string default_peak_cache() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
     return std::string(x) + "/cleave/peaks.json";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/cleave/peaks.json";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return std::string(h) + "/.cache/cleave/peaks.json";
   return "";
 }
 
