@@ -80,11 +80,10 @@ void check_block(Family f, int n_kv_heads) {
     return s;
   };
   BlockGrads g;
-  Block::reserve_grads(g, c, N);
+  block.reserve_grads(g, N);
   loss();
   store.grads().zero();
-  block.backward_input(dx.data(), dout.data(), g);
-  block.backward_weight(dout.data(), g);
+  block.backward(dx.data(), dout.data(), g);
   auto none = [] {};
   expect_fd("x", x.data(), dx.data(), N * d, loss, none);
   for (int i = 0; i < int(store.tensors().size()); ++i)

@@ -99,3 +99,51 @@ void cross_entropy_forward_backward(float* logits, float* losses, const int32_t*
 }
 
 }  // namespace cleave::kernels
+
+namespace cleave::kernels {
+
+void vocab_shard_stats(const float* logits, float* stats, const int32_t* targets, int64_t N, int V,
+                       int64_t stride, int64_t vocab_begin) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; i++) {
+    const float* x = logits + i * stride;
+    const int64_t t = int64_t(targets[i]) - vocab_begin;
+    float* s = stats + 3 * i;
+    if (V == 0) {
+      s[0] = -INFINITY, s[1] = 0.0f, s[2] = 0.0f;
+      continue;
+    }
+    const float M = row_max(x, V);
+    s[0] = M;
+    s[1] = row_sumexp<false>(const_cast<float*>(x), M, V);
+    s[2] = t >= 0 && t < V ? x[t] : 0.0f;
+  }
+}
+
+void vocab_shard_loss(float* logits, float* losses, const float* all_stats, int ranks,
+                      const int32_t* targets, int64_t N, int V, int64_t stride,
+                      int64_t vocab_begin, float grad_scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; i++) {
+    float M = -INFINITY, xt = 0.0f;
+    for (int r = 0; r < ranks; r++) {
+      M = fmax2(M, all_stats[(r * N + i) * 3]);
+      xt += all_stats[(r * N + i) * 3 + 2];  // one rank holds the target, the others add 0
+    }
+    float S = 0.0f;
+    for (int r = 0; r < ranks; r++) {
+      const float* s = all_stats + (r * N + i) * 3;
+      if (s[1] > 0.0f) S += s[1] * vmath::exp_f(s[0] - M);
+    }
+    losses[i] = static_cast<float>(std::log(static_cast<double>(S)) + static_cast<double>(M - xt));
+    if (grad_scale == 0.0f) continue;
+    float* x = logits + i * stride;
+    const float scale = grad_scale / S;
+    for (int j = 0; j < V; j++) x[j] = vmath::exp_f(x[j] - M) * scale;
+    for (int64_t j = V; j < stride; j++) x[j] = 0.0f;
+    const int64_t t = int64_t(targets[i]) - vocab_begin;
+    if (t >= 0 && t < V) x[t] -= grad_scale;
+  }
+}
+
+}  // namespace cleave::kernels

@@ -80,3 +80,60 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 }
 
 }  // namespace cleave::kernels
+
+namespace cleave::kernels {
+
+void embedding_lookup_shard(float* out, const int32_t* tokens, const float* wte, int64_t N, int C,
+                            int64_t vocab_begin, int64_t rows) {
+  check_shape(N, 1, C);
+  check_tokens(tokens, N);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; r++) {
+    float* o = out + r * C;
+    const int64_t row = int64_t(tokens[r]) - vocab_begin;
+    if (row >= 0 && row < rows) std::copy(wte + row * C, wte + (row + 1) * C, o);
+    else std::fill(o, o + C, 0.0f);
+  }
+}
+
+void embedding_backward_shard(float* dwte, const float* dout, const int32_t* tokens, int64_t N,
+                              int C, int64_t vocab_begin, int64_t rows) {
+  check_shape(N, 1, C);
+  check_tokens(tokens, N);
+  const int nblocks = (C + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < nblocks; blk++) {
+    const int c0 = blk * kColBlock, c1 = std::min(C, c0 + kColBlock);
+    for (int64_t r = 0; r < N; r++) {
+      const int64_t row = int64_t(tokens[r]) - vocab_begin;
+      if (row < 0 || row >= rows) continue;
+      float* w = dwte + row * C;
+      const float* g = dout + r * C;
+      for (int c = c0; c < c1; c++) w[c] += g[c];
+    }
+  }
+}
+
+void position_add(float* out, const float* wpe, int64_t n, int64_t row0, int64_t T, int C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const float* p = wpe + ((row0 + i) % T) * C;
+    float* o = out + i * C;
+    for (int c = 0; c < C; c++) o[c] += p[c];
+  }
+}
+
+void position_backward(float* dwpe, const float* dout, int64_t n, int64_t row0, int64_t T, int C) {
+  const int nblocks = (C + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < nblocks; blk++) {
+    const int c0 = blk * kColBlock, c1 = std::min(C, c0 + kColBlock);
+    for (int64_t i = 0; i < n; i++) {
+      float* p = dwpe + ((row0 + i) % T) * C;
+      const float* g = dout + i * C;
+      for (int c = c0; c < c1; c++) p[c] += g[c];
+    }
+  }
+}
+
+}  // namespace cleave::kernels

@@ -18,21 +18,53 @@ std::string prefix(int layer) { return "blocks." + std::to_string(layer); }
 // so the stream's variance does not grow with depth.
 float residual_std(const ModelConfig& c) { return c.init_std / std::sqrt(2.0f * c.n_layers); }
 
+// The placements of the four linears on tp ranks (none at tp = 1: whole tensors). qkv's rows are
+// the rank's q heads, then its k heads, then its v heads, from the three parts of the global
+// [q | k | v]; SwiGLU's fused [gate | up] likewise in two parts.
+Placement qkv_placement(const ModelConfig& c, const TpShare& s) {
+  if (s.tp == 1) return {};
+  const int64_t hd = c.head_dim(), q = int64_t(s.heads) * hd, kv = int64_t(s.kv_heads) * hd;
+  const GradSum kv_sum = s.kv_replicated ? GradSum::kv_replicas : GradSum::none;
+  const int64_t k0 = int64_t(c.n_heads) * hd, v0 = k0 + int64_t(c.n_kv_heads) * hd;
+  return shard_rows({c.qkv_dim(), c.d_model},
+                    {{0, s.rank * q, q, GradSum::none},
+                     {q, k0 + s.first_kv_head * hd, kv, kv_sum},
+                     {q + kv, v0 + s.first_kv_head * hd, kv, kv_sum}});
+}
+
+Placement fc_placement(const ModelConfig& c, const TpShare& s) {
+  if (s.tp == 1) return {};
+  const int64_t f = s.ffn;
+  std::vector<Segment> segments = {{0, s.rank * f, f, GradSum::none}};
+  if (c.family == Family::llama) segments.push_back({f, c.ffn_hidden + s.rank * f, f, GradSum::none});
+  return shard_rows({c.mlp_in_dim(), c.d_model}, std::move(segments));
+}
+
+Placement row_parallel(const TpShare& s, int64_t out, int64_t in_global, int64_t in_local) {
+  if (s.tp == 1) return {};
+  return shard_cols({out, in_global}, s.rank * in_local, in_local);
+}
+
 }  // namespace
 
 Block::Block(ParamStore& store, int layer, const ModelConfig& c, Precision p,
-             const kernels::RopeTable* rope)
-    : cfg_(c), rope_(rope),
-      norm1_(store, prefix(layer) + ".norm1", c.d_model, c.family == Family::gpt2, c.norm_eps),
-      norm2_(store, prefix(layer) + ".norm2", c.d_model, c.family == Family::gpt2, c.norm_eps),
-      qkv_(store, prefix(layer) + ".attn.qkv", c.d_model, c.qkv_dim(), c.family == Family::gpt2,
-           c.init_std, p),
-      out_(store, prefix(layer) + ".attn.out", c.n_heads * c.head_dim(), c.d_model,
-           c.family == Family::gpt2, residual_std(c), p),
-      fc_(store, prefix(layer) + ".mlp.fc", c.d_model, c.mlp_in_dim(), c.family == Family::gpt2,
-          c.init_std, p),
-      proj_(store, prefix(layer) + ".mlp.proj", c.ffn_hidden, c.d_model, c.family == Family::gpt2,
-            residual_std(c), p) {}
+             const kernels::RopeTable* rope, const TensorParallelOptions& tp)
+    : cfg_(c), rope_(rope), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())),
+      name_(prefix(layer)),
+      norm1_(store, name_ + ".norm1", c.d_model, c.family == Family::gpt2, c.norm_eps,
+             tp.sequence_parallel ? GradSum::tp : GradSum::none),
+      norm2_(store, name_ + ".norm2", c.d_model, c.family == Family::gpt2, c.norm_eps,
+             tp.sequence_parallel ? GradSum::tp : GradSum::none),
+      qkv_(store, name_ + ".attn.qkv", c.d_model, share_.qkv_dim(c.head_dim()),
+           c.family == Family::gpt2, c.init_std, p, qkv_placement(c, share_)),
+      out_(store, name_ + ".attn.out", share_.heads * c.head_dim(), c.d_model,
+           c.family == Family::gpt2, residual_std(c), p,
+           row_parallel(share_, c.d_model, c.n_heads * c.head_dim(), share_.heads * c.head_dim())),
+      fc_(store, name_ + ".mlp.fc", c.d_model,
+          c.family == Family::llama ? 2 * share_.ffn : share_.ffn, c.family == Family::gpt2,
+          c.init_std, p, fc_placement(c, share_)),
+      proj_(store, name_ + ".mlp.proj", share_.ffn, c.d_model, c.family == Family::gpt2,
+            residual_std(c), p, row_parallel(share_, c.d_model, c.ffn_hidden, share_.ffn)) {}
 
 void Block::bind(ParamStore& store) {
   norm1_.bind(store);
@@ -64,28 +96,40 @@ void Block::release_packed() {
 void Block::reserve(int64_t B, int64_t T) {
   const int64_t N = B * T;
   if (N == B_ * T_ && B == B_) return;
-  const int64_t d = cfg_.d_model;
-  h1_.resize(N * d);
-  qkv_act_.resize(N * cfg_.qkv_dim());
-  o_.resize(N * cfg_.n_heads * cfg_.head_dim());
-  lse_.resize(N * cfg_.n_heads);
-  x_mid_.resize(N * d);
-  h2_.resize(N * d);
-  fc_act_.resize(N * cfg_.mlp_in_dim());
-  act_.resize(N * cfg_.ffn_hidden);
-  norm1_.reserve(N);
-  norm2_.reserve(N);
+  const int64_t d = cfg_.d_model, n = local_rows(N), hd = cfg_.head_dim();
+  h1_.resize(n * d);
+  qkv_act_.resize(N * share_.qkv_dim(int(hd)));
+  o_.resize(N * share_.heads * hd);
+  lse_.resize(N * share_.heads);
+  x_mid_.resize(N * d);  // all rows: without sequence parallelism attn.out's sum lands here
+  h2_.resize(n * d);
+  fc_act_.resize(N * fc_.gemm().out_features());
+  act_.resize(N * share_.ffn);
+  if (tp_.sequence_parallel) {
+    h1_full_.resize(N * d);
+    h2_full_.resize(N * d);
+    partial_.resize(N * d);
+  }
+  norm1_.reserve(n);
+  norm2_.reserve(n);
   B_ = B, T_ = T;
 }
 
-void Block::reserve_grads(BlockGrads& g, const ModelConfig& c, int64_t N) {
-  g.d_act.resize(N * c.ffn_hidden);
-  g.d_fc.resize(N * c.mlp_in_dim());
-  g.d_h2.resize(N * c.d_model);
-  g.d_xmid.resize(N * c.d_model);
-  g.d_o.resize(N * c.n_heads * c.head_dim());
-  g.d_qkv.resize(N * c.qkv_dim());
-  g.d_h1.resize(N * c.d_model);
+void Block::reserve_grads(BlockGrads& g, int64_t N) const {
+  const int64_t d = cfg_.d_model, n = local_rows(N), hd = cfg_.head_dim();
+  g.d_act.resize(N * share_.ffn);
+  g.d_fc.resize(N * fc_.gemm().out_features());
+  g.d_h2.resize(N * d);
+  g.d_xmid.resize(n * d);
+  g.d_o.resize(N * share_.heads * hd);
+  g.d_qkv.resize(N * share_.qkv_dim(int(hd)));
+  g.d_h1.resize(N * d);
+  if (tp_.sequence_parallel) {
+    g.dy_full.resize(N * d);
+    g.d_xmid_full.resize(N * d);
+    g.d_h2_full.resize(N * d);
+    g.d_h1_full.resize(N * d);
+  }
 }
 
 void Block::forward(float* x_out, const float* x_in, int64_t B, int64_t T) {
@@ -93,23 +137,45 @@ void Block::forward(float* x_out, const float* x_in, int64_t B, int64_t T) {
 }
 
 void Block::forward_cached(float* x_out, const float* x_in, int64_t T, KVCache& cache) {
+  CLEAVE_CHECK(share_.tp == 1, "generation runs at tp = 1 (the model has tp " << share_.tp << ")");
   forward_impl(x_out, x_in, 1, T, &cache);
+}
+
+const float* Block::enter_column(const float* local, float* full, int64_t N, const char* what) {
+  if (!tp_.comm) return local;
+  const int64_t d = cfg_.d_model;
+  if (!tp_.sequence_parallel) {
+    tp_pairs::copy_forward();
+    if (tp_.check_placements)
+      tp_.comm->check_replicated(local, N * d, name_ + "." + what + " input (Replicate on tp)");
+    return local;
+  }
+  tp_pairs::gather_forward(*tp_.comm, local, full, local_rows(N) * d)();
+  return full;
+}
+
+void Block::leave_row(float* partial, float* out, int64_t N) {
+  if (!tp_.comm) return;
+  const int64_t d = cfg_.d_model;
+  if (tp_.sequence_parallel) tp_pairs::scatter_forward(*tp_.comm, partial, out, local_rows(N) * d)();
+  else tp_pairs::reduce_forward(*tp_.comm, out, N * d)();
 }
 
 void Block::forward_impl(float* x_out, const float* x_in, int64_t B, int64_t T, KVCache* cache) {
   reserve(B, T);
-  const int64_t N = B * T, d = cfg_.d_model, hd = cfg_.head_dim();
-  const int64_t q_dim = int64_t(cfg_.n_heads) * hd, kv_dim = int64_t(cfg_.n_kv_heads) * hd;
-  const int64_t qkv_dim = cfg_.qkv_dim();
+  const int64_t N = B * T, n = local_rows(N), d = cfg_.d_model, hd = cfg_.head_dim();
+  const int heads = share_.heads, kv_heads = share_.kv_heads;
+  const int64_t q_dim = int64_t(heads) * hd, kv_dim = int64_t(kv_heads) * hd;
+  const int64_t qkv_dim = share_.qkv_dim(int(hd));
   const int64_t pos0 = cache ? cache->length : 0;
+  const bool sp = tp_.sequence_parallel;
   x_in_ = x_in;
 
-  norm1_.forward(h1_.data(), x_in, N);
-  qkv_.forward(qkv_act_.data(), h1_.data(), N);
-  if (rope_) {  // q and k heads are adjacent at the start of each row: rotate them together
-    kernels::rope_forward(qkv_act_.data(), *rope_, B, T, cfg_.n_heads + cfg_.n_kv_heads, qkv_dim,
-                          pos0);
-  }
+  norm1_.forward(h1_.data(), x_in, n);
+  const float* h1 = enter_column(h1_.data(), h1_full_.data(), N, "attn.qkv");
+  qkv_.forward(qkv_act_.data(), h1, N);
+  if (rope_)  // q and k heads are adjacent at the start of each row: rotate them together
+    kernels::rope_forward(qkv_act_.data(), *rope_, B, T, heads + kv_heads, qkv_dim, pos0);
   if (cache) {
     for (int64_t t = 0; t < T; ++t) {
       std::memcpy(cache->k.data() + (pos0 + t) * kv_dim, qkv_act_.data() + t * qkv_dim + q_dim,
@@ -118,61 +184,91 @@ void Block::forward_impl(float* x_out, const float* x_in, int64_t B, int64_t T, 
                   qkv_act_.data() + t * qkv_dim + q_dim + kv_dim, kv_dim * sizeof(float));
     }
     kernels::attention_cached(o_.data(), qkv_act_.data(), qkv_dim, cache->k.data(),
-                              cache->v.data(), T, pos0, cfg_.n_heads, cfg_.n_kv_heads, int(hd));
+                              cache->v.data(), T, pos0, heads, kv_heads, int(hd));
     cache->length += T;
   } else {
-    const kernels::AttentionShape s{B, T, cfg_.n_heads, cfg_.n_kv_heads, int(hd), qkv_dim, qkv_dim};
+    const kernels::AttentionShape s{B, T, heads, kv_heads, int(hd), qkv_dim, qkv_dim};
     const float* q = qkv_act_.data();
     kernels::attention_forward(o_.data(), lse_.data(), q, q + q_dim, q + q_dim + kv_dim, s);
   }
-  out_.forward(x_mid_.data(), o_.data(), N);
-  kernels::add_inplace(x_mid_.data(), x_in, N * d);
+  out_.forward(sp ? partial_.data() : x_mid_.data(), o_.data(), N);
+  leave_row(partial_.data(), x_mid_.data(), N);
+  out_.add_bias(x_mid_.data(), n);
+  kernels::add_inplace(x_mid_.data(), x_in, n * d);
 
-  norm2_.forward(h2_.data(), x_mid_.data(), N);
-  fc_.forward(fc_act_.data(), h2_.data(), N);
+  norm2_.forward(h2_.data(), x_mid_.data(), n);
+  const float* h2 = enter_column(h2_.data(), h2_full_.data(), N, "mlp.fc");
+  fc_.forward(fc_act_.data(), h2, N);
   if (cfg_.family == Family::gpt2)
-    kernels::gelu_forward(act_.data(), fc_act_.data(), N * cfg_.ffn_hidden);
+    kernels::gelu_forward(act_.data(), fc_act_.data(), N * share_.ffn);
   else
-    kernels::swiglu_forward(act_.data(), fc_act_.data(), N, cfg_.ffn_hidden);
-  proj_.forward(x_out, act_.data(), N);
-  kernels::add_inplace(x_out, x_mid_.data(), N * d);
+    kernels::swiglu_forward(act_.data(), fc_act_.data(), N, share_.ffn);
+  proj_.forward(sp ? partial_.data() : x_out, act_.data(), N);
+  leave_row(partial_.data(), x_out, N);
+  proj_.add_bias(x_out, n);
+  kernels::add_inplace(x_out, x_mid_.data(), n * d);
 }
 
-void Block::backward_input(float* dx_in, const float* dx_out, BlockGrads& g) {
-  const int64_t B = B_, T = T_, N = B * T, d = cfg_.d_model, hd = cfg_.head_dim();
-  const int64_t q_dim = int64_t(cfg_.n_heads) * hd, kv_dim = int64_t(cfg_.n_kv_heads) * hd;
-  const int64_t qkv_dim = cfg_.qkv_dim();
+void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
+  const int64_t B = B_, T = T_, N = B * T, n = local_rows(N), d = cfg_.d_model;
+  const int64_t hd = cfg_.head_dim();
+  const int heads = share_.heads, kv_heads = share_.kv_heads;
+  const int64_t q_dim = int64_t(heads) * hd, kv_dim = int64_t(kv_heads) * hd;
+  const int64_t qkv_dim = share_.qkv_dim(int(hd));
+  const bool sp = tp_.sequence_parallel;
+  TpComm* comm = tp_.comm;
+  // The gradient of a row-parallel output enters every row (all-gather under sequence
+  // parallelism, the conjugate of forward's reduce-scatter).
+  auto enter_row = [&](const float* local, float* full) -> const float* {
+    if (!sp) {
+      tp_pairs::reduce_backward();
+      return local;
+    }
+    tp_pairs::scatter_backward(*comm, local, full, n * d)();
+    return full;
+  };
+  // A column-parallel input's gradient is a partial sum over tp: start reducing it into `local`.
+  auto start_column_reduce = [&](float* full, float* local) -> TpComm::Wait {
+    if (!comm) return [] {};
+    return sp ? tp_pairs::gather_backward(*comm, full, local, n * d)
+              : tp_pairs::copy_backward(*comm, local, N * d);
+  };
+  const float* h1 = sp ? h1_full_.data() : h1_.data();
+  const float* h2 = sp ? h2_full_.data() : h2_.data();
+  float* d_h2_full = sp ? g.d_h2_full.data() : g.d_h2.data();
+  float* d_h1_full = sp ? g.d_h1_full.data() : g.d_h1.data();
 
-  proj_.backward_input(g.d_act.data(), dx_out, N, false);
+  const float* dy = enter_row(dx_out, g.dy_full.data());
+  proj_.backward_input(g.d_act.data(), dy, N, false);
   if (cfg_.family == Family::gpt2)
-    kernels::gelu_backward(g.d_fc.data(), g.d_act.data(), fc_act_.data(), N * cfg_.ffn_hidden);
+    kernels::gelu_backward(g.d_fc.data(), g.d_act.data(), fc_act_.data(), N * share_.ffn);
   else
-    kernels::swiglu_backward(g.d_fc.data(), g.d_act.data(), fc_act_.data(), N, cfg_.ffn_hidden);
-  fc_.backward_input(g.d_h2.data(), g.d_fc.data(), N, false);
-  std::memcpy(g.d_xmid.data(), dx_out, N * d * sizeof(float));
-  norm2_.backward_input(g.d_xmid.data(), g.d_h2.data(), x_mid_.data(), N);
+    kernels::swiglu_backward(g.d_fc.data(), g.d_act.data(), fc_act_.data(), N, share_.ffn);
+  fc_.backward_input(d_h2_full, g.d_fc.data(), N, false);
+  TpComm::Wait reduced = start_column_reduce(d_h2_full, g.d_h2.data());
+  proj_.backward_weight(dy, act_.data(), N);
+  fc_.backward_weight(g.d_fc.data(), h2, N);
+  reduced();
+  std::memcpy(g.d_xmid.data(), dx_out, n * d * sizeof(float));
+  norm2_.backward_input(g.d_xmid.data(), g.d_h2.data(), x_mid_.data(), n);
+  norm2_.backward_weight(g.d_h2.data(), x_mid_.data(), n);
 
-  out_.backward_input(g.d_o.data(), g.d_xmid.data(), N, false);
-  const kernels::AttentionShape s{B, T, cfg_.n_heads, cfg_.n_kv_heads, int(hd), qkv_dim, qkv_dim};
+  const float* d_xmid = enter_row(g.d_xmid.data(), g.d_xmid_full.data());
+  out_.backward_input(g.d_o.data(), d_xmid, N, false);
+  const kernels::AttentionShape s{B, T, heads, kv_heads, int(hd), qkv_dim, qkv_dim};
   const float* q = qkv_act_.data();
   float* dq = g.d_qkv.data();
   kernels::attention_backward(dq, dq + q_dim, dq + q_dim + kv_dim, g.d_o.data(), q, q + q_dim,
                               q + q_dim + kv_dim, o_.data(), lse_.data(), s);
-  if (rope_)
-    kernels::rope_backward(dq, *rope_, B, T, cfg_.n_heads + cfg_.n_kv_heads, qkv_dim, 0);
-  qkv_.backward_input(g.d_h1.data(), g.d_qkv.data(), N, false);
-  std::memcpy(dx_in, g.d_xmid.data(), N * d * sizeof(float));
-  norm1_.backward_input(dx_in, g.d_h1.data(), x_in_, N);
-}
-
-void Block::backward_weight(const float* dx_out, BlockGrads& g) {
-  const int64_t N = B_ * T_;
-  proj_.backward_weight(dx_out, act_.data(), N);
-  fc_.backward_weight(g.d_fc.data(), h2_.data(), N);
-  norm2_.backward_weight(g.d_h2.data(), x_mid_.data(), N);
-  out_.backward_weight(g.d_xmid.data(), o_.data(), N);
-  qkv_.backward_weight(g.d_qkv.data(), h1_.data(), N);
-  norm1_.backward_weight(g.d_h1.data(), x_in_, N);
+  if (rope_) kernels::rope_backward(dq, *rope_, B, T, heads + kv_heads, qkv_dim, 0);
+  qkv_.backward_input(d_h1_full, g.d_qkv.data(), N, false);
+  reduced = start_column_reduce(d_h1_full, g.d_h1.data());
+  out_.backward_weight(d_xmid, o_.data(), N);
+  qkv_.backward_weight(g.d_qkv.data(), h1, N);
+  reduced();
+  std::memcpy(dx_in, g.d_xmid.data(), n * d * sizeof(float));
+  norm1_.backward_input(dx_in, g.d_h1.data(), x_in_, n);
+  norm1_.backward_weight(g.d_h1.data(), x_in_, n);
 }
 
 }  // namespace cleave

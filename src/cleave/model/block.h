@@ -3,6 +3,11 @@
 //   x_out = x_mid + mlp_proj(act(mlp_fc(norm2(x_mid))))
 // GPT-2: LayerNorm, biases, GELU. Llama: RMSNorm, RoPE, SwiGLU, no biases, GQA.
 // The block keeps the activations of its latest forward (sized by reserve) for backward.
+// Under tensor parallelism (docs/tensor_parallel.md) qkv and mlp.fc are column-parallel and
+// attn.out and mlp.proj row-parallel: each tp rank holds its heads and hidden units, and one
+// all-reduce each way joins each half of the block. Under sequence parallelism the residual
+// stream, the norms and the adds hold the rank's 1/tp of the rows, an all-gather enters each
+// column-parallel linear and a reduce-scatter leaves each row-parallel one.
 #pragma once
 #include <cstdint>
 
@@ -10,6 +15,7 @@
 #include "cleave/kernels/rope.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/model_config.h"
+#include "cleave/model/tensor_parallel.h"
 
 namespace cleave {
 
@@ -19,42 +25,55 @@ struct KVCache {
   int64_t length = 0;  // positions filled
 };
 
-// Gradients inside a block between backward_input and backward_weight. The model shares one
-// scratch among blocks, so it calls backward_weight of a block before the next backward_input.
+// Scratch of a block's backward, shared among blocks. Full: every row; local: the rank's rows
+// (the same under sequence parallelism off).
 struct BlockGrads {
   Buffer<float> d_act, d_fc, d_h2, d_xmid, d_o, d_qkv, d_h1;
+  Buffer<float> dy_full, d_xmid_full, d_h2_full, d_h1_full;  // sequence parallelism only
 };
 
 class Block {
  public:
   Block(ParamStore& store, int layer, const ModelConfig& cfg, Precision precision,
-        const kernels::RopeTable* rope);
+        const kernels::RopeTable* rope, const TensorParallelOptions& tp = {});
   void bind(ParamStore& store);
   void weights_changed();
   void release_packed();
   // Its linear layers' products, at the index of each one's weight tensor.
   void gemms_by_tensor(std::vector<LinearGemm*>& by_tensor);
   void reserve(int64_t B, int64_t T);
-  static void reserve_grads(BlockGrads& g, const ModelConfig& cfg, int64_t N);
+  void reserve_grads(BlockGrads& g, int64_t N) const;
 
-  // x_in must stay unchanged until backward_weight.
+  // x_in and x_out hold the rank's rows of B sequences of T tokens (all of them, or 1/tp under
+  // sequence parallelism). x_in must stay unchanged until backward.
   void forward(float* x_out, const float* x_in, int64_t B, int64_t T);
-  // Generation: one sequence of T new tokens following the cache's contents.
+  // Generation (tp = 1): one sequence of T new tokens following the cache's contents.
   void forward_cached(float* x_out, const float* x_in, int64_t T, KVCache& cache);
-  // dx_in (=) from dx_out; leaves the intermediate gradients in g.
-  void backward_input(float* dx_in, const float* dx_out, BlockGrads& g);
-  void backward_weight(const float* dx_out, BlockGrads& g);
+  // dx_in (=) from dx_out, and the weight gradients (+=). Each column-parallel linear's input
+  // gradient is reduced over tp while its and its row-parallel partner's weight gradients run.
+  void backward(float* dx_in, const float* dx_out, BlockGrads& g);
 
  private:
   void forward_impl(float* x_out, const float* x_in, int64_t B, int64_t T, KVCache* cache);
+  int64_t local_rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.size() : N; }
+  // The input of a column-parallel linear: the norm's output, gathered from every rank's rows
+  // under sequence parallelism (into full).
+  const float* enter_column(const float* local, float* full, int64_t N, const char* what);
+  // A row-parallel linear's partial sums `partial` [N, d] become the rank's rows of the sum in
+  // out (in place when they are the same buffer, without sequence parallelism).
+  void leave_row(float* partial, float* out, int64_t N);
 
   const ModelConfig& cfg_;
   const kernels::RopeTable* rope_;  // null for GPT-2
+  TensorParallelOptions tp_;
+  TpShare share_;
+  std::string name_;
   Norm norm1_, norm2_;
   Linear qkv_, out_, fc_, proj_;
   int64_t B_ = 0, T_ = 0;
   const float* x_in_ = nullptr;
   Buffer<float> h1_, qkv_act_, o_, lse_, x_mid_, h2_, fc_act_, act_;
+  Buffer<float> h1_full_, h2_full_, partial_;  // sequence parallelism only
 };
 
 }  // namespace cleave

@@ -4,10 +4,21 @@
 
 namespace cleave {
 
+namespace {
+
+// A column-parallel bias holds the weight's rows; any other bias is whole.
+Placement bias_placement(const Placement& weight) {
+  if (weight.shard_dim != 0) return {};
+  return shard_rows({weight.global_shape[0]}, weight.segments);
+}
+
+}  // namespace
+
 Linear::Linear(ParamStore& store, const std::string& name, int in, int out, bool bias,
-               float init_std, Precision precision)
-    : w_(store.add(name + ".weight", {out, in}, Init::normal, init_std)), gemm_(in, out, precision) {
-  if (bias) b_ = store.add(name + ".bias", {out}, Init::zeros);
+               float init_std, Precision precision, Placement placement)
+    : w_(store.add(name + ".weight", {out, in}, Init::normal, init_std, placement)),
+      bias_after_sum_(placement.shard_dim == 1), gemm_(in, out, precision) {
+  if (bias) b_ = store.add(name + ".bias", {out}, Init::zeros, 0.0f, bias_placement(placement));
 }
 
 void Linear::bind(ParamStore& store) {
@@ -19,7 +30,17 @@ void Linear::bind(ParamStore& store) {
 
 void Linear::weights_changed() { gemm_.set_weight(weight_); }
 
-void Linear::forward(float* y, const float* x, int64_t N) { gemm_.forward(y, x, N, bias_); }
+void Linear::forward(float* y, const float* x, int64_t N) {
+  gemm_.forward(y, x, N, bias_after_sum_ ? nullptr : bias_);
+}
+
+void Linear::add_bias(float* y, int64_t N) const {
+  if (!bias_ || !bias_after_sum_) return;
+  const int64_t out = gemm_.out_features();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t j = 0; j < out; ++j) y[i * out + j] += bias_[j];
+}
 
 void Linear::backward_input(float* dx, const float* dy, int64_t N, bool accumulate) {
   gemm_.backward_input(dx, dy, N, accumulate);
@@ -29,10 +50,11 @@ void Linear::backward_weight(const float* dy, const float* x, int64_t N) {
   gemm_.backward_weight(dweight_, dbias_, dy, x, N);
 }
 
-Norm::Norm(ParamStore& store, const std::string& name, int dim, bool layernorm, float eps)
+Norm::Norm(ParamStore& store, const std::string& name, int dim, bool layernorm, float eps,
+           GradSum grad_sum)
     : dim_(dim), layernorm_(layernorm), eps_(eps),
-      w_(store.add(name + ".weight", {dim}, Init::ones)) {
-  if (layernorm) b_ = store.add(name + ".bias", {dim}, Init::zeros);
+      w_(store.add(name + ".weight", {dim}, Init::ones, 0.0f, {{}, -1, {}, grad_sum})) {
+  if (layernorm) b_ = store.add(name + ".bias", {dim}, Init::zeros, 0.0f, {{}, -1, {}, grad_sum});
 }
 
 void Norm::bind(ParamStore& store) {

@@ -10,23 +10,29 @@
 
 namespace cleave {
 
+// in and out are local: a column-parallel weight (placement on dimension 0) holds some output
+// rows, and its bias the same rows; a row-parallel one (dimension 1) some input columns, and its
+// bias is whole, added once after the partial products are summed (add_bias), not by forward.
 class Linear {
  public:
   Linear(ParamStore& store, const std::string& name, int in, int out, bool bias, float init_std,
-         Precision precision);
+         Precision precision, Placement placement = {});
   void bind(ParamStore& store);  // after store.allocate(): take the buffer addresses
   void weights_changed();        // after the optimizer or a load wrote the values
   void release_packed() { gemm_.release_packed(); }
 
   void forward(float* y, const float* x, int64_t N);
+  void add_bias(float* y, int64_t N) const;  // row-parallel: y[i, :] += bias
   void backward_input(float* dx, const float* dy, int64_t N, bool accumulate);
   void backward_weight(const float* dy, const float* x, int64_t N);
 
   int weight_index() const { return w_; }
   LinearGemm& gemm() { return gemm_; }
+  const LinearGemm& gemm() const { return gemm_; }
 
  private:
   int w_, b_ = -1;
+  bool bias_after_sum_ = false;
   LinearGemm gemm_;
   float *weight_ = nullptr, *bias_ = nullptr, *dweight_ = nullptr, *dbias_ = nullptr;
 };
@@ -35,11 +41,14 @@ class Linear {
 // statistics of the latest forward for backward.
 class Norm {
  public:
-  Norm(ParamStore& store, const std::string& name, int dim, bool layernorm, float eps);
+  // grad_sum: GradSum::tp under sequence parallelism, where each tp rank norms its own rows.
+  Norm(ParamStore& store, const std::string& name, int dim, bool layernorm, float eps,
+       GradSum grad_sum = GradSum::none);
   void bind(ParamStore& store);
   void reserve(int64_t N);  // statistics for up to N rows
 
   void forward(float* y, const float* x, int64_t N);
+  void add_bias(float* y, int64_t N) const;  // row-parallel: y[i, :] += bias
   void backward_input(float* dx, const float* dy, const float* x, int64_t N);  // dx +=
   void backward_weight(const float* dy, const float* x, int64_t N);
 

@@ -6,12 +6,24 @@
 
 namespace cleave {
 
-int ParamStore::add(std::string name, std::vector<int64_t> shape, Init init, float init_std) {
+int ParamStore::add(std::string name, std::vector<int64_t> shape, Init init, float init_std,
+                    Placement placement) {
   CLEAVE_CHECK(values_.size() == 0, "parameter " << name << " declared after allocation");
   CLEAVE_CHECK(find(name) < 0, "parameter " << name << " declared twice");
+  const int dim = placement.shard_dim;
+  CLEAVE_CHECK(dim < int(shape.size()) && (dim != 1 || placement.segments.size() == 1) &&
+                   (dim < 0 || placement.global_shape.size() == shape.size()),
+               "parameter " << name << ": placement on dimension " << dim << " of a "
+                            << shape.size() << "-D tensor");
+  for (const Segment& s : placement.segments)
+    CLEAVE_CHECK(dim >= 0 && s.local + s.length <= shape[size_t(dim)] &&
+                     s.global + s.length <= placement.global_shape[size_t(dim)],
+                 "parameter " << name << ": segment [" << s.global << ", +" << s.length
+                              << ") outside its local or global extent");
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
-  tensors_.push_back({std::move(name), std::move(shape), total_, numel, init, init_std});
+  tensors_.push_back(
+      {std::move(name), std::move(shape), std::move(placement), total_, numel, init, init_std});
   total_ += (numel + 15) / 16 * 16;
   return int(tensors_.size()) - 1;
 }
@@ -30,13 +42,21 @@ void ParamStore::init_range(uint64_t seed, int64_t begin, int64_t end, float* ou
     if (lo >= hi) continue;
     float* v = out + (lo - begin);
     const uint64_t stream = hash_name(t.name);
-    const int64_t first = lo - t.offset;  // element index within the tensor
+    const int64_t first = lo - t.offset;  // element index within the local tensor
+    const bool whole = t.placement.shard_dim < 0;
+    // Padding of a sharded tensor (global index -1) stays zero whatever the init.
     switch (t.init) {
       case Init::zeros: break;
-      case Init::ones: std::fill(v, v + (hi - lo), 1.0f); break;
+      case Init::ones:
+        for (int64_t i = 0; i < hi - lo; ++i)
+          if (whole || global_index(t.placement, t.shape, first + i) >= 0) v[i] = 1.0f;
+        break;
       case Init::normal:
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < hi - lo; ++i) v[i] = t.init_std * philox_normal(seed, stream, first + i);
+        for (int64_t i = 0; i < hi - lo; ++i) {
+          const int64_t g = whole ? first + i : global_index(t.placement, t.shape, first + i);
+          if (g >= 0) v[i] = t.init_std * philox_normal(seed, stream, uint64_t(g));
+        }
         break;
     }
   }

@@ -1,13 +1,15 @@
-// All parameters of a model live in one flat fp32 buffer, their gradients in a second one of the
+// All parameters a rank holds live in one flat fp32 buffer, their gradients in a second one of the
 // same layout (llm.c's choice; data-parallel buckets and ZeRO shards are slices of these).
-// Each tensor is initialised by Philox keyed by (seed, name, global element index), so the values
-// do not depend on which tensors exist beside it or on the order of construction.
+// Each tensor is this rank's part of a global tensor (model/placement.h) and is initialised by
+// Philox keyed by (seed, name, global element index), so the values do not depend on which
+// tensors exist beside it, on the order of construction or on the layout.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "cleave/base/buffer.h"
+#include "cleave/model/placement.h"
 
 namespace cleave {
 
@@ -15,11 +17,15 @@ enum class Init { normal, zeros, ones };
 
 struct ParamTensor {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // local: what this rank holds
+  Placement placement;         // its global shape and where the local tensor sits in it
   int64_t offset = 0;  // into the flat buffers, a multiple of 16 floats
   int64_t numel = 0;
   Init init = Init::normal;
   float init_std = 0.0f;
+  const std::vector<int64_t>& global_shape() const {
+    return placement.global_shape.empty() ? shape : placement.global_shape;
+  }
 };
 
 // A slice [begin, end) of the flat buffers: a data-parallel shard is a list of them.
@@ -49,8 +55,9 @@ std::vector<TensorPiece> tensor_pieces(const ParamStore& store, const std::vecto
 
 class ParamStore {
  public:
-  // Declares a tensor; returns its index. Only before allocate().
-  int add(std::string name, std::vector<int64_t> shape, Init init, float init_std = 0.0f);
+  // Declares a tensor of local shape `shape`; returns its index. Only before allocate().
+  int add(std::string name, std::vector<int64_t> shape, Init init, float init_std = 0.0f,
+          Placement placement = {});
   // Pads the flat layout so the next tensor starts at a multiple of `multiple` floats.
   void align(int64_t multiple) { total_ = (total_ + multiple - 1) / multiple * multiple; }
   // Allocates values and gradients and initialises every value from the seed (unless

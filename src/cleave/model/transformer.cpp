@@ -8,12 +8,28 @@
 
 namespace cleave {
 
+namespace {
+
+// The rank's rows of a [vocab, d] tensor: padded to ceil(vocab / tp) rows, the padding in no
+// global row.
+Placement vocab_placement(const ModelConfig& c, const TpShare& s) {
+  if (s.tp == 1) return {};
+  std::vector<Segment> rows;
+  if (s.vocab_real > 0) rows.push_back({0, s.vocab_begin, s.vocab_real, GradSum::none});
+  return shard_rows({c.vocab_size, c.d_model}, std::move(rows));
+}
+
+}  // namespace
+
 Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t seed,
-                         int64_t pad_multiple, bool materialise)
-    : cfg_(c), precision_(precision) {
-  wte_ = store_.add("embed.wte", {c.vocab_size, c.d_model}, Init::normal, c.init_std);
+                         int64_t pad_multiple, bool materialise, const TensorParallelOptions& tp)
+    : cfg_(c), precision_(precision), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())) {
+  const GradSum sp_sum = tp.sequence_parallel ? GradSum::tp : GradSum::none;
+  wte_ = store_.add("embed.wte", {share_.vocab_rows, c.d_model}, Init::normal, c.init_std,
+                    vocab_placement(c, share_));
   if (c.family == Family::gpt2)
-    wpe_ = store_.add("embed.wpe", {c.max_seq_len, c.d_model}, Init::normal, c.init_std);
+    wpe_ = store_.add("embed.wpe", {c.max_seq_len, c.d_model}, Init::normal, c.init_std,
+                      {{}, -1, {}, sp_sum});
   else
     rope_.emplace(c.head_dim(), c.max_seq_len, c.rope_theta);
   // Units (embeddings, each block, the head) start at multiples of pad_multiple, so each can be
@@ -23,16 +39,16 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
     store_.align(pad_multiple);
     unit_bounds_.push_back(store_.total());
     blocks_.push_back(
-        std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr));
+        std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, tp));
   }
   store_.align(pad_multiple);
   unit_bounds_.push_back(store_.total());
   final_norm_ = std::make_unique<Norm>(store_, "final_norm", c.d_model, c.family == Family::gpt2,
-                                       c.norm_eps);
-  head_ = c.tie_embeddings
-              ? wte_
-              : store_.add("lm_head.weight", {c.vocab_size, c.d_model}, Init::normal, c.init_std);
-  head_gemm_ = std::make_unique<LinearGemm>(c.d_model, c.vocab_size, precision);
+                                       c.norm_eps, sp_sum);
+  head_ = c.tie_embeddings ? wte_
+                           : store_.add("lm_head.weight", {share_.vocab_rows, c.d_model},
+                                        Init::normal, c.init_std, vocab_placement(c, share_));
+  head_gemm_ = std::make_unique<LinearGemm>(c.d_model, int(share_.vocab_rows), precision);
   store_.align(pad_multiple);
   unit_bounds_.push_back(store_.total());
 
@@ -68,22 +84,70 @@ void Transformer::all_rows_packed() {
 
 void Transformer::reserve(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
-  const int64_t N = B * T, d = cfg_.d_model;
+  const int64_t N = B * T, n = local_rows(N), d = cfg_.d_model;
   resid_.resize(cfg_.n_layers + 1);
-  for (auto& r : resid_) r.resize(N * d);
-  hf_.resize(N * d);
+  for (auto& r : resid_) r.resize(N * d);  // all rows: the embedding's sum lands in resid_[0]
+  hf_.resize(n * d);
   d_hf_.resize(N * d);
-  logits_.resize(N * cfg_.vocab_size);
+  logits_.resize(N * share_.vocab_rows);
   losses_.resize(N);
-  d_resid_a_.resize(N * d);
-  d_resid_b_.resize(N * d);
-  Block::reserve_grads(grads_, cfg_, N);
+  d_resid_a_.resize(n * d);
+  d_resid_b_.resize(n * d);
+  if (tp_.comm) {
+    embed_full_.resize(N * d);
+    stats_.resize(3 * N);
+    all_stats_.resize(3 * N * tp_.size());
+  }
+  if (tp_.sequence_parallel) {
+    hf_full_.resize(N * d);
+    d_full_.resize(N * d);
+  }
+  blocks_.front()->reserve_grads(grads_, N);
   B_ = B, T_ = T;
 }
 
 void Transformer::embed(float* out, const int32_t* tokens, int64_t B, int64_t T, int64_t pos0) {
-  kernels::embedding_forward(out, tokens, store_.value(wte_), wpe_ >= 0 ? store_.value(wpe_) : nullptr,
-                             B, T, cfg_.d_model, pos0);
+  if (!tp_.comm) {
+    kernels::embedding_forward(out, tokens, store_.value(wte_),
+                               wpe_ >= 0 ? store_.value(wpe_) : nullptr, B, T, cfg_.d_model, pos0);
+    return;
+  }
+  // Vocabulary-parallel: each rank looks up the tokens it holds (0 for the others) and the tp
+  // sum completes the lookup (a row-parallel output: all-reduce, or reduce-scatter into the
+  // rank's rows). Positions are added after the sum, to the rank's rows.
+  const int64_t N = B * T, n = local_rows(N), d = cfg_.d_model;
+  kernels::embedding_lookup_shard(embed_full_.data(), tokens, store_.value(wte_), N, int(d),
+                                  share_.vocab_begin, share_.vocab_real);
+  if (tp_.sequence_parallel) {
+    tp_pairs::scatter_forward(*tp_.comm, embed_full_.data(), out, n * d)();
+  } else {
+    std::memcpy(out, embed_full_.data(), N * d * sizeof(float));
+    tp_pairs::reduce_forward(*tp_.comm, out, N * d)();
+  }
+  if (wpe_ >= 0)
+    kernels::position_add(out, store_.value(wpe_), n, tp_.sequence_parallel ? tp_.rank() * n : 0,
+                          T, int(d));
+}
+
+void Transformer::loss(const int32_t* targets, int64_t N, float grad_scale) {
+  if (!tp_.comm) {
+    kernels::cross_entropy_forward_backward(logits_.data(), losses_.data(), targets, N,
+                                            cfg_.vocab_size, grad_scale);
+    return;
+  }
+  // Vocabulary-parallel: every rank's (max, sum-exp, target logit) per token, one all-gather,
+  // and each rank finishes the loss and its columns' gradient. The full logits never move.
+  for (int64_t i = 0; i < N; ++i)
+    CLEAVE_CHECK(targets[i] >= 0 && targets[i] < cfg_.vocab_size,
+                 "target of row " << i << " is " << targets[i] << ", outside [0, "
+                                  << cfg_.vocab_size << ")");
+  const int V = int(share_.vocab_real);
+  const int64_t stride = share_.vocab_rows;
+  kernels::vocab_shard_stats(logits_.data(), stats_.data(), targets, N, V, stride,
+                             share_.vocab_begin);
+  tp_.comm->all_gather(stats_.data(), all_stats_.data(), 3 * N)();
+  kernels::vocab_shard_loss(logits_.data(), losses_.data(), all_stats_.data(), tp_.size(), targets,
+                            N, V, stride, share_.vocab_begin, grad_scale);
 }
 
 void Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
@@ -91,7 +155,10 @@ void Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t
   CLEAVE_CHECK(T <= cfg_.max_seq_len, "sequence of " << T << " tokens exceeds max_seq_len "
                                                      << cfg_.max_seq_len);
   reserve(B, T);
-  const int64_t N = B * T;
+  const int64_t N = B * T, n = local_rows(N);
+  CLEAVE_CHECK(n * tp_.size() == N || !tp_.sequence_parallel,
+               B << " x " << T << " tokens cannot be split in " << tp_.size()
+                 << " equal parts for sequence parallelism");
   const int head = n_units() - 1;
   auto call = [&](const std::function<void(int)>& hook, int unit) {
     if (hooks && hook) hook(unit);
@@ -107,16 +174,25 @@ void Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t
   }
   call(hooks ? hooks->before_forward : nullptr, head);
   if (cfg_.tie_embeddings) call(hooks ? hooks->before_forward : nullptr, 0);
-  final_norm_->forward(hf_.data(), resid_[cfg_.n_layers].data(), N);
-  head_gemm_->forward(logits_.data(), hf_.data(), N, nullptr);
-  kernels::cross_entropy_forward_backward(logits_.data(), losses_.data(), targets, N,
-                                          cfg_.vocab_size, grad_scale);
+  final_norm_->forward(hf_.data(), resid_[cfg_.n_layers].data(), n);
+  const float* hf = hf_.data();  // the head is column-parallel (over the vocabulary)
+  if (tp_.sequence_parallel) {
+    tp_pairs::gather_forward(*tp_.comm, hf_.data(), hf_full_.data(), n * cfg_.d_model)();
+    hf = hf_full_.data();
+  } else if (tp_.comm) {
+    tp_pairs::copy_forward();
+    if (tp_.check_placements)
+      tp_.comm->check_replicated(hf, N * cfg_.d_model, "lm_head input (Replicate on tp)");
+  }
+  head_gemm_->forward(logits_.data(), hf, N, nullptr);
+  loss(targets, N, grad_scale);
   if (cfg_.tie_embeddings) call(hooks ? hooks->after_forward : nullptr, 0);
   call(hooks ? hooks->after_forward : nullptr, head);
 }
 
 void Transformer::backward(const UnitHooks* hooks) {
-  const int64_t N = B_ * T_;
+  const int64_t N = B_ * T_, n = local_rows(N), d = cfg_.d_model;
+  const bool sp = tp_.sequence_parallel;
   const int head = n_units() - 1;
   auto call = [&](const std::function<void(int)>& hook, int unit) {
     if (hooks && hook) hook(unit);
@@ -126,22 +202,43 @@ void Transformer::backward(const UnitHooks* hooks) {
   float* d_in = d_resid_b_.data();
   call(hooks ? hooks->before_backward : nullptr, head);
   if (cfg_.tie_embeddings) call(hooks ? hooks->before_backward : nullptr, 0);
-  head_gemm_->backward_input(d_hf_.data(), logits_.data(), N, false);
-  head_gemm_->backward_weight(store_.grad(head_), nullptr, logits_.data(), hf_.data(), N);
-  std::memset(d_out, 0, N * cfg_.d_model * sizeof(float));
-  final_norm_->backward_input(d_out, d_hf_.data(), resid_[cfg_.n_layers].data(), N);
-  final_norm_->backward_weight(d_hf_.data(), resid_[cfg_.n_layers].data(), N);
+  // The head's input gradient is a partial sum over the vocabulary shards: reduced over tp
+  // while the head's weight gradient runs.
+  head_gemm_->backward_input(sp ? d_full_.data() : d_hf_.data(), logits_.data(), N, false);
+  TpComm::Wait reduced = [] {};
+  if (sp) reduced = tp_pairs::gather_backward(*tp_.comm, d_full_.data(), d_hf_.data(), n * d);
+  else if (tp_.comm) reduced = tp_pairs::copy_backward(*tp_.comm, d_hf_.data(), N * d);
+  head_gemm_->backward_weight(store_.grad(head_), nullptr, logits_.data(),
+                              sp ? hf_full_.data() : hf_.data(), N);
+  reduced();
+  std::memset(d_out, 0, n * d * sizeof(float));
+  final_norm_->backward_input(d_out, d_hf_.data(), resid_[cfg_.n_layers].data(), n);
+  final_norm_->backward_weight(d_hf_.data(), resid_[cfg_.n_layers].data(), n);
   call(hooks ? hooks->after_backward : nullptr, head);
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     call(hooks ? hooks->before_backward : nullptr, l + 1);
-    blocks_[l]->backward_input(d_in, d_out, grads_);
-    blocks_[l]->backward_weight(d_out, grads_);
+    blocks_[l]->backward(d_in, d_out, grads_);
     call(hooks ? hooks->after_backward : nullptr, l + 1);
     std::swap(d_in, d_out);
   }
   if (!cfg_.tie_embeddings) call(hooks ? hooks->before_backward : nullptr, 0);
-  kernels::embedding_backward(store_.grad(wte_), wpe_ >= 0 ? store_.grad(wpe_) : nullptr, d_out,
-                              tokens_, B_, T_, cfg_.d_model);
+  if (!tp_.comm) {
+    kernels::embedding_backward(store_.grad(wte_), wpe_ >= 0 ? store_.grad(wpe_) : nullptr, d_out,
+                                tokens_, B_, T_, cfg_.d_model);
+  } else {
+    // The lookup's gradient needs every row (all-gather under sequence parallelism, the
+    // conjugate of forward's reduce-scatter); positions take the rank's rows.
+    if (wpe_ >= 0)
+      kernels::position_backward(store_.grad(wpe_), d_out, n, sp ? tp_.rank() * n : 0, T_,
+                                 int(d));
+    const float* d_all = d_out;
+    if (sp) {
+      tp_pairs::scatter_backward(*tp_.comm, d_out, d_full_.data(), n * d)();
+      d_all = d_full_.data();
+    }
+    kernels::embedding_backward_shard(store_.grad(wte_), d_all, tokens_, N, int(d),
+                                      share_.vocab_begin, share_.vocab_real);
+  }
   call(hooks ? hooks->after_backward : nullptr, 0);
 }
 
@@ -164,6 +261,7 @@ std::vector<KVCache> Transformer::new_cache(int64_t max_pos) const {
 
 const float* Transformer::forward_cached(const int32_t* tokens, int64_t T,
                                          std::vector<KVCache>& cache) {
+  CLEAVE_CHECK(!tp_.comm, "generation runs at tp = 1 (the model has tp " << tp_.size() << ")");
   const int64_t pos0 = cache.at(0).length;
   CLEAVE_CHECK(pos0 + T <= cfg_.max_seq_len && pos0 + T <= cache[0].k.size() / (cfg_.n_kv_heads * cfg_.head_dim()),
                "generation of " << pos0 + T << " positions exceeds the cache or max_seq_len "

@@ -18,8 +18,11 @@ class Transformer {
   // pad_multiple: every unit of parameters (see n_units) starts at a multiple of it, and the flat
   // buffer's size is one (equal ZeRO shards of each unit).
   // materialise = false leaves the parameter values unset (ZeRO-3 builds only its shards).
+  // tp: this rank's share of a tensor-parallel model (docs/tensor_parallel.md): its heads and
+  // hidden units in every block, and its rows of the vocabulary in the embedding, the LM head and
+  // the loss.
   Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed, int64_t pad_multiple = 1,
-              bool materialise = true);
+              bool materialise = true, const TensorParallelOptions& tp = {});
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }
@@ -47,15 +50,16 @@ class Transformer {
     std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
   };
 
-  // Runs B sequences of T tokens; losses()[i] is the loss of token i. With grad_scale != 0 it
-  // prepares backward of grad_scale * sum(losses).
+  // Runs B sequences of T tokens; losses()[i] is the loss of token i (the same on every tp rank).
+  // With grad_scale != 0 it prepares backward of grad_scale * sum(losses).
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                float grad_scale, const UnitHooks* hooks = nullptr);
   void backward(const UnitHooks* hooks = nullptr);
   // Frees the prepacked weights of a unit's matrix products (rebuilt at their next use).
   void release_unit_packed(int unit);
   const float* losses() const { return losses_.data(); }
-  const float* logits() const { return logits_.data(); }  // valid after a forward with grad_scale 0
+  // Valid after a forward with grad_scale 0: [N, vocab] at tp = 1, else the rank's columns.
+  const float* logits() const { return logits_.data(); }
 
   // Generation: caches for one sequence of up to max_pos positions; forward_cached appends T
   // tokens and returns the logits of the last one ([vocab_size]).
@@ -68,9 +72,13 @@ class Transformer {
  private:
   void reserve(int64_t B, int64_t T);
   void embed(float* out, const int32_t* tokens, int64_t B, int64_t T, int64_t pos0);
+  int64_t local_rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.size() : N; }
+  void loss(const int32_t* targets, int64_t N, float grad_scale);
 
   ModelConfig cfg_;
   Precision precision_;
+  TensorParallelOptions tp_;
+  TpShare share_;
   ParamStore store_;
   std::optional<kernels::RopeTable> rope_;
   int wte_, wpe_ = -1, head_;
@@ -86,6 +94,7 @@ class Transformer {
   const int32_t* tokens_ = nullptr;
   std::vector<Buffer<float>> resid_;  // n_layers + 1 residual streams [N, d]
   Buffer<float> hf_, d_hf_, logits_, losses_, d_resid_a_, d_resid_b_;
+  Buffer<float> embed_full_, hf_full_, d_full_, stats_, all_stats_;  // tp > 1
 };
 
 }  // namespace cleave
