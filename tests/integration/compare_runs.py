@@ -89,9 +89,26 @@ class Checkpoint:
         files = {name: read_safetensors(f"{self.path}/{name}") for name in meta["files"]}
         self.tensors = {}
         for name, info in meta["tensors"].items():
-            whole = np.concatenate([files[p["file"]][name]
-                                    for p in sorted(info["pieces"], key=lambda p: p["begin"])])
-            self.tensors[name] = whole.reshape(info["shape"]).astype(np.float64)
+            # Each piece is a box of the global tensor (offset, extent) and a range of the box's
+            # elements; every element must be covered exactly once.
+            whole = np.zeros(info["shape"], dtype=np.float64)
+            seen = np.zeros(info["shape"], dtype=np.int32)
+            for p in info["pieces"]:
+                box = p.get("box", info["shape"])
+                offset = p.get("offset", [0] * len(box))
+                data = files[p["file"]][p.get("key", name)]
+                flat = np.full(int(np.prod(box)), np.nan)
+                flat[p.get("begin", 0):p.get("end", flat.size)] = data
+                covered = np.zeros(flat.size, dtype=np.int32)
+                covered[p.get("begin", 0):p.get("end", flat.size)] = 1
+                where = tuple(slice(o, o + b) for o, b in zip(offset, box))
+                region = whole[where].reshape(-1)
+                region[covered == 1] = flat[covered == 1]
+                whole[where] = region.reshape(box)
+                seen[where] += covered.reshape(box)
+            if not (seen == 1).all():
+                raise SystemExit(f"{self.path}: the pieces of {name} do not cover it exactly once")
+            self.tensors[name] = whole
 
     def group(self, prefix):
         return {n[len(prefix):]: t for n, t in self.tensors.items() if n.startswith(prefix)}

@@ -55,4 +55,15 @@ struct GlobalBox {
 std::vector<GlobalBox> global_boxes(const Placement& p, const std::vector<int64_t>& shape,
                                     int64_t begin, int64_t end);
 
+// Which copy of a global element counts, where tp ranks hold copies (a gradient norm, a
+// checkpoint): a replicated tensor's on tp rank 0, a replicated kv head's on the first of its
+// replicas, any other box's on the rank holding it.
+struct TpCopy {
+  bool first_tp = true, first_kv = true;
+  bool owns(const Placement& p, const GlobalBox& b) const {
+    if (p.shard_dim < 0) return first_tp;
+    return b.grad_sum == GradSum::kv_replicas ? first_kv : true;
+  }
+};
+
 }  // namespace cleave

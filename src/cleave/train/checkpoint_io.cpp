@@ -25,29 +25,37 @@ std::map<std::string, std::string> lines_of(const std::string& toml, const std::
   return out;
 }
 
+// A box of the global tensor (offset and extent per dimension, as 2-D: a vector is one row) and
+// the range [begin, end) of its row-major elements that one file holds under `key`.
 struct SavedPiece {
   const SafetensorsFile* file;
-  int64_t begin, end;  // elements of the flattened tensor
+  std::string key;
+  int64_t offset[2], shape[2];
+  int64_t begin, end;
 };
 
-// Where the checkpoint keeps the elements of tensor `name` (of the model's `shape`): its pieces in
-// element order, checked to tile the tensor exactly. Version 1 kept each tensor whole in one file.
+// As 2-D: [n] is one row of n.
+void as_2d(const std::vector<int64_t>& v, int64_t out[2], int64_t fill) {
+  out[0] = v.size() == 2 ? v[0] : fill;
+  out[1] = v.empty() ? 1 : v.back();
+}
+
+// Where the checkpoint keeps the elements of tensor `name` (of the model's global `shape`).
+// Version 2 pieces are element ranges of the whole tensor (no offset, shape or key); version 1
+// kept each tensor whole in one file.
 std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::string& dir,
-                                     const std::string& name, const std::vector<int64_t>& shape,
-                                     int64_t numel) {
+                                     const std::string& name, const std::vector<int64_t>& shape) {
   CLEAVE_CHECK(ck.meta.contains("tensors") && ck.meta["tensors"].contains(name),
                "checkpoint " << dir << " has no tensor " << name);
   const nlohmann::json& t = ck.meta["tensors"][name];
   std::vector<int64_t> saved_shape;
-  std::vector<std::tuple<std::string, int64_t, int64_t>> listed;  // file, begin, end
+  std::vector<nlohmann::json> listed;
   try {
     saved_shape = t.at("shape").get<std::vector<int64_t>>();
     if (t.contains("pieces")) {
-      for (const nlohmann::json& p : t.at("pieces"))
-        listed.emplace_back(p.at("file").get<std::string>(), p.at("begin").get<int64_t>(),
-                            p.at("end").get<int64_t>());
+      for (const nlohmann::json& p : t.at("pieces")) listed.push_back(p);
     } else {
-      listed.emplace_back(t.at("file").get<std::string>(), 0, numel);
+      listed.push_back({{"file", t.at("file")}});
     }
   } catch (const nlohmann::json::exception& e) {
     CLEAVE_FAIL("checkpoint " << dir << "/meta.json: tensor " << name << ": " << e.what());
@@ -62,18 +70,50 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
                               << ", which meta.json does not list");
   };
   std::vector<SavedPiece> out;
-  for (const auto& [file, begin, end] : listed) out.push_back({file_of(file), begin, end});
-  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
-  int64_t at = 0;
-  for (const SavedPiece& p : out) {
-    CLEAVE_CHECK(p.begin == at && p.end > p.begin,
-                 "checkpoint " << dir << ": the pieces of tensor " << name
-                               << " do not tile its elements (gap or overlap at element " << at
-                               << ")");
-    at = p.end;
+  int64_t numel = 0;  // of the pieces together: they must tile the tensor
+  for (const nlohmann::json& p : listed) {
+    try {
+      SavedPiece s{file_of(p.at("file").get<std::string>()), p.value("key", name), {0, 0}, {0, 0},
+                   0, 0};
+      const std::vector<int64_t> box = p.value("box", shape);
+      as_2d(p.value("offset", std::vector<int64_t>(shape.size(), 0)), s.offset, 0);
+      as_2d(box, s.shape, 1);
+      const int64_t box_numel = s.shape[0] * s.shape[1];
+      s.begin = p.value("begin", int64_t(0));
+      s.end = p.value("end", box_numel);
+      CLEAVE_CHECK(box.size() == shape.size() && 0 <= s.begin && s.begin < s.end &&
+                       s.end <= box_numel && s.offset[0] >= 0 && s.offset[1] >= 0,
+                   "checkpoint " << dir << "/meta.json: tensor " << name << ": a piece in "
+                                 << p.at("file").get<std::string>() << " lies outside its box");
+      numel += s.end - s.begin;
+      out.push_back(std::move(s));
+    } catch (const nlohmann::json::exception& e) {
+      CLEAVE_FAIL("checkpoint " << dir << "/meta.json: tensor " << name << ": " << e.what());
+    }
   }
-  CLEAVE_CHECK(at == numel, "checkpoint " << dir << ": the pieces of tensor " << name << " end at "
-                                          << at << " of its " << numel << " elements");
+  int64_t want = 1;
+  for (int64_t d : shape) want *= d;
+  CLEAVE_CHECK(numel == want, "checkpoint " << dir << ": the pieces of tensor " << name << " hold "
+                                            << numel << " of its " << want << " elements");
+  return out;
+}
+
+// Every piece of the global tensors this rank's `ranges` hold, as meta.json lists them for
+// file `file`, by kind: the one place that names the keys a state file stores its pieces under.
+struct LocalPiece {
+  int tensor;
+  GlobalBox box;
+  std::string key_suffix;  // "" or "@<n>" when the tensor has several boxes in one file
+};
+std::vector<LocalPiece> local_pieces(const ParamStore& params, const StateSlices& state) {
+  std::vector<LocalPiece> out;
+  for (const TensorPiece& piece : tensor_pieces(params, state.ranges)) {
+    const ParamTensor& t = params.tensor(piece.tensor);
+    const std::vector<GlobalBox> boxes = global_boxes(t.placement, t.shape, piece.begin, piece.end);
+    for (size_t k = 0; k < boxes.size(); ++k)
+      if (state.copy.owns(t.placement, boxes[k]))
+        out.push_back({piece.tensor, boxes[k], k == 0 ? "" : "@" + std::to_string(k)});
+  }
   return out;
 }
 
@@ -95,40 +135,66 @@ std::string write_state_file(const std::string& tmp, int index, const ParamStore
                              const StateSlices& state) {
   std::vector<TensorView> views;
   const RangeBuffer buffers[] = {state.values, state.m, state.v};
-  for (const TensorPiece& piece : tensor_pieces(params, state.ranges)) {
-    const ParamTensor& t = params.tensor(piece.tensor);
-    const int64_t count = piece.end - piece.begin;
-    const std::vector<int64_t> shape = count == t.numel ? t.shape : std::vector<int64_t>{count};
+  const std::vector<TensorPiece> pieces = tensor_pieces(params, state.ranges);
+  for (const LocalPiece& lp : local_pieces(params, state)) {
+    const ParamTensor& t = params.tensor(lp.tensor);
+    const GlobalBox& b = lp.box;
+    const int64_t count = b.box_end - b.box_begin;
+    int64_t box_numel = 1;
+    for (int64_t d : b.shape) box_numel *= d;
+    const std::vector<int64_t> shape = count == box_numel ? b.shape : std::vector<int64_t>{count};
+    // The piece of the flat ranges that holds this box.
+    const TensorPiece* piece = nullptr;
+    for (const TensorPiece& p : pieces)
+      if (p.tensor == lp.tensor && p.begin <= b.local_begin && b.local_begin < p.end) piece = &p;
     for (int k = 0; k < 3; ++k)
-      views.push_back({std::string(kKinds[k]) + "/" + t.name, "F32", shape,
-                       piece.in(buffers[k]), uint64_t(count) * 4});
+      views.push_back({std::string(kKinds[k]) + "/" + t.name + lp.key_suffix, "F32", shape,
+                       piece->in(buffers[k]) + (b.local_begin - piece->begin),
+                       uint64_t(count) * 4});
   }
   return write_safetensors(tmp + "/" + state_file_name(index), views,
                            {{"format", "cleave-checkpoint"}, {"rank", std::to_string(index)}});
 }
 
+nlohmann::json state_file_entries(int index, const ParamStore& params, const StateSlices& state) {
+  nlohmann::json tensors = nlohmann::json::object();
+  const std::string file = state_file_name(index);
+  for (const LocalPiece& lp : local_pieces(params, state)) {
+    const ParamTensor& t = params.tensor(lp.tensor);
+    for (const char* kind : kKinds) {
+      const std::string name = std::string(kind) + "/" + t.name;
+      nlohmann::json& entry = tensors[name];
+      entry["shape"] = t.global_shape();
+      entry["dtype"] = "F32";
+      entry["pieces"].push_back({{"file", file},
+                                 {"key", name + lp.key_suffix},
+                                 {"offset", lp.box.offset},
+                                 {"box", lp.box.shape},
+                                 {"begin", lp.box.box_begin},
+                                 {"end", lp.box.box_end}});
+    }
+  }
+  return tensors;
+}
+
 void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
-                                int64_t step, const ParamStore& params,
-                                const std::vector<std::vector<FlatRange>>& ranges_of_file,
+                                int64_t step, const std::vector<nlohmann::json>& entries_of_file,
                                 int own_file, const std::string& own_checksum,
                                 int64_t optimizer_steps, int world_size) {
   nlohmann::json tensors = nlohmann::json::object();
   std::map<std::string, std::string> files;  // name -> checksum, "" where another rank wrote it
-  for (size_t i = 0; i < ranges_of_file.size(); ++i) {
-    const std::string file = state_file_name(int(i));
-    files[file] = int(i) == own_file ? own_checksum : "";
-    for (const TensorPiece& piece : tensor_pieces(params, ranges_of_file[i])) {
-      const ParamTensor& t = params.tensor(piece.tensor);
-      for (const char* kind : kKinds) {
-        nlohmann::json& entry = tensors[std::string(kind) + "/" + t.name];
-        entry["shape"] = t.shape;
-        entry["dtype"] = "F32";
-        entry["pieces"].push_back({{"file", file}, {"begin", piece.begin}, {"end", piece.end}});
-      }
+  for (size_t i = 0; i < entries_of_file.size(); ++i) {
+    files[state_file_name(int(i))] = int(i) == own_file ? own_checksum : "";
+    for (const auto& [name, entry] : entries_of_file[i].items()) {
+      nlohmann::json& merged = tensors[name];
+      merged["shape"] = entry["shape"];
+      merged["dtype"] = entry["dtype"];
+      for (const nlohmann::json& piece : entry["pieces"]) merged["pieces"].push_back(piece);
     }
   }
   const nlohmann::json meta = {
       {"step", step},
+      {"format_version", 3},
       {"config", to_toml(cfg)},
       {"data", {{"seed", cfg.train.seed}, {"next_step", step}}},
       {"optimizer", {{"name", "adamw"}, {"steps_taken", optimizer_steps}}},
@@ -165,15 +231,36 @@ int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string
 
 void read_state(const LoadedCheckpoint& ck, const std::string& dir, const ParamStore& params,
                 const std::string& kind, const std::vector<FlatRange>& ranges, RangeBuffer out) {
-  for (const TensorPiece& piece : tensor_pieces(params, ranges)) {
+  // Each box this rank holds, row by row (a row of a box is contiguous in the global tensor and
+  // in every saved box), from whichever saved pieces overlap it.
+  const std::vector<TensorPiece> pieces = tensor_pieces(params, ranges);
+  for (const TensorPiece& piece : pieces) {
     const ParamTensor& t = params.tensor(piece.tensor);
     const std::string name = kind + "/" + t.name;
+    const std::vector<SavedPiece> saved = saved_pieces(ck, dir, name, t.global_shape());
     float* dst = piece.in(out);
-    for (const SavedPiece& s : saved_pieces(ck, dir, name, t.shape, t.numel)) {
-      const int64_t lo = std::max(s.begin, piece.begin), hi = std::min(s.end, piece.end);
-      if (lo < hi)
-        s.file->read_f32_elements(name, s.end - s.begin, lo - s.begin, hi - lo,
-                                  dst + (lo - piece.begin));
+    for (const GlobalBox& b : global_boxes(t.placement, t.shape, piece.begin, piece.end)) {
+      int64_t off[2], shape[2];
+      as_2d(b.offset, off, 0);
+      as_2d(b.shape, shape, 1);
+      for (int64_t e = b.box_begin; e < b.box_end;) {
+        const int64_t r = e / shape[1], c0 = e % shape[1];
+        const int64_t c1 = std::min(shape[1], c0 + (b.box_end - e));
+        const int64_t gr = off[0] + r;
+        float* row_dst = dst + (b.local_begin - piece.begin) + (e - b.box_begin);
+        for (const SavedPiece& s : saved) {
+          if (gr < s.offset[0] || gr >= s.offset[0] + s.shape[0]) continue;
+          const int64_t lo = std::max(off[1] + c0, s.offset[1]);
+          const int64_t hi = std::min(off[1] + c1, s.offset[1] + s.shape[1]);
+          if (lo >= hi) continue;
+          const int64_t first = (gr - s.offset[0]) * s.shape[1] + (lo - s.offset[1]);
+          const int64_t a = std::max(first, s.begin), z = std::min(first + (hi - lo), s.end);
+          if (a < z)
+            s.file->read_f32_elements(s.key, s.end - s.begin, a - s.begin, z - a,
+                                      row_dst + (lo - off[1] - c0) + (a - first));
+        }
+        e += c1 - c0;
+      }
     }
   }
 }

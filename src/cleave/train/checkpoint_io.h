@@ -1,10 +1,11 @@
 // What a training checkpoint holds (docs/architecture.md, Checkpoints): the parameters
 // ("param/<name>"), the AdamW moments ("adam_m/<name>", "adam_v/<name>"), one safetensors file per
 // shard of the state, and in meta.json the step, the resolved config, the data position, and for
-// each tensor its global shape and the pieces (element ranges of the flattened tensor) each file
-// holds. A file stores a piece under the tensor's name: with the tensor's shape when it is whole,
-// flat when not. Element ranges do not depend on the layout that wrote them, so any layout reads
-// any other's.
+// each tensor its global shape and the pieces each file holds. A piece is a box of the global
+// tensor (offset and extent per dimension: a tp rank's rows or columns) and the range of the box's
+// row-major elements the file holds (all of them, or a ZeRO shard's part), stored under its key
+// with the box's shape when whole, flat when not. Pieces do not depend on the layout that wrote
+// them, so any layout reads any other's.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -25,19 +26,22 @@ std::string state_file_name(int index);     // "model-rank00003.safetensors"
 struct StateSlices {
   std::vector<FlatRange> ranges;
   RangeBuffer values, m, v;
+  TpCopy copy;  // which of the tp ranks' copies of a replicated element this writer saves
 };
 
 // Writes state file `index` into the checkpoint's temporary folder `tmp` (begin_checkpoint_folder);
 // returns its checksum.
 std::string write_state_file(const std::string& tmp, int index, const ParamStore& params,
-                      const StateSlices& state);
+                             const StateSlices& state);
+// What meta.json lists for state file `index` holding `ranges` of params: "<kind>/<name>" ->
+// {shape, dtype, pieces}. The writer computes it (only it knows its placements) for rank 0.
+nlohmann::json state_file_entries(int index, const ParamStore& params, const StateSlices& state);
 
-// Once every state file is written: meta.json (file i holds ranges_of_file[i]) and the folder
+// Once every state file is written: meta.json (file i's entries_of_file[i]) and the folder
 // swapped into place (finish_checkpoint_folder). own_file, own_checksum: the file this rank wrote
 // (-1: none) and what write_state_file returned; the other files are read back for theirs.
 void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
-                                int64_t step, const ParamStore& params,
-                                const std::vector<std::vector<FlatRange>>& ranges_of_file,
+                                int64_t step, const std::vector<nlohmann::json>& entries_of_file,
                                 int own_file, const std::string& own_checksum,
                                 int64_t optimizer_steps, int world_size);
 

@@ -199,6 +199,16 @@ const std::vector<Key>& schema() {
     k.push_back(real_key("parallel.comm_timeout_s", &C::parallel, &ParallelConfig::comm_timeout_s,
                          0.1, 1e7));
     k.push_back(string_key("parallel.status_dir", &C::parallel, &ParallelConfig::status_dir));
+    k.push_back({"parallel.sequence_parallel", Kind::boolean, 0, 0, {},
+                 [](C& c, const toml::node& n) { c.parallel.sequence_parallel = *n.value<bool>(); },
+                 [](const C& c) {
+                   return std::string(c.parallel.sequence_parallel ? "true" : "false");
+                 }});
+    k.push_back({"parallel.check_placements", Kind::boolean, 0, 0, {},
+                 [](C& c, const toml::node& n) { c.parallel.check_placements = *n.value<bool>(); },
+                 [](const C& c) {
+                   return std::string(c.parallel.check_placements ? "true" : "false");
+                 }});
     return k;
   }();
   return keys;

@@ -42,11 +42,16 @@ struct TrainConfig {
 };
 
 // The device mesh degrees (-1: the rest of the world) and how data parallelism shards state.
+// tp splits every layer's matrix products (docs/tensor_parallel.md); sequence_parallel also
+// splits the rows between them; check_placements verifies at module boundaries that every tp
+// rank holds what the module expects (slow: for debugging a layout).
 // dp_replicate ranks hold replicas (gradients all-reduced); dp_shard ranks shard what zero_stage
 // says: 0 nothing (DDP), 1 optimizer state, 2 also gradients (reduce-scatter), 3 also parameters.
 struct ParallelConfig {
   int pp = 1, dp_replicate = 1, dp_shard = -1, cp = 1, tp = 1;
   int zero_stage = 0;
+  bool sequence_parallel = false;
+  bool check_placements = false;
   double bucket_mb = 25;         // DDP gradient buckets, MiB
   double comm_timeout_s = 300;   // a collective taking longer aborts the job with a report
   std::string status_dir;        // where ranks publish progress for that report ("" = /tmp);

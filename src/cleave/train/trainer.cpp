@@ -92,14 +92,23 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   dp_group_ = make_group(*mesh_, rank_, {Axis::dp_replicate, Axis::dp_shard}, "dp");
   shard_group_ = make_group(*mesh_, rank_, {Axis::dp_shard}, "dp_shard");
   replicate_group_ = make_group(*mesh_, rank_, {Axis::dp_replicate}, "dp_replicate");
+  tp_group_ = make_group(*mesh_, rank_, {Axis::tp}, "tp");
   dp_size_ = dp_group_->size();
   dp_rank_ = dp_group_->rank();
   long pid = long(getpid());
   MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
   job_tag_ = std::to_string(pid);
 
+  TensorParallelOptions tp;
+  if (tp_group_->size() > 1) {
+    make_tp_groups();
+    tp = {tp_comm_.get(), cfg_.parallel.sequence_parallel, cfg_.parallel.check_placements};
+  }
   model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed, 16 * shard_group_->size(),
-                                         cfg_.parallel.zero_stage < 3);
+                                         cfg_.parallel.zero_stage < 3, tp);
+  if (tp_comm_)
+    tp_grads_ = std::make_unique<TensorParallelGrads>(model_->params(), *tp_comm_, *tp_group_,
+                                                      kv_group_.get());
   dp_ = std::make_unique<DataParallel>(
       model_->params(),
       DataParallelGroups{dp_group_.get(), shard_group_.get(), replicate_group_.get()},
@@ -120,6 +129,17 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   }
 
   resolve_peaks();
+}
+
+void Trainer::make_tp_groups() {
+  tp_comm_ = std::make_unique<GroupTpComm>(*tp_group_);
+  const TpShare share = tp_share(cfg_.model, tp_group_->size(), tp_group_->rank());
+  if (!share.kv_replicated) return;
+  // The tp ranks whose query heads use one kv head sum its gradient.
+  MPI_Comm kv;
+  MPI_Comm_split(tp_group_->comm(), share.first_kv_head, tp_group_->rank(), &kv);
+  kv_group_ = std::make_unique<Group>(kv, "tp_kv");
+  MPI_Comm_free(&kv);
 }
 
 void Trainer::resolve_peaks() {
@@ -168,6 +188,13 @@ StepResult Trainer::train_step(int64_t step) {
                         micro * mb + dp_rank_ * local_batch_, local_batch_);
     // Gradients are synchronised once per step: during the last micro-batch's backward.
     Transformer::UnitHooks hooks = dp_->hooks(micro == accum - 1);
+    // Pending sums over tp ranks complete before the data-parallel reduction of the unit.
+    if (tp_grads_ && micro == accum - 1)
+      hooks.after_backward = [this, reduce = hooks.after_backward](int unit) {
+        const std::vector<int64_t>& bounds = model_->unit_bounds();
+        tp_grads_->reduce_partial(bounds[size_t(unit)], bounds[size_t(unit) + 1]);
+        if (reduce) reduce(unit);
+      };
     if (gradient_fault_)
       hooks.after_backward = [this, step, reduce = hooks.after_backward](int unit) {
         gradient_fault_(step, unit, model_->params());
@@ -180,7 +207,16 @@ StepResult Trainer::train_step(int64_t step) {
   const DataParallel::OptimizerInputs shard = dp_->finish_gradients();
   StepResult r;
   r.loss = sum_of_doubles(*dp_group_, loss_sum) / double(mb * T * accum);
-  r.grad_norm = std::sqrt(dp_->grad_sum_of_squares());
+  if (tp_grads_) {
+    // Each global element once: sharded tensors from every tp rank, replicated ones from one.
+    double local = tp_grads_->owned_sum_of_squares(dp_->ranges(), shard.grads);
+    double waited = 0;
+    if (cfg_.parallel.zero_stage > 0) local = sum_of_doubles(*shard_group_, local, &waited);
+    r.grad_norm = std::sqrt(tp_grads_->sum_over_tp(local, &waited));
+    r.exposed_tp_s += waited;
+  } else {
+    r.grad_norm = std::sqrt(dp_->grad_sum_of_squares());
+  }
   // Both are the same on every rank, so every rank stops here alike, before anything is applied.
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) stop_non_finite(step, r, shard);
   float clip = 1.0f;
@@ -198,7 +234,11 @@ StepResult Trainer::train_step(int64_t step) {
                cfg_.parallel.zero_stage == 0 ? &hook : nullptr);
   model_->all_rows_packed();
   dp_->after_optimizer_step();
-  r.exposed_comm_s = dp_->take_exposed_seconds();
+  r.exposed_dp_s = dp_->take_exposed_seconds();
+  if (tp_comm_) {
+    r.exposed_tp_s += tp_comm_->take_exposed_seconds();
+    r.tp_bytes = tp_comm_->take_bytes();
+  }
   return r;
 }
 
@@ -261,8 +301,9 @@ void Trainer::run(int64_t exit_after) {
               << model_->params().count() << " parameters, "
               << (t.dtype == Precision::bf16 ? "bf16" : "fp32") << ", " << world_ << " rank"
               << (world_ > 1 ? "s" : "") << " (dp_replicate " << replicate_group_->size()
-              << " x dp_shard " << shard_group_->size() << ", ZeRO-" << cfg_.parallel.zero_stage
-              << ") x " << omp_get_max_threads() << " threads, global batch "
+              << " x dp_shard " << shard_group_->size() << " x tp " << tp_group_->size()
+              << (cfg_.parallel.sequence_parallel ? " with sequence parallelism" : "")
+              << ", ZeRO-" << cfg_.parallel.zero_stage << ") x " << omp_get_max_threads() << " threads, global batch "
               << int64_t(t.micro_batch_size) * t.grad_accum_steps << " x " << t.seq_len
               << " tokens\n"
               << "MFU against " << std::llround(peak_.gflops) << " GF/s per rank ("
@@ -273,7 +314,8 @@ void Trainer::run(int64_t exit_after) {
     if (step_ > 0) std::cout << "resumed at step " << step_ << "\n";
   }
   // Throughput counts the training steps' own time: validation and checkpoints are left out.
-  double interval_seconds = 0, interval_exposed = 0;
+  double interval_seconds = 0;
+  StepResult interval;  // sums over the interval's steps
   int64_t interval_steps = 0;
   const int64_t first_step = step_;
   while (step_ < t.steps) {
@@ -285,12 +327,14 @@ void Trainer::run(int64_t exit_after) {
     ++steps_timed_;
     ++step_;
     ++interval_steps;
-    interval_exposed += r.exposed_comm_s;
+    interval.exposed_dp_s += r.exposed_dp_s;
+    interval.exposed_tp_s += r.exposed_tp_s;
+    interval.tp_bytes += r.tp_bytes;
     if (step_ % t.log_interval == 0 || step_ == t.steps) {
-      log_step(r, interval_seconds, interval_steps, interval_exposed);
+      log_step(r, interval_seconds, interval_steps, interval);
       interval_seconds = 0;
       interval_steps = 0;
-      interval_exposed = 0;
+      interval = StepResult();
     }
     if (t.val_interval > 0 && (step_ % t.val_interval == 0 || step_ == t.steps)) {
       const double v = validate();
@@ -311,7 +355,8 @@ void Trainer::run(int64_t exit_after) {
   std::fflush(stdout);
 }
 
-void Trainer::log_step(const StepResult& r, double seconds, int64_t steps, double exposed) {
+void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
+                       const StepResult& interval) {
   // Every rank's peak resident memory, so a layout whose ranks differ shows each.
   float rss = float(peak_rss_mib());
   std::vector<float> rss_of(static_cast<size_t>(world_));
@@ -335,12 +380,19 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps, doubl
                  model_gflops, source_name(peak_.source), peak_sum_,
                  t.dtype == Precision::bf16 ? "bf16" : "fp32", peak_.hardware.threads);
   }
-  const double comm_ms = 1e3 * exposed / double(steps);
+  const double dp_ms = 1e3 * interval.exposed_dp_s / double(steps);
+  const double tp_ms = 1e3 * interval.exposed_tp_s / double(steps);
+  const double comm_ms = dp_ms + tp_ms;
+  char comm[96];
+  if (tp_comm_)
+    std::snprintf(comm, sizeof comm, "comm %.0f ms/step (dp %.0f, tp %.0f)", comm_ms, dp_ms, tp_ms);
+  else
+    std::snprintf(comm, sizeof comm, "comm %.0f ms/step", comm_ms);
   const double eta = double(t.steps - step_) * elapsed_ / double(steps_timed_);
   const double rss_max = *std::max_element(rss_of.begin(), rss_of.end());
-  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% of %.0f GF/s %s (hw %.0f) | comm %.0f ms/step | RSS %.0f MiB%s | ETA %s\n",
+  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% of %.0f GF/s %s (hw %.0f) | %s | RSS %.0f MiB%s | ETA %s\n",
               (long long)step_, (long long)t.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu,
-              peak_.gflops, source_name(peak_.source), peak_.hardware.gflops, comm_ms, rss_max,
+              peak_.gflops, source_name(peak_.source), peak_.hardware.gflops, comm, rss_max,
               world_ > 1 ? " (max rank)" : "", format_duration(eta).c_str());
   std::fflush(stdout);
   metrics_ << nlohmann::json{{"step", step_},
@@ -356,31 +408,69 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps, doubl
                              {"peak_rss_mib", rss_max},
                              {"peak_rss_mib_per_rank", rss_of},
                              {"exposed_comm_ms", comm_ms},
+                             {"exposed_comm_ms_dp", dp_ms},
+                             {"exposed_comm_ms_tp", tp_ms},
+                             {"tp_bytes_per_step", double(interval.tp_bytes) / double(steps)},
                              {"eta_s", eta}}
                   .dump()
            << "\n"
            << std::flush;
 }
 
+namespace {
+
+// Every rank's string at rank 0 (others get nothing): what each writer lists in meta.json.
+std::vector<std::string> gather_strings(const std::string& mine, int rank, int world) {
+  int length = int(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string all;
+  if (rank == 0) {
+    int at = 0;
+    for (int r = 0; r < world; ++r) displs[size_t(r)] = at, at += lengths[size_t(r)];
+    all.resize(size_t(at));
+  }
+  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR,
+              0, MPI_COMM_WORLD);
+  std::vector<std::string> out;
+  if (rank == 0)
+    for (int r = 0; r < world; ++r)
+      out.push_back(all.substr(size_t(displs[size_t(r)]), size_t(lengths[size_t(r)])));
+  return out;
+}
+
+}  // namespace
+
 void Trainer::save_checkpoint() {
   const TrainConfig& t = cfg_.train;
   ParamStore& params = model_->params();
   // Every writer puts its shard of the state into one temporary folder; rank 0 then checks the
-  // files, records them in meta.json and swaps the folder into place. Nothing is gathered.
+  // files, records them in meta.json and swaps the folder into place. Nothing is gathered but
+  // what each writer's file holds. Each tp rank writes its own files (its data-parallel shards).
   const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
   if (rank_ == 0) begin_checkpoint_folder(dir, job_tag_);
-  dp_group_->barrier().wait();
-  const int file = dp_->checkpoint_file();
-  std::string checksum;
-  if (file >= 0)
-    checksum = write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params,
-                                {dp_->ranges(), dp_->values(), {optim_->m().data(), true},
-                                 {optim_->v().data(), true}});
-  dp_group_->barrier().wait();
+  world_group_->barrier().wait();
+  const int files_per_tp = dp_->checkpoint_files();
+  const int file = dp_->checkpoint_file() >= 0
+                       ? tp_group_->rank() * files_per_tp + dp_->checkpoint_file()
+                       : -1;
+  std::string checksum, entries;
+  if (file >= 0) {
+    const StateSlices state{dp_->ranges(), dp_->values(), {optim_->m().data(), true},
+                            {optim_->v().data(), true}, tp_grads_ ? tp_grads_->copy() : TpCopy{}};
+    checksum = write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params, state);
+    entries = nlohmann::json{{"file", file}, {"tensors", state_file_entries(file, params, state)}}
+                  .dump();
+  }
+  const std::vector<std::string> listed = gather_strings(entries, rank_, world_);
   if (rank_ == 0) {
-    std::vector<std::vector<FlatRange>> ranges_of_file;
-    for (int i = 0; i < dp_->checkpoint_files(); ++i) ranges_of_file.push_back(dp_->ranges_of(i));
-    finish_training_checkpoint(dir, job_tag_, cfg_, step_, params, ranges_of_file, file, checksum,
+    std::vector<nlohmann::json> entries_of_file(size_t(files_per_tp * tp_group_->size()));
+    for (const std::string& e : listed) {
+      if (e.empty()) continue;
+      const nlohmann::json j = nlohmann::json::parse(e);
+      entries_of_file[j["file"].get<size_t>()] = j["tensors"];
+    }
+    finish_training_checkpoint(dir, job_tag_, cfg_, step_, entries_of_file, file, checksum,
                                optim_->steps_taken(), world_);
     std::printf("saved checkpoint %s\n", dir.c_str());
     // Keep the newest keep_checkpoints folders.
@@ -395,7 +485,7 @@ void Trainer::save_checkpoint() {
     for (size_t i = 0; i + t.keep_checkpoints < steps.size(); ++i)
       fs::remove_all(t.out_dir + "/" + checkpoint_name(steps[i]));
   }
-  dp_group_->barrier().wait();  // nobody looks for the checkpoint before it is complete
+  world_group_->barrier().wait();  // nobody looks for the checkpoint before it is complete
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {

@@ -16,13 +16,16 @@
 #include "cleave/model/transformer.h"
 #include "cleave/optim/adamw.h"
 #include "cleave/parallel/data_parallel.h"
+#include "cleave/parallel/tensor_parallel.h"
 #include "cleave/train/config.h"
 #include "cleave/train/peak.h"
 
 namespace cleave {
 
 struct StepResult {
-  double loss = 0, lr = 0, grad_norm = 0, exposed_comm_s = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double exposed_dp_s = 0, exposed_tp_s = 0;  // seconds this rank waited on each axis
+  int64_t tp_bytes = 0;                        // bytes this rank sent into tp collectives
 };
 
 class Trainer {
@@ -44,7 +47,8 @@ class Trainer {
  private:
   void load_checkpoint(const std::string& dir);
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
-                double exposed_seconds);
+                const StepResult& interval);
+  void make_tp_groups();
   void resolve_peaks();
   // Every rank alike, before the update: names the step and the first tensor whose gradient holds
   // a non-finite value (a collective over the data-parallel ranks).
@@ -54,7 +58,10 @@ class Trainer {
   Config cfg_;
   int world_ = 1, rank_ = 0;
   std::unique_ptr<Mesh> mesh_;
-  std::unique_ptr<Group> world_group_, dp_group_, shard_group_, replicate_group_;
+  std::unique_ptr<Group> world_group_, dp_group_, shard_group_, replicate_group_, tp_group_,
+      kv_group_;
+  std::unique_ptr<GroupTpComm> tp_comm_;          // tp > 1
+  std::unique_ptr<TensorParallelGrads> tp_grads_;  // tp > 1
   int dp_size_ = 1, dp_rank_ = 0;
   int64_t local_batch_ = 0;  // samples of each micro-batch on this rank
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
