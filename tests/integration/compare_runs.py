@@ -55,6 +55,11 @@ import numpy as np
 
 LOSS_RTOL = {"fp32": 1e-5, "bf16": 1e-4}
 PARAM_BOUND = {"fp32": 1e-4, "bf16": 5e-2}  # RMS error of each tensor, in units of optim.lr
+# Llama's untied embedding has one row (token 180 of the test data) whose gradient nearly cancels
+# during the run: every honest layout, DDP x4 included, moves that row 1e-3-2.6e-3 lr off the
+# reference while the rest of the tensor stays within 7e-6 lr. The 0.5% largest element errors of
+# each tensor are left out; the sabotages below touch whole shards, buckets or tensors.
+TRIM = 0.005
 
 
 def losses(run, from_step):
@@ -150,7 +155,9 @@ def compare(ref, run_dir, from_step):
         if not signal.any():
             continue
         diff = (run_p[name] - ref_p[name])[signal]
-        err = np.sqrt(np.mean(diff ** 2)) / ref.lr
+        # The largest TRIM of a tensor's errors are left out of its RMS (see TRIM).
+        kept = np.sort(diff ** 2)[:diff.size - int(TRIM * diff.size)]
+        err = np.sqrt(np.mean(kept)) / ref.lr
         rel = np.linalg.norm(diff) / max(np.linalg.norm(ref_p[name][signal]), 1e-30)
         errors[name] = (err, rel)
         if err > PARAM_BOUND[ref.dtype]:
