@@ -59,6 +59,9 @@ for tp in 2 4; do
   layout ref-llama "llama-tp$tp" "$tp" "${one_micro[@]}" "${llama[@]}" --set parallel.tp=$tp
   layout ref-llama "llama-tp$tp-sp" "$tp" "${one_micro[@]}" "${llama[@]}" --set parallel.tp=$tp "${sp[@]}"
 done
+# Placement checks on every module boundary find nothing wrong in an honest layout.
+run gpt2-tp2-checked 2 "${one_micro[@]}" --set parallel.tp=2 --set parallel.check_placements=true
+$compare "$work/ref" "$work/gpt2-tp2-checked"
 # Each rank keeps one of the 2 kv heads, shared with one other rank.
 run ref-kv2 1 "${one_micro[@]}" "${llama_kv2[@]}"
 layout ref-kv2 llama-kv2-tp4 4 "${one_micro[@]}" "${llama_kv2[@]}" --set parallel.tp=4

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cleave/base/check.h"
+#include "cleave/kernels/cross_entropy.h"
 
 namespace cleave {
 
@@ -30,6 +31,34 @@ TpShare tp_share(const ModelConfig& c, int tp, int rank) {
   s.vocab_begin = rank * s.vocab_rows;
   s.vocab_real = std::clamp<int64_t>(c.vocab_size - s.vocab_begin, 0, s.vocab_rows);
   return s;
+}
+
+void vocab_parallel_cross_entropy(const TensorParallelOptions& tp, const TpShare& share,
+                                  int vocab_size, float* logits, float* losses,
+                                  const int32_t* targets, int64_t N, float grad_scale,
+                                  float* stats, float* all_stats) {
+  for (int64_t i = 0; i < N; ++i)
+    CLEAVE_CHECK(targets[i] >= 0 && targets[i] < vocab_size,
+                 "target of row " << i << " is " << targets[i] << ", outside [0, " << vocab_size
+                                  << ")");
+  const int V = int(share.vocab_real);
+  const int64_t stride = share.vocab_rows;
+  kernels::vocab_shard_stats(logits, stats, targets, N, V, stride, share.vocab_begin);
+  tp.comm->all_gather(stats, all_stats, 3 * N)();
+  if (tp.check_placements && tp.size() > 1) {
+    bool same = true;
+    for (int r = 1; r < tp.size() && same; ++r)
+      for (int64_t i = 0; i < N && same; ++i)
+        same = all_stats[3 * (r * N + i)] == all_stats[3 * i] &&
+               all_stats[3 * (r * N + i) + 1] == all_stats[3 * i + 1];
+    if (same)
+      throw Error("placement check: vocab-parallel cross-entropy: its logits are Replicate on tp "
+                  "(every tp rank holds the same values), and it expects Shard(vocab) (each rank "
+                  "its own columns of the vocabulary): with gathered logits every column would count " +
+                  std::to_string(tp.size()) + " times");
+  }
+  kernels::vocab_shard_loss(logits, losses, all_stats, tp.size(), targets, N, V, stride,
+                            share.vocab_begin, grad_scale);
 }
 
 }  // namespace cleave

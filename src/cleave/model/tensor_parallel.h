@@ -78,4 +78,17 @@ struct TpShare {
 // Throws cleave::Error naming the numbers when c cannot be split over tp ranks.
 TpShare tp_share(const ModelConfig& c, int tp, int rank);
 
+// Vocabulary-parallel cross-entropy (Megatron's): `logits` [N, share.vocab_rows] are this rank's
+// columns of the vocabulary, from share.vocab_begin, the last vocab_rows - vocab_real padding.
+// Each rank's (max, sum-exp, target logit) per token, one all-gather, and each rank finishes the
+// loss (losses[i], the same on every rank) and, when grad_scale != 0, its columns' gradient in
+// place. The full logits never move. stats and all_stats are scratch of 3 N and 3 N tp floats.
+// Placement check mode fails when every rank holds the same logits (Replicate, e.g. gathered,
+// where the loss expects Shard(vocab)): the loss would then count every column tp times (log(tp)
+// on the sum-exp).
+void vocab_parallel_cross_entropy(const TensorParallelOptions& tp, const TpShare& share,
+                                  int vocab_size, float* logits, float* losses,
+                                  const int32_t* targets, int64_t N, float grad_scale,
+                                  float* stats, float* all_stats);
+
 }  // namespace cleave

@@ -135,19 +135,8 @@ void Transformer::loss(const int32_t* targets, int64_t N, float grad_scale) {
                                             cfg_.vocab_size, grad_scale);
     return;
   }
-  // Vocabulary-parallel: every rank's (max, sum-exp, target logit) per token, one all-gather,
-  // and each rank finishes the loss and its columns' gradient. The full logits never move.
-  for (int64_t i = 0; i < N; ++i)
-    CLEAVE_CHECK(targets[i] >= 0 && targets[i] < cfg_.vocab_size,
-                 "target of row " << i << " is " << targets[i] << ", outside [0, "
-                                  << cfg_.vocab_size << ")");
-  const int V = int(share_.vocab_real);
-  const int64_t stride = share_.vocab_rows;
-  kernels::vocab_shard_stats(logits_.data(), stats_.data(), targets, N, V, stride,
-                             share_.vocab_begin);
-  tp_.comm->all_gather(stats_.data(), all_stats_.data(), 3 * N)();
-  kernels::vocab_shard_loss(logits_.data(), losses_.data(), all_stats_.data(), tp_.size(), targets,
-                            N, V, stride, share_.vocab_begin, grad_scale);
+  vocab_parallel_cross_entropy(tp_, share_, cfg_.vocab_size, logits_.data(), losses_.data(),
+                               targets, N, grad_scale, stats_.data(), all_stats_.data());
 }
 
 void Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
