@@ -148,7 +148,7 @@ for layout in "hsdp 2 2 3" "ddp 1 4 0"; do
   rc=$?
   [ "$rc" -eq 0 ] || { tail -30 "$work/$name.log"; fail "$name on 2 hosts x 2 ranks exited with $rc"; }
   crossed=$(( $(veth_bytes) - before ))
-  grep -q "4 ranks (dp_replicate $replicate x dp_shard $shard, ZeRO-$zero)" "$work/$name.log" \
+  grep -q "4 ranks (dp_replicate $replicate x dp_shard $shard x tp 1, ZeRO-$zero)" "$work/$name.log" \
     || fail "$name: the trainer did not report the layout dp_replicate $replicate x dp_shard $shard"
   # Where the ranks really ran, against the mesh's account of which groups stay within a host.
   "$cleave" mesh --world 4 "${set_layout[@]:0:4}" --ranks-per-host 2 > "$work/$name.mesh" \

@@ -56,7 +56,7 @@ Residency one_step(int zero_stage) {
   Transformer model(cfg, Precision::fp32, seed, 16 * world.size(), zero_stage < 3);
   Group alone(MPI_COMM_SELF, "dp_replicate");
   DataParallel dp(model.params(), {&world, &world, &alone}, zero_stage, 0.25, model.unit_bounds(),
-                  [&](int unit) { model.release_unit_packed(unit); }, seed);
+                  seed);
   ParamStore& store = model.params();
   Residency r;
   r.total = store.total() * 4;

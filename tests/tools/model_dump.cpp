@@ -69,7 +69,7 @@ int run(int argc, char** argv) {
       for (int64_t j = 0; j < t.numel; ++j)
         v[j] = base + 0.2f * cleave::philox_normal(cfg.train.seed + 1, stream, uint64_t(j));
     }
-    model.weights_changed();
+    model.params().wrote_all();
   }
 
   const int64_t B = cfg.train.micro_batch_size, T = cfg.train.seq_len, N = B * T;

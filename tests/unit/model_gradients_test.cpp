@@ -88,7 +88,7 @@ void check_block(Family f, int n_kv_heads) {
   expect_fd("x", x.data(), dx.data(), N * d, loss, none);
   for (int i = 0; i < int(store.tensors().size()); ++i)
     expect_fd(store.tensor(i).name.c_str(), store.value(i), store.grad(i), store.tensor(i).numel,
-              loss, [&] { block.weights_changed(); });
+              loss, [&] { store.wrote_all(); });
 }
 
 TEST(ModelGradients, Gpt2Block) { check_block(Family::gpt2, 4); }
@@ -100,7 +100,7 @@ void check_transformer(Family f, int n_kv_heads, bool tied) {
   const ModelConfig c = tiny(f, n_kv_heads, tied);
   Transformer model(c, Precision::fp32, 5);
   randomise(model.params(), 6);
-  model.weights_changed();
+  model.params().wrote_all();
   const int64_t B = 2, T = 6, N = B * T;
   std::vector<int32_t> tokens(N), targets(N);
   for (int64_t i = 0; i < N; ++i) tokens[i] = int32_t((i * 5 + 3) % c.vocab_size), targets[i] = int32_t((i * 11 + 1) % c.vocab_size);
@@ -116,7 +116,7 @@ void check_transformer(Family f, int n_kv_heads, bool tied) {
   model.backward();
   for (int i = 0; i < int(store.tensors().size()); ++i)
     expect_fd(store.tensor(i).name.c_str(), store.value(i), store.grad(i), store.tensor(i).numel,
-              loss, [&] { model.weights_changed(); }, 4);
+              loss, [&] { model.params().wrote_all(); }, 4);
 }
 
 TEST(ModelGradients, Gpt2TransformerTied) { check_transformer(Family::gpt2, 4, true); }

@@ -114,7 +114,9 @@ struct LinearGemm::Impl {
   dt cdt = dt::f32;  // compute (operand) data type
 
   const float* weight = nullptr;
-  uint64_t weight_version = 0;  // bumped by set_weight; 0 = no weight yet
+  uint64_t own_version = 0;                 // bumped by set_weight; 0 = no weight yet
+  const uint64_t* version = &own_version;   // the owner's counter, when it keeps one
+  uint64_t weight_version() const { return *version; }
 
   std::map<int64_t, PlansForN> plans;
   std::vector<Packed> packed;
@@ -207,7 +209,7 @@ struct LinearGemm::Impl {
                               std::move(mem), 0});
       entry = &packed.back();
     }
-    if (entry->version != weight_version) repack(role);
+    if (entry->version != weight_version()) repack(role);
     return entry->mem;
   }
 
@@ -221,8 +223,8 @@ struct LinearGemm::Impl {
     auto& ctx = dnnl_context();
     std::vector<kernels::PackTarget> targets;
     for (Packed& p : packed) {
-      if (p.version == weight_version) continue;
-      p.version = weight_version;
+      if (p.version == weight_version()) continue;
+      p.version = weight_version();
       if (p.layout) {
         targets.push_back(target_of(p, p.role != now));
         continue;
@@ -290,17 +292,18 @@ void LinearGemm::pack_rows(int64_t row0, int64_t row1) {
 void LinearGemm::all_rows_packed() {
   auto& m = *impl_;
   for (Packed& p : m.packed)
-    if (p.layout) p.version = m.weight_version;
+    if (p.layout) p.version = m.weight_version();
   m.row_targets.clear();
 }
 
 int LinearGemm::in_features() const { return impl_->in; }
 int LinearGemm::out_features() const { return impl_->out; }
 
-void LinearGemm::set_weight(const float* weight) {
+void LinearGemm::set_weight(const float* weight, const uint64_t* version) {
   CLEAVE_CHECK(weight != nullptr, "LinearGemm::set_weight: null weight");
   impl_->weight = weight;
-  ++impl_->weight_version;
+  ++impl_->own_version;
+  impl_->version = version ? version : &impl_->own_version;
 }
 
 void LinearGemm::forward(float* y, const float* x, int64_t N, const float* bias) {

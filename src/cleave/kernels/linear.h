@@ -18,10 +18,12 @@ class LinearGemm {
   LinearGemm(LinearGemm&&) noexcept;
   LinearGemm& operator=(LinearGemm&&) noexcept;
 
-  // The weights changed (optimizer step, load): repack lazily before the next product.
-  // `weight` must stay valid until the next call. It may still be written until the next product
-  // (which packs it), or while rows are packed as below; after that, only with a new call.
-  void set_weight(const float* weight);
+  // The weight W. Without `version`, each call says W changed (optimizer step, load): repack
+  // lazily before the next product. With `version` (the owner's counter of writes to W, e.g. the
+  // model's ParamStore), one call binds W for good and a product repacks whenever *version
+  // differs from its copy's. `weight` must stay valid; it may be written only before a new
+  // version (or call), or while rows are packed as below.
+  void set_weight(const float* weight, const uint64_t* version = nullptr);
 
   // y = x W^T (+ bias if non-null). y is written (=).
   void forward(float* y, const float* x, int64_t N, const float* bias);

@@ -75,24 +75,6 @@ void Block::bind(ParamStore& store) {
   proj_.bind(store);
 }
 
-void Block::weights_changed() {
-  qkv_.weights_changed();
-  out_.weights_changed();
-  fc_.weights_changed();
-  proj_.weights_changed();
-}
-
-void Block::gemms_by_tensor(std::vector<LinearGemm*>& by_tensor) {
-  for (Linear* l : {&qkv_, &out_, &fc_, &proj_}) by_tensor[size_t(l->weight_index())] = &l->gemm();
-}
-
-void Block::release_packed() {
-  qkv_.release_packed();
-  out_.release_packed();
-  fc_.release_packed();
-  proj_.release_packed();
-}
-
 void Block::reserve(int64_t B, int64_t T) {
   const int64_t N = B * T;
   if (N == B_ * T_ && B == B_) return;

@@ -37,10 +37,6 @@ class Block {
   Block(ParamStore& store, int layer, const ModelConfig& cfg, Precision precision,
         const kernels::RopeTable* rope, const TensorParallelOptions& tp = {});
   void bind(ParamStore& store);
-  void weights_changed();
-  void release_packed();
-  // Its linear layers' products, at the index of each one's weight tensor.
-  void gemms_by_tensor(std::vector<LinearGemm*>& by_tensor);
   void reserve(int64_t B, int64_t T);
   void reserve_grads(BlockGrads& g, int64_t N) const;
 

@@ -25,10 +25,8 @@ void Linear::bind(ParamStore& store) {
   weight_ = store.value(w_);
   dweight_ = store.grad(w_);
   if (b_ >= 0) bias_ = store.value(b_), dbias_ = store.grad(b_);
-  gemm_.set_weight(weight_);
+  store.keep_packed(w_, &gemm_);
 }
-
-void Linear::weights_changed() { gemm_.set_weight(weight_); }
 
 void Linear::forward(float* y, const float* x, int64_t N) {
   gemm_.forward(y, x, N, bias_after_sum_ ? nullptr : bias_);

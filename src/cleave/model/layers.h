@@ -17,9 +17,8 @@ class Linear {
  public:
   Linear(ParamStore& store, const std::string& name, int in, int out, bool bias, float init_std,
          Precision precision, Placement placement = {});
-  void bind(ParamStore& store);  // after store.allocate(): take the buffer addresses
-  void weights_changed();        // after the optimizer or a load wrote the values
-  void release_packed() { gemm_.release_packed(); }
+  // After store.allocate(): take the buffer addresses; the store tells the product of writes.
+  void bind(ParamStore& store);
 
   void forward(float* y, const float* x, int64_t N);
   void add_bias(float* y, int64_t N) const;  // row-parallel: y[i, :] += bias

@@ -32,6 +32,8 @@ void ParamStore::allocate(uint64_t seed, int64_t pad_multiple, bool materialise)
   total_ = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
   values_.resize(total_);
   grads_.resize(total_);
+  versions_.assign(tensors_.size(), 1);
+  packed_by_.assign(tensors_.size(), nullptr);
   if (materialise) init_range(seed, 0, total_, values_.data());
 }
 
@@ -60,6 +62,42 @@ void ParamStore::init_range(uint64_t seed, int64_t begin, int64_t end, float* ou
         break;
     }
   }
+}
+
+void ParamStore::keep_packed(int tensor, LinearGemm* gemm) {
+  CLEAVE_CHECK(!versions_.empty(), "keep_packed before allocate");
+  CLEAVE_CHECK(!packed_by_[size_t(tensor)], tensors_[size_t(tensor)].name << " is packed twice");
+  packed_by_[size_t(tensor)] = gemm;
+  gemm->set_weight(value(tensor), version(tensor));
+}
+
+void ParamStore::wrote(int64_t begin, int64_t end) {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (tensors_[i].offset < end && tensors_[i].offset + tensors_[i].numel > begin) ++versions_[i];
+}
+
+void ParamStore::released(int64_t begin, int64_t end) {
+  wrote(begin, end);
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (packed_by_[i] && tensors_[i].offset < end && tensors_[i].offset + tensors_[i].numel > begin)
+      packed_by_[i]->release_packed();
+}
+
+int64_t ParamStore::begin_band_writes(int tensor) {
+  ++versions_[size_t(tensor)];
+  LinearGemm* gemm = packed_by_[size_t(tensor)];
+  const int64_t rows = gemm ? gemm->begin_row_packing() : 0;
+  if (rows > 0) band_writes_.push_back(tensor);
+  return rows;
+}
+
+void ParamStore::wrote_rows(int tensor, int64_t row0, int64_t row1) {
+  packed_by_[size_t(tensor)]->pack_rows(row0, row1);
+}
+
+void ParamStore::end_band_writes() {
+  for (int t : band_writes_) packed_by_[size_t(t)]->all_rows_packed();
+  band_writes_.clear();
 }
 
 int ParamStore::find(const std::string& name) const {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cleave/base/buffer.h"
+#include "cleave/kernels/linear.h"
 #include "cleave/model/placement.h"
 
 namespace cleave {
@@ -77,10 +78,32 @@ class ParamStore {
   int64_t total() const { return total_; }  // flat size, padding included
   int64_t count() const;                    // parameters, padding excluded
 
+  // Every writer of the values says what it wrote, here, and nowhere else: the optimizer, a
+  // data-parallel gather or release, a checkpoint load (docs/architecture.md, Weight versions).
+  // Each tensor has a version, bumped by each write; a product that keeps a packed copy of a
+  // weight (keep_packed) compares its copy's version with it before use and repacks when they
+  // differ. released() also frees those copies at once: under ZeRO-3 a unit's weights exist only
+  // while it runs.
+  void keep_packed(int tensor, LinearGemm* gemm);  // after allocate(); binds the gemm's weight
+  const uint64_t* version(int tensor) const { return &versions_[size_t(tensor)]; }
+  void wrote(int64_t begin, int64_t end);  // the flat range [begin, end) of the values
+  void wrote_all() { wrote(0, total_); }
+  void released(int64_t begin, int64_t end);
+  // Packing while writing, for a writer of whole 2-D tensors that can update one in bands of
+  // rows while each band is in cache (AdamW): the rows per band for tensor t (0: write it any
+  // way, its copies are packed at their next use), then wrote_rows for each band once written
+  // (bands may be written in parallel), then end_band_writes once every band begun is.
+  int64_t begin_band_writes(int tensor);
+  void wrote_rows(int tensor, int64_t row0, int64_t row1);
+  void end_band_writes();
+
  private:
   std::vector<ParamTensor> tensors_;
   int64_t total_ = 0;
   Buffer<float> values_, grads_;
+  std::vector<uint64_t> versions_;           // one per tensor, from allocate()
+  std::vector<LinearGemm*> packed_by_;       // per tensor: the product packing it, or null
+  std::vector<int> band_writes_;             // tensors begun since the last end_band_writes
 };
 
 }  // namespace cleave

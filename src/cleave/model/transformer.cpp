@@ -55,31 +55,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
   store_.allocate(seed, 1, materialise);
   for (auto& b : blocks_) b->bind(store_);
   final_norm_->bind(store_);
-  head_gemm_->set_weight(store_.value(head_));
-  gemm_of_tensor_.assign(store_.tensors().size(), nullptr);
-  for (auto& b : blocks_) b->gemms_by_tensor(gemm_of_tensor_);
-  gemm_of_tensor_[size_t(head_)] = head_gemm_.get();
-}
-
-void Transformer::weights_changed() {
-  for (auto& b : blocks_) b->weights_changed();
-  head_gemm_->set_weight(store_.value(head_));
-}
-
-int64_t Transformer::begin_row_packing(int tensor) {
-  LinearGemm* gemm = gemm_of_tensor_[size_t(tensor)];
-  const int64_t rows = gemm ? gemm->begin_row_packing() : 0;
-  if (rows > 0) row_packing_.push_back(gemm);
-  return rows;
-}
-
-void Transformer::pack_rows(int tensor, int64_t row0, int64_t row1) {
-  gemm_of_tensor_[size_t(tensor)]->pack_rows(row0, row1);
-}
-
-void Transformer::all_rows_packed() {
-  for (LinearGemm* gemm : row_packing_) gemm->all_rows_packed();
-  row_packing_.clear();
+  store_.keep_packed(head_, head_gemm_.get());
 }
 
 void Transformer::reserve(int64_t B, int64_t T) {
@@ -229,13 +205,6 @@ void Transformer::backward(const UnitHooks* hooks) {
                                       share_.vocab_begin, share_.vocab_real);
   }
   call(hooks ? hooks->after_backward : nullptr, 0);
-}
-
-void Transformer::release_unit_packed(int unit) {
-  if (unit >= 1 && unit <= cfg_.n_layers) blocks_[unit - 1]->release_packed();
-  // The head's product uses wte when the embeddings are tied.
-  const int head_unit = cfg_.tie_embeddings ? 0 : n_units() - 1;
-  if (unit == head_unit) head_gemm_->release_packed();
 }
 
 std::vector<KVCache> Transformer::new_cache(int64_t max_pos) const {

@@ -26,15 +26,8 @@ class Transformer {
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }
+  // Whoever writes the values says so to params() (ParamStore::wrote and friends).
   ParamStore& params() { return store_; }
-  void weights_changed();  // the values in params() were, or are about to be, written
-  // Packing each linear weight while an optimizer writes it, after weights_changed(): the rows
-  // per chunk in which to write tensor `tensor` (0: not a linear weight, or no copy to pack this
-  // way; it is packed at its next product), each chunk once written (chunks may be packed in
-  // parallel), and the end of the writing.
-  int64_t begin_row_packing(int tensor);
-  void pack_rows(int tensor, int64_t row0, int64_t row1);
-  void all_rows_packed();
 
   // Units of parameters, in forward order: 0 the embeddings, 1..n_layers the blocks, the last
   // the final norm and LM head. Unit u holds the flat range [unit_bounds()[u], unit_bounds()[u+1]),
@@ -55,8 +48,6 @@ class Transformer {
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                float grad_scale, const UnitHooks* hooks = nullptr);
   void backward(const UnitHooks* hooks = nullptr);
-  // Frees the prepacked weights of a unit's matrix products (rebuilt at their next use).
-  void release_unit_packed(int unit);
   const float* losses() const { return losses_.data(); }
   // Valid after a forward with grad_scale 0: [N, vocab] at tp = 1, else the rank's columns.
   const float* logits() const { return logits_.data(); }
@@ -86,8 +77,6 @@ class Transformer {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<LinearGemm> head_gemm_;
-  std::vector<LinearGemm*> gemm_of_tensor_;  // the product each tensor is the weight of, or null
-  std::vector<LinearGemm*> row_packing_;     // begun since the last all_rows_packed
   BlockGrads grads_;
 
   int64_t B_ = 0, T_ = 0;

@@ -15,8 +15,8 @@ bool weight_decay_applies(const ParamTensor& t, const std::vector<std::string>& 
   return true;
 }
 
-AdamW::AdamW(const ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges)
-    : cfg_(cfg), ranges_(std::move(ranges)) {
+AdamW::AdamW(ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges)
+    : store_(store), cfg_(cfg), ranges_(std::move(ranges)) {
   pieces_ = tensor_pieces(store, ranges_);  // checks the ranges
   int64_t size = 0;
   for (const FlatRange& r : ranges_) size += r.end - r.begin;
@@ -66,8 +66,10 @@ inline void update(float* p, const float* g, float* m, float* v, int64_t j0, int
 
 }  // namespace
 
-void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale,
-                 const RowHook* hook) {
+void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale) {
+  const bool in_store = !values.packed && values.data == store_.values().data();
+  const bool everything = ranges_.size() == 1 && ranges_[0].begin == 0 &&
+                          ranges_[0].end == store_.total();
   ++t_;
   Coefficients c;
   c.b1 = float(cfg_.beta1);
@@ -85,8 +87,9 @@ void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_sc
     const std::vector<int64_t>& shape = shapes_[size_t(piece.tensor)];
     const int64_t n = piece.end - piece.begin;
     const bool whole = shape.size() == 2 && piece.begin == 0 && n == shape[0] * shape[1];
-    const int64_t rows = hook && whole ? hook->chunk_rows(piece.tensor) : 0;
+    const int64_t rows = in_store && everything && whole ? store_.begin_band_writes(piece.tensor) : 0;
     if (rows <= 0) {
+      if (in_store) store_.wrote(piece.flat, piece.flat + n);
       const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
       for (int64_t b = 0; b < nblocks; ++b)
@@ -98,9 +101,10 @@ void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_sc
     for (int64_t k = 0; k < nchunks; ++k) {
       const int64_t r0 = k * rows, r1 = std::min(shape[0], r0 + rows);
       update(p, g, m, v, r0 * cols, r1 * cols, c);
-      hook->rows_updated(piece.tensor, r0, r1);
+      store_.wrote_rows(piece.tensor, r0, r1);
     }
   }
+  store_.end_band_writes();
 }
 
 }  // namespace cleave

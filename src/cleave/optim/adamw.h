@@ -2,7 +2,6 @@
 // parameter, gradient and moment buffers: gradient clipping's scale is applied in the same pass.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,19 +15,13 @@ class AdamW {
  public:
   // State for some ranges of the flat parameters: the whole store, or this rank's shards when the
   // optimizer state is sharded (ZeRO). Its buffers hold the ranges one after the other.
-  AdamW(const ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges);
-
-  // For whoever packs weights while the update writes them: chunk_rows(tensor) > 0 asks that a
-  // 2-D tensor held whole in one piece be updated in chunks of that many rows, with
-  // rows_updated(tensor, row0, row1) called after each chunk from inside the parallel loop.
-  struct RowHook {
-    std::function<int64_t(int tensor)> chunk_rows;
-    std::function<void(int tensor, int64_t row0, int64_t row1)> rows_updated;
-  };
+  AdamW(ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges);
 
   // One update with learning rate lr of `values` from `grads` (multiplied by grad_scale first).
-  void step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale,
-            const RowHook* hook = nullptr);
+  // When `values` is the store's own buffer, the update tells the store what it wrote; when
+  // this rank updates every parameter (its ranges are the whole store), a 2-D tensor is written
+  // in bands of rows that the store's packed copies take while each band is in cache.
+  void step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale);
   const std::vector<FlatRange>& ranges() const { return ranges_; }
   int64_t size() const { return m_.size(); }
 
@@ -39,6 +32,7 @@ class AdamW {
   Buffer<float>& v() { return v_; }
 
  private:
+  ParamStore& store_;
   OptimConfig cfg_;
   std::vector<bool> decay_;
   std::vector<std::vector<int64_t>> shapes_;

@@ -32,10 +32,8 @@ void release_range(float* base, int64_t begin, int64_t end) {
 }  // namespace
 
 DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage,
-                           double bucket_mb, std::vector<int64_t> unit_bounds,
-                           std::function<void(int)> release_packed, uint64_t seed)
-    : store_(store), g_(groups), zero_stage_(zero_stage), bounds_(std::move(unit_bounds)),
-      release_packed_(std::move(release_packed)) {
+                           double bucket_mb, std::vector<int64_t> unit_bounds, uint64_t seed)
+    : store_(store), g_(groups), zero_stage_(zero_stage), bounds_(std::move(unit_bounds)) {
   CLEAVE_CHECK(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage = " << zero_stage);
   const int64_t total = store.total(), shards = g_.shard->size();
   CLEAVE_CHECK(bounds_.front() == 0 && bounds_.back() == total,
@@ -187,6 +185,7 @@ void DataParallel::ensure_gathered(int unit) {
   prefetch(unit);
   exposed_ += gather_work_[unit].wait();
   gather_work_[unit] = Work();
+  store_.wrote(bounds_[unit], bounds_[unit + 1]);
   resident_[unit] = true;
 }
 
@@ -205,7 +204,7 @@ const float* DataParallel::shard_source(int unit) {
 void DataParallel::release(int unit) {
   if (!resident_[unit]) return;
   release_range(store_.values().data(), bounds_[unit], bounds_[unit + 1]);
-  release_packed_(unit);
+  store_.released(bounds_[unit], bounds_[unit + 1]);
   resident_[unit] = false;
 }
 

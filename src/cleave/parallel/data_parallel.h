@@ -39,11 +39,11 @@ struct DataParallelGroups {
 class DataParallel {
  public:
   // unit_bounds: Transformer::unit_bounds(), each a multiple of 16 x dp_shard.
-  // release_packed(unit): frees the unit's prepacked weights (ZeRO-3 keeps none between uses).
   // Under ZeRO-3 the store's values are not materialised: the shards are initialised from seed.
+  // Gathering and releasing a unit's values is a write the store is told of (a release also
+  // frees the unit's packed weights: ZeRO-3 keeps none between uses).
   DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage, double bucket_mb,
-               std::vector<int64_t> unit_bounds, std::function<void(int)> release_packed,
-               uint64_t seed);
+               std::vector<int64_t> unit_bounds, uint64_t seed);
 
   // The flat ranges this rank updates; its shard buffers hold them one after the other.
   const std::vector<FlatRange>& ranges() const { return ranges_; }
@@ -98,7 +98,6 @@ class DataParallel {
   DataParallelGroups g_;
   int zero_stage_;
   std::vector<int64_t> bounds_;
-  std::function<void(int)> release_packed_;
   std::vector<FlatRange> ranges_;
   std::vector<int64_t> position_;  // where each unit's slice starts in the shard buffers
   Buffer<float> shard_values_;  // ZeRO-3 (below it the shard lives in the store's buffer)

@@ -55,7 +55,9 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
     if (t.contains("pieces")) {
       for (const nlohmann::json& p : t.at("pieces")) listed.push_back(p);
     } else {
-      listed.push_back({{"file", t.at("file")}});
+      int64_t numel = 1;
+      for (int64_t d : t.at("shape").get<std::vector<int64_t>>()) numel *= d;
+      listed.push_back({{"file", t.at("file")}, {"begin", 0}, {"end", numel}});
     }
   } catch (const nlohmann::json::exception& e) {
     CLEAVE_FAIL("checkpoint " << dir << "/meta.json: tensor " << name << ": " << e.what());
@@ -70,7 +72,6 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
                               << ", which meta.json does not list");
   };
   std::vector<SavedPiece> out;
-  int64_t numel = 0;  // of the pieces together: they must tile the tensor
   for (const nlohmann::json& p : listed) {
     try {
       SavedPiece s{file_of(p.at("file").get<std::string>()), p.value("key", name), {0, 0}, {0, 0},
@@ -78,23 +79,65 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
       const std::vector<int64_t> box = p.value("box", shape);
       as_2d(p.value("offset", std::vector<int64_t>(shape.size(), 0)), s.offset, 0);
       as_2d(box, s.shape, 1);
-      const int64_t box_numel = s.shape[0] * s.shape[1];
-      s.begin = p.value("begin", int64_t(0));
-      s.end = p.value("end", box_numel);
-      CLEAVE_CHECK(box.size() == shape.size() && 0 <= s.begin && s.begin < s.end &&
-                       s.end <= box_numel && s.offset[0] >= 0 && s.offset[1] >= 0,
+      int64_t global[2];
+      as_2d(shape, global, 1);
+      s.begin = p.at("begin").get<int64_t>();
+      s.end = p.at("end").get<int64_t>();
+      CLEAVE_CHECK(box.size() == shape.size() && s.offset[0] >= 0 && s.offset[1] >= 0 &&
+                       s.offset[0] + s.shape[0] <= global[0] &&
+                       s.offset[1] + s.shape[1] <= global[1] && 0 <= s.begin && s.begin < s.end &&
+                       s.end <= s.shape[0] * s.shape[1],
                    "checkpoint " << dir << "/meta.json: tensor " << name << ": a piece in "
-                                 << p.at("file").get<std::string>() << " lies outside its box");
-      numel += s.end - s.begin;
+                                 << p.at("file").get<std::string>()
+                                 << " lies outside the tensor or its box");
       out.push_back(std::move(s));
     } catch (const nlohmann::json::exception& e) {
       CLEAVE_FAIL("checkpoint " << dir << "/meta.json: tensor " << name << ": " << e.what());
     }
   }
-  int64_t want = 1;
+  // The boxes must not overlap and must fill the tensor; within each box the element ranges
+  // must tile it.
+  std::vector<const SavedPiece*> sorted;
+  for (const SavedPiece& p : out) sorted.push_back(&p);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) {
+    return std::tie(a->offset[0], a->offset[1], a->begin) < std::tie(b->offset[0], b->offset[1], b->begin);
+  });
+  int64_t volume = 0, want = 1;
   for (int64_t d : shape) want *= d;
-  CLEAVE_CHECK(numel == want, "checkpoint " << dir << ": the pieces of tensor " << name << " hold "
-                                            << numel << " of its " << want << " elements");
+  for (size_t i = 0; i < sorted.size();) {
+    const SavedPiece& first = *sorted[i];
+    int64_t at = 0;
+    for (; i < sorted.size() && sorted[i]->offset[0] == first.offset[0] &&
+           sorted[i]->offset[1] == first.offset[1];
+         ++i) {
+      const SavedPiece& p = *sorted[i];
+      CLEAVE_CHECK(p.shape[0] == first.shape[0] && p.shape[1] == first.shape[1] && p.begin == at,
+                   "checkpoint " << dir << ": the pieces of tensor " << name
+                                 << " do not tile its elements (gap or overlap at element " << at
+                                 << (first.shape[0] * first.shape[1] == want
+                                         ? std::string()
+                                         : " of its box at [" + std::to_string(first.offset[0]) +
+                                               ", " + std::to_string(first.offset[1]) + "]")
+                                 << ")");
+      at = p.end;
+    }
+    CLEAVE_CHECK(at == first.shape[0] * first.shape[1],
+                 "checkpoint " << dir << ": the pieces of tensor " << name << " end at element "
+                               << at << " of a box of " << first.shape[0] * first.shape[1]);
+    volume += at;
+  }
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t j = i + 1; j < out.size(); ++j) {
+      const SavedPiece &a = out[i], &b = out[j];
+      const bool same_box = a.offset[0] == b.offset[0] && a.offset[1] == b.offset[1];
+      CLEAVE_CHECK(same_box || a.offset[0] + a.shape[0] <= b.offset[0] ||
+                       b.offset[0] + b.shape[0] <= a.offset[0] ||
+                       a.offset[1] + a.shape[1] <= b.offset[1] ||
+                       b.offset[1] + b.shape[1] <= a.offset[1],
+                   "checkpoint " << dir << ": the pieces of tensor " << name << " overlap");
+    }
+  CLEAVE_CHECK(volume == want, "checkpoint " << dir << ": the pieces of tensor " << name << " hold "
+                                             << volume << " of its " << want << " elements");
   return out;
 }
 
@@ -276,7 +319,7 @@ std::unique_ptr<Transformer> load_model(const std::string& path, Precision preci
   auto model = std::make_unique<Transformer>(cfg->model, precision, cfg->train.seed);
   ParamStore& params = model->params();
   read_state(ck, dir, params, "param", {{0, params.total()}}, {params.values().data()});
-  model->weights_changed();
+  params.wrote_all();
   return model;
 }
 

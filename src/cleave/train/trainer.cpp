@@ -112,8 +112,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   dp_ = std::make_unique<DataParallel>(
       model_->params(),
       DataParallelGroups{dp_group_.get(), shard_group_.get(), replicate_group_.get()},
-      cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb, model_->unit_bounds(),
-      [this](int unit) { model_->release_unit_packed(unit); }, t.seed);
+      cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb, model_->unit_bounds(), t.seed);
   optim_ = std::make_unique<AdamW>(model_->params(), cfg_.optim, dp_->ranges());
   inputs_.resize(local_batch_ * t.seq_len);
   targets_.resize(inputs_.size());
@@ -223,16 +222,10 @@ StepResult Trainer::train_step(int64_t step) {
   if (cfg_.optim.grad_clip > 0 && r.grad_norm > cfg_.optim.grad_clip)
     clip = float(cfg_.optim.grad_clip / r.grad_norm);
   r.lr = learning_rate(cfg_.optim, step, t.steps);
-  // The packed copies of the weights go stale here. With the whole optimizer step on every rank
-  // (DDP, or one process), AdamW hands each linear weight to the packer band by band as it
-  // writes it, from cache; under ZeRO the weights are packed at their next product, once gathered.
-  model_->weights_changed();
-  const AdamW::RowHook hook{
-      [this](int tensor) { return model_->begin_row_packing(tensor); },
-      [this](int tensor, int64_t row0, int64_t row1) { model_->pack_rows(tensor, row0, row1); }};
-  optim_->step(shard.values, shard.grads, r.lr, clip,
-               cfg_.parallel.zero_stage == 0 ? &hook : nullptr);
-  model_->all_rows_packed();
+  // With the whole optimizer step on every rank (DDP, or one process), AdamW has the store pack
+  // each linear weight band by band as it writes it, from cache; under ZeRO the weights are
+  // packed at their next product, once gathered.
+  optim_->step(shard.values, shard.grads, r.lr, clip);
   dp_->after_optimizer_step();
   r.exposed_dp_s = dp_->take_exposed_seconds();
   if (tp_comm_) {
@@ -499,7 +492,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   read_state(ck, dir, params, "adam_m", dp_->ranges(), {optim_->m().data(), true});
   read_state(ck, dir, params, "adam_v", dp_->ranges(), {optim_->v().data(), true});
   optim_->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
-  model_->weights_changed();
+  params.wrote_all();
 }
 
 }  // namespace cleave
