@@ -32,7 +32,8 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   bench-gemm [CONFIG.toml] [--set key=value ...] [--seconds S]   GEMM GF/s, fp32 and bf16
   peak [--dtype fp32|bf16] [--threads N] [--refresh]   the peaks MFU is quoted against (cached)
   bench-comm (under mpirun)                        collective algbw/busbw, cleave's and MPI's
-  mesh --world N [--set parallel.AXIS=D ...] [--ranks-per-host K]   the device mesh's groups
+  mesh [CONFIG] --world N [--set parallel.AXIS=D ...] [--ranks-per-host K]
+                                    the device mesh's groups (with CONFIG: bytes per axis)
 Multi-rank: mpirun -np N cleave train CONFIG.toml --set parallel.dp_shard=N ...
 )";
 

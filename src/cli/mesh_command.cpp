@@ -1,5 +1,6 @@
-// `cleave mesh --world N [--set parallel.<axis>=D ...] [--ranks-per-host K]`: prints every group
-// of every mesh axis and whether it stays within one host. Runs on one rank, no MPI.
+// `cleave mesh [CONFIG] --world N [--set key=value ...] [--ranks-per-host K]`: prints every group
+// of every mesh axis and whether it stays within one host; with a training config, also the
+// bytes each axis moves per step. Runs on one rank, no MPI.
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include "cleave/mesh/mesh.h"
+#include "cleave/train/comm_volume.h"
+#include "cleave/train/layout.h"
 #include "cli/args.h"
 
 namespace cleave::cli {
@@ -53,9 +56,10 @@ MeshDegrees degrees_from(const std::vector<std::string>& overrides) {
 
 int mesh(int argc, char** argv) {
   const Args a = Args::parse("mesh", argc, argv, {"--world", "--ranks-per-host"});
-  if (!a.positional.empty())
-    throw Error("cleave mesh: unexpected argument '" + a.positional[0] +
-                "' (usage: cleave mesh --world N [--set parallel.tp=2 ...] [--ranks-per-host K])");
+  if (a.positional.size() > 1)
+    throw Error("cleave mesh: unexpected argument '" + a.positional[1] +
+                "' (usage: cleave mesh [CONFIG] --world N [--set parallel.tp=2 ...] "
+                "[--ranks-per-host K])");
   if (!a.has("--world")) throw Error("cleave mesh: --world N is required");
   const int world = parse_int(a.get("--world", ""), "--world");
   if (world < 1) throw Error("cleave mesh: --world must be >= 1, got " + std::to_string(world));
@@ -64,8 +68,22 @@ int mesh(int argc, char** argv) {
                                                  : world;
   if (per_host < 1)
     throw Error("cleave mesh: --ranks-per-host must be >= 1, got " + std::to_string(per_host));
-  const Mesh m(world, degrees_from(a.overrides));
-  std::fputs(describe_mesh(m, per_host).c_str(), stdout);
+  if (a.positional.empty()) {
+    const Mesh m(world, degrees_from(a.overrides));
+    std::fputs(describe_mesh(m, per_host).c_str(), stdout);
+    return 0;
+  }
+  const Config cfg = load_config(a.positional[0], a.overrides);
+  const Layout layout = plan_layout(cfg, world);
+  std::fputs(describe_mesh(layout.mesh, per_host).c_str(), stdout);
+  std::printf("\nbytes each rank sends per step (%d x %d tokens per micro-batch, %d micro-batches, "
+              "fp32):\n",
+              int(layout.local_batch), cfg.train.seq_len, cfg.train.grad_accum_steps);
+  const std::vector<AxisVolume> volumes = comm_volume(cfg, layout.mesh);
+  if (volumes.empty()) std::printf("  none: a single rank\n");
+  for (const AxisVolume& v : volumes)
+    std::printf("  %-13s %10.2f MiB (%.0f bytes)  %s\n", v.axis.c_str(), v.bytes / (1 << 20), v.bytes,
+                v.how.c_str());
   return 0;
 }
 

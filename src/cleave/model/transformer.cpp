@@ -235,6 +235,36 @@ const float* Transformer::forward_cached(const int32_t* tokens, int64_t T,
   return logits_.data();
 }
 
+namespace {
+
+// A tp group's size and rank for building one rank's share of a model without running it.
+class PlannedTp final : public TpComm {
+ public:
+  explicit PlannedTp(int size) : size_(size) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  Wait all_reduce(float*, int64_t) override { return unused(); }
+  Wait all_gather(const float*, float*, int64_t) override { return unused(); }
+  Wait reduce_scatter(const float*, float*, int64_t) override { return unused(); }
+  void check_replicated(const float*, int64_t, const std::string&) override { unused(); }
+
+ private:
+  [[noreturn]] static Wait unused() { CLEAVE_FAIL("a planned tp group does not communicate"); }
+  int size_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transformer> Transformer::planned(const ModelConfig& cfg, int tp,
+                                                  bool sequence_parallel) {
+  auto group = std::make_unique<PlannedTp>(tp);
+  TensorParallelOptions options;
+  if (tp > 1) options = {group.get(), sequence_parallel, false};
+  auto model = std::make_unique<Transformer>(cfg, Precision::fp32, 0, 1, false, options);
+  model->planned_group_ = std::move(group);
+  return model;
+}
+
 int64_t Transformer::matmul_params() const {
   const ModelConfig& c = cfg_;
   const int64_t per_block = int64_t(c.d_model) * c.qkv_dim() +

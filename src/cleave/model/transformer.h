@@ -57,6 +57,10 @@ class Transformer {
   std::vector<KVCache> new_cache(int64_t max_pos) const;
   const float* forward_cached(const int32_t* tokens, int64_t T, std::vector<KVCache>& cache);
 
+  // For planning: what tp rank 0 of tp ranks holds, built without communication and without
+  // touching the parameter buffers (mapped, never written). It cannot run.
+  static std::unique_ptr<Transformer> planned(const ModelConfig& cfg, int tp, bool sequence_parallel);
+
   // Parameters that take part in matrix products (LM head included): the 6 * P of MFU.
   int64_t matmul_params() const;
 
@@ -70,6 +74,7 @@ class Transformer {
   Precision precision_;
   TensorParallelOptions tp_;
   TpShare share_;
+  std::unique_ptr<TpComm> planned_group_;  // planned(): the group tp_ points to
   ParamStore store_;
   std::optional<kernels::RopeTable> rope_;
   int wte_, wpe_ = -1, head_;

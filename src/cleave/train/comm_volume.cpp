@@ -1,0 +1,64 @@
+#include "cleave/train/comm_volume.h"
+
+#include "cleave/model/transformer.h"
+
+namespace cleave {
+
+namespace {
+
+double ring_all_reduce(double n, int p) { return p > 1 ? 2.0 * (p - 1) / p * n * 4 : 0; }
+double ring_gather(double n, int p) { return p > 1 ? double(p - 1) / p * n * 4 : 0; }
+
+}  // namespace
+
+std::vector<AxisVolume> comm_volume(const Config& cfg, const Mesh& mesh) {
+  const int tp = mesh.degree(Axis::tp), R = mesh.degree(Axis::dp_replicate);
+  const int S = mesh.degree(Axis::dp_shard), dp = R * S;
+  const ModelConfig& m = cfg.model;
+  const TrainConfig& t = cfg.train;
+  const double accum = t.grad_accum_steps, layers = m.n_layers;
+  const double tokens = double(t.micro_batch_size / dp) * t.seq_len;  // one rank's micro-batch
+  const double rows = tokens * m.d_model;
+  // This rank's parameters: its tp share, as the trainer builds it.
+  const std::unique_ptr<Transformer> model =
+      Transformer::planned(m, tp, cfg.parallel.sequence_parallel);
+  const ParamStore& store = model->params();
+  double partial = 0;  // floats of gradients summed over tp (sequence parallelism's norms)
+  for (const ParamTensor& p : store.tensors())
+    if (p.placement.shard_dim < 0 && p.placement.grad_sum == GradSum::tp) partial += double(p.numel);
+  std::vector<AxisVolume> out;
+  if (tp > 1) {
+    // Per micro-batch: 2 all-reduces of the rows per block each way, the embedding's sum, the
+    // head's input gradient; the loss's all-gather of 3 floats per token. With sequence
+    // parallelism each all-reduce is an all-gather plus a reduce-scatter: the same volume.
+    const double activations = (4 * layers + 2) * ring_all_reduce(rows, tp);
+    const double loss = 3 * tokens * 4 * (tp - 1);
+    out.push_back({"tp", accum * (activations + loss) + ring_all_reduce(partial, tp),
+                   std::to_string(int(4 * layers + 2)) + (cfg.parallel.sequence_parallel
+                       ? " all-gather + reduce-scatter pairs" : " all-reduces") +
+                       " of b x s x h per micro-batch (2 per block each way, embedding, head), and "
+                       "the loss's all-gather of 3 floats per token" +
+                       (partial > 0 ? "; the norms' gradients all-reduced once per step" : "")});
+  }
+  if (dp > 1) {
+    const double P = double(store.count());
+    const int zero = cfg.parallel.zero_stage;
+    if (zero <= 1) {
+      out.push_back({"dp", ring_all_reduce(P, dp),
+                     "gradient all-reduce in buckets over dp_replicate x dp_shard"});
+      if (zero == 1)
+        out.push_back({"dp_shard", ring_gather(P, S), "all-gather of the updated shards"});
+    } else {
+      const double gathers = zero == 2 ? 1 : 2 * accum;
+      out.push_back({"dp_shard", ring_gather(P, S) * (1 + gathers),
+                     std::string("gradient reduce-scatter, ") +
+                         (zero == 2 ? "all-gather of the updated shards"
+                                    : "parameter all-gathers before each forward and backward")});
+      if (R > 1)
+        out.push_back({"dp_replicate", ring_all_reduce(P / S, R), "all-reduce of the gradient shards"});
+    }
+  }
+  return out;
+}
+
+}  // namespace cleave
