@@ -55,14 +55,14 @@ Residency one_step(int zero_stage) {
   const uint64_t seed = 7;
   Transformer model(cfg, Precision::fp32, seed, 16 * world.size(), zero_stage < 3);
   Group alone(MPI_COMM_SELF, "dp_replicate");
-  DataParallel dp(model.params(), {&world, &world, &alone}, zero_stage, 0.25, model.unit_bounds(),
+  DataParallel dp(model.params(), {&world, &world, &alone}, zero_stage, 0.25, model.params().unit_bounds(0),
                   seed);
   ParamStore& store = model.params();
   Residency r;
   r.total = store.total() * 4;
   std::vector<int64_t> units;
-  for (size_t u = 0; u + 1 < model.unit_bounds().size(); ++u)
-    units.push_back((model.unit_bounds()[u + 1] - model.unit_bounds()[u]) * 4);
+  for (size_t u = 0; u + 1 < model.params().unit_bounds(0).size(); ++u)
+    units.push_back((model.params().unit_bounds(0)[u + 1] - model.params().unit_bounds(0)[u]) * 4);
   std::sort(units.rbegin(), units.rend());
   for (int i = 0; i < 4; ++i) r.largest_units += units[i];
   for (const FlatRange& range : dp.ranges()) r.shard += range.end - range.begin;

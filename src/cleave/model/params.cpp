@@ -7,7 +7,9 @@
 namespace cleave {
 
 int ParamStore::add(std::string name, std::vector<int64_t> shape, Init init, float init_std,
-                    Placement placement) {
+                    Placement placement, int group) {
+  CLEAVE_CHECK(group >= 0 && group < n_groups(), "parameter " << name << ": no group " << group);
+  if (n_units_ == 0) n_units_ = 1;
   CLEAVE_CHECK(values_.size() == 0, "parameter " << name << " declared after allocation");
   CLEAVE_CHECK(find(name) < 0, "parameter " << name << " declared twice");
   const int dim = placement.shard_dim;
@@ -22,14 +24,41 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, Init init, flo
                               << ") outside its local or global extent");
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
-  tensors_.push_back(
-      {std::move(name), std::move(shape), std::move(placement), total_, numel, init, init_std});
-  total_ += (numel + 15) / 16 * 16;
+  tensors_.push_back({std::move(name), std::move(shape), std::move(placement), 0, numel, init,
+                      init_std, group, n_units_ - 1});
   return int(tensors_.size()) - 1;
 }
 
+int ParamStore::add_group(std::string name) {
+  CLEAVE_CHECK(values_.size() == 0, "parameter group " << name << " declared after allocation");
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (groups_[g] == name) return int(g);
+  groups_.push_back(std::move(name));
+  return int(groups_.size()) - 1;
+}
+
+void ParamStore::begin_unit() {
+  CLEAVE_CHECK(values_.size() == 0, "unit begun after allocation");
+  ++n_units_;
+}
+
 void ParamStore::allocate(uint64_t seed, int64_t pad_multiple, bool materialise) {
-  total_ = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+  // Group by group, unit by unit, tensors in the order they were added, each at a multiple of
+  // 16 floats; each unit padded to a multiple of pad_multiple.
+  total_ = 0;
+  unit_bounds_.assign(groups_.size(), {});
+  for (int g = 0; g < n_groups(); ++g) {
+    unit_bounds_[size_t(g)].push_back(total_);
+    for (int u = 0; u < n_units_; ++u) {
+      for (ParamTensor& t : tensors_) {
+        if (t.group != g || t.unit != u) continue;
+        t.offset = total_;
+        total_ += (t.numel + 15) / 16 * 16;
+      }
+      total_ = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+      unit_bounds_[size_t(g)].push_back(total_);
+    }
+  }
   values_.resize(total_);
   grads_.resize(total_);
   versions_.assign(tensors_.size(), 1);

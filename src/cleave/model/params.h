@@ -20,10 +20,12 @@ struct ParamTensor {
   std::string name;
   std::vector<int64_t> shape;  // local: what this rank holds
   Placement placement;         // its global shape and where the local tensor sits in it
-  int64_t offset = 0;  // into the flat buffers, a multiple of 16 floats
+  int64_t offset = 0;  // into the flat buffers, a multiple of 16 floats (set by allocate())
   int64_t numel = 0;
   Init init = Init::normal;
   float init_std = 0.0f;
+  int group = 0;  // its parameter group (ParamStore::add_group)
+  int unit = 0;   // its unit (ParamStore::begin_unit)
   const std::vector<int64_t>& global_shape() const {
     return placement.global_shape.empty() ? shape : placement.global_shape;
   }
@@ -54,17 +56,32 @@ class ParamStore;
 // Every tensor's part of each range, range by range; padding between tensors belongs to none.
 std::vector<TensorPiece> tensor_pieces(const ParamStore& store, const std::vector<FlatRange>& ranges);
 
+// Parameters are grouped twice (docs/architecture.md, Parameter groups):
+// - groups: tensors whose gradients are reduced and sharded over the same mesh axes. The model
+//   names them ("dense" for every tensor today; experts will be another), the trainer maps each
+//   name to its axes, and data parallelism and the optimizer run once per group. Each group
+//   lives in its own contiguous region of the flat buffers.
+// - units: tensors used together in the forward order (the embeddings, each block, the head),
+//   which ZeRO gathers and releases together. Within its group's region each unit is contiguous
+//   and padded to the allocation's pad_multiple, so each splits into equal shards.
 class ParamStore {
  public:
-  // Declares a tensor of local shape `shape`; returns its index. Only before allocate().
+  ParamStore() : groups_{"dense"} {}
+  // Declares a tensor of local shape `shape` in the current unit; returns its index. Only
+  // before allocate().
   int add(std::string name, std::vector<int64_t> shape, Init init, float init_std = 0.0f,
-          Placement placement = {});
-  // Pads the flat layout so the next tensor starts at a multiple of `multiple` floats.
-  void align(int64_t multiple) { total_ = (total_ + multiple - 1) / multiple * multiple; }
-  // Allocates values and gradients and initialises every value from the seed (unless
-  // materialise is false: ZeRO-3 initialises only its shards, with init_range). The flat size is
-  // padded to a multiple of pad_multiple, so data-parallel shards can be equal.
+          Placement placement = {}, int group = 0);
+  int add_group(std::string name);  // returns its index; 0 is "dense"
+  void begin_unit();                // the tensors added next form a new unit
+  // Lays out the groups and units, allocates values and gradients and initialises every value
+  // from the seed (unless materialise is false: ZeRO-3 initialises only its shards, with
+  // init_range).
   void allocate(uint64_t seed, int64_t pad_multiple = 1, bool materialise = true);
+  int n_groups() const { return int(groups_.size()); }
+  const std::string& group_name(int g) const { return groups_[size_t(g)]; }
+  int n_units() const { return n_units_; }
+  // Group g's region of the flat buffers by unit: unit u is [bounds[u], bounds[u + 1]).
+  const std::vector<int64_t>& unit_bounds(int g) const { return unit_bounds_[size_t(g)]; }
   // The initial values of the flat range [begin, end) into out (padding gets zeros).
   void init_range(uint64_t seed, int64_t begin, int64_t end, float* out) const;
 
@@ -99,6 +116,9 @@ class ParamStore {
 
  private:
   std::vector<ParamTensor> tensors_;
+  std::vector<std::string> groups_;
+  int n_units_ = 0;
+  std::vector<std::vector<int64_t>> unit_bounds_;  // per group, from allocate()
   int64_t total_ = 0;
   Buffer<float> values_, grads_;
   std::vector<uint64_t> versions_;           // one per tensor, from allocate()

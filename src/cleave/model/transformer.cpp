@@ -25,6 +25,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
                          int64_t pad_multiple, bool materialise, const TensorParallelOptions& tp)
     : cfg_(c), precision_(precision), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())) {
   const GradSum sp_sum = tp.sequence_parallel ? GradSum::tp : GradSum::none;
+  store_.begin_unit();
   wte_ = store_.add("embed.wte", {share_.vocab_rows, c.d_model}, Init::normal, c.init_std,
                     vocab_placement(c, share_));
   if (c.family == Family::gpt2)
@@ -34,25 +35,20 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
     rope_.emplace(c.head_dim(), c.max_seq_len, c.rope_theta);
   // Units (embeddings, each block, the head) start at multiples of pad_multiple, so each can be
   // sharded in equal parts.
-  unit_bounds_.push_back(0);
   for (int l = 0; l < c.n_layers; ++l) {
-    store_.align(pad_multiple);
-    unit_bounds_.push_back(store_.total());
+    store_.begin_unit();
     blocks_.push_back(
         std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, tp));
   }
-  store_.align(pad_multiple);
-  unit_bounds_.push_back(store_.total());
+  store_.begin_unit();
   final_norm_ = std::make_unique<Norm>(store_, "final_norm", c.d_model, c.family == Family::gpt2,
                                        c.norm_eps, sp_sum);
   head_ = c.tie_embeddings ? wte_
                            : store_.add("lm_head.weight", {share_.vocab_rows, c.d_model},
                                         Init::normal, c.init_std, vocab_placement(c, share_));
   head_gemm_ = std::make_unique<LinearGemm>(c.d_model, int(share_.vocab_rows), precision);
-  store_.align(pad_multiple);
-  unit_bounds_.push_back(store_.total());
 
-  store_.allocate(seed, 1, materialise);
+  store_.allocate(seed, pad_multiple, materialise);
   for (auto& b : blocks_) b->bind(store_);
   final_norm_->bind(store_);
   store_.keep_packed(head_, head_gemm_.get());

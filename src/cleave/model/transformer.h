@@ -16,7 +16,7 @@ namespace cleave {
 class Transformer {
  public:
   // pad_multiple: every unit of parameters (see n_units) starts at a multiple of it, and the flat
-  // buffer's size is one (equal ZeRO shards of each unit).
+  // buffer's size is one (equal ZeRO shards of each unit). Every tensor is in group 0 ("dense").
   // materialise = false leaves the parameter values unset (ZeRO-3 builds only its shards).
   // tp: this rank's share of a tensor-parallel model (docs/tensor_parallel.md): its heads and
   // hidden units in every block, and its rows of the vocabulary in the embedding, the LM head and
@@ -29,11 +29,9 @@ class Transformer {
   // Whoever writes the values says so to params() (ParamStore::wrote and friends).
   ParamStore& params() { return store_; }
 
-  // Units of parameters, in forward order: 0 the embeddings, 1..n_layers the blocks, the last
-  // the final norm and LM head. Unit u holds the flat range [unit_bounds()[u], unit_bounds()[u+1]),
-  // each bound a multiple of the constructor's pad_multiple.
+  // Units of parameters (ParamStore::begin_unit), in forward order: 0 the embeddings,
+  // 1..n_layers the blocks, the last the final norm and LM head.
   int n_units() const { return cfg_.n_layers + 2; }
-  const std::vector<int64_t>& unit_bounds() const { return unit_bounds_; }
 
   // Called around the use of a unit's parameters, so data parallelism can gather them just in
   // time and start a unit's gradient communication as soon as backward has finished it. With
@@ -78,7 +76,6 @@ class Transformer {
   ParamStore store_;
   std::optional<kernels::RopeTable> rope_;
   int wte_, wpe_ = -1, head_;
-  std::vector<int64_t> unit_bounds_;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<LinearGemm> head_gemm_;

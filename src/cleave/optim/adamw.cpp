@@ -15,8 +15,9 @@ bool weight_decay_applies(const ParamTensor& t, const std::vector<std::string>& 
   return true;
 }
 
-AdamW::AdamW(ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges)
-    : store_(store), cfg_(cfg), ranges_(std::move(ranges)) {
+AdamW::AdamW(ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges,
+             bool last_write)
+    : store_(store), last_write_(last_write), cfg_(cfg), ranges_(std::move(ranges)) {
   pieces_ = tensor_pieces(store, ranges_);  // checks the ranges
   int64_t size = 0;
   for (const FlatRange& r : ranges_) size += r.end - r.begin;
@@ -68,8 +69,6 @@ inline void update(float* p, const float* g, float* m, float* v, int64_t j0, int
 
 void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale) {
   const bool in_store = !values.packed && values.data == store_.values().data();
-  const bool everything = ranges_.size() == 1 && ranges_[0].begin == 0 &&
-                          ranges_[0].end == store_.total();
   ++t_;
   Coefficients c;
   c.b1 = float(cfg_.beta1);
@@ -87,7 +86,7 @@ void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_sc
     const std::vector<int64_t>& shape = shapes_[size_t(piece.tensor)];
     const int64_t n = piece.end - piece.begin;
     const bool whole = shape.size() == 2 && piece.begin == 0 && n == shape[0] * shape[1];
-    const int64_t rows = in_store && everything && whole ? store_.begin_band_writes(piece.tensor) : 0;
+    const int64_t rows = in_store && last_write_ && whole ? store_.begin_band_writes(piece.tensor) : 0;
     if (rows <= 0) {
       if (in_store) store_.wrote(piece.flat, piece.flat + n);
       const int64_t nblocks = (n + kBlock - 1) / kBlock;

@@ -15,12 +15,15 @@ class AdamW {
  public:
   // State for some ranges of the flat parameters: the whole store, or this rank's shards when the
   // optimizer state is sharded (ZeRO). Its buffers hold the ranges one after the other.
-  AdamW(ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges);
+  // last_write: the update is the last write of these values in a step (no data-parallel gather
+  // follows it), so the store's packed copies of a linear weight can take it band by band.
+  AdamW(ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> ranges,
+        bool last_write = true);
 
   // One update with learning rate lr of `values` from `grads` (multiplied by grad_scale first).
-  // When `values` is the store's own buffer, the update tells the store what it wrote; when
-  // this rank updates every parameter (its ranges are the whole store), a 2-D tensor is written
-  // in bands of rows that the store's packed copies take while each band is in cache.
+  // When `values` is the store's own buffer, the update tells the store what it wrote; with
+  // last_write, a whole 2-D tensor is written in bands of rows that the store's packed copies
+  // take while each band is in cache.
   void step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale);
   const std::vector<FlatRange>& ranges() const { return ranges_; }
   int64_t size() const { return m_.size(); }
@@ -33,6 +36,7 @@ class AdamW {
 
  private:
   ParamStore& store_;
+  bool last_write_;
   OptimConfig cfg_;
   std::vector<bool> decay_;
   std::vector<std::vector<int64_t>> shapes_;

@@ -35,10 +35,10 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
                            double bucket_mb, std::vector<int64_t> unit_bounds, uint64_t seed)
     : store_(store), g_(groups), zero_stage_(zero_stage), bounds_(std::move(unit_bounds)) {
   CLEAVE_CHECK(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage = " << zero_stage);
-  const int64_t total = store.total(), shards = g_.shard->size();
-  CLEAVE_CHECK(bounds_.front() == 0 && bounds_.back() == total,
+  const int64_t shards = g_.shard->size();
+  CLEAVE_CHECK(0 <= bounds_.front() && bounds_.back() <= store.total(),
                "units [" << bounds_.front() << ", " << bounds_.back()
-                         << ") do not cover the parameters [0, " << total << ")");
+                         << ") outside the parameters [0, " << store.total() << ")");
   for (int u = 0; u < n_units(); ++u)
     CLEAVE_CHECK((bounds_[u + 1] - bounds_[u]) % (16 * shards) == 0,
                  "unit " << u << " of " << bounds_[u + 1] - bounds_[u]
@@ -61,12 +61,12 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
   replicate_work_.resize(n_units());
   gather_work_.resize(n_units());
   resident_.assign(n_units(), zero_stage < 3);
-  // DDP and ZeRO-1 all-reduce buckets, cut from the top of the buffer: backward fills it from the
-  // LM head (highest offsets) down to the embeddings.
+  // DDP and ZeRO-1 all-reduce buckets, cut from the top of the region: backward fills it from
+  // the LM head (highest offsets) down to the embeddings.
   if (zero_stage <= 1 && g_.dp->size() > 1) {
     const int64_t bucket = std::max<int64_t>(16, int64_t(bucket_mb * (1 << 20) / 4) / 16 * 16);
-    for (int64_t end = total; end > 0; end -= bucket)
-      buckets_.push_back({std::max<int64_t>(0, end - bucket), end, {}, false});
+    for (int64_t end = bounds_.back(); end > bounds_.front(); end -= bucket)
+      buckets_.push_back({std::max<int64_t>(bounds_.front(), end - bucket), end, {}, false});
   }
 }
 
@@ -115,7 +115,9 @@ Transformer::UnitHooks DataParallel::hooks(bool last) {
 
 void DataParallel::zero_gradients() {
   // ZeRO-2 and 3 released every unit's gradients after reduce-scattering them: they read as zero.
-  if (zero_stage_ < 2) store_.grads().zero();
+  if (zero_stage_ < 2)
+    std::memset(store_.grads().data() + bounds_.front(), 0,
+                size_t(bounds_.back() - bounds_.front()) * sizeof(float));
 }
 
 void DataParallel::launch_buckets(int64_t offset) {
@@ -150,7 +152,7 @@ void DataParallel::unit_gradients_done(int unit) {
 DataParallel::OptimizerInputs DataParallel::finish_gradients() {
   const RangeBuffer values = this->values();
   if (zero_stage_ <= 1) {
-    launch_buckets(0);  // anything backward did not announce (none, normally)
+    launch_buckets(bounds_.front());  // anything backward did not announce (none, normally)
     for (Bucket& b : buckets_) {
       exposed_ += b.work.wait();
       b.launched = false;
@@ -169,7 +171,8 @@ DataParallel::OptimizerInputs DataParallel::finish_gradients() {
 }
 
 double DataParallel::grad_sum_of_squares() {
-  if (zero_stage_ < 2) return sum_of_squares(store_.grads().data(), store_.total());
+  if (zero_stage_ < 2)
+    return sum_of_squares(store_.grads().data() + bounds_.front(), bounds_.back() - bounds_.front());
   // Each rank holds one shard: sum the shards' squares over dp_shard, in the group's fixed order,
   // at the double precision the whole buffer's sum has below ZeRO-2.
   return sum_of_doubles(*g_.shard, sum_of_squares(shard_grads_.data(), shard_grads_.size()),
@@ -234,7 +237,7 @@ int DataParallel::checkpoint_file() const {
 }
 
 std::vector<FlatRange> DataParallel::ranges_of(int shard_rank) const {
-  if (zero_stage_ == 0) return {{0, store_.total()}};
+  if (zero_stage_ == 0) return {{bounds_.front(), bounds_.back()}};
   std::vector<FlatRange> out;
   for (int u = 0; u < n_units(); ++u) {
     const int64_t begin = bounds_[u] + shard_rank * slice(u);

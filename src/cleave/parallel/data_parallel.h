@@ -1,5 +1,6 @@
-// The data-parallel family over the flat gradient and parameter buffers (docs/architecture.md,
-// Placements).
+// The data-parallel family over one parameter group's region of the flat gradient and parameter
+// buffers (docs/architecture.md, Placements and Parameter groups): one DataParallel per group,
+// each over the mesh axes the trainer maps the group to.
 // Ranks of dp_replicate hold replicas; ranks of dp_shard shard what zero_stage says:
 //   0  DDP: gradients all-reduced in buckets, each started as soon as backward has finished the
 //      gradients it holds, overlapping the rest of backward; every rank updates everything.
@@ -38,7 +39,7 @@ struct DataParallelGroups {
 
 class DataParallel {
  public:
-  // unit_bounds: Transformer::unit_bounds(), each a multiple of 16 x dp_shard.
+  // unit_bounds: the group's ParamStore::unit_bounds(g), each a multiple of 16 x dp_shard.
   // Under ZeRO-3 the store's values are not materialised: the shards are initialised from seed.
   // Gathering and releasing a unit's values is a write the store is told of (a release also
   // frees the unit's packed weights: ZeRO-3 keeps none between uses).

@@ -222,12 +222,13 @@ nlohmann::json state_file_entries(int index, const ParamStore& params, const Sta
 
 void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
                                 int64_t step, const std::vector<nlohmann::json>& entries_of_file,
-                                int own_file, const std::string& own_checksum,
+                                const std::map<int, std::string>& own_checksums,
                                 int64_t optimizer_steps, int world_size) {
   nlohmann::json tensors = nlohmann::json::object();
   std::map<std::string, std::string> files;  // name -> checksum, "" where another rank wrote it
   for (size_t i = 0; i < entries_of_file.size(); ++i) {
-    files[state_file_name(int(i))] = int(i) == own_file ? own_checksum : "";
+    const auto own = own_checksums.find(int(i));
+    files[state_file_name(int(i))] = own != own_checksums.end() ? own->second : "";
     for (const auto& [name, entry] : entries_of_file[i].items()) {
       nlohmann::json& merged = tensors[name];
       merged["shape"] = entry["shape"];

@@ -8,6 +8,7 @@
 // them, so any layout reads any other's.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,11 +39,11 @@ std::string write_state_file(const std::string& tmp, int index, const ParamStore
 nlohmann::json state_file_entries(int index, const ParamStore& params, const StateSlices& state);
 
 // Once every state file is written: meta.json (file i's entries_of_file[i]) and the folder
-// swapped into place (finish_checkpoint_folder). own_file, own_checksum: the file this rank wrote
-// (-1: none) and what write_state_file returned; the other files are read back for theirs.
+// swapped into place (finish_checkpoint_folder). own_checksums: the files this rank wrote and what
+// write_state_file returned; the other files are read back for theirs.
 void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
                                 int64_t step, const std::vector<nlohmann::json>& entries_of_file,
-                                int own_file, const std::string& own_checksum,
+                                const std::map<int, std::string>& own_checksums,
                                 int64_t optimizer_steps, int world_size);
 
 // The config the checkpoint was written with.

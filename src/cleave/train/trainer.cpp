@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include <omp.h>
 
@@ -109,11 +110,20 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   if (tp_comm_)
     tp_grads_ = std::make_unique<TensorParallelGrads>(model_->params(), *tp_comm_, *tp_group_,
                                                       kv_group_.get());
-  dp_ = std::make_unique<DataParallel>(
-      model_->params(),
-      DataParallelGroups{dp_group_.get(), shard_group_.get(), replicate_group_.get()},
-      cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb, model_->unit_bounds(), t.seed);
-  optim_ = std::make_unique<AdamW>(model_->params(), cfg_.optim, dp_->ranges());
+  // Each parameter group's gradients are reduced and sharded over its axes: "dense" over
+  // dp_replicate x dp_shard, sharded over dp_shard (tp's pending sums come first, by placement).
+  ParamStore& params = model_->params();
+  for (int g = 0; g < params.n_groups(); ++g) {
+    CLEAVE_CHECK(params.group_name(g) == "dense",
+                 "parameter group " << params.group_name(g) << " maps to no mesh axes");
+    GroupParallel part;
+    part.dp = std::make_unique<DataParallel>(
+        params, DataParallelGroups{dp_group_.get(), shard_group_.get(), replicate_group_.get()},
+        cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb, params.unit_bounds(g), t.seed);
+    part.optim = std::make_unique<AdamW>(params, cfg_.optim, part.dp->ranges(),
+                                         cfg_.parallel.zero_stage == 0);
+    groups_.push_back(std::move(part));
+  }
   inputs_.resize(local_batch_ * t.seq_len);
   targets_.resize(inputs_.size());
 
@@ -176,23 +186,43 @@ void Trainer::resolve_peaks() {
   hardware_sum_ = sums[1];
 }
 
+Transformer::UnitHooks Trainer::hooks(bool last) {
+  std::vector<Transformer::UnitHooks> each;
+  for (GroupParallel& part : groups_) each.push_back(part.dp->hooks(last));
+  using Hook = std::function<void(int)>;
+  auto all = [each](Hook Transformer::UnitHooks::*which) -> Hook {
+    return [each, which](int unit) {
+      for (const Transformer::UnitHooks& h : each)
+        if (h.*which) (h.*which)(unit);
+    };
+  };
+  return {all(&Transformer::UnitHooks::before_forward), all(&Transformer::UnitHooks::after_forward),
+          all(&Transformer::UnitHooks::before_backward),
+          all(&Transformer::UnitHooks::after_backward)};
+}
+
 StepResult Trainer::train_step(int64_t step) {
   const TrainConfig& t = cfg_.train;
   const int64_t mb = t.micro_batch_size, T = t.seq_len, accum = t.grad_accum_steps;
   const float grad_scale = 1.0f / float(mb * T * accum);  // the mean over the global batch
-  dp_->zero_gradients();
+  // What validation waited on and sent belongs to no step.
+  for (GroupParallel& part : groups_) part.dp->take_exposed_seconds();
+  if (tp_comm_) tp_comm_->take_exposed_seconds(), tp_comm_->take_bytes();
+  for (GroupParallel& part : groups_) part.dp->zero_gradients();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     train_loader_->fill(inputs_.data(), targets_.data(), uint64_t(step),
                         micro * mb + dp_rank_ * local_batch_, local_batch_);
     // Gradients are synchronised once per step: during the last micro-batch's backward.
-    Transformer::UnitHooks hooks = dp_->hooks(micro == accum - 1);
+    Transformer::UnitHooks hooks = this->hooks(micro == accum - 1);
     // Pending sums over tp ranks complete before the data-parallel reduction of the unit.
     if (tp_grads_ && micro == accum - 1)
       hooks.after_backward = [this, reduce = hooks.after_backward](int unit) {
-        const std::vector<int64_t>& bounds = model_->unit_bounds();
-        tp_grads_->reduce_partial(bounds[size_t(unit)], bounds[size_t(unit) + 1]);
-        if (reduce) reduce(unit);
+        const ParamStore& params = model_->params();
+        for (int g = 0; g < params.n_groups(); ++g)
+          tp_grads_->reduce_partial(params.unit_bounds(g)[size_t(unit)],
+                                    params.unit_bounds(g)[size_t(unit) + 1]);
+        reduce(unit);
       };
     if (gradient_fault_)
       hooks.after_backward = [this, step, reduce = hooks.after_backward](int unit) {
@@ -203,21 +233,24 @@ StepResult Trainer::train_step(int64_t step) {
     for (int64_t i = 0; i < local_batch_ * T; ++i) loss_sum += model_->losses()[i];
     model_->backward(&hooks);
   }
-  const DataParallel::OptimizerInputs shard = dp_->finish_gradients();
+  for (GroupParallel& part : groups_) part.shard = part.dp->finish_gradients();
   StepResult r;
   r.loss = sum_of_doubles(*dp_group_, loss_sum) / double(mb * T * accum);
-  if (tp_grads_) {
+  double squares = 0;
+  for (GroupParallel& part : groups_) {
+    if (!tp_grads_) {
+      squares += part.dp->grad_sum_of_squares();
+      continue;
+    }
     // Each global element once: sharded tensors from every tp rank, replicated ones from one.
-    double local = tp_grads_->owned_sum_of_squares(dp_->ranges(), shard.grads);
-    double waited = 0;
-    if (cfg_.parallel.zero_stage > 0) local = sum_of_doubles(*shard_group_, local, &waited);
-    r.grad_norm = std::sqrt(tp_grads_->sum_over_tp(local, &waited));
-    r.exposed_tp_s += waited;
-  } else {
-    r.grad_norm = std::sqrt(dp_->grad_sum_of_squares());
+    double local = tp_grads_->owned_sum_of_squares(part.dp->ranges(), part.shard.grads);
+    if (cfg_.parallel.zero_stage > 0) local = sum_of_doubles(*shard_group_, local, &r.exposed_dp_s);
+    squares += local;
   }
+  if (tp_grads_) squares = tp_grads_->sum_over_tp(squares, &r.exposed_tp_s);
+  r.grad_norm = std::sqrt(squares);
   // Both are the same on every rank, so every rank stops here alike, before anything is applied.
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) stop_non_finite(step, r, shard);
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) stop_non_finite(step, r);
   float clip = 1.0f;
   if (cfg_.optim.grad_clip > 0 && r.grad_norm > cfg_.optim.grad_clip)
     clip = float(cfg_.optim.grad_clip / r.grad_norm);
@@ -225,9 +258,11 @@ StepResult Trainer::train_step(int64_t step) {
   // With the whole optimizer step on every rank (DDP, or one process), AdamW has the store pack
   // each linear weight band by band as it writes it, from cache; under ZeRO the weights are
   // packed at their next product, once gathered.
-  optim_->step(shard.values, shard.grads, r.lr, clip);
-  dp_->after_optimizer_step();
-  r.exposed_dp_s = dp_->take_exposed_seconds();
+  for (GroupParallel& part : groups_) {
+    part.optim->step(part.shard.values, part.shard.grads, r.lr, clip);
+    part.dp->after_optimizer_step();
+    r.exposed_dp_s += part.dp->take_exposed_seconds();
+  }
   if (tp_comm_) {
     r.exposed_tp_s += tp_comm_->take_exposed_seconds();
     r.tp_bytes = tp_comm_->take_bytes();
@@ -235,22 +270,22 @@ StepResult Trainer::train_step(int64_t step) {
   return r;
 }
 
-void Trainer::stop_non_finite(int64_t step, const StepResult& r,
-                              const DataParallel::OptimizerInputs& shard) {
+void Trainer::stop_non_finite(int64_t step, const StepResult& r) {
   // The first tensor (in the store's order) whose gradient this rank holds a non-finite value of;
   // the smallest over the data-parallel ranks is the first of the whole model.
   ParamStore& params = model_->params();
   const float none = float(params.tensors().size());
   float first = none;
-  for (const TensorPiece& p : tensor_pieces(params, dp_->ranges())) {
-    if (float(p.tensor) >= first) continue;
-    const float* g = p.in(shard.grads);
-    for (int64_t i = 0; i < p.end - p.begin; ++i)
-      if (!std::isfinite(g[i])) {
-        first = float(p.tensor);
-        break;
-      }
-  }
+  for (const GroupParallel& part : groups_)
+    for (const TensorPiece& p : tensor_pieces(params, part.dp->ranges())) {
+      if (float(p.tensor) >= first) continue;
+      const float* g = p.in(part.shard.grads);
+      for (int64_t i = 0; i < p.end - p.begin; ++i)
+        if (!std::isfinite(g[i])) {
+          first = float(p.tensor);
+          break;
+        }
+    }
   std::vector<float> firsts(static_cast<size_t>(dp_size_));
   dp_group_->all_gather(&first, firsts.data(), 1, CommType::f32, CommAlgo::ours).wait();
   const int tensor = int(*std::min_element(firsts.begin(), firsts.end()));
@@ -268,14 +303,15 @@ double Trainer::validate() {
   const TrainConfig& t = cfg_.train;
   const int64_t mb = t.micro_batch_size, T = t.seq_len;
   double sum = 0;
-  const Transformer::UnitHooks hooks = dp_->hooks(false);
+  const Transformer::UnitHooks hooks = this->hooks(false);
   for (int64_t b = 0; b < t.val_batches; ++b) {
     val_loader_->fill(inputs_.data(), targets_.data(), uint64_t(b), dp_rank_ * local_batch_,
                       local_batch_);
     model_->forward(inputs_.data(), targets_.data(), local_batch_, T, 0.0f, &hooks);
     for (int64_t i = 0; i < local_batch_ * T; ++i) sum += model_->losses()[i];
   }
-  dp_->release_parameters();  // ZeRO-3: the head stayed gathered for a backward that never came
+  // ZeRO-3: the head stayed gathered for a backward that never came.
+  for (GroupParallel& part : groups_) part.dp->release_parameters();
   return sum_of_doubles(*dp_group_, sum) / double(t.val_batches * mb * T);
 }
 
@@ -443,28 +479,32 @@ void Trainer::save_checkpoint() {
   const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
   if (rank_ == 0) begin_checkpoint_folder(dir, job_tag_);
   world_group_->barrier().wait();
-  const int files_per_tp = dp_->checkpoint_files();
-  const int file = dp_->checkpoint_file() >= 0
-                       ? tp_group_->rank() * files_per_tp + dp_->checkpoint_file()
-                       : -1;
-  std::string checksum, entries;
-  if (file >= 0) {
-    const StateSlices state{dp_->ranges(), dp_->values(), {optim_->m().data(), true},
-                            {optim_->v().data(), true}, tp_grads_ ? tp_grads_->copy() : TpCopy{}};
-    checksum = write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params, state);
-    entries = nlohmann::json{{"file", file}, {"tensors", state_file_entries(file, params, state)}}
-                  .dump();
+  // Files: per tp rank, each group's data-parallel files one after the other.
+  int files_per_tp = 0;
+  for (GroupParallel& part : groups_) files_per_tp += part.dp->checkpoint_files();
+  std::map<int, std::string> checksums;  // of the files this rank wrote
+  nlohmann::json entries = nlohmann::json::array();
+  int group_first = 0;
+  for (GroupParallel& part : groups_) {
+    const int own = part.dp->checkpoint_file();
+    if (own >= 0) {
+      const int file = tp_group_->rank() * files_per_tp + group_first + own;
+      const StateSlices state{part.dp->ranges(), part.dp->values(),
+                              {part.optim->m().data(), true}, {part.optim->v().data(), true},
+                              tp_grads_ ? tp_grads_->copy() : TpCopy{}};
+      checksums[file] = write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params, state);
+      entries.push_back({{"file", file}, {"tensors", state_file_entries(file, params, state)}});
+    }
+    group_first += part.dp->checkpoint_files();
   }
-  const std::vector<std::string> listed = gather_strings(entries, rank_, world_);
+  const std::vector<std::string> listed = gather_strings(entries.dump(), rank_, world_);
   if (rank_ == 0) {
     std::vector<nlohmann::json> entries_of_file(size_t(files_per_tp * tp_group_->size()));
-    for (const std::string& e : listed) {
-      if (e.empty()) continue;
-      const nlohmann::json j = nlohmann::json::parse(e);
-      entries_of_file[j["file"].get<size_t>()] = j["tensors"];
-    }
-    finish_training_checkpoint(dir, job_tag_, cfg_, step_, entries_of_file, file, checksum,
-                               optim_->steps_taken(), world_);
+    for (const std::string& e : listed)
+      for (const nlohmann::json& j : nlohmann::json::parse(e))
+        entries_of_file[j["file"].get<size_t>()] = j["tensors"];
+    finish_training_checkpoint(dir, job_tag_, cfg_, step_, entries_of_file, checksums,
+                               groups_.front().optim->steps_taken(), world_);
     std::printf("saved checkpoint %s\n", dir.c_str());
     // Keep the newest keep_checkpoints folders.
     std::vector<int64_t> steps;
@@ -486,12 +526,16 @@ void Trainer::load_checkpoint(const std::string& dir) {
   const LoadedCheckpoint ck = read_checkpoint_folder(dir);
   step_ = checkpoint_step(ck, dir, cfg_);
   ParamStore& params = model_->params();
-  const std::vector<FlatRange> all = {{0, params.total()}};
-  const RangeBuffer values = dp_->values();
-  read_state(ck, dir, params, "param", values.packed ? dp_->ranges() : all, values);
-  read_state(ck, dir, params, "adam_m", dp_->ranges(), {optim_->m().data(), true});
-  read_state(ck, dir, params, "adam_v", dp_->ranges(), {optim_->v().data(), true});
-  optim_->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
+  for (int g = 0; g < params.n_groups(); ++g) {
+    GroupParallel& part = groups_[size_t(g)];
+    // Below ZeRO-3 every rank holds the group's whole values; its optimizer state is its ranges.
+    const std::vector<FlatRange> region = {{params.unit_bounds(g).front(), params.unit_bounds(g).back()}};
+    const RangeBuffer values = part.dp->values();
+    read_state(ck, dir, params, "param", values.packed ? part.dp->ranges() : region, values);
+    read_state(ck, dir, params, "adam_m", part.dp->ranges(), {part.optim->m().data(), true});
+    read_state(ck, dir, params, "adam_v", part.dp->ranges(), {part.optim->v().data(), true});
+    part.optim->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
+  }
   params.wrote_all();
 }
 

@@ -52,8 +52,7 @@ class Trainer {
   void resolve_peaks();
   // Every rank alike, before the update: names the step and the first tensor whose gradient holds
   // a non-finite value (a collective over the data-parallel ranks).
-  [[noreturn]] void stop_non_finite(int64_t step, const StepResult& r,
-                                    const DataParallel::OptimizerInputs& shard);
+  [[noreturn]] void stop_non_finite(int64_t step, const StepResult& r);
 
   Config cfg_;
   int world_ = 1, rank_ = 0;
@@ -67,8 +66,15 @@ class Trainer {
   std::unique_ptr<TokenShard> train_shard_, val_shard_;
   std::unique_ptr<BatchLoader> train_loader_, val_loader_;
   std::unique_ptr<Transformer> model_;
-  std::unique_ptr<DataParallel> dp_;
-  std::unique_ptr<AdamW> optim_;
+  // Per parameter group (ParamStore::add_group): its data parallelism over the axes the group
+  // maps to, and its optimizer.
+  struct GroupParallel {
+    std::unique_ptr<DataParallel> dp;
+    std::unique_ptr<AdamW> optim;
+    DataParallel::OptimizerInputs shard;  // after finish_gradients
+  };
+  std::vector<GroupParallel> groups_;
+  Transformer::UnitHooks hooks(bool last_micro_batch);  // every group's, in group order
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;  // steps completed
   std::string job_tag_;  // rank 0's pid: names the temporary folder all ranks write a checkpoint to
