@@ -78,6 +78,7 @@ $compare "$work/ref" "$work/gpt2-tp2-checked"
 # Each rank keeps one of the 2 kv heads, shared with one other rank.
 run ref-kv2 1 "${one_micro[@]}" "${llama_kv2[@]}"
 layout ref-kv2 llama-kv2-tp4 4 "${one_micro[@]}" "${llama_kv2[@]}" --set parallel.tp=4
+tp_bytes llama-kv2-tp4 4 "${one_micro[@]}" "${llama_kv2[@]}" --set parallel.tp=4
 run ref-v257 1 "${one_micro[@]}" "${vocab257[@]}"
 layout ref-v257 v257-tp2 2 "${one_micro[@]}" "${vocab257[@]}" --set parallel.tp=2
 layout ref-v257 v257-tp4-sp 4 "${one_micro[@]}" "${vocab257[@]}" --set parallel.tp=4 "${sp[@]}"

@@ -83,7 +83,7 @@ void Block::reserve(int64_t B, int64_t T) {
   qkv_act_.resize(N * share_.qkv_dim(int(hd)));
   o_.resize(N * share_.heads * hd);
   lse_.resize(N * share_.heads);
-  x_mid_.resize(N * d);  // all rows: without sequence parallelism attn.out's sum lands here
+  x_mid_.resize(n * d);
   h2_.resize(n * d);
   fc_act_.resize(N * fc_.gemm().out_features());
   act_.resize(N * share_.ffn);

@@ -1,5 +1,5 @@
 // Tensor parallelism as the model sees it (docs/tensor_parallel.md): the tp group behind an
-// interface (the model does not link MPI; parallel/tp_group.cpp implements it over a Group),
+// interface (the model does not link MPI; parallel/tensor_parallel.cpp implements it over a Group),
 // Megatron's conjugate pairs of collectives, each a forward and its backward, and the share of
 // heads, hidden units and vocabulary one tp rank holds.
 #pragma once

@@ -58,7 +58,7 @@ void Transformer::reserve(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
   const int64_t N = B * T, n = local_rows(N), d = cfg_.d_model;
   resid_.resize(cfg_.n_layers + 1);
-  for (auto& r : resid_) r.resize(N * d);  // all rows: the embedding's sum lands in resid_[0]
+  for (auto& r : resid_) r.resize(n * d);
   hf_.resize(n * d);
   d_hf_.resize(N * d);
   logits_.resize(N * share_.vocab_rows);

@@ -54,7 +54,7 @@ int64_t GroupTpComm::take_bytes() {
 }
 
 TensorParallelGrads::TensorParallelGrads(ParamStore& store, GroupTpComm& tp, Group& tp_group,
-                                         Group* kv_replicas)
+                                         GroupTpComm* kv_replicas)
     : store_(store), tp_(tp), tp_group_(tp_group), kv_(kv_replicas) {}
 
 void TensorParallelGrads::reduce_partial(int64_t begin, int64_t end) {
@@ -68,9 +68,7 @@ void TensorParallelGrads::reduce_partial(int64_t begin, int64_t end) {
       if (s.grad_sum != GradSum::kv_replicas) continue;
       CLEAVE_CHECK(kv_ && p.shard_dim == 0, t.name << ": replicated kv rows without a kv group");
       const int64_t cols = t.numel / t.shape[0];
-      Work w = kv_->all_reduce(store_.grad(i) + s.local * cols, s.length * cols, CommType::f32,
-                               CommAlgo::ours);
-      pending.push_back([w]() mutable { w.wait(); });
+      pending.push_back(kv_->all_reduce(store_.grad(i) + s.local * cols, s.length * cols));
     }
   }
   for (auto& wait : pending) wait();

@@ -37,7 +37,8 @@ class GroupTpComm final : public TpComm {
 class TensorParallelGrads {
  public:
   // kv_replicas: the tp ranks that share this rank's kv head (null when kv heads are split).
-  TensorParallelGrads(ParamStore& store, GroupTpComm& tp, Group& tp_group, Group* kv_replicas);
+  TensorParallelGrads(ParamStore& store, GroupTpComm& tp, Group& tp_group,
+                      GroupTpComm* kv_replicas);
   // After backward finished the tensors in the flat range [begin, end) (a unit): sums the
   // gradients that are pending sums over tp, or over the kv head's replicas, and waits.
   void reduce_partial(int64_t begin, int64_t end);
@@ -53,7 +54,7 @@ class TensorParallelGrads {
   ParamStore& store_;
   GroupTpComm& tp_;
   Group& tp_group_;
-  Group* kv_;
+  GroupTpComm* kv_;
 };
 
 }  // namespace cleave

@@ -24,8 +24,13 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Mesh& mesh) {
       Transformer::planned(m, tp, cfg.parallel.sequence_parallel);
   const ParamStore& store = model->params();
   double partial = 0;  // floats of gradients summed over tp (sequence parallelism's norms)
-  for (const ParamTensor& p : store.tensors())
+  double kv = 0;       // and over the ranks sharing a kv head
+  for (const ParamTensor& p : store.tensors()) {
     if (p.placement.shard_dim < 0 && p.placement.grad_sum == GradSum::tp) partial += double(p.numel);
+    for (const Segment& s : p.placement.segments)
+      if (s.grad_sum == GradSum::kv_replicas) kv += double(s.length * (p.numel / p.shape[0]));
+  }
+  const int kv_replicas = tp > m.n_kv_heads ? tp / m.n_kv_heads : 1;
   std::vector<AxisVolume> out;
   if (tp > 1) {
     // Per micro-batch: 2 all-reduces of the rows per block each way, the embedding's sum, the
@@ -33,12 +38,15 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Mesh& mesh) {
     // parallelism each all-reduce is an all-gather plus a reduce-scatter: the same volume.
     const double activations = (4 * layers + 2) * ring_all_reduce(rows, tp);
     const double loss = 3 * tokens * 4 * (tp - 1);
-    out.push_back({"tp", accum * (activations + loss) + ring_all_reduce(partial, tp),
+    out.push_back({"tp", accum * (activations + loss) + ring_all_reduce(partial, tp) +
+                             ring_all_reduce(kv, kv_replicas),
                    std::to_string(int(4 * layers + 2)) + (cfg.parallel.sequence_parallel
                        ? " all-gather + reduce-scatter pairs" : " all-reduces") +
                        " of b x s x h per micro-batch (2 per block each way, embedding, head), and "
                        "the loss's all-gather of 3 floats per token" +
-                       (partial > 0 ? "; the norms' gradients all-reduced once per step" : "")});
+                       (partial > 0 ? "; the norms' gradients all-reduced once per step" : "") +
+                       (kv > 0 ? "; the replicated kv heads' gradients all-reduced once per step"
+                               : "")});
   }
   if (dp > 1) {
     const double P = double(store.count());

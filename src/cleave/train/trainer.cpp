@@ -109,7 +109,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
                                          cfg_.parallel.zero_stage < 3, tp);
   if (tp_comm_)
     tp_grads_ = std::make_unique<TensorParallelGrads>(model_->params(), *tp_comm_, *tp_group_,
-                                                      kv_group_.get());
+                                                      kv_comm_.get());
   // Each parameter group's gradients are reduced and sharded over its axes: "dense" over
   // dp_replicate x dp_shard, sharded over dp_shard (tp's pending sums come first, by placement).
   ParamStore& params = model_->params();
@@ -149,6 +149,7 @@ void Trainer::make_tp_groups() {
   MPI_Comm_split(tp_group_->comm(), share.first_kv_head, tp_group_->rank(), &kv);
   kv_group_ = std::make_unique<Group>(kv, "tp_kv");
   MPI_Comm_free(&kv);
+  kv_comm_ = std::make_unique<GroupTpComm>(*kv_group_);
 }
 
 void Trainer::resolve_peaks() {
@@ -207,7 +208,8 @@ StepResult Trainer::train_step(int64_t step) {
   const float grad_scale = 1.0f / float(mb * T * accum);  // the mean over the global batch
   // What validation waited on and sent belongs to no step.
   for (GroupParallel& part : groups_) part.dp->take_exposed_seconds();
-  if (tp_comm_) tp_comm_->take_exposed_seconds(), tp_comm_->take_bytes();
+  for (GroupTpComm* c : {tp_comm_.get(), kv_comm_.get()})
+    if (c) c->take_exposed_seconds(), c->take_bytes();
   for (GroupParallel& part : groups_) part.dp->zero_gradients();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
@@ -263,10 +265,12 @@ StepResult Trainer::train_step(int64_t step) {
     part.dp->after_optimizer_step();
     r.exposed_dp_s += part.dp->take_exposed_seconds();
   }
-  if (tp_comm_) {
-    r.exposed_tp_s += tp_comm_->take_exposed_seconds();
-    r.tp_bytes = tp_comm_->take_bytes();
-  }
+  // The kv replicas are tp ranks: their sums count as the tp axis's.
+  for (GroupTpComm* c : {tp_comm_.get(), kv_comm_.get()})
+    if (c) {
+      r.exposed_tp_s += c->take_exposed_seconds();
+      r.tp_bytes += c->take_bytes();
+    }
   return r;
 }
 

@@ -59,7 +59,7 @@ class Trainer {
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<Group> world_group_, dp_group_, shard_group_, replicate_group_, tp_group_,
       kv_group_;
-  std::unique_ptr<GroupTpComm> tp_comm_;          // tp > 1
+  std::unique_ptr<GroupTpComm> tp_comm_, kv_comm_;  // tp > 1; kv_comm_ with replicated kv heads
   std::unique_ptr<TensorParallelGrads> tp_grads_;  // tp > 1
   int dp_size_ = 1, dp_rank_ = 0;
   int64_t local_batch_ = 0;  // samples of each micro-batch on this rank
