@@ -87,11 +87,6 @@ void Block::reserve(int64_t B, int64_t T) {
   h2_.resize(n * d);
   fc_act_.resize(N * fc_.gemm().out_features());
   act_.resize(N * share_.ffn);
-  if (tp_.sequence_parallel) {
-    h1_full_.resize(N * d);
-    h2_full_.resize(N * d);
-    partial_.resize(N * d);
-  }
   norm1_.reserve(n);
   norm2_.reserve(n);
   B_ = B, T_ = T;
@@ -111,6 +106,8 @@ void Block::reserve_grads(BlockGrads& g, int64_t N) const {
     g.d_xmid_full.resize(N * d);
     g.d_h2_full.resize(N * d);
     g.d_h1_full.resize(N * d);
+    g.gathered.resize(N * d);
+    g.partial.resize(N * d);
   }
 }
 
@@ -151,10 +148,13 @@ void Block::forward_impl(float* x_out, const float* x_in, int64_t B, int64_t T, 
   const int64_t qkv_dim = share_.qkv_dim(int(hd));
   const int64_t pos0 = cache ? cache->length : 0;
   const bool sp = tp_.sequence_parallel;
+  CLEAVE_CHECK(!sp || shared_, name_ << ": sequence parallelism without shared scratch");
+  float* gathered = sp ? shared_->gathered.data() : nullptr;
+  float* partial = sp ? shared_->partial.data() : nullptr;
   x_in_ = x_in;
 
   norm1_.forward(h1_.data(), x_in, n);
-  const float* h1 = enter_column(h1_.data(), h1_full_.data(), N, "attn.qkv");
+  const float* h1 = enter_column(h1_.data(), gathered, N, "attn.qkv");
   qkv_.forward(qkv_act_.data(), h1, N);
   if (rope_)  // q and k heads are adjacent at the start of each row: rotate them together
     kernels::rope_forward(qkv_act_.data(), *rope_, B, T, heads + kv_heads, qkv_dim, pos0);
@@ -173,20 +173,20 @@ void Block::forward_impl(float* x_out, const float* x_in, int64_t B, int64_t T, 
     const float* q = qkv_act_.data();
     kernels::attention_forward(o_.data(), lse_.data(), q, q + q_dim, q + q_dim + kv_dim, s);
   }
-  out_.forward(sp ? partial_.data() : x_mid_.data(), o_.data(), N);
-  leave_row(partial_.data(), x_mid_.data(), N);
+  out_.forward(sp ? partial : x_mid_.data(), o_.data(), N);
+  leave_row(partial, x_mid_.data(), N);
   out_.add_bias(x_mid_.data(), n);
   kernels::add_inplace(x_mid_.data(), x_in, n * d);
 
   norm2_.forward(h2_.data(), x_mid_.data(), n);
-  const float* h2 = enter_column(h2_.data(), h2_full_.data(), N, "mlp.fc");
+  const float* h2 = enter_column(h2_.data(), gathered, N, "mlp.fc");
   fc_.forward(fc_act_.data(), h2, N);
   if (cfg_.family == Family::gpt2)
     kernels::gelu_forward(act_.data(), fc_act_.data(), N * share_.ffn);
   else
     kernels::swiglu_forward(act_.data(), fc_act_.data(), N, share_.ffn);
-  proj_.forward(sp ? partial_.data() : x_out, act_.data(), N);
-  leave_row(partial_.data(), x_out, N);
+  proj_.forward(sp ? partial : x_out, act_.data(), N);
+  leave_row(partial, x_out, N);
   proj_.add_bias(x_out, n);
   kernels::add_inplace(x_out, x_mid_.data(), n * d);
 }
@@ -215,11 +215,18 @@ void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
     return sp ? tp_pairs::gather_backward(*comm, full, local, n * d)
               : tp_pairs::copy_backward(*comm, local, N * d);
   };
-  const float* h1 = sp ? h1_full_.data() : h1_.data();
-  const float* h2 = sp ? h2_full_.data() : h2_.data();
+  // Under sequence parallelism the column-parallel inputs are gathered again for the weight
+  // gradients, each started ahead of the products before it.
+  auto regather = [&](const float* local) -> TpComm::Wait {
+    if (!sp) return [] {};
+    return tp_pairs::gather_forward(*comm, local, g.gathered.data(), n * d);
+  };
+  const float* h1 = sp ? g.gathered.data() : h1_.data();
+  const float* h2 = sp ? g.gathered.data() : h2_.data();
   float* d_h2_full = sp ? g.d_h2_full.data() : g.d_h2.data();
   float* d_h1_full = sp ? g.d_h1_full.data() : g.d_h1.data();
 
+  TpComm::Wait h2_ready = regather(h2_.data());
   const float* dy = enter_row(dx_out, g.dy_full.data());
   proj_.backward_input(g.d_act.data(), dy, N, false);
   if (cfg_.family == Family::gpt2)
@@ -229,6 +236,7 @@ void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
   fc_.backward_input(d_h2_full, g.d_fc.data(), N, false);
   TpComm::Wait reduced = start_column_reduce(d_h2_full, g.d_h2.data());
   proj_.backward_weight(dy, act_.data(), N);
+  h2_ready();
   fc_.backward_weight(g.d_fc.data(), h2, N);
   reduced();
   std::memcpy(g.d_xmid.data(), dx_out, n * d * sizeof(float));
@@ -236,6 +244,7 @@ void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
   norm2_.backward_weight(g.d_h2.data(), x_mid_.data(), n);
 
   const float* d_xmid = enter_row(g.d_xmid.data(), g.d_xmid_full.data());
+  TpComm::Wait h1_ready = regather(h1_.data());
   out_.backward_input(g.d_o.data(), d_xmid, N, false);
   const kernels::AttentionShape s{B, T, heads, kv_heads, int(hd), qkv_dim, qkv_dim};
   const float* q = qkv_act_.data();
@@ -246,6 +255,7 @@ void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
   qkv_.backward_input(d_h1_full, g.d_qkv.data(), N, false);
   reduced = start_column_reduce(d_h1_full, g.d_h1.data());
   out_.backward_weight(d_xmid, o_.data(), N);
+  h1_ready();
   qkv_.backward_weight(g.d_qkv.data(), h1, N);
   reduced();
   std::memcpy(dx_in, g.d_xmid.data(), n * d * sizeof(float));

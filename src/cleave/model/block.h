@@ -25,11 +25,14 @@ struct KVCache {
   int64_t length = 0;  // positions filled
 };
 
-// Scratch of a block's backward, shared among blocks. Full: every row; local: the rank's rows
+// Scratch shared among blocks (the model holds one). Full: every row; local: the rank's rows
 // (the same under sequence parallelism off).
 struct BlockGrads {
   Buffer<float> d_act, d_fc, d_h2, d_xmid, d_o, d_qkv, d_h1;
-  Buffer<float> dy_full, d_xmid_full, d_h2_full, d_h1_full;  // sequence parallelism only
+  // Sequence parallelism only. A column-parallel linear's input is gathered into `gathered` for
+  // its forward and again for its weight gradient (as Megatron does), so no block keeps a full-row
+  // copy; `partial` holds a row-parallel linear's sums before their reduce-scatter.
+  Buffer<float> dy_full, d_xmid_full, d_h2_full, d_h1_full, gathered, partial;
 };
 
 class Block {
@@ -37,6 +40,7 @@ class Block {
   Block(ParamStore& store, int layer, const ModelConfig& cfg, Precision precision,
         const kernels::RopeTable* rope, const TensorParallelOptions& tp = {});
   void bind(ParamStore& store);
+  void share_scratch(BlockGrads* g) { shared_ = g; }  // needed under sequence parallelism
   void reserve(int64_t B, int64_t T);
   void reserve_grads(BlockGrads& g, int64_t N) const;
 
@@ -69,7 +73,7 @@ class Block {
   int64_t B_ = 0, T_ = 0;
   const float* x_in_ = nullptr;
   Buffer<float> h1_, qkv_act_, o_, lse_, x_mid_, h2_, fc_act_, act_;
-  Buffer<float> h1_full_, h2_full_, partial_;  // sequence parallelism only
+  BlockGrads* shared_ = nullptr;
 };
 
 }  // namespace cleave

@@ -49,7 +49,10 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
   head_gemm_ = std::make_unique<LinearGemm>(c.d_model, int(share_.vocab_rows), precision);
 
   store_.allocate(seed, pad_multiple, materialise);
-  for (auto& b : blocks_) b->bind(store_);
+  for (auto& b : blocks_) {
+    b->bind(store_);
+    b->share_scratch(&grads_);
+  }
   final_norm_->bind(store_);
   store_.keep_packed(head_, head_gemm_.get());
 }

@@ -35,14 +35,18 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Mesh& mesh) {
   if (tp > 1) {
     // Per micro-batch: 2 all-reduces of the rows per block each way, the embedding's sum, the
     // head's input gradient; the loss's all-gather of 3 floats per token. With sequence
-    // parallelism each all-reduce is an all-gather plus a reduce-scatter: the same volume.
-    const double activations = (4 * layers + 2) * ring_all_reduce(rows, tp);
+    // parallelism each all-reduce is an all-gather plus a reduce-scatter, the same volume, and
+    // backward gathers each block's two column-parallel inputs again (none is kept).
+    const bool sp = cfg.parallel.sequence_parallel;
+    const double activations = (4 * layers + 2) * ring_all_reduce(rows, tp) +
+                               (sp ? 2 * layers * ring_gather(rows, tp) : 0);
     const double loss = 3 * tokens * 4 * (tp - 1);
     out.push_back({"tp", accum * (activations + loss) + ring_all_reduce(partial, tp) +
                              ring_all_reduce(kv, kv_replicas),
-                   std::to_string(int(4 * layers + 2)) + (cfg.parallel.sequence_parallel
-                       ? " all-gather + reduce-scatter pairs" : " all-reduces") +
-                       " of b x s x h per micro-batch (2 per block each way, embedding, head), and "
+                   std::to_string(int(4 * layers + 2)) +
+                       (sp ? " all-gather + reduce-scatter pairs" : " all-reduces") +
+                       " of b x s x h per micro-batch (2 per block each way, embedding, head), " +
+                       (sp ? "2 all-gathers per block again in backward, " : "") +
                        "the loss's all-gather of 3 floats per token" +
                        (partial > 0 ? "; the norms' gradients all-reduced once per step" : "") +
                        (kv > 0 ? "; the replicated kv heads' gradients all-reduced once per step"
