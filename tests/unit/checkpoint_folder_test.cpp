@@ -106,7 +106,7 @@ TEST_F(CheckpointFolderTest, Roundtrip) {
   EXPECT_EQ(ck.meta["tokens_seen"], 819200);
   EXPECT_EQ(ck.meta["config"]["d_model"], 8);
   EXPECT_EQ(ck.meta["format"], "cleave-checkpoint");
-  EXPECT_EQ(ck.meta["version"], 2);
+  EXPECT_EQ(ck.meta["version"], 3);
   const std::string file = dir + "/model-rank00000.safetensors";
   EXPECT_EQ(ck.meta["files"]["model-rank00000.safetensors"], cleave::file_checksum(file));
   EXPECT_EQ(ck.files[0].path(), file);
@@ -181,10 +181,10 @@ TEST_F(CheckpointFolderTest, MissingPiecesAreNamed) {
   EXPECT_NE(msg.find(meta_path), std::string::npos) << msg;
 
   m = nlohmann::json::parse(meta_text);
-  m["version"] = 3;
+  m["version"] = 4;
   write_text(meta_path, m.dump());
   msg = error_of([&] { cleave::read_checkpoint_folder(dir); });
-  EXPECT_NE(msg.find("unsupported checkpoint version 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unsupported checkpoint version 4"), std::string::npos) << msg;
 
   m = nlohmann::json::parse(meta_text);
   m["files"]["model-rank00001.safetensors"] = "0123456789abcdef";

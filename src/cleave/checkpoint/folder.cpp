@@ -26,7 +26,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "cleave-checkpoint";
-constexpr int kVersion = 2;  // 2: a tensor may be split in pieces over several files
+// 2: a tensor may be split in pieces over several files; 3: a piece is a box of the global tensor
+constexpr int kVersion = 3;
 
 std::string errno_text() { return std::strerror(errno); }
 

@@ -141,6 +141,16 @@ int64_t ParamStore::count() const {
   return n;
 }
 
+int64_t ParamStore::global_count() const {
+  int64_t n = 0;
+  for (auto& t : tensors_) {
+    int64_t numel = 1;
+    for (int64_t d : t.global_shape()) numel *= d;
+    n += numel;
+  }
+  return n;
+}
+
 std::vector<TensorPiece> tensor_pieces(const ParamStore& store, const std::vector<FlatRange>& ranges) {
   std::vector<TensorPiece> out;
   int64_t base = 0;  // where the current range starts in a packed buffer

@@ -196,7 +196,7 @@ std::string write_state_file(const std::string& tmp, int index, const ParamStore
                        uint64_t(count) * 4});
   }
   return write_safetensors(tmp + "/" + state_file_name(index), views,
-                           {{"format", "cleave-checkpoint"}, {"rank", std::to_string(index)}});
+                           {{"format", "cleave-checkpoint"}, {"file", std::to_string(index)}});
 }
 
 nlohmann::json state_file_entries(int index, const ParamStore& params, const StateSlices& state) {
@@ -238,7 +238,6 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag, 
   }
   const nlohmann::json meta = {
       {"step", step},
-      {"format_version", 3},
       {"config", to_toml(cfg)},
       {"data", {{"seed", cfg.train.seed}, {"next_step", step}}},
       {"optimizer", {{"name", "adamw"}, {"steps_taken", optimizer_steps}}},

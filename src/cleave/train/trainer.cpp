@@ -331,7 +331,7 @@ void Trainer::run(int64_t exit_after) {
                  rank_, CPU_COUNT(&cpus), omp_get_max_threads(), omp_get_max_threads());
   if (rank_ == 0) {
     std::cout << "cleave: " << family_name(cfg_.model.family) << " model, "
-              << model_->params().count() << " parameters, "
+              << model_->params().global_count() << " parameters, "
               << (t.dtype == Precision::bf16 ? "bf16" : "fp32") << ", " << world_ << " rank"
               << (world_ > 1 ? "s" : "") << " (dp_replicate " << replicate_group_->size()
               << " x dp_shard " << shard_group_->size() << " x tp " << tp_group_->size()
