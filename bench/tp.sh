@@ -13,11 +13,13 @@
 #     h d_model); the vocabulary-parallel loss's all-gather of 3 floats per token (3 b s 4 (t-1)).
 #   SP on: the same volume as all-gathers and reduce-scatters (per block 2 + 2 forward and 2 + 2
 #     backward; the embedding's reduce-scatter and backward all-gather, the head input's
-#     all-gather and backward reduce-scatter), the loss's all-gather, and the all-reduce of the
-#     gradients that are sums over tp ranks under SP: the norms' (2 layers + 1 of them) and the
-#     position embedding's (max_seq_len rows, GPT-2).
-# The gradient norm's sum over tp is not counted by cleave (it is 8 bytes). Validation is off
-# (train.val_interval=0), so every step's bytes are training's. Benchmarks are not CI gates.
+#     all-gather and backward reduce-scatter), plus per block the 2 all-gathers again in backward
+#     of the column-parallel inputs h1, h2 (docs/tensor_parallel.md: SP keeps no full rows), the
+#     loss's all-gather, and the all-reduce of the gradients that are sums over tp ranks under SP:
+#     the norms' (2 layers + 1 of them) and the position embedding's (max_seq_len rows, GPT-2).
+# The gradient norm's sum over tp is not counted in the bytes (it is 8). Also printed: the tp bytes
+# `cleave mesh` predicts from the config. Validation is off (train.val_interval=0), so every step's
+# bytes are training's. Benchmarks are not CI gates.
 # Usage: bench/tp.sh [VOCAB=8192] [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -94,19 +96,25 @@ theory() {
     loss = 3 * b * s * 4 * (t - 1)
     if (sp == 0) { act = (4 * L + 2) * 2 * (t - 1) / t * n * 4; par = 0 }
     else {
-      act = (8 * L + 4) * (t - 1) / t * n * 4
+      act = (10 * L + 4) * (t - 1) / t * n * 4
       par = 2 * (t - 1) / t * ((gpt2 ? 2 : 1) * (2 * L + 1) * h + (gpt2 ? ms * h : 0)) * 4
     }
     printf "%.0f %.0f %.0f %.0f", act + loss + par, act, loss, par }'
 }
+mesh() {  # sp -> the tp bytes per rank per step that `cleave mesh` predicts
+  ./build/cleave mesh "$cfg" --world 2 --set model.vocab_size="$vocab" --set parallel.tp=2 \
+    --set parallel.sequence_parallel="$1" | sed -n 's/^ *tp .*(\([0-9]*\) bytes).*/\1/p'
+}
 mb() { awk -v x="$1" 'BEGIN {printf "%.3f", x / 1e6}'; }
-printf "%-6s %-7s %12s %12s %7s   %s\n" dtype layout "measured MB" "theory MB" ratio \
-  "theory: activations + loss all-gather + SP parameter-gradient sums (MB)"
+printf "%-6s %-7s %12s %12s %7s %15s   %s\n" dtype layout "measured MB" "theory MB" ratio \
+  "cleave mesh MB" "theory: activations + loss all-gather + SP parameter-gradient sums (MB)"
 for dtype in fp32 bf16; do
   for l in tp2 tp2-sp; do
     read -r th act loss par <<<"$(theory "$([ $l = tp2-sp ] && echo 1 || echo 0)")"
     meas=$(m "${bytes[$l-$dtype]}")
-    printf "%-6s %-7s %12s %12s %7.4f   %s + %s + %s\n" "$dtype" "$l" "$(mb "$meas")" "$(mb "$th")" \
-      "$(awk -v a="$meas" -v b="$th" 'BEGIN {print a / b}')" "$(mb "$act")" "$(mb "$loss")" "$(mb "$par")"
+    printf "%-6s %-7s %12s %12s %7.4f %15s   %s + %s + %s\n" "$dtype" "$l" "$(mb "$meas")" \
+      "$(mb "$th")" "$(awk -v a="$meas" -v b="$th" 'BEGIN {print a / b}')" \
+      "$(mb "$(mesh "$([ $l = tp2-sp ] && echo true || echo false)")")" \
+      "$(mb "$act")" "$(mb "$loss")" "$(mb "$par")"
   done
 done
