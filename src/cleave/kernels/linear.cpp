@@ -121,7 +121,6 @@ struct LinearGemm::Impl {
   std::map<int64_t, PlansForN> plans;
   std::vector<Packed> packed;
   std::vector<kernels::PackTarget> row_targets;  // between begin_row_packing and all_rows_packed
-  AlignedBuffer scratch;
 
   // bf16 operand copies (bf16 mode only).
   AlignedBuffer x_bf16, dy_bf16, tmp_bf16, x_spare_bf16;
@@ -237,9 +236,16 @@ struct LinearGemm::Impl {
     if (!targets.empty()) kernels::pack_weight(weight, out, in, targets);
   }
 
+  // oneDNN's scratchpad, one per thread for every product: a product needs it only while it runs,
+  // and one per layer would hold a few [N, d] floats per layer for nothing (bench/tp_memory.sh).
+  static AlignedBuffer& scratch() {
+    static thread_local AlignedBuffer buffer;
+    return buffer;
+  }
+
   memory scratchpad(const Plan& plan) {
     memory::desc md = plan.pd.scratchpad_desc();
-    void* p = scratch.reserve(std::max<size_t>(md.get_size(), 64));
+    void* p = scratch().reserve(std::max<size_t>(md.get_size(), 64));
     return memory(md, dnnl_context().engine, p);
   }
 
