@@ -7,6 +7,7 @@
 #include "cleave/kernels/activation.h"
 #include "cleave/kernels/attention.h"
 #include "cleave/kernels/attention_cached.h"
+#include "cleave/model/tp_pairs.h"
 
 namespace cleave {
 
@@ -191,6 +192,18 @@ void Block::forward_impl(float* x_out, const float* x_in, int64_t B, int64_t T, 
   kernels::add_inplace(x_out, x_mid_.data(), n * d);
 }
 
+void start_gather_rows(TpComm& comm, BlockGrads& g, const float* local, int64_t n) {
+  g.dy_gathered = tp_pairs::scatter_backward(comm, local, g.dy_full.data(), n);
+  g.dy_source = local;
+}
+
+const float* gathered_rows(TpComm& comm, BlockGrads& g, const float* local, int64_t n) {
+  if (g.dy_source != local) start_gather_rows(comm, g, local, n);
+  g.dy_gathered();
+  g.dy_source = nullptr;
+  return g.dy_full.data();
+}
+
 void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
   const int64_t B = B_, T = T_, N = B * T, n = local_rows(N), d = cfg_.d_model;
   const int64_t hd = cfg_.head_dim();
@@ -199,16 +212,6 @@ void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
   const int64_t qkv_dim = share_.qkv_dim(int(hd));
   const bool sp = tp_.sequence_parallel;
   TpComm* comm = tp_.comm;
-  // The gradient of a row-parallel output enters every row (all-gather under sequence
-  // parallelism, the conjugate of forward's reduce-scatter).
-  auto enter_row = [&](const float* local, float* full) -> const float* {
-    if (!sp) {
-      tp_pairs::reduce_backward();
-      return local;
-    }
-    tp_pairs::scatter_backward(*comm, local, full, n * d)();
-    return full;
-  };
   // A column-parallel input's gradient is a partial sum over tp: start reducing it into `local`.
   auto start_column_reduce = [&](float* full, float* local) -> TpComm::Wait {
     if (!comm) return [] {};
@@ -225,9 +228,15 @@ void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
   const float* h2 = sp ? g.gathered.data() : h2_.data();
   float* d_h2_full = sp ? g.d_h2_full.data() : g.d_h2.data();
   float* d_h1_full = sp ? g.d_h1_full.data() : g.d_h1.data();
-
+  // The gradient of a row-parallel output enters every row: without sequence parallelism it is
+  // replicated already; with it, an all-gather (the conjugate of forward's reduce-scatter). The
+  // weight gradients hide the collectives: both of a half-block's under its all-reduce without
+  // sequence parallelism; with it, the row-parallel one under the reduce-scatter and the
+  // column-parallel one under the all-gather that follows.
   TpComm::Wait h2_ready = regather(h2_.data());
-  const float* dy = enter_row(dx_out, g.dy_full.data());
+  const float* dy = dx_out;
+  if (sp) dy = gathered_rows(*comm, g, dx_out, n * d);
+  else tp_pairs::reduce_backward();
   proj_.backward_input(g.d_act.data(), dy, N, false);
   if (cfg_.family == Family::gpt2)
     kernels::gelu_backward(g.d_fc.data(), g.d_act.data(), fc_act_.data(), N * share_.ffn);
@@ -236,14 +245,21 @@ void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
   fc_.backward_input(d_h2_full, g.d_fc.data(), N, false);
   TpComm::Wait reduced = start_column_reduce(d_h2_full, g.d_h2.data());
   proj_.backward_weight(dy, act_.data(), N);
-  h2_ready();
-  fc_.backward_weight(g.d_fc.data(), h2, N);
+  if (!sp) fc_.backward_weight(g.d_fc.data(), h2, N);
   reduced();
   std::memcpy(g.d_xmid.data(), dx_out, n * d * sizeof(float));
   norm2_.backward_input(g.d_xmid.data(), g.d_h2.data(), x_mid_.data(), n);
+  const float* d_xmid = g.d_xmid.data();
+  TpComm::Wait d_xmid_ready = [] {};
+  if (sp) {
+    d_xmid_ready = tp_pairs::scatter_backward(*comm, d_xmid, g.d_xmid_full.data(), n * d);
+    d_xmid = g.d_xmid_full.data();
+    h2_ready();
+    fc_.backward_weight(g.d_fc.data(), h2, N);
+  }
   norm2_.backward_weight(g.d_h2.data(), x_mid_.data(), n);
+  d_xmid_ready();
 
-  const float* d_xmid = enter_row(g.d_xmid.data(), g.d_xmid_full.data());
   TpComm::Wait h1_ready = regather(h1_.data());
   out_.backward_input(g.d_o.data(), d_xmid, N, false);
   const kernels::AttentionShape s{B, T, heads, kv_heads, int(hd), qkv_dim, qkv_dim};
@@ -255,11 +271,16 @@ void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
   qkv_.backward_input(d_h1_full, g.d_qkv.data(), N, false);
   reduced = start_column_reduce(d_h1_full, g.d_h1.data());
   out_.backward_weight(d_xmid, o_.data(), N);
-  h1_ready();
-  qkv_.backward_weight(g.d_qkv.data(), h1, N);
+  if (!sp) qkv_.backward_weight(g.d_qkv.data(), h1, N);
   reduced();
   std::memcpy(dx_in, g.d_xmid.data(), n * d * sizeof(float));
   norm1_.backward_input(dx_in, g.d_h1.data(), x_in_, n);
+  if (sp) {
+    // The next block's gradient rows, gathered under this block's last weight gradients.
+    start_gather_rows(*comm, g, dx_in, n * d);
+    h1_ready();
+    qkv_.backward_weight(g.d_qkv.data(), h1, N);
+  }
   norm1_.backward_weight(g.d_h1.data(), x_in_, n);
 }
 

@@ -33,7 +33,17 @@ struct BlockGrads {
   // its forward and again for its weight gradient (as Megatron does), so no block keeps a full-row
   // copy; `partial` holds a row-parallel linear's sums before their reduce-scatter.
   Buffer<float> dy_full, d_xmid_full, d_h2_full, d_h1_full, gathered, partial;
+  // The residual stream's gradient, gathered into dy_full ahead of the block that needs it (by
+  // the block or head before, under its weight gradients): from `dy_source`, done at dy_gathered.
+  const float* dy_source = nullptr;
+  TpComm::Wait dy_gathered;
 };
+
+// Sequence parallelism: starts gathering the rank's rows `local` of the residual stream's
+// gradient (n floats) into g.dy_full for the next block; gathered_rows returns them gathered,
+// waiting for that gather when it was started for `local`, or gathering now.
+void start_gather_rows(TpComm& comm, BlockGrads& g, const float* local, int64_t n);
+const float* gathered_rows(TpComm& comm, BlockGrads& g, const float* local, int64_t n);
 
 class Block {
  public:

@@ -1,66 +1,14 @@
-// Tensor parallelism as the model sees it (docs/tensor_parallel.md): the tp group behind an
-// interface (the model does not link MPI; parallel/tensor_parallel.cpp implements it over a Group),
-// Megatron's conjugate pairs of collectives, each a forward and its backward, and the share of
-// heads, hidden units and vocabulary one tp rank holds.
+// Tensor parallelism as the model sees it (docs/tensor_parallel.md): the share of heads, hidden
+// units and vocabulary one tp rank holds, and the vocabulary-parallel loss. The tp group is
+// model/tp_comm.h, the collectives between regions model/tp_pairs.h.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <string>
 
 #include "cleave/model/model_config.h"
+#include "cleave/model/tp_comm.h"
 
 namespace cleave {
-
-// Collectives over the tp ranks on fp32 rows. Each starts the operation and returns what to call
-// to wait for it; the rank's other work runs meanwhile.
-class TpComm {
- public:
-  using Wait = std::function<void()>;
-  virtual ~TpComm() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  virtual Wait all_reduce(float* buf, int64_t n) = 0;
-  // recv[r * n ...] = send of rank r.
-  virtual Wait all_gather(const float* send, float* recv, int64_t n) = 0;
-  // recv (n) = sum over ranks of their send[rank * n ...].
-  virtual Wait reduce_scatter(const float* send, float* recv, int64_t n) = 0;
-  // Placement check mode (parallel.check_placements): fails naming `what` unless every tp rank
-  // holds the same n floats at buf.
-  virtual void check_replicated(const float* buf, int64_t n, const std::string& what) = 0;
-};
-
-struct TensorParallelOptions {
-  TpComm* comm = nullptr;  // null: tp = 1
-  bool sequence_parallel = false;
-  bool check_placements = false;
-  int size() const { return comm ? comm->size() : 1; }
-  int rank() const { return comm ? comm->rank() : 0; }
-};
-
-// Megatron's conjugate pairs between the regions of a block (Korthikanti et al. 2022, fig. 5):
-// rows are tokens, n the floats of one rank's rows. Each forward's backward is its conjugate.
-namespace tp_pairs {
-// identity / all-reduce: a replicated input enters a column-parallel linear ("f").
-inline void copy_forward() {}
-inline TpComm::Wait copy_backward(TpComm& c, float* dx, int64_t n) { return c.all_reduce(dx, n); }
-// all-reduce / identity: a row-parallel linear's partial sums leave it ("g").
-inline TpComm::Wait reduce_forward(TpComm& c, float* y, int64_t n) { return c.all_reduce(y, n); }
-inline void reduce_backward() {}
-// all-gather / reduce-scatter: the sequence-parallel rows enter a column-parallel linear.
-inline TpComm::Wait gather_forward(TpComm& c, const float* x_local, float* x_full, int64_t n) {
-  return c.all_gather(x_local, x_full, n);
-}
-inline TpComm::Wait gather_backward(TpComm& c, const float* dx_full, float* dx_local, int64_t n) {
-  return c.reduce_scatter(dx_full, dx_local, n);
-}
-// reduce-scatter / all-gather: a row-parallel linear's partial sums leave as sequence shards.
-inline TpComm::Wait scatter_forward(TpComm& c, const float* y_full, float* y_local, int64_t n) {
-  return c.reduce_scatter(y_full, y_local, n);
-}
-inline TpComm::Wait scatter_backward(TpComm& c, const float* dy_local, float* dy_full, int64_t n) {
-  return c.all_gather(dy_local, dy_full, n);
-}
-}  // namespace tp_pairs
 
 // What one tp rank holds of a model of config c.
 struct TpShare {

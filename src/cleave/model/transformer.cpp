@@ -5,6 +5,7 @@
 
 #include "cleave/kernels/cross_entropy.h"
 #include "cleave/kernels/embedding.h"
+#include "cleave/model/tp_pairs.h"
 
 namespace cleave {
 
@@ -177,6 +178,7 @@ void Transformer::backward(const UnitHooks* hooks) {
   reduced();
   std::memset(d_out, 0, n * d * sizeof(float));
   final_norm_->backward_input(d_out, d_hf_.data(), resid_[cfg_.n_layers].data(), n);
+  if (sp) start_gather_rows(*tp_.comm, grads_, d_out, n * d);  // for the last block
   final_norm_->backward_weight(d_hf_.data(), resid_[cfg_.n_layers].data(), n);
   call(hooks ? hooks->after_backward : nullptr, head);
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
@@ -195,11 +197,7 @@ void Transformer::backward(const UnitHooks* hooks) {
     if (wpe_ >= 0)
       kernels::position_backward(store_.grad(wpe_), d_out, n, sp ? tp_.rank() * n : 0, T_,
                                  int(d));
-    const float* d_all = d_out;
-    if (sp) {
-      tp_pairs::scatter_backward(*tp_.comm, d_out, d_full_.data(), n * d)();
-      d_all = d_full_.data();
-    }
+    const float* d_all = sp ? gathered_rows(*tp_.comm, grads_, d_out, n * d) : d_out;
     kernels::embedding_backward_shard(store_.grad(wte_), d_all, tokens_, N, int(d),
                                       share_.vocab_begin, share_.vocab_real);
   }
