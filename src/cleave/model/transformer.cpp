@@ -70,11 +70,11 @@ void Transformer::reserve(int64_t B, int64_t T) {
   d_resid_a_.resize(n * d);
   d_resid_b_.resize(n * d);
   if (tp_.comm) {
-    embed_full_.resize(N * d);
     stats_.resize(3 * N);
     all_stats_.resize(3 * N * tp_.size());
   }
   if (tp_.sequence_parallel) {
+    embed_full_.resize(N * d);
     hf_full_.resize(N * d);
     d_full_.resize(N * d);
   }
@@ -92,14 +92,11 @@ void Transformer::embed(float* out, const int32_t* tokens, int64_t B, int64_t T,
   // sum completes the lookup (a row-parallel output: all-reduce, or reduce-scatter into the
   // rank's rows). Positions are added after the sum, to the rank's rows.
   const int64_t N = B * T, n = local_rows(N), d = cfg_.d_model;
-  kernels::embedding_lookup_shard(embed_full_.data(), tokens, store_.value(wte_), N, int(d),
-                                  share_.vocab_begin, share_.vocab_real);
-  if (tp_.sequence_parallel) {
-    tp_pairs::scatter_forward(*tp_.comm, embed_full_.data(), out, n * d)();
-  } else {
-    std::memcpy(out, embed_full_.data(), N * d * sizeof(float));
-    tp_pairs::reduce_forward(*tp_.comm, out, N * d)();
-  }
+  const bool sp = tp_.sequence_parallel;
+  kernels::embedding_lookup_shard(sp ? embed_full_.data() : out, tokens, store_.value(wte_), N,
+                                  int(d), share_.vocab_begin, share_.vocab_real);
+  if (sp) tp_pairs::scatter_forward(*tp_.comm, embed_full_.data(), out, n * d)();
+  else tp_pairs::reduce_forward(*tp_.comm, out, N * d)();
   if (wpe_ >= 0)
     kernels::position_add(out, store_.value(wpe_), n, tp_.sequence_parallel ? tp_.rank() * n : 0,
                           T, int(d));

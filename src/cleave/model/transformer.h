@@ -85,7 +85,8 @@ class Transformer {
   const int32_t* tokens_ = nullptr;
   std::vector<Buffer<float>> resid_;  // n_layers + 1 residual streams [N, d]
   Buffer<float> hf_, d_hf_, logits_, losses_, d_resid_a_, d_resid_b_;
-  Buffer<float> embed_full_, hf_full_, d_full_, stats_, all_stats_;  // tp > 1
+  Buffer<float> stats_, all_stats_;              // tp > 1
+  Buffer<float> embed_full_, hf_full_, d_full_;  // sequence parallelism
 };
 
 }  // namespace cleave

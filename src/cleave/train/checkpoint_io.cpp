@@ -144,7 +144,7 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
 // Every piece of the global tensors this rank's `ranges` hold, as meta.json lists them for
 // file `file`, by kind: the one place that names the keys a state file stores its pieces under.
 struct LocalPiece {
-  int tensor;
+  TensorPiece piece;  // the part of the ranges the box lies in
   GlobalBox box;
   std::string key_suffix;  // "" or "@<n>" when the tensor has several boxes in one file
 };
@@ -155,7 +155,7 @@ std::vector<LocalPiece> local_pieces(const ParamStore& params, const StateSlices
     const std::vector<GlobalBox> boxes = global_boxes(t.placement, t.shape, piece.begin, piece.end);
     for (size_t k = 0; k < boxes.size(); ++k)
       if (state.copy.owns(t.placement, boxes[k]))
-        out.push_back({piece.tensor, boxes[k], k == 0 ? "" : "@" + std::to_string(k)});
+        out.push_back({piece, boxes[k], k == 0 ? "" : "@" + std::to_string(k)});
   }
   return out;
 }
@@ -178,21 +178,16 @@ std::string write_state_file(const std::string& tmp, int index, const ParamStore
                              const StateSlices& state) {
   std::vector<TensorView> views;
   const RangeBuffer buffers[] = {state.values, state.m, state.v};
-  const std::vector<TensorPiece> pieces = tensor_pieces(params, state.ranges);
   for (const LocalPiece& lp : local_pieces(params, state)) {
-    const ParamTensor& t = params.tensor(lp.tensor);
+    const ParamTensor& t = params.tensor(lp.piece.tensor);
     const GlobalBox& b = lp.box;
     const int64_t count = b.box_end - b.box_begin;
     int64_t box_numel = 1;
     for (int64_t d : b.shape) box_numel *= d;
     const std::vector<int64_t> shape = count == box_numel ? b.shape : std::vector<int64_t>{count};
-    // The piece of the flat ranges that holds this box.
-    const TensorPiece* piece = nullptr;
-    for (const TensorPiece& p : pieces)
-      if (p.tensor == lp.tensor && p.begin <= b.local_begin && b.local_begin < p.end) piece = &p;
     for (int k = 0; k < 3; ++k)
       views.push_back({std::string(kKinds[k]) + "/" + t.name + lp.key_suffix, "F32", shape,
-                       piece->in(buffers[k]) + (b.local_begin - piece->begin),
+                       lp.piece.in(buffers[k]) + (b.local_begin - lp.piece.begin),
                        uint64_t(count) * 4});
   }
   return write_safetensors(tmp + "/" + state_file_name(index), views,
@@ -203,7 +198,7 @@ nlohmann::json state_file_entries(int index, const ParamStore& params, const Sta
   nlohmann::json tensors = nlohmann::json::object();
   const std::string file = state_file_name(index);
   for (const LocalPiece& lp : local_pieces(params, state)) {
-    const ParamTensor& t = params.tensor(lp.tensor);
+    const ParamTensor& t = params.tensor(lp.piece.tensor);
     for (const char* kind : kKinds) {
       const std::string name = std::string(kind) + "/" + t.name;
       nlohmann::json& entry = tensors[name];
