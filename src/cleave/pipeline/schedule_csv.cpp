@@ -1,0 +1,81 @@
+// Schedules as CSV files (docs/pipeline_parallel.md#csv-format): one line per rank, one action
+// per cell, PyTorch's action text; '#' lines are comments.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cleave/base/check.h"
+#include "cleave/pipeline/schedule.h"
+
+namespace cleave {
+
+namespace {
+
+std::string trimmed(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+}  // namespace
+
+Schedule load_schedule_csv(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot open pipeline schedule " + path);
+  Schedule s;
+  s.name = path;
+  int max_stage = -1, max_mb = -1;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    const std::string content = trimmed(line);
+    if (content.empty() || content[0] == '#') continue;
+    std::vector<Action> actions;
+    std::stringstream cells(line);
+    std::string cell;
+    for (int cell_no = 1; std::getline(cells, cell, ','); ++cell_no) {
+      const std::string text = trimmed(cell);
+      if (text.empty()) continue;  // trailing or aligning commas
+      try {
+        actions.push_back(parse_action(text));
+      } catch (const Error& e) {
+        throw Error(path + " line " + std::to_string(line_no) + " (rank " +
+                    std::to_string(s.ranks.size()) + "), cell " + std::to_string(cell_no) + ": " +
+                    e.what());
+      }
+      max_stage = std::max(max_stage, actions.back().stage);
+      max_mb = std::max(max_mb, actions.back().mb);
+    }
+    s.ranks.push_back(std::move(actions));
+  }
+  if (in.bad()) throw Error("error reading pipeline schedule " + path);
+  if (max_stage < 0) throw Error("pipeline schedule " + path + " has no actions");
+  s.pp = int(s.ranks.size());
+  s.n_stages = max_stage + 1;
+  s.microbatches = max_mb + 1;
+  return s;
+}
+
+void save_schedule_csv(const Schedule& s, const std::string& path) {
+  // Written beside the target and renamed over it, so a reader never sees half a schedule.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) throw Error("cannot write pipeline schedule " + tmp);
+    out << "# cleave pipeline schedule '" << s.name << "': pp " << s.pp << ", " << s.n_stages
+        << " stages, " << s.microbatches << " micro-batches; one line per rank\n";
+    for (const std::vector<Action>& rank : s.ranks) {
+      for (size_t i = 0; i < rank.size(); ++i) out << (i ? "," : "") << to_string(rank[i]);
+      out << '\n';
+    }
+    out.close();
+    if (!out) throw Error("error writing pipeline schedule " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw Error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+}
+
+}  // namespace cleave
