@@ -12,6 +12,7 @@
 #include "comm_test_util.h"
 #include "cleave/model/transformer.h"
 #include "cleave/parallel/data_parallel.h"
+#include "cleave/parallel/pipeline_parallel.h"
 
 namespace cleave {
 namespace {
@@ -73,24 +74,29 @@ Residency one_step(int zero_stage) {
     tokens[i] = int32_t((i * 37 + world.rank() * 11) % cfg.vocab_size);
     targets[i] = int32_t((i * 53 + 5) % cfg.vocab_size);
   }
-  Transformer::UnitHooks hooks = dp.hooks(true);
-  auto sample = [&] {
+  // One step as the trainer runs it: the one-stage schedule lowered to a step program.
+  const Schedule schedule = generate_schedule("1f1b", 1, 1, 1);
+  const Program program = lower_schedule(schedule, check_schedule(schedule).stages, 0,
+                                         unit_layout(model), {zero_stage == 3, true});
+  Group pp(MPI_COMM_SELF, "pp");
+  StepParts parts;
+  parts.model = &model;
+  parts.dp = {&dp};
+  parts.pp = &pp;
+  parts.fill = [&](int, int32_t* t, int32_t* y) {
+    std::copy(tokens.begin(), tokens.end(), t);
+    std::copy(targets.begin(), targets.end(), y);
+  };
+  parts.after_instruction = [&] {
     r.max_grads = std::max(r.max_grads, resident_bytes(store.grads().data(), store.total()));
     r.max_values = std::max(r.max_values, resident_bytes(store.values().data(), store.total()));
   };
-  for (auto* hook : {&hooks.before_forward, &hooks.after_forward, &hooks.before_backward,
-                     &hooks.after_backward}) {
-    std::function<void(int)> inner = *hook;
-    *hook = [inner, sample](int unit) {
-      if (inner) inner(unit);
-      sample();
-    };
-  }
+  parts.optimizer_step = [&](double) {
+    dp.finish_gradients();
+    dp.after_optimizer_step();
+  };
   dp.zero_gradients();
-  model.forward(tokens.data(), targets.data(), B, T, 1.0f / float(B * T), &hooks);
-  model.backward(&hooks);
-  dp.finish_gradients();
-  dp.after_optimizer_step();
+  StepExecutor(parts).run(program, B, T, 1.0f / float(B * T), 0, false);
   r.grads_after = resident_bytes(store.grads().data(), store.total());
   r.values_after = resident_bytes(store.values().data(), store.total());
   return r;

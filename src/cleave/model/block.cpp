@@ -76,21 +76,19 @@ void Block::bind(ParamStore& store) {
   proj_.bind(store);
 }
 
-void Block::reserve(int64_t B, int64_t T) {
+void Block::reserve(Slot& s, int64_t B, int64_t T) {
   const int64_t N = B * T;
-  if (N == B_ * T_ && B == B_) return;
+  if (N == s.B * s.T && B == s.B) return;
   const int64_t d = cfg_.d_model, n = local_rows(N), hd = cfg_.head_dim();
-  h1_.resize(n * d);
-  qkv_act_.resize(N * share_.qkv_dim(int(hd)));
-  o_.resize(N * share_.heads * hd);
-  lse_.resize(N * share_.heads);
-  x_mid_.resize(n * d);
-  h2_.resize(n * d);
-  fc_act_.resize(N * fc_.gemm().out_features());
-  act_.resize(N * share_.ffn);
-  norm1_.reserve(n);
-  norm2_.reserve(n);
-  B_ = B, T_ = T;
+  s.h1.resize(n * d);
+  s.qkv_act.resize(N * share_.qkv_dim(int(hd)));
+  s.o.resize(N * share_.heads * hd);
+  s.lse.resize(N * share_.heads);
+  s.x_mid.resize(n * d);
+  s.h2.resize(n * d);
+  s.fc_act.resize(N * fc_.gemm().out_features());
+  s.act.resize(N * share_.ffn);
+  s.B = B, s.T = T;
 }
 
 void Block::reserve_grads(BlockGrads& g, int64_t N) const {
@@ -112,13 +110,13 @@ void Block::reserve_grads(BlockGrads& g, int64_t N) const {
   }
 }
 
-void Block::forward(float* x_out, const float* x_in, int64_t B, int64_t T) {
-  forward_impl(x_out, x_in, B, T, nullptr);
+void Block::forward(int slot, float* x_out, const float* x_in, int64_t B, int64_t T) {
+  forward_impl(slots_.at(size_t(slot)), x_out, x_in, B, T, nullptr);
 }
 
 void Block::forward_cached(float* x_out, const float* x_in, int64_t T, KVCache& cache) {
   CLEAVE_CHECK(share_.tp == 1, "generation runs at tp = 1 (the model has tp " << share_.tp << ")");
-  forward_impl(x_out, x_in, 1, T, &cache);
+  forward_impl(slots_.front(), x_out, x_in, 1, T, &cache);
 }
 
 const float* Block::enter_column(const float* local, float* full, int64_t N, const char* what) {
@@ -141,8 +139,9 @@ void Block::leave_row(float* partial, float* out, int64_t N) {
   else tp_pairs::reduce_forward(*tp_.comm, out, N * d)();
 }
 
-void Block::forward_impl(float* x_out, const float* x_in, int64_t B, int64_t T, KVCache* cache) {
-  reserve(B, T);
+void Block::forward_impl(Slot& s, float* x_out, const float* x_in, int64_t B, int64_t T,
+                         KVCache* cache) {
+  reserve(s, B, T);
   const int64_t N = B * T, n = local_rows(N), d = cfg_.d_model, hd = cfg_.head_dim();
   const int heads = share_.heads, kv_heads = share_.kv_heads;
   const int64_t q_dim = int64_t(heads) * hd, kv_dim = int64_t(kv_heads) * hd;
@@ -152,44 +151,44 @@ void Block::forward_impl(float* x_out, const float* x_in, int64_t B, int64_t T, 
   CLEAVE_CHECK(!sp || shared_, name_ << ": sequence parallelism without shared scratch");
   float* gathered = sp ? shared_->gathered.data() : nullptr;
   float* partial = sp ? shared_->partial.data() : nullptr;
-  x_in_ = x_in;
+  s.x_in = x_in;
 
-  norm1_.forward(h1_.data(), x_in, n);
-  const float* h1 = enter_column(h1_.data(), gathered, N, "attn.qkv");
-  qkv_.forward(qkv_act_.data(), h1, N);
+  norm1_.forward(s.h1.data(), x_in, n, s.norm1);
+  const float* h1 = enter_column(s.h1.data(), gathered, N, "attn.qkv");
+  qkv_.forward(s.qkv_act.data(), h1, N);
   if (rope_)  // q and k heads are adjacent at the start of each row: rotate them together
-    kernels::rope_forward(qkv_act_.data(), *rope_, B, T, heads + kv_heads, qkv_dim, pos0);
+    kernels::rope_forward(s.qkv_act.data(), *rope_, B, T, heads + kv_heads, qkv_dim, pos0);
   if (cache) {
     for (int64_t t = 0; t < T; ++t) {
-      std::memcpy(cache->k.data() + (pos0 + t) * kv_dim, qkv_act_.data() + t * qkv_dim + q_dim,
+      std::memcpy(cache->k.data() + (pos0 + t) * kv_dim, s.qkv_act.data() + t * qkv_dim + q_dim,
                   kv_dim * sizeof(float));
       std::memcpy(cache->v.data() + (pos0 + t) * kv_dim,
-                  qkv_act_.data() + t * qkv_dim + q_dim + kv_dim, kv_dim * sizeof(float));
+                  s.qkv_act.data() + t * qkv_dim + q_dim + kv_dim, kv_dim * sizeof(float));
     }
-    kernels::attention_cached(o_.data(), qkv_act_.data(), qkv_dim, cache->k.data(),
+    kernels::attention_cached(s.o.data(), s.qkv_act.data(), qkv_dim, cache->k.data(),
                               cache->v.data(), T, pos0, heads, kv_heads, int(hd));
     cache->length += T;
   } else {
-    const kernels::AttentionShape s{B, T, heads, kv_heads, int(hd), qkv_dim, qkv_dim};
-    const float* q = qkv_act_.data();
-    kernels::attention_forward(o_.data(), lse_.data(), q, q + q_dim, q + q_dim + kv_dim, s);
+    const kernels::AttentionShape shape{B, T, heads, kv_heads, int(hd), qkv_dim, qkv_dim};
+    const float* q = s.qkv_act.data();
+    kernels::attention_forward(s.o.data(), s.lse.data(), q, q + q_dim, q + q_dim + kv_dim, shape);
   }
-  out_.forward(sp ? partial : x_mid_.data(), o_.data(), N);
-  leave_row(partial, x_mid_.data(), N);
-  out_.add_bias(x_mid_.data(), n);
-  kernels::add_inplace(x_mid_.data(), x_in, n * d);
+  out_.forward(sp ? partial : s.x_mid.data(), s.o.data(), N);
+  leave_row(partial, s.x_mid.data(), N);
+  out_.add_bias(s.x_mid.data(), n);
+  kernels::add_inplace(s.x_mid.data(), x_in, n * d);
 
-  norm2_.forward(h2_.data(), x_mid_.data(), n);
-  const float* h2 = enter_column(h2_.data(), gathered, N, "mlp.fc");
-  fc_.forward(fc_act_.data(), h2, N);
+  norm2_.forward(s.h2.data(), s.x_mid.data(), n, s.norm2);
+  const float* h2 = enter_column(s.h2.data(), gathered, N, "mlp.fc");
+  fc_.forward(s.fc_act.data(), h2, N);
   if (cfg_.family == Family::gpt2)
-    kernels::gelu_forward(act_.data(), fc_act_.data(), N * share_.ffn);
+    kernels::gelu_forward(s.act.data(), s.fc_act.data(), N * share_.ffn);
   else
-    kernels::swiglu_forward(act_.data(), fc_act_.data(), N, share_.ffn);
-  proj_.forward(sp ? partial : x_out, act_.data(), N);
+    kernels::swiglu_forward(s.act.data(), s.fc_act.data(), N, share_.ffn);
+  proj_.forward(sp ? partial : x_out, s.act.data(), N);
   leave_row(partial, x_out, N);
   proj_.add_bias(x_out, n);
-  kernels::add_inplace(x_out, x_mid_.data(), n * d);
+  kernels::add_inplace(x_out, s.x_mid.data(), n * d);
 }
 
 void start_gather_rows(TpComm& comm, BlockGrads& g, const float* local, int64_t n) {
@@ -204,14 +203,26 @@ const float* gathered_rows(TpComm& comm, BlockGrads& g, const float* local, int6
   return g.dy_full.data();
 }
 
-void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
-  const int64_t B = B_, T = T_, N = B * T, n = local_rows(N), d = cfg_.d_model;
+void Block::backward(int slot, float* dx_in, const float* dx_out, BlockGrads& g,
+                     BackwardPart part) {
+  Slot& s = slots_.at(size_t(slot));
+  if (part == BackwardPart::weight) return weight_gradients(s, g);
+  const bool defer = part == BackwardPart::input;  // the weight gradients come later
+  const int64_t B = s.B, T = s.T, N = B * T, n = local_rows(N), d = cfg_.d_model;
   const int64_t hd = cfg_.head_dim();
   const int heads = share_.heads, kv_heads = share_.kv_heads;
   const int64_t q_dim = int64_t(heads) * hd, kv_dim = int64_t(kv_heads) * hd;
   const int64_t qkv_dim = share_.qkv_dim(int(hd));
   const bool sp = tp_.sequence_parallel;
   TpComm* comm = tp_.comm;
+  if (defer) {  // what the weight gradients need outlives the shared scratch
+    s.dy.resize(N * d);
+    s.d_fc.resize(N * fc_.gemm().out_features());
+    s.d_xmid.resize(N * d);
+    s.d_qkv.resize(N * qkv_dim);
+    s.d_h1.resize(N * d);
+    s.d_h2.resize(N * d);
+  }
   // A column-parallel input's gradient is a partial sum over tp: start reducing it into `local`.
   auto start_column_reduce = [&](float* full, float* local) -> TpComm::Wait {
     if (!comm) return [] {};
@@ -221,67 +232,99 @@ void Block::backward(float* dx_in, const float* dx_out, BlockGrads& g) {
   // Under sequence parallelism the column-parallel inputs are gathered again for the weight
   // gradients, each started ahead of the products before it.
   auto regather = [&](const float* local) -> TpComm::Wait {
-    if (!sp) return [] {};
+    if (!sp || defer) return [] {};
     return tp_pairs::gather_forward(*comm, local, g.gathered.data(), n * d);
   };
-  const float* h1 = sp ? g.gathered.data() : h1_.data();
-  const float* h2 = sp ? g.gathered.data() : h2_.data();
-  float* d_h2_full = sp ? g.d_h2_full.data() : g.d_h2.data();
-  float* d_h1_full = sp ? g.d_h1_full.data() : g.d_h1.data();
+  const float* h1 = sp ? g.gathered.data() : s.h1.data();
+  const float* h2 = sp ? g.gathered.data() : s.h2.data();
+  float* d_fc = defer ? s.d_fc.data() : g.d_fc.data();
+  float* d_qkv = defer ? s.d_qkv.data() : g.d_qkv.data();
+  float* d_h2 = defer ? s.d_h2.data() : g.d_h2.data();
+  float* d_h1 = defer ? s.d_h1.data() : g.d_h1.data();
+  float* d_h2_full = sp ? g.d_h2_full.data() : d_h2;
+  float* d_h1_full = sp ? g.d_h1_full.data() : d_h1;
   // The gradient of a row-parallel output enters every row: without sequence parallelism it is
   // replicated already; with it, an all-gather (the conjugate of forward's reduce-scatter). The
   // weight gradients hide the collectives: both of a half-block's under its all-reduce without
   // sequence parallelism; with it, the row-parallel one under the reduce-scatter and the
   // column-parallel one under the all-gather that follows.
-  TpComm::Wait h2_ready = regather(h2_.data());
+  TpComm::Wait h2_ready = regather(s.h2.data());
   const float* dy = dx_out;
   if (sp) dy = gathered_rows(*comm, g, dx_out, n * d);
   else tp_pairs::reduce_backward();
   proj_.backward_input(g.d_act.data(), dy, N, false);
   if (cfg_.family == Family::gpt2)
-    kernels::gelu_backward(g.d_fc.data(), g.d_act.data(), fc_act_.data(), N * share_.ffn);
+    kernels::gelu_backward(d_fc, g.d_act.data(), s.fc_act.data(), N * share_.ffn);
   else
-    kernels::swiglu_backward(g.d_fc.data(), g.d_act.data(), fc_act_.data(), N, share_.ffn);
-  fc_.backward_input(d_h2_full, g.d_fc.data(), N, false);
-  TpComm::Wait reduced = start_column_reduce(d_h2_full, g.d_h2.data());
-  proj_.backward_weight(dy, act_.data(), N);
-  if (!sp) fc_.backward_weight(g.d_fc.data(), h2, N);
+    kernels::swiglu_backward(d_fc, g.d_act.data(), s.fc_act.data(), N, share_.ffn);
+  fc_.backward_input(d_h2_full, d_fc, N, false);
+  TpComm::Wait reduced = start_column_reduce(d_h2_full, d_h2);
+  if (defer) {
+    std::memcpy(s.dy.data(), dy, N * d * sizeof(float));
+  } else {
+    proj_.backward_weight(dy, s.act.data(), N);
+    if (!sp) fc_.backward_weight(d_fc, h2, N);
+  }
   reduced();
   std::memcpy(g.d_xmid.data(), dx_out, n * d * sizeof(float));
-  norm2_.backward_input(g.d_xmid.data(), g.d_h2.data(), x_mid_.data(), n);
+  norm2_.backward_input(g.d_xmid.data(), d_h2, s.x_mid.data(), n, s.norm2);
   const float* d_xmid = g.d_xmid.data();
   TpComm::Wait d_xmid_ready = [] {};
   if (sp) {
     d_xmid_ready = tp_pairs::scatter_backward(*comm, d_xmid, g.d_xmid_full.data(), n * d);
     d_xmid = g.d_xmid_full.data();
-    h2_ready();
-    fc_.backward_weight(g.d_fc.data(), h2, N);
+    if (!defer) {
+      h2_ready();
+      fc_.backward_weight(d_fc, h2, N);
+    }
   }
-  norm2_.backward_weight(g.d_h2.data(), x_mid_.data(), n);
+  if (!defer) norm2_.backward_weight(d_h2, s.x_mid.data(), n, s.norm2);
   d_xmid_ready();
 
-  TpComm::Wait h1_ready = regather(h1_.data());
+  TpComm::Wait h1_ready = regather(s.h1.data());
   out_.backward_input(g.d_o.data(), d_xmid, N, false);
-  const kernels::AttentionShape s{B, T, heads, kv_heads, int(hd), qkv_dim, qkv_dim};
-  const float* q = qkv_act_.data();
-  float* dq = g.d_qkv.data();
-  kernels::attention_backward(dq, dq + q_dim, dq + q_dim + kv_dim, g.d_o.data(), q, q + q_dim,
-                              q + q_dim + kv_dim, o_.data(), lse_.data(), s);
-  if (rope_) kernels::rope_backward(dq, *rope_, B, T, heads + kv_heads, qkv_dim, 0);
-  qkv_.backward_input(d_h1_full, g.d_qkv.data(), N, false);
-  reduced = start_column_reduce(d_h1_full, g.d_h1.data());
-  out_.backward_weight(d_xmid, o_.data(), N);
-  if (!sp) qkv_.backward_weight(g.d_qkv.data(), h1, N);
+  const kernels::AttentionShape shape{B, T, heads, kv_heads, int(hd), qkv_dim, qkv_dim};
+  const float* q = s.qkv_act.data();
+  kernels::attention_backward(d_qkv, d_qkv + q_dim, d_qkv + q_dim + kv_dim, g.d_o.data(), q,
+                              q + q_dim, q + q_dim + kv_dim, s.o.data(), s.lse.data(), shape);
+  if (rope_) kernels::rope_backward(d_qkv, *rope_, B, T, heads + kv_heads, qkv_dim, 0);
+  qkv_.backward_input(d_h1_full, d_qkv, N, false);
+  reduced = start_column_reduce(d_h1_full, d_h1);
+  if (defer) {
+    std::memcpy(s.d_xmid.data(), d_xmid, N * d * sizeof(float));
+  } else {
+    out_.backward_weight(d_xmid, s.o.data(), N);
+    if (!sp) qkv_.backward_weight(d_qkv, h1, N);
+  }
   reduced();
   std::memcpy(dx_in, g.d_xmid.data(), n * d * sizeof(float));
-  norm1_.backward_input(dx_in, g.d_h1.data(), x_in_, n);
+  norm1_.backward_input(dx_in, d_h1, s.x_in, n, s.norm1);
   if (sp) {
     // The next block's gradient rows, gathered under this block's last weight gradients.
     start_gather_rows(*comm, g, dx_in, n * d);
-    h1_ready();
-    qkv_.backward_weight(g.d_qkv.data(), h1, N);
+    if (!defer) {
+      h1_ready();
+      qkv_.backward_weight(d_qkv, h1, N);
+    }
   }
-  norm1_.backward_weight(g.d_h1.data(), x_in_, n);
+  if (!defer) norm1_.backward_weight(d_h1, s.x_in, n, s.norm1);
+}
+
+void Block::weight_gradients(Slot& s, BlockGrads& g) {
+  const int64_t N = s.B * s.T, n = local_rows(N), d = cfg_.d_model;
+  const bool sp = tp_.sequence_parallel;
+  // Under sequence parallelism the column-parallel inputs are gathered again, as in backward.
+  auto input_of = [&](const Buffer<float>& local) -> const float* {
+    if (!sp) return local.data();
+    tp_pairs::gather_forward(*tp_.comm, local.data(), g.gathered.data(), n * d)();
+    return g.gathered.data();
+  };
+  proj_.backward_weight(s.dy.data(), s.act.data(), N);
+  fc_.backward_weight(s.d_fc.data(), input_of(s.h2), N);
+  norm2_.backward_weight(s.d_h2.data(), s.x_mid.data(), n, s.norm2);
+  out_.backward_weight(s.d_xmid.data(), s.o.data(), N);
+  qkv_.backward_weight(s.d_qkv.data(), input_of(s.h1), N);
+  norm1_.backward_weight(s.d_h1.data(), s.x_in, n, s.norm1);
 }
 
 }  // namespace cleave

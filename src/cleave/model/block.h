@@ -2,7 +2,8 @@
 //   x_mid = x_in + out_proj(attention(rope(qkv(norm1(x_in)))))
 //   x_out = x_mid + mlp_proj(act(mlp_fc(norm2(x_mid))))
 // GPT-2: LayerNorm, biases, GELU. Llama: RMSNorm, RoPE, SwiGLU, no biases, GQA.
-// The block keeps the activations of its latest forward (sized by reserve) for backward.
+// The block keeps what backward needs in activation slots, one per micro-batch in flight (the
+// pipeline schedule says how many and which: forward and backward name the slot).
 // Under tensor parallelism (docs/tensor_parallel.md) qkv and mlp.fc are column-parallel and
 // attn.out and mlp.proj row-parallel: each tp rank holds its heads and hidden units, and one
 // all-reduce each way joins each half of the block. Under sequence parallelism the residual
@@ -10,6 +11,7 @@
 // column-parallel linear and a reduce-scatter leaves each row-parallel one.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "cleave/base/buffer.h"
 #include "cleave/kernels/rope.h"
@@ -45,26 +47,45 @@ struct BlockGrads {
 void start_gather_rows(TpComm& comm, BlockGrads& g, const float* local, int64_t n);
 const float* gathered_rows(TpComm& comm, BlockGrads& g, const float* local, int64_t n);
 
+// Backward in one call, or in the two halves zero-bubble schedules run apart: the input
+// gradient (which keeps, in the slot, what the weight gradients need) and later the weight
+// gradients.
+enum class BackwardPart { both, input, weight };
+
 class Block {
  public:
   Block(ParamStore& store, int layer, const ModelConfig& cfg, Precision precision,
         const kernels::RopeTable* rope, const TensorParallelOptions& tp = {});
   void bind(ParamStore& store);
   void share_scratch(BlockGrads* g) { shared_ = g; }  // needed under sequence parallelism
-  void reserve(int64_t B, int64_t T);
+  void set_slots(int n) { slots_.resize(size_t(n)); }
   void reserve_grads(BlockGrads& g, int64_t N) const;
 
   // x_in and x_out hold the rank's rows of B sequences of T tokens (all of them, or 1/tp under
-  // sequence parallelism). x_in must stay unchanged until backward.
-  void forward(float* x_out, const float* x_in, int64_t B, int64_t T);
-  // Generation (tp = 1): one sequence of T new tokens following the cache's contents.
+  // sequence parallelism). x_in must stay unchanged until the slot's backward.
+  void forward(int slot, float* x_out, const float* x_in, int64_t B, int64_t T);
+  // Generation (tp = 1, slot 0): one sequence of T new tokens following the cache's contents.
   void forward_cached(float* x_out, const float* x_in, int64_t T, KVCache& cache);
-  // dx_in (=) from dx_out, and the weight gradients (+=). Each column-parallel linear's input
-  // gradient is reduced over tp while its and its row-parallel partner's weight gradients run.
-  void backward(float* dx_in, const float* dx_out, BlockGrads& g);
+  // dx_in (=) from dx_out, and the weight gradients (+=), of the slot's micro-batch. With both,
+  // each column-parallel linear's input gradient is reduced over tp while its and its
+  // row-parallel partner's weight gradients run. part weight ignores dx_in and dx_out.
+  void backward(int slot, float* dx_in, const float* dx_out, BlockGrads& g,
+                BackwardPart part = BackwardPart::both);
 
  private:
-  void forward_impl(float* x_out, const float* x_in, int64_t B, int64_t T, KVCache* cache);
+  // What one micro-batch's forward keeps for its backward, and what its input-gradient half
+  // keeps for the weight-gradient half.
+  struct Slot {
+    int64_t B = 0, T = 0;
+    const float* x_in = nullptr;
+    Buffer<float> h1, qkv_act, o, lse, x_mid, h2, fc_act, act;
+    NormStats norm1, norm2;
+    Buffer<float> dy, d_fc, d_xmid, d_qkv, d_h1, d_h2;  // BackwardPart::input only
+  };
+  void reserve(Slot& s, int64_t B, int64_t T);
+  void forward_impl(Slot& s, float* x_out, const float* x_in, int64_t B, int64_t T,
+                    KVCache* cache);
+  void weight_gradients(Slot& s, BlockGrads& g);
   int64_t local_rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.size() : N; }
   // The input of a column-parallel linear: the norm's output, gathered from every rank's rows
   // under sequence parallelism (into full).
@@ -80,9 +101,7 @@ class Block {
   std::string name_;
   Norm norm1_, norm2_;
   Linear qkv_, out_, fc_, proj_;
-  int64_t B_ = 0, T_ = 0;
-  const float* x_in_ = nullptr;
-  Buffer<float> h1_, qkv_act_, o_, lse_, x_mid_, h2_, fc_act_, act_;
+  std::vector<Slot> slots_ = std::vector<Slot>(1);
   BlockGrads* shared_ = nullptr;
 };
 

@@ -61,32 +61,31 @@ void Norm::bind(ParamStore& store) {
   if (b_ >= 0) bias_ = store.value(b_), dbias_ = store.grad(b_);
 }
 
-void Norm::reserve(int64_t N) {
-  if (rstd_.size() >= N) return;
-  mean_.resize(N);
-  rstd_.resize(N);
+void Norm::forward(float* y, const float* x, int64_t N, NormStats& st) {
+  if (st.rstd.size() < N) {
+    st.mean.resize(N);
+    st.rstd.resize(N);
+  }
+  if (layernorm_)
+    kernels::layernorm_forward(y, st.mean.data(), st.rstd.data(), x, weight_, bias_, N, dim_, eps_);
+  else
+    kernels::rmsnorm_forward(y, st.rstd.data(), x, weight_, N, dim_, eps_);
 }
 
-void Norm::forward(float* y, const float* x, int64_t N) {
-  reserve(N);
+void Norm::backward_input(float* dx, const float* dy, const float* x, int64_t N,
+                          const NormStats& st) {
   if (layernorm_)
-    kernels::layernorm_forward(y, mean_.data(), rstd_.data(), x, weight_, bias_, N, dim_, eps_);
+    kernels::layernorm_backward_input(dx, dy, x, weight_, st.mean.data(), st.rstd.data(), N, dim_);
   else
-    kernels::rmsnorm_forward(y, rstd_.data(), x, weight_, N, dim_, eps_);
+    kernels::rmsnorm_backward_input(dx, dy, x, weight_, st.rstd.data(), N, dim_);
 }
 
-void Norm::backward_input(float* dx, const float* dy, const float* x, int64_t N) {
+void Norm::backward_weight(const float* dy, const float* x, int64_t N, const NormStats& st) {
   if (layernorm_)
-    kernels::layernorm_backward_input(dx, dy, x, weight_, mean_.data(), rstd_.data(), N, dim_);
+    kernels::layernorm_backward_weight(dweight_, dbias_, dy, x, st.mean.data(), st.rstd.data(), N,
+                                       dim_);
   else
-    kernels::rmsnorm_backward_input(dx, dy, x, weight_, rstd_.data(), N, dim_);
-}
-
-void Norm::backward_weight(const float* dy, const float* x, int64_t N) {
-  if (layernorm_)
-    kernels::layernorm_backward_weight(dweight_, dbias_, dy, x, mean_.data(), rstd_.data(), N, dim_);
-  else
-    kernels::rmsnorm_backward_weight(dweight_, dy, x, rstd_.data(), N, dim_);
+    kernels::rmsnorm_backward_weight(dweight_, dy, x, st.rstd.data(), N, dim_);
 }
 
 }  // namespace cleave

@@ -36,20 +36,24 @@ class Linear {
   float *weight_ = nullptr, *bias_ = nullptr, *dweight_ = nullptr, *dbias_ = nullptr;
 };
 
-// LayerNorm (weight and bias) for GPT-2, RMSNorm (weight only) for Llama. Saves the per-row
-// statistics of the latest forward for backward.
+// The per-row statistics a norm's forward saves for its backward. The caller keeps them, one per
+// micro-batch in flight.
+struct NormStats {
+  Buffer<float> mean, rstd;
+};
+
+// LayerNorm (weight and bias) for GPT-2, RMSNorm (weight only) for Llama.
 class Norm {
  public:
   // grad_sum: GradSum::tp under sequence parallelism, where each tp rank norms its own rows.
   Norm(ParamStore& store, const std::string& name, int dim, bool layernorm, float eps,
        GradSum grad_sum = GradSum::none);
   void bind(ParamStore& store);
-  void reserve(int64_t N);  // statistics for up to N rows
 
-  void forward(float* y, const float* x, int64_t N);
-  void add_bias(float* y, int64_t N) const;  // row-parallel: y[i, :] += bias
-  void backward_input(float* dx, const float* dy, const float* x, int64_t N);  // dx +=
-  void backward_weight(const float* dy, const float* x, int64_t N);
+  void forward(float* y, const float* x, int64_t N, NormStats& stats);
+  void backward_input(float* dx, const float* dy, const float* x, int64_t N,
+                      const NormStats& stats);  // dx +=
+  void backward_weight(const float* dy, const float* x, int64_t N, const NormStats& stats);
 
  private:
   int dim_;
@@ -57,7 +61,6 @@ class Norm {
   float eps_;
   int w_, b_ = -1;
   float *weight_ = nullptr, *bias_ = nullptr, *dweight_ = nullptr, *dbias_ = nullptr;
-  Buffer<float> mean_, rstd_;
 };
 
 }  // namespace cleave

@@ -32,6 +32,10 @@ struct Placement {
   int shard_dim = -1;                 // -1: replicated on tp, else the sharded dimension (0 or 1)
   std::vector<Segment> segments;      // along shard_dim
   GradSum grad_sum = GradSum::none;   // of a replicated tensor
+  // A copy of a tensor another pipeline stage holds (GPT-2's tied embedding beside the LM head
+  // on the last stage): the trainer sums its gradient with the owner's, and only the owner's
+  // copy is saved or counted in the gradient norm.
+  bool tied_copy = false;
 };
 
 // Placement helpers for the common cases: rows [begin, begin + length) of a global [rows, ...]
@@ -56,11 +60,12 @@ std::vector<GlobalBox> global_boxes(const Placement& p, const std::vector<int64_
                                     int64_t begin, int64_t end);
 
 // Which copy of a global element counts, where tp ranks hold copies (a gradient norm, a
-// checkpoint): a replicated tensor's on tp rank 0, a replicated kv head's on the first of its
+// checkpoint): never a pipeline stage's tied copy; a replicated tensor's on tp rank 0, a replicated kv head's on the first of its
 // replicas, any other box's on the rank holding it.
 struct TpCopy {
   bool first_tp = true, first_kv = true;
   bool owns(const Placement& p, const GlobalBox& b) const {
+    if (p.tied_copy) return false;
     if (p.shard_dim < 0) return first_tp;
     return b.grad_sum == GradSum::kv_replicas ? first_kv : true;
   }

@@ -23,63 +23,131 @@ Placement vocab_placement(const ModelConfig& c, const TpShare& s) {
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t seed,
-                         int64_t pad_multiple, bool materialise, const TensorParallelOptions& tp)
-    : cfg_(c), precision_(precision), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())) {
+                         int64_t pad_multiple, bool materialise, const TensorParallelOptions& tp,
+                         std::vector<ModelChunk> chunks)
+    : cfg_(c), precision_(precision), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())),
+      chunks_(std::move(chunks)) {
+  if (chunks_.empty()) chunks_.push_back({0, c.n_layers, true, true});
   const GradSum sp_sum = tp.sequence_parallel ? GradSum::tp : GradSum::none;
-  store_.begin_unit();
-  wte_ = store_.add("embed.wte", {share_.vocab_rows, c.d_model}, Init::normal, c.init_std,
-                    vocab_placement(c, share_));
-  if (c.family == Family::gpt2)
-    wpe_ = store_.add("embed.wpe", {c.max_seq_len, c.d_model}, Init::normal, c.init_std,
-                      {{}, -1, {}, sp_sum});
-  else
-    rope_.emplace(c.head_dim(), c.max_seq_len, c.rope_theta);
-  // Units (embeddings, each block, the head) start at multiples of pad_multiple, so each can be
-  // sharded in equal parts.
-  for (int l = 0; l < c.n_layers; ++l) {
+  auto new_unit = [&](UnitKind kind, int layer, int chunk) {
     store_.begin_unit();
-    blocks_.push_back(
-        std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, tp));
+    units_.push_back({kind, layer, chunk, {n_units()}});
+    chunk_units_[size_t(chunk)].push_back(n_units() - 1);
+    block_of_unit_.push_back(-1);
+  };
+  chunk_units_.resize(chunks_.size());
+  int embedding_unit = -1;
+  for (int ch = 0; ch < int(chunks_.size()); ++ch) {
+    const ModelChunk& k = chunks_[size_t(ch)];
+    if (k.embedding) {
+      new_unit(UnitKind::embedding, -1, ch);
+      embedding_unit = n_units() - 1;
+      wte_ = store_.add("embed.wte", {share_.vocab_rows, c.d_model}, Init::normal, c.init_std,
+                        vocab_placement(c, share_));
+      if (c.family == Family::gpt2)
+        wpe_ = store_.add("embed.wpe", {c.max_seq_len, c.d_model}, Init::normal, c.init_std,
+                          {{}, -1, {}, sp_sum});
+    }
+    if (c.family == Family::llama && !rope_) rope_.emplace(c.head_dim(), c.max_seq_len, c.rope_theta);
+    // Units (embeddings, each block, the head) start at multiples of pad_multiple, so each can
+    // be sharded in equal parts.
+    for (int l = k.first_layer; l < k.end_layer; ++l) {
+      new_unit(UnitKind::block, l, ch);
+      block_of_unit_.back() = int(blocks_.size());
+      blocks_.push_back(
+          std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, tp));
+    }
+    if (k.head) {
+      new_unit(UnitKind::head, -1, ch);
+      final_norm_ = std::make_unique<Norm>(store_, "final_norm", c.d_model,
+                                           c.family == Family::gpt2, c.norm_eps, sp_sum);
+      if (!c.tie_embeddings) {
+        head_ = store_.add("lm_head.weight", {share_.vocab_rows, c.d_model}, Init::normal,
+                           c.init_std, vocab_placement(c, share_));
+      } else if (embedding_unit >= 0) {
+        head_ = wte_;
+        units_.back().uses.push_back(embedding_unit);
+      } else {
+        Placement copy = vocab_placement(c, share_);
+        copy.tied_copy = true;
+        head_ = tied_tensor_ = store_.add("embed.wte", {share_.vocab_rows, c.d_model},
+                                          Init::normal, c.init_std, copy);
+      }
+      head_gemm_ = std::make_unique<LinearGemm>(c.d_model, int(share_.vocab_rows), precision);
+    }
   }
-  store_.begin_unit();
-  final_norm_ = std::make_unique<Norm>(store_, "final_norm", c.d_model, c.family == Family::gpt2,
-                                       c.norm_eps, sp_sum);
-  head_ = c.tie_embeddings ? wte_
-                           : store_.add("lm_head.weight", {share_.vocab_rows, c.d_model},
-                                        Init::normal, c.init_std, vocab_placement(c, share_));
-  head_gemm_ = std::make_unique<LinearGemm>(c.d_model, int(share_.vocab_rows), precision);
+  // The first stage's embedding is the tied copy's owner.
+  if (c.tie_embeddings && wte_ >= 0 && !head_gemm_) tied_tensor_ = wte_;
 
   store_.allocate(seed, pad_multiple, materialise);
   for (auto& b : blocks_) {
     b->bind(store_);
     b->share_scratch(&grads_);
   }
-  final_norm_->bind(store_);
-  store_.keep_packed(head_, head_gemm_.get());
+  if (final_norm_) final_norm_->bind(store_);
+  if (head_gemm_) store_.keep_packed(head_, head_gemm_.get());
 }
 
-void Transformer::reserve(int64_t B, int64_t T) {
-  if (B == B_ && T == T_) return;
+int Transformer::block_index(int unit) const {
+  const std::vector<int>& u = chunk_units_[size_t(units_[size_t(unit)].chunk)];
+  const int first_block = units_[size_t(u.front())].kind == UnitKind::embedding ? 1 : 0;
+  return int(std::find(u.begin(), u.end(), unit) - u.begin()) - first_block;
+}
+
+void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
+  CLEAVE_CHECK(slots.size() == chunks_.size(),
+               slots.size() << " slot counts for " << chunks_.size() << " chunks");
+  CLEAVE_CHECK(T <= cfg_.max_seq_len, "sequence of " << T << " tokens exceeds max_seq_len "
+                                                     << cfg_.max_seq_len);
   const int64_t N = B * T, n = local_rows(N), d = cfg_.d_model;
-  resid_.resize(cfg_.n_layers + 1);
-  for (auto& r : resid_) r.resize(n * d);
-  hf_.resize(n * d);
+  CLEAVE_CHECK(n * tp_.size() == N || !tp_.sequence_parallel,
+               B << " x " << T << " tokens cannot be split in " << tp_.size()
+                 << " equal parts for sequence parallelism");
+  const bool same_shape = B == B_ && T == T_;
+  slots_.resize(chunks_.size());
+  for (size_t ch = 0; ch < chunks_.size(); ++ch) {
+    if (same_shape && int(slots_[ch].size()) == slots[ch]) continue;
+    slots_[ch].resize(size_t(slots[ch]));
+    const ModelChunk& k = chunks_[ch];
+    for (Slot& s : slots_[ch]) {
+      s.stream.resize(size_t(k.end_layer - k.first_layer + 1));
+      for (auto& r : s.stream) r.resize(n * d);
+      s.d_output.resize(n * d);
+      s.d_input.resize(n * d);
+      if (k.head) {
+        s.hf.resize(n * d);
+        s.logits.resize(N * share_.vocab_rows);
+        s.losses.resize(N);
+        if (tp_.sequence_parallel) s.hf_full.resize(N * d);
+      }
+    }
+  }
+  for (auto& b : blocks_) b->set_slots(*std::max_element(slots.begin(), slots.end()));
+  if (same_shape) return;
+  d_a_.resize(n * d);
+  d_b_.resize(n * d);
   d_hf_.resize(N * d);
-  logits_.resize(N * share_.vocab_rows);
-  losses_.resize(N);
-  d_resid_a_.resize(n * d);
-  d_resid_b_.resize(n * d);
   if (tp_.comm) {
     stats_.resize(3 * N);
     all_stats_.resize(3 * N * tp_.size());
   }
   if (tp_.sequence_parallel) {
     embed_full_.resize(N * d);
-    hf_full_.resize(N * d);
     d_full_.resize(N * d);
   }
-  blocks_.front()->reserve_grads(grads_, N);
+  if (!blocks_.empty()) blocks_.front()->reserve_grads(grads_, N);
   B_ = B, T_ = T;
+}
+
+float* Transformer::chunk_input(int chunk, int slot) { return slot_of(chunk, slot).stream.front().data(); }
+const float* Transformer::chunk_output(int chunk, int slot) {
+  return slot_of(chunk, slot).stream.back().data();
+}
+float* Transformer::chunk_output_grad(int chunk, int slot) {
+  return slot_of(chunk, slot).d_output.data();
+}
+const float* Transformer::chunk_input_grad(int chunk, int slot) {
+  return slot_of(chunk, slot).d_input.data();
 }
 
 void Transformer::embed(float* out, const int32_t* tokens, int64_t B, int64_t T, int64_t pos0) {
@@ -102,103 +170,135 @@ void Transformer::embed(float* out, const int32_t* tokens, int64_t B, int64_t T,
                           T, int(d));
 }
 
-void Transformer::loss(const int32_t* targets, int64_t N, float grad_scale) {
+void Transformer::loss(Slot& s, const int32_t* targets, int64_t N, float grad_scale) {
   if (!tp_.comm) {
-    kernels::cross_entropy_forward_backward(logits_.data(), losses_.data(), targets, N,
+    kernels::cross_entropy_forward_backward(s.logits.data(), s.losses.data(), targets, N,
                                             cfg_.vocab_size, grad_scale);
     return;
   }
-  vocab_parallel_cross_entropy(tp_, share_, cfg_.vocab_size, logits_.data(), losses_.data(),
+  vocab_parallel_cross_entropy(tp_, share_, cfg_.vocab_size, s.logits.data(), s.losses.data(),
                                targets, N, grad_scale, stats_.data(), all_stats_.data());
 }
 
-void Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                          float grad_scale, const UnitHooks* hooks) {
-  CLEAVE_CHECK(T <= cfg_.max_seq_len, "sequence of " << T << " tokens exceeds max_seq_len "
-                                                     << cfg_.max_seq_len);
-  reserve(B, T);
-  const int64_t N = B * T, n = local_rows(N);
-  CLEAVE_CHECK(n * tp_.size() == N || !tp_.sequence_parallel,
-               B << " x " << T << " tokens cannot be split in " << tp_.size()
-                 << " equal parts for sequence parallelism");
-  const int head = n_units() - 1;
-  auto call = [&](const std::function<void(int)>& hook, int unit) {
-    if (hooks && hook) hook(unit);
-  };
-  tokens_ = tokens;
-  call(hooks ? hooks->before_forward : nullptr, 0);
-  embed(resid_[0].data(), tokens, B, T, 0);
-  call(hooks ? hooks->after_forward : nullptr, 0);
-  for (int l = 0; l < cfg_.n_layers; ++l) {
-    call(hooks ? hooks->before_forward : nullptr, l + 1);
-    blocks_[l]->forward(resid_[l + 1].data(), resid_[l].data(), B, T);
-    call(hooks ? hooks->after_forward : nullptr, l + 1);
+void Transformer::forward_unit(int unit, int slot, const int32_t* tokens, const int32_t* targets,
+                               float grad_scale) {
+  const Unit& u = units_[size_t(unit)];
+  Slot& s = slot_of(u.chunk, slot);
+  switch (u.kind) {
+    case UnitKind::embedding:
+      s.tokens = tokens;
+      embed(s.stream.front().data(), tokens, B_, T_, 0);
+      break;
+    case UnitKind::block: {
+      const int k = block_index(unit);
+      blocks_[size_t(block_of_unit_[size_t(unit)])]->forward(slot, s.stream[size_t(k) + 1].data(),
+                                                             s.stream[size_t(k)].data(), B_, T_);
+      break;
+    }
+    case UnitKind::head:
+      head_forward(s, targets, grad_scale);
+      break;
   }
-  call(hooks ? hooks->before_forward : nullptr, head);
-  if (cfg_.tie_embeddings) call(hooks ? hooks->before_forward : nullptr, 0);
-  final_norm_->forward(hf_.data(), resid_[cfg_.n_layers].data(), n);
-  const float* hf = hf_.data();  // the head is column-parallel (over the vocabulary)
+}
+
+void Transformer::head_forward(Slot& s, const int32_t* targets, float grad_scale) {
+  const int64_t N = B_ * T_, n = local_rows(N);
+  final_norm_->forward(s.hf.data(), s.stream.back().data(), n, s.final_norm);
+  const float* hf = s.hf.data();  // the head is column-parallel (over the vocabulary)
   if (tp_.sequence_parallel) {
-    tp_pairs::gather_forward(*tp_.comm, hf_.data(), hf_full_.data(), n * cfg_.d_model)();
-    hf = hf_full_.data();
+    tp_pairs::gather_forward(*tp_.comm, s.hf.data(), s.hf_full.data(), n * cfg_.d_model)();
+    hf = s.hf_full.data();
   } else if (tp_.comm) {
     tp_pairs::copy_forward();
     if (tp_.check_placements)
       tp_.comm->check_replicated(hf, N * cfg_.d_model, "lm_head input (Replicate on tp)");
   }
-  head_gemm_->forward(logits_.data(), hf, N, nullptr);
-  loss(targets, N, grad_scale);
-  if (cfg_.tie_embeddings) call(hooks ? hooks->after_forward : nullptr, 0);
-  call(hooks ? hooks->after_forward : nullptr, head);
+  head_gemm_->forward(s.logits.data(), hf, N, nullptr);
+  loss(s, targets, N, grad_scale);
 }
 
-void Transformer::backward(const UnitHooks* hooks) {
+void Transformer::backward_unit(int unit, int slot, BackwardPart part) {
+  const Unit& u = units_[size_t(unit)];
+  Slot& s = slot_of(u.chunk, slot);
+  // The head and the embeddings have no weight-gradient half of their own: the head's weight
+  // gradient is one product done with its input gradient, and the embeddings' backward is all
+  // weight gradient. Their whole backward runs in the input part (or both).
+  if (u.kind != UnitKind::block && part == BackwardPart::weight) return;
+  switch (u.kind) {
+    case UnitKind::head:
+      head_backward(s);
+      break;
+    case UnitKind::block: {
+      const int k = block_index(unit);
+      const ModelChunk& chunk = chunks_[size_t(u.chunk)];
+      const bool last = k == chunk.end_layer - chunk.first_layer - 1;
+      const bool first = k == 0;
+      Block& b = *blocks_[size_t(block_of_unit_[size_t(unit)])];
+      if (part == BackwardPart::weight) {
+        b.backward(slot, nullptr, nullptr, grads_, part);
+        break;
+      }
+      const float* d_out = last && !chunk.head ? s.d_output.data() : d_stream_;
+      float* d_in = first && !chunk.embedding ? s.d_input.data()
+                    : d_out == d_a_.data()    ? d_b_.data()
+                                              : d_a_.data();
+      b.backward(slot, d_in, d_out, grads_, part);
+      d_stream_ = d_in;
+      break;
+    }
+    case UnitKind::embedding:
+      embedding_backward(s, d_stream_);
+      break;
+  }
+}
+
+void Transformer::head_backward(Slot& s) {
   const int64_t N = B_ * T_, n = local_rows(N), d = cfg_.d_model;
   const bool sp = tp_.sequence_parallel;
-  const int head = n_units() - 1;
-  auto call = [&](const std::function<void(int)>& hook, int unit) {
-    if (hooks && hook) hook(unit);
-  };
-  // logits_ holds dlogits now (the loss kernel overwrote it).
-  float* d_out = d_resid_a_.data();
-  float* d_in = d_resid_b_.data();
-  call(hooks ? hooks->before_backward : nullptr, head);
-  if (cfg_.tie_embeddings) call(hooks ? hooks->before_backward : nullptr, 0);
-  // The head's input gradient is a partial sum over the vocabulary shards: reduced over tp
-  // while the head's weight gradient runs.
-  head_gemm_->backward_input(sp ? d_full_.data() : d_hf_.data(), logits_.data(), N, false);
+  // logits hold dlogits now (the loss kernel overwrote them). The head's input gradient is a
+  // partial sum over the vocabulary shards: reduced over tp while the head's weight gradient runs.
+  head_gemm_->backward_input(sp ? d_full_.data() : d_hf_.data(), s.logits.data(), N, false);
   TpComm::Wait reduced = [] {};
   if (sp) reduced = tp_pairs::gather_backward(*tp_.comm, d_full_.data(), d_hf_.data(), n * d);
   else if (tp_.comm) reduced = tp_pairs::copy_backward(*tp_.comm, d_hf_.data(), N * d);
-  head_gemm_->backward_weight(store_.grad(head_), nullptr, logits_.data(),
-                              sp ? hf_full_.data() : hf_.data(), N);
+  head_gemm_->backward_weight(store_.grad(head_), nullptr, s.logits.data(),
+                              sp ? s.hf_full.data() : s.hf.data(), N);
   reduced();
+  float* d_out = d_a_.data();
   std::memset(d_out, 0, n * d * sizeof(float));
-  final_norm_->backward_input(d_out, d_hf_.data(), resid_[cfg_.n_layers].data(), n);
+  final_norm_->backward_input(d_out, d_hf_.data(), s.stream.back().data(), n, s.final_norm);
   if (sp) start_gather_rows(*tp_.comm, grads_, d_out, n * d);  // for the last block
-  final_norm_->backward_weight(d_hf_.data(), resid_[cfg_.n_layers].data(), n);
-  call(hooks ? hooks->after_backward : nullptr, head);
-  for (int l = cfg_.n_layers - 1; l >= 0; --l) {
-    call(hooks ? hooks->before_backward : nullptr, l + 1);
-    blocks_[l]->backward(d_in, d_out, grads_);
-    call(hooks ? hooks->after_backward : nullptr, l + 1);
-    std::swap(d_in, d_out);
-  }
-  if (!cfg_.tie_embeddings) call(hooks ? hooks->before_backward : nullptr, 0);
+  final_norm_->backward_weight(d_hf_.data(), s.stream.back().data(), n, s.final_norm);
+  d_stream_ = d_out;
+}
+
+void Transformer::embedding_backward(Slot& s, const float* d_out) {
+  const int64_t N = B_ * T_, n = local_rows(N), d = cfg_.d_model;
+  const bool sp = tp_.sequence_parallel;
   if (!tp_.comm) {
     kernels::embedding_backward(store_.grad(wte_), wpe_ >= 0 ? store_.grad(wpe_) : nullptr, d_out,
-                                tokens_, B_, T_, cfg_.d_model);
-  } else {
-    // The lookup's gradient needs every row (all-gather under sequence parallelism, the
-    // conjugate of forward's reduce-scatter); positions take the rank's rows.
-    if (wpe_ >= 0)
-      kernels::position_backward(store_.grad(wpe_), d_out, n, sp ? tp_.rank() * n : 0, T_,
-                                 int(d));
-    const float* d_all = sp ? gathered_rows(*tp_.comm, grads_, d_out, n * d) : d_out;
-    kernels::embedding_backward_shard(store_.grad(wte_), d_all, tokens_, N, int(d),
-                                      share_.vocab_begin, share_.vocab_real);
+                                s.tokens, B_, T_, cfg_.d_model);
+    return;
   }
-  call(hooks ? hooks->after_backward : nullptr, 0);
+  // The lookup's gradient needs every row (all-gather under sequence parallelism, the
+  // conjugate of forward's reduce-scatter); positions take the rank's rows.
+  if (wpe_ >= 0)
+    kernels::position_backward(store_.grad(wpe_), d_out, n, sp ? tp_.rank() * n : 0, T_, int(d));
+  const float* d_all = sp ? gathered_rows(*tp_.comm, grads_, d_out, n * d) : d_out;
+  kernels::embedding_backward_shard(store_.grad(wte_), d_all, s.tokens, N, int(d),
+                                    share_.vocab_begin, share_.vocab_real);
+}
+
+void Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                          float grad_scale) {
+  CLEAVE_CHECK(chunks_.size() == 1 && chunks_[0].embedding && chunks_[0].head,
+               "Transformer::forward runs the whole model; this rank holds pipeline stages");
+  prepare(B, T, {1});
+  for (int u = 0; u < n_units(); ++u) forward_unit(u, 0, tokens, targets, grad_scale);
+}
+
+void Transformer::backward() {
+  for (int u = n_units() - 1; u >= 0; --u) backward_unit(u, 0);
 }
 
 std::vector<KVCache> Transformer::new_cache(int64_t max_pos) const {
@@ -218,15 +318,19 @@ const float* Transformer::forward_cached(const int32_t* tokens, int64_t T,
   CLEAVE_CHECK(pos0 + T <= cfg_.max_seq_len && pos0 + T <= cache[0].k.size() / (cfg_.n_kv_heads * cfg_.head_dim()),
                "generation of " << pos0 + T << " positions exceeds the cache or max_seq_len "
                                 << cfg_.max_seq_len);
-  reserve(1, T);
+  CLEAVE_CHECK(chunks_.size() == 1, "generation runs the whole model (this rank holds "
+                                         << chunks_.size() << " pipeline chunks)");
+  prepare(1, T, {1});
+  Slot& s = slot_of(0, 0);
   const int64_t d = cfg_.d_model;
-  embed(resid_[0].data(), tokens, 1, T, pos0);
+  embed(s.stream[0].data(), tokens, 1, T, pos0);
   for (int l = 0; l < cfg_.n_layers; ++l)
-    blocks_[l]->forward_cached(resid_[l + 1].data(), resid_[l].data(), T, cache[l]);
-  const float* last = resid_[cfg_.n_layers].data() + (T - 1) * d;
-  final_norm_->forward(hf_.data(), last, 1);
-  head_gemm_->forward(logits_.data(), hf_.data(), 1, nullptr);
-  return logits_.data();
+    blocks_[size_t(l)]->forward_cached(s.stream[size_t(l) + 1].data(), s.stream[size_t(l)].data(),
+                                       T, cache[size_t(l)]);
+  const float* last = s.stream.back().data() + (T - 1) * d;
+  final_norm_->forward(s.hf.data(), last, 1, s.final_norm);
+  head_gemm_->forward(s.logits.data(), s.hf.data(), 1, nullptr);
+  return s.logits.data();
 }
 
 namespace {

@@ -1,6 +1,9 @@
 // The decoder-only language model: embeddings, blocks, final norm, LM head and the fused
-// cross-entropy loss. Forward keeps what backward needs; backward accumulates into the flat
-// gradient buffer of params().
+// cross-entropy loss, or this rank's chunks of it under pipeline parallelism. It runs unit by
+// unit (the embeddings, each block, the head) on activation slots, one per micro-batch in flight:
+// a pipeline schedule (parallel/step_program.h) says which unit runs on which slot, and data
+// parallelism gathers, releases and reduces units between those calls. Forward keeps what
+// backward needs; backward accumulates into the flat gradient buffer of params().
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -13,42 +16,80 @@
 
 namespace cleave {
 
+// A contiguous run of layers this rank holds: one pipeline stage (docs/pipeline_parallel.md).
+// The first stage also holds the embeddings, the last the final norm, the LM head and the loss.
+struct ModelChunk {
+  int first_layer = 0, end_layer = 0;  // layers [first_layer, end_layer)
+  bool embedding = false, head = false;
+};
+
 class Transformer {
  public:
-  // pad_multiple: every unit of parameters (see n_units) starts at a multiple of it, and the flat
+  // pad_multiple: every unit of parameters (see units) starts at a multiple of it, and the flat
   // buffer's size is one (equal ZeRO shards of each unit). Every tensor is in group 0 ("dense").
   // materialise = false leaves the parameter values unset (ZeRO-3 builds only its shards).
   // tp: this rank's share of a tensor-parallel model (docs/tensor_parallel.md): its heads and
   // hidden units in every block, and its rows of the vocabulary in the embedding, the LM head and
   // the loss.
+  // chunks: the stages this rank holds, in increasing layer order (empty: the whole model).
+  // GPT-2's tied LM head on a rank without the embeddings holds a copy of embed.wte
+  // (Placement::tied_copy) whose gradient the trainer sums with the first stage's.
   Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed, int64_t pad_multiple = 1,
-              bool materialise = true, const TensorParallelOptions& tp = {});
+              bool materialise = true, const TensorParallelOptions& tp = {},
+              std::vector<ModelChunk> chunks = {});
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }
   // Whoever writes the values says so to params() (ParamStore::wrote and friends).
   ParamStore& params() { return store_; }
 
-  // Units of parameters (ParamStore::begin_unit), in forward order: 0 the embeddings,
-  // 1..n_layers the blocks, the last the final norm and LM head.
-  int n_units() const { return cfg_.n_layers + 2; }
-
-  // Called around the use of a unit's parameters, so data parallelism can gather them just in
-  // time and start a unit's gradient communication as soon as backward has finished it. With
-  // tied embeddings the head also uses unit 0 (announced inside the head's before/after pair,
-  // and its gradients are final only after the embeddings' backward).
-  struct UnitHooks {
-    std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
+  // Units of parameters (ParamStore::begin_unit), in forward order chunk by chunk. A unit's
+  // compute reads the values and writes the gradients of the units in `uses`: itself, and for a
+  // tied LM head beside the embeddings, the embeddings' unit too.
+  enum class UnitKind { embedding, block, head };
+  struct Unit {
+    UnitKind kind = UnitKind::block;
+    int layer = -1;  // blocks
+    int chunk = 0;
+    std::vector<int> uses;
   };
+  int n_units() const { return int(units_.size()); }
+  const std::vector<Unit>& units() const { return units_; }
+  const std::vector<ModelChunk>& chunks() const { return chunks_; }
+  const std::vector<int>& chunk_units(int chunk) const { return chunk_units_[size_t(chunk)]; }
+  // The tied embedding's tensor on a pipeline rank that shares it with another (-1: none).
+  int pipeline_tied_tensor() const { return tied_tensor_; }
 
-  // Runs B sequences of T tokens; losses()[i] is the loss of token i (the same on every tp rank).
-  // With grad_scale != 0 it prepares backward of grad_scale * sum(losses).
+  // Micro-batches of B sequences of T tokens; slots[c] activation slots for chunk c.
+  void prepare(int64_t B, int64_t T, const std::vector<int>& slots);
+  // The activations entering a chunk without the embeddings (received from the previous stage),
+  // and its output; the gradient of a chunk's output (received from the next stage) and of its
+  // input (valid after backward of the chunk's first unit, sent to the previous stage). Each is
+  // the rank's rows: local_rows(B x T) x d_model floats.
+  float* chunk_input(int chunk, int slot);
+  const float* chunk_output(int chunk, int slot);
+  float* chunk_output_grad(int chunk, int slot);
+  const float* chunk_input_grad(int chunk, int slot);
+  int64_t stream_floats() const { return local_rows(B_ * T_) * cfg_.d_model; }
+
+  // One unit on one slot. The embeddings read tokens; the head reads targets and, with
+  // grad_scale != 0, prepares the backward of grad_scale * sum(losses). Within a chunk, forward
+  // runs units in order and backward in reverse, each unit's backward (or its input part) right
+  // after the one above it for the same slot.
+  void forward_unit(int unit, int slot, const int32_t* tokens, const int32_t* targets,
+                    float grad_scale);
+  void backward_unit(int unit, int slot, BackwardPart part = BackwardPart::both);
+  // After the head's forward: losses(slot)[i] is the loss of token i (the same on every tp rank).
+  const float* losses(int slot) const { return head_slot(slot).losses.data(); }
+
+  // The whole model on slot 0 (one process, tests and tools): every unit's forward, then every
+  // unit's backward.
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-               float grad_scale, const UnitHooks* hooks = nullptr);
-  void backward(const UnitHooks* hooks = nullptr);
-  const float* losses() const { return losses_.data(); }
+               float grad_scale);
+  void backward();
+  const float* losses() const { return losses(0); }
   // Valid after a forward with grad_scale 0: [N, vocab] at tp = 1, else the rank's columns.
-  const float* logits() const { return logits_.data(); }
+  const float* logits() const { return head_slot(0).logits.data(); }
 
   // Generation: caches for one sequence of up to max_pos positions; forward_cached appends T
   // tokens and returns the logits of the last one ([vocab_size]).
@@ -59,14 +100,28 @@ class Transformer {
   // touching the parameter buffers (mapped, never written). It cannot run.
   static std::unique_ptr<Transformer> planned(const ModelConfig& cfg, int tp, bool sequence_parallel);
 
-  // Parameters that take part in matrix products (LM head included): the 6 * P of MFU.
+  // Parameters that take part in matrix products (LM head included) of the whole model: the
+  // 6 * P of MFU.
   int64_t matmul_params() const;
 
  private:
-  void reserve(int64_t B, int64_t T);
+  // A chunk's activations for one micro-batch.
+  struct Slot {
+    std::vector<Buffer<float>> stream;  // the chunk's input and each block's output
+    Buffer<float> d_output, d_input;    // gradients at the chunk's ends
+    const int32_t* tokens = nullptr;
+    Buffer<float> hf, hf_full, logits, losses;  // the head
+    NormStats final_norm;
+  };
+  Slot& slot_of(int chunk, int slot) { return slots_[size_t(chunk)].at(size_t(slot)); }
+  const Slot& head_slot(int slot) const { return slots_.back().at(size_t(slot)); }
   void embed(float* out, const int32_t* tokens, int64_t B, int64_t T, int64_t pos0);
   int64_t local_rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.size() : N; }
-  void loss(const int32_t* targets, int64_t N, float grad_scale);
+  void loss(Slot& s, const int32_t* targets, int64_t N, float grad_scale);
+  void head_forward(Slot& s, const int32_t* targets, float grad_scale);
+  void head_backward(Slot& s);
+  void embedding_backward(Slot& s, const float* d_stream);
+  int block_index(int unit) const;  // within its chunk
 
   ModelConfig cfg_;
   Precision precision_;
@@ -74,19 +129,23 @@ class Transformer {
   TpShare share_;
   std::unique_ptr<TpComm> planned_group_;  // planned(): the group tp_ points to
   ParamStore store_;
+  std::vector<ModelChunk> chunks_;
+  std::vector<Unit> units_;
+  std::vector<std::vector<int>> chunk_units_;
   std::optional<kernels::RopeTable> rope_;
-  int wte_, wpe_ = -1, head_;
-  std::vector<std::unique_ptr<Block>> blocks_;
+  int wte_ = -1, wpe_ = -1, head_ = -1, tied_tensor_ = -1;
+  std::vector<std::unique_ptr<Block>> blocks_;  // this rank's, in unit order
+  std::vector<int> block_of_unit_;              // index into blocks_, or -1
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<LinearGemm> head_gemm_;
   BlockGrads grads_;
 
   int64_t B_ = 0, T_ = 0;
-  const int32_t* tokens_ = nullptr;
-  std::vector<Buffer<float>> resid_;  // n_layers + 1 residual streams [N, d]
-  Buffer<float> hf_, d_hf_, logits_, losses_, d_resid_a_, d_resid_b_;
-  Buffer<float> stats_, all_stats_;              // tp > 1
-  Buffer<float> embed_full_, hf_full_, d_full_;  // sequence parallelism
+  std::vector<std::vector<Slot>> slots_;  // per chunk
+  Buffer<float> d_a_, d_b_, d_hf_;        // the gradient stream within one backward
+  float* d_stream_ = nullptr;             // where the stream's gradient is now
+  Buffer<float> stats_, all_stats_;       // tp > 1
+  Buffer<float> embed_full_, d_full_;     // sequence parallelism
 };
 
 }  // namespace cleave

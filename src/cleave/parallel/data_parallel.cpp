@@ -61,6 +61,7 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
   replicate_work_.resize(n_units());
   gather_work_.resize(n_units());
   resident_.assign(n_units(), zero_stage < 3);
+  final_.assign(size_t(n_units()), false);
   // DDP and ZeRO-1 all-reduce buckets, cut from the top of the region: backward fills it from
   // the LM head (highest offsets) down to the embeddings.
   if (zero_stage <= 1 && g_.dp->size() > 1) {
@@ -74,43 +75,10 @@ int64_t DataParallel::slice(int unit) const {
   return (bounds_[unit + 1] - bounds_[unit]) / g_.shard->size();
 }
 
-Transformer::UnitHooks DataParallel::hooks(bool last) {
-  Transformer::UnitHooks h;
-  const int head = n_units() - 1;
-  if (last) {
-    h.after_backward = [this](int unit) {
-      if (zero_stage_ <= 1) launch_buckets(bounds_[unit]);
-      else unit_gradients_done(unit);
-      if (zero_stage_ == 3 && !(in_head_ && unit == 0)) release(unit);
-    };
-  } else if (zero_stage_ == 3) {
-    h.after_backward = [this](int unit) {
-      if (!(in_head_ && unit == 0)) release(unit);
-    };
-  }
-  if (zero_stage_ == 3) {
-    h.before_forward = [this, head](int unit) {
-      if (unit == head) in_head_ = true;
-      ensure_gathered(unit);
-      if (!in_head_ && unit + 1 <= head) prefetch(unit + 1);
-    };
-    // The head stays gathered from its forward to its backward, which follows at once.
-    h.after_forward = [this, head](int unit) {
-      if (!in_head_) release(unit);
-      if (unit == head) in_head_ = false;
-    };
-    h.before_backward = [this, head](int unit) {
-      if (unit == head) in_head_ = true;
-      ensure_gathered(unit);
-      if (unit >= 1 && !(in_head_ && unit == 0)) prefetch(unit - 1);
-    };
-    auto done = h.after_backward;
-    h.after_backward = [this, head, done](int unit) {
-      done(unit);
-      if (unit == head) in_head_ = false;
-    };
-  }
-  return h;
+void DataParallel::reduce_gradients(int unit) {
+  if (zero_stage_ >= 2) return unit_gradients_done(unit);
+  final_[size_t(unit)] = true;
+  launch_ready_buckets();
 }
 
 void DataParallel::zero_gradients() {
@@ -120,9 +88,13 @@ void DataParallel::zero_gradients() {
                 size_t(bounds_.back() - bounds_.front()) * sizeof(float));
 }
 
-void DataParallel::launch_buckets(int64_t offset) {
+void DataParallel::launch_ready_buckets() {
   for (Bucket& b : buckets_) {
-    if (b.launched || b.begin < offset) continue;
+    if (b.launched) continue;
+    bool ready = true;
+    for (int u = 0; u < n_units() && ready; ++u)
+      if (bounds_[u] < b.end && bounds_[u + 1] > b.begin) ready = final_[size_t(u)];
+    if (!ready) continue;
     b.work = g_.dp->all_reduce(store_.grads().data() + b.begin, b.end - b.begin, CommType::f32,
                                CommAlgo::ours);
     b.launched = true;
@@ -152,7 +124,9 @@ void DataParallel::unit_gradients_done(int unit) {
 DataParallel::OptimizerInputs DataParallel::finish_gradients() {
   const RangeBuffer values = this->values();
   if (zero_stage_ <= 1) {
-    launch_buckets(bounds_.front());  // anything backward did not announce (none, normally)
+    final_.assign(size_t(n_units()), true);  // anything backward did not announce (none, normally)
+    launch_ready_buckets();
+    final_.assign(size_t(n_units()), false);
     for (Bucket& b : buckets_) {
       exposed_ += b.work.wait();
       b.launched = false;
@@ -183,7 +157,7 @@ void DataParallel::after_optimizer_step() {
   if (zero_stage_ == 1 || zero_stage_ == 2) gather_all_parameters();
 }
 
-void DataParallel::ensure_gathered(int unit) {
+void DataParallel::gather(int unit) {
   if (resident_[unit]) return;
   prefetch(unit);
   exposed_ += gather_work_[unit].wait();
@@ -205,7 +179,7 @@ const float* DataParallel::shard_source(int unit) {
 }
 
 void DataParallel::release(int unit) {
-  if (!resident_[unit]) return;
+  if (zero_stage_ < 3 || !resident_[unit]) return;
   release_range(store_.values().data(), bounds_[unit], bounds_[unit + 1]);
   store_.released(bounds_[unit], bounds_[unit + 1]);
   resident_[unit] = false;
@@ -215,13 +189,8 @@ void DataParallel::gather_all_parameters() {
   if (zero_stage_ == 0) return;
   for (int u = 0; u < n_units(); ++u) {
     resident_[u] = false;  // the values are replaced
-    ensure_gathered(u);
+    gather(u);
   }
-}
-
-void DataParallel::release_parameters() {
-  if (zero_stage_ < 3) return;
-  for (int u = 0; u < n_units(); ++u) release(u);
 }
 
 RangeBuffer DataParallel::values() {

@@ -20,13 +20,11 @@
 // A shard is the rank's 1/dp_shard slice of every unit (embeddings, each block, the head).
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "cleave/base/buffer.h"
 #include "cleave/comm/group.h"
 #include "cleave/model/params.h"
-#include "cleave/model/transformer.h"
 #include "cleave/optim/adamw.h"
 
 namespace cleave {
@@ -49,8 +47,17 @@ class DataParallel {
   // The flat ranges this rank updates; its shard buffers hold them one after the other.
   const std::vector<FlatRange>& ranges() const { return ranges_; }
 
-  // The hooks for one micro-batch; gradients are synchronised during the last one's backward.
-  Transformer::UnitHooks hooks(bool last_micro_batch);
+  // The instructions of a step program (pipeline/program.h) this layout answers. ZeRO-3 gathers a
+  // unit's parameters (waiting), starts gathering them ahead, and releases them; below ZeRO-3
+  // they are always resident and these do nothing. reduce_gradients: the unit's gradients are
+  // final for this step: DDP and ZeRO-1 start every bucket whose units are all final, ZeRO-2 and
+  // 3 reduce-scatter the unit (and all-reduce its shard over dp_replicate).
+  void gather(int unit);
+  void prefetch(int unit);
+  void release(int unit);
+  void reduce_gradients(int unit);
+  bool shards_parameters() const { return zero_stage_ == 3; }
+
   void zero_gradients();
   // After backward of the last micro-batch: where the optimizer finds the values of this rank's
   // ranges and their synchronised gradients (the store's flat buffers or the shard buffers).
@@ -64,8 +71,6 @@ class DataParallel {
   // each unit when it is next used.
   void after_optimizer_step();
 
-  // ZeRO-3: releases every unit still gathered (validation's forward keeps the head).
-  void release_parameters();
   // The values of ranges(): the store's flat buffer, or ZeRO-3's packed shard.
   RangeBuffer values();
 
@@ -87,13 +92,10 @@ class DataParallel {
   };
   int n_units() const { return int(bounds_.size()) - 1; }
   int64_t slice(int unit) const;  // length of this rank's part of a unit
-  void launch_buckets(int64_t offset);
+  void launch_ready_buckets();
   void unit_gradients_done(int unit);
-  void ensure_gathered(int unit);
-  void prefetch(int unit);
   void gather_all_parameters();  // ZeRO-1/2 after the step: every rank's updated slices
   const float* shard_source(int unit);  // this rank's values of a unit, which all-gather sends
-  void release(int unit);
 
   ParamStore& store_;
   DataParallelGroups g_;
@@ -107,7 +109,7 @@ class DataParallel {
   std::vector<Work> grad_work_, replicate_work_, gather_work_;  // per unit
   std::vector<int> grads_pending_;             // ZeRO-2/3: units whose reduce-scatter is in flight
   std::vector<bool> resident_;                 // ZeRO-3: the unit's parameters are gathered
-  bool in_head_ = false;                       // between the head's before and after hooks
+  std::vector<bool> final_;                    // DDP, ZeRO-1: the unit's gradients are final
   double exposed_ = 0;
 };
 

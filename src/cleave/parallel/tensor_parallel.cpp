@@ -76,10 +76,14 @@ void TensorParallelGrads::reduce_partial(int64_t begin, int64_t end) {
 
 double TensorParallelGrads::owned_sum_of_squares(const std::vector<FlatRange>& ranges,
                                                  RangeBuffer grads) const {
-  const TpCopy copy = this->copy();
+  return cleave::owned_sum_of_squares(store_, ranges, grads, copy());
+}
+
+double owned_sum_of_squares(const ParamStore& store, const std::vector<FlatRange>& ranges,
+                            RangeBuffer grads, TpCopy copy) {
   double sum = 0;
-  for (const TensorPiece& piece : tensor_pieces(store_, ranges)) {
-    const ParamTensor& t = store_.tensor(piece.tensor);
+  for (const TensorPiece& piece : tensor_pieces(store, ranges)) {
+    const ParamTensor& t = store.tensor(piece.tensor);
     const float* g = piece.in(grads);
     for (const GlobalBox& b : global_boxes(t.placement, t.shape, piece.begin, piece.end)) {
       if (copy.owns(t.placement, b))

@@ -34,6 +34,11 @@ class GroupTpComm final : public TpComm {
   int64_t bytes_ = 0;
 };
 
+// The sum of squares of the gradients of `ranges` (in grads) counting only the copies `copy`
+// owns: each global element once over the tp ranks, and never a pipeline stage's tied copy.
+double owned_sum_of_squares(const ParamStore& store, const std::vector<FlatRange>& ranges,
+                            RangeBuffer grads, TpCopy copy);
+
 class TensorParallelGrads {
  public:
   // kv_replicas: the tp ranks that share this rank's kv head (null when kv heads are split).

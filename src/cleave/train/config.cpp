@@ -17,7 +17,7 @@ namespace cleave {
 
 namespace {
 
-enum class Kind { integer, real, boolean, string, string_list };
+enum class Kind { integer, real, boolean, string, string_list, integer_list };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -26,6 +26,7 @@ const char* kind_name(Kind k) {
     case Kind::boolean: return "a boolean";
     case Kind::string: return "a string";
     case Kind::string_list: return "an array of strings";
+    case Kind::integer_list: return "an array of integers";
   }
   return "?";
 }
@@ -157,6 +158,7 @@ const std::vector<Key>& schema() {
     k.push_back(integer_key("train.keep_checkpoints", &C::train, &TrainConfig::keep_checkpoints,
                             1, 1e6));
     k.push_back(string_key("train.out_dir", &C::train, &TrainConfig::out_dir));
+    k.push_back(integer_key("train.trace_step", &C::train, &TrainConfig::trace_step, 0, 1e15));
     k.push_back(real_key("train.peak_gflops", &C::train, &TrainConfig::peak_gflops, 0.0, 1e9));
     k.push_back(choice_key("train.mfu_peak", &C::train, &TrainConfig::mfu_peak,
                            std::vector<std::pair<std::string, MfuPeak>>{
@@ -195,6 +197,20 @@ const std::vector<Key>& schema() {
     k.push_back(integer_key("parallel.cp", &C::parallel, &ParallelConfig::cp, -1, 1 << 20));
     k.push_back(integer_key("parallel.tp", &C::parallel, &ParallelConfig::tp, -1, 1 << 20));
     k.push_back(integer_key("parallel.zero_stage", &C::parallel, &ParallelConfig::zero_stage, 0, 3));
+    k.push_back(string_key("parallel.pp_schedule", &C::parallel, &ParallelConfig::pp_schedule));
+    k.push_back(integer_key("parallel.pp_virtual", &C::parallel, &ParallelConfig::pp_virtual, 0, 256));
+    k.push_back({"parallel.pp_layers", Kind::integer_list, 0, 0, {},
+                 [](C& c, const toml::node& n) {
+                   c.parallel.pp_layers.clear();
+                   for (auto& e : *n.as_array()) c.parallel.pp_layers.push_back(int(*e.value<int64_t>()));
+                 },
+                 [](const C& c) {
+                   std::string s = "[";
+                   for (size_t i = 0; i < c.parallel.pp_layers.size(); ++i)
+                     s += (i ? ", " : "") + std::to_string(c.parallel.pp_layers[i]);
+                   return s + "]";
+                 }});
+    k.push_back(string_key("parallel.pp_schedule_csv", &C::parallel, &ParallelConfig::pp_schedule_csv));
     k.push_back(real_key("parallel.bucket_mb", &C::parallel, &ParallelConfig::bucket_mb, 0.001, 1e6));
     k.push_back(real_key("parallel.comm_timeout_s", &C::parallel, &ParallelConfig::comm_timeout_s,
                          0.1, 1e7));
@@ -263,6 +279,12 @@ bool type_matches(Kind kind, const toml::node& n) {
       if (!n.is_array()) return false;
       for (auto& e : *n.as_array())
         if (!e.is_string()) return false;
+      return true;
+    }
+    case Kind::integer_list: {
+      if (!n.is_array()) return false;
+      for (auto& e : *n.as_array())
+        if (!e.is_integer()) return false;
       return true;
     }
   }

@@ -39,6 +39,9 @@ struct TrainConfig {
   // The peak MFU is quoted against, GF/s per rank; 0: the one mfu_peak names (train/peak.h).
   double peak_gflops = 0;
   MfuPeak mfu_peak = MfuPeak::gemm;
+  // Writes a Chrome trace of step N's instructions on every rank to out_dir/trace_step_N.json
+  // (0: none).
+  int64_t trace_step = 0;
 };
 
 // The device mesh degrees (-1: the rest of the world) and how data parallelism shards state.
@@ -50,6 +53,14 @@ struct TrainConfig {
 struct ParallelConfig {
   int pp = 1, dp_replicate = 1, dp_shard = -1, cp = 1, tp = 1;
   int zero_stage = 0;
+  // Pipeline parallelism (docs/pipeline_parallel.md): the schedule by name (gpipe, 1f1b,
+  // interleaved, zb1p, zbv) or from a CSV file (pp_schedule_csv, which wins), the virtual chunks
+  // per rank (0: the schedule's own, 2 for interleaved and zbv, else 1), and the layers of each
+  // stage in stage order (empty: balanced by count, the earlier stages taking any remainder).
+  std::string pp_schedule = "1f1b";
+  int pp_virtual = 0;
+  std::vector<int> pp_layers;
+  std::string pp_schedule_csv;
   bool sequence_parallel = false;
   bool check_placements = false;
   double bucket_mb = 25;         // DDP gradient buckets, MiB

@@ -9,13 +9,12 @@ namespace cleave {
 
 Layout plan_layout(const Config& cfg, int world) {
   const ParallelConfig& p = cfg.parallel;
-  const std::pair<const char*, int> unbuilt[] = {{"pp (pipeline)", p.pp}, {"cp (context)", p.cp}};
-  for (auto& [axis, degree] : unbuilt)
-    if (degree != 1)
-      throw Error("parallel." + std::string(axis).substr(0, 2) + " = " + std::to_string(degree) +
-                  ": " + axis + " parallelism is not built yet; data parallelism (dp_replicate, "
-                  "dp_shard) and tensor parallelism (tp) are");
+  if (p.cp != 1)
+    throw Error("parallel.cp = " + std::to_string(p.cp) +
+                ": cp (context) parallelism is not built yet; data (dp_replicate, dp_shard), "
+                "tensor (tp) and pipeline (pp) parallelism are");
   MeshDegrees d;
+  d.pp = p.pp;
   d.dp_replicate = p.dp_replicate;
   d.dp_shard = p.dp_shard;
   d.tp = p.tp;
@@ -44,7 +43,67 @@ Layout plan_layout(const Config& cfg, int world) {
                 std::to_string(cfg.train.seq_len) + " = " + std::to_string(tokens) +
                 " tokens per micro-batch cannot be split into parallel.tp = " +
                 std::to_string(tp) + " equal parts");
-  return Layout{std::move(mesh), micro / dp};
+  const int pp = mesh.degree(Axis::pp);
+  Schedule schedule = pipeline_schedule(p, pp, cfg.train.grad_accum_steps);
+  std::vector<int> layers = stage_layers(p, schedule, cfg.model.n_layers);
+  ScheduleCheck check = check_schedule(schedule);
+  return Layout{std::move(mesh), micro / dp, std::move(schedule), std::move(check),
+                std::move(layers)};
+}
+
+Schedule pipeline_schedule(const ParallelConfig& p, int pp, int microbatches) {
+  if (!p.pp_schedule_csv.empty()) {
+    Schedule s = load_schedule_csv(p.pp_schedule_csv);
+    if (s.pp != pp)
+      throw Error("parallel.pp_schedule_csv = " + p.pp_schedule_csv + " has " +
+                  std::to_string(s.pp) + " rows (ranks), parallel.pp is " + std::to_string(pp));
+    if (s.microbatches != microbatches)
+      throw Error("parallel.pp_schedule_csv = " + p.pp_schedule_csv + " runs " +
+                  std::to_string(s.microbatches) + " micro-batches, train.grad_accum_steps is " +
+                  std::to_string(microbatches));
+    return s;
+  }
+  const bool two_chunks = p.pp_schedule == "interleaved" || p.pp_schedule == "zbv";
+  const int virtual_chunks = p.pp_virtual > 0 ? p.pp_virtual : two_chunks ? 2 : 1;
+  try {
+    return generate_schedule(p.pp_schedule, pp, microbatches, virtual_chunks);
+  } catch (const Error& e) {
+    throw Error("parallel.pp_schedule = " + p.pp_schedule + " (parallel.pp " +
+                std::to_string(pp) + ", train.grad_accum_steps " + std::to_string(microbatches) +
+                " micro-batches, parallel.pp_virtual " + std::to_string(virtual_chunks) + "): " +
+                e.what());
+  }
+}
+
+std::vector<int> stage_layers(const ParallelConfig& p, const Schedule& s, int n_layers) {
+  const int stages = s.n_stages;
+  if (!p.pp_layers.empty()) {
+    if (int(p.pp_layers.size()) != stages)
+      throw Error("parallel.pp_layers lists " + std::to_string(p.pp_layers.size()) +
+                  " stages; the schedule has " + std::to_string(stages) + " (pp x virtual chunks)");
+    int sum = 0;
+    for (size_t i = 0; i < p.pp_layers.size(); ++i) {
+      if (p.pp_layers[i] < 1)
+        throw Error("parallel.pp_layers[" + std::to_string(i) + "] = " +
+                    std::to_string(p.pp_layers[i]) + ": every stage needs at least one layer");
+      sum += p.pp_layers[i];
+    }
+    if (sum != n_layers)
+      throw Error("parallel.pp_layers sums to " + std::to_string(sum) + " layers; model.n_layers is " +
+                  std::to_string(n_layers));
+    return p.pp_layers;
+  }
+  if (n_layers < stages)
+    throw Error("model.n_layers = " + std::to_string(n_layers) + " cannot fill " +
+                std::to_string(stages) + " pipeline stages (pp x virtual chunks): each needs a layer");
+  if (stages > s.pp && n_layers % stages != 0)
+    throw Error("model.n_layers = " + std::to_string(n_layers) + " does not divide among " +
+                std::to_string(s.pp) + " stages x " + std::to_string(stages / s.pp) +
+                " virtual chunks = " + std::to_string(stages) + " for parallel.pp_schedule = " +
+                s.name + "; give parallel.pp_layers explicitly");
+  std::vector<int> layers(size_t(stages), n_layers / stages);
+  for (int i = 0; i < n_layers % stages; ++i) ++layers[size_t(i)];
+  return layers;
 }
 
 }  // namespace cleave

@@ -3,7 +3,10 @@
 // error, agreed on and reported once; see cleave/comm/errors.h). The trainer builds its groups
 // from it.
 #pragma once
+#include <vector>
+
 #include "cleave/mesh/mesh.h"
+#include "cleave/pipeline/schedule.h"
 #include "cleave/train/config.h"
 
 namespace cleave {
@@ -11,11 +14,22 @@ namespace cleave {
 struct Layout {
   Mesh mesh;
   int64_t local_batch;  // samples of each micro-batch on one data-parallel rank
+  // The pipeline: the step's schedule (the trivial one-stage loop without pp), checked, and the
+  // layers of each stage in stage order.
+  Schedule schedule;
+  ScheduleCheck check;
+  std::vector<int> stage_layers;
 };
 
 // Throws cleave::Error naming the keys and numbers when the config cannot run on `world` ranks:
 // a mesh axis this build does not have, degrees that do not make up the world, a micro-batch the
-// data-parallel ranks cannot split evenly.
+// data-parallel ranks cannot split evenly, a schedule that cannot run or layers that do not split
+// over its stages.
 Layout plan_layout(const Config& cfg, int world);
+
+// The schedule parallel names for pp ranks and the step's micro-batches (generated, or loaded
+// from pp_schedule_csv), and the layers of each of its stages.
+Schedule pipeline_schedule(const ParallelConfig& p, int pp, int microbatches);
+std::vector<int> stage_layers(const ParallelConfig& p, const Schedule& s, int n_layers);
 
 }  // namespace cleave

@@ -41,6 +41,26 @@ std::string format_duration(double s) {
   return buf;
 }
 
+// Every rank's string at rank 0 (others get nothing): what each writer lists in meta.json.
+std::vector<std::string> gather_strings(const std::string& mine, int rank, int world) {
+  int length = int(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string all;
+  if (rank == 0) {
+    int at = 0;
+    for (int r = 0; r < world; ++r) displs[size_t(r)] = at, at += lengths[size_t(r)];
+    all.resize(size_t(at));
+  }
+  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR,
+              0, MPI_COMM_WORLD);
+  std::vector<std::string> out;
+  if (rank == 0)
+    for (int r = 0; r < world; ++r)
+      out.push_back(all.substr(size_t(displs[size_t(r)]), size_t(lengths[size_t(r)])));
+  return out;
+}
+
 }  // namespace
 
 double peak_rss_mib() {
@@ -67,6 +87,20 @@ std::string checkpoint_to_resume(const std::string& resume, const std::string& o
   return resume;
 }
 
+// The stages pp rank `rank` runs, as chunks of consecutive layers.
+std::vector<ModelChunk> chunks_of(const Layout& layout, int rank) {
+  const StageMap& stages = layout.check.stages;
+  const int last = int(layout.stage_layers.size()) - 1;
+  std::vector<ModelChunk> chunks;
+  int first = 0;
+  for (int s = 0; s <= last; ++s) {
+    const int end = first + layout.stage_layers[size_t(s)];
+    if (stages.rank_of_stage[size_t(s)] == rank) chunks.push_back({first, end, s == 0, s == last});
+    first = end;
+  }
+  return chunks;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
@@ -77,10 +111,11 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   // What can go wrong before the first collective is checked on every rank and agreed on: a bad
   // layout, data file or out_dir then ends the job alike on every rank, reported once.
   std::string from;
+  std::unique_ptr<Layout> layout;
   agree_on_errors([&] {
-    const Layout layout = plan_layout(cfg_, world_);
-    mesh_ = std::make_unique<Mesh>(layout.mesh);
-    local_batch_ = layout.local_batch;
+    layout = std::make_unique<Layout>(plan_layout(cfg_, world_));
+    mesh_ = std::make_unique<Mesh>(layout->mesh);
+    local_batch_ = layout->local_batch;
     const std::string dir = cfg_.data.dir;
     train_shard_ = std::make_unique<TokenShard>(dir + "/train.bin", cfg_.model.vocab_size);
     val_shard_ = std::make_unique<TokenShard>(dir + "/val.bin", cfg_.model.vocab_size);
@@ -94,6 +129,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   shard_group_ = make_group(*mesh_, rank_, {Axis::dp_shard}, "dp_shard");
   replicate_group_ = make_group(*mesh_, rank_, {Axis::dp_replicate}, "dp_replicate");
   tp_group_ = make_group(*mesh_, rank_, {Axis::tp}, "tp");
+  pp_group_ = make_group(*mesh_, rank_, {Axis::pp}, "pp");
   dp_size_ = dp_group_->size();
   dp_rank_ = dp_group_->rank();
   long pid = long(getpid());
@@ -106,7 +142,8 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     tp = {tp_comm_.get(), cfg_.parallel.sequence_parallel, cfg_.parallel.check_placements};
   }
   model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed, 16 * shard_group_->size(),
-                                         cfg_.parallel.zero_stage < 3, tp);
+                                         cfg_.parallel.zero_stage < 3, tp,
+                                         chunks_of(*layout, pp_group_->rank()));
   if (tp_comm_)
     tp_grads_ = std::make_unique<TensorParallelGrads>(model_->params(), *tp_comm_, *tp_group_,
                                                       kv_comm_.get());
@@ -124,8 +161,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
                                          cfg_.parallel.zero_stage == 0);
     groups_.push_back(std::move(part));
   }
-  inputs_.resize(local_batch_ * t.seq_len);
-  targets_.resize(inputs_.size());
+  make_pipeline(*layout);
 
   // Each rank reads its own part of the checkpoint: a bad part may be seen by some ranks only.
   if (!from.empty()) agree_on_errors([&] { load_checkpoint(from); });
@@ -187,19 +223,54 @@ void Trainer::resolve_peaks() {
   hardware_sum_ = sums[1];
 }
 
-Transformer::UnitHooks Trainer::hooks(bool last) {
-  std::vector<Transformer::UnitHooks> each;
-  for (GroupParallel& part : groups_) each.push_back(part.dp->hooks(last));
-  using Hook = std::function<void(int)>;
-  auto all = [each](Hook Transformer::UnitHooks::*which) -> Hook {
-    return [each, which](int unit) {
-      for (const Transformer::UnitHooks& h : each)
-        if (h.*which) (h.*which)(unit);
-    };
+void Trainer::make_pipeline(const Layout& layout) {
+  const StageMap& stages = layout.check.stages;
+  const int pp = pp_group_->size(), pp_rank = pp_group_->rank();
+  const int n_stages = layout.schedule.n_stages;
+  for (const int64_t m : {int64_t(layout.schedule.microbatches), cfg_.train.val_batches})
+    if (2 * n_stages * m > 32768)
+      throw EveryRankError("the pipeline's " + std::to_string(n_stages) + " stages x " +
+                           std::to_string(m) + " micro-batches need more message tags than MPI "
+                           "guarantees (32768 / 2): fewer micro-batches or stages");
+  const UnitLayout units = unit_layout(*model_);
+  const bool zero3 = cfg_.parallel.zero_stage == 3;
+  train_program_ = lower_schedule(layout.schedule, stages, pp_rank, units, {zero3, true});
+  val_program_ = lower_schedule(forward_only_schedule(stages, pp, int(cfg_.train.val_batches)),
+                                stages, pp_rank, units, {zero3, false});
+  // GPT-2's tied embedding on the first and the last stage: the pair sums its gradient.
+  if (pp > 1 && cfg_.model.tie_embeddings) {
+    MPI_Comm tied;
+    MPI_Comm_split(pp_group_->comm(), model_->pipeline_tied_tensor() >= 0 ? 0 : MPI_UNDEFINED,
+                   pp_rank, &tied);
+    if (tied != MPI_COMM_NULL) {
+      tied_group_ = std::make_unique<Group>(tied, "pp_tied");
+      MPI_Comm_free(&tied);
+    }
+  }
+  StepParts parts;
+  parts.model = model_.get();
+  for (GroupParallel& part : groups_) parts.dp.push_back(part.dp.get());
+  parts.tp_grads = tp_grads_.get();
+  parts.pp = pp_group_.get();
+  parts.tied = tied_group_.get();
+  parts.fill = [this](int mb, int32_t* tokens, int32_t* targets) { fill_(mb, tokens, targets); };
+  parts.before_reduce = [this](int unit) {
+    if (gradient_fault_) gradient_fault_(step_, unit, model_->params());
   };
-  return {all(&Transformer::UnitHooks::before_forward), all(&Transformer::UnitHooks::after_forward),
-          all(&Transformer::UnitHooks::before_backward),
-          all(&Transformer::UnitHooks::after_backward)};
+  parts.optimizer_step = [this](double loss_sum) { finish_(loss_sum); };
+  executor_ = std::make_unique<StepExecutor>(std::move(parts));
+  schedule_name_ = layout.schedule.name;
+  n_stages_ = n_stages;
+  double count = double(model_->params().global_count());
+  if (pp > 1) count = sum_of_doubles(*pp_group_, count);
+  global_params_ = std::llround(count);
+}
+
+std::string Trainer::pipeline_description() const {
+  const int pp = pp_group_->size();
+  if (pp == 1) return "";
+  return " x pp " + std::to_string(pp) + " (" + schedule_name_ + ", " + std::to_string(n_stages_) +
+         " stages)";
 }
 
 StepResult Trainer::train_step(int64_t step) {
@@ -211,45 +282,45 @@ StepResult Trainer::train_step(int64_t step) {
   for (GroupTpComm* c : {tp_comm_.get(), kv_comm_.get()})
     if (c) c->take_exposed_seconds(), c->take_bytes();
   for (GroupParallel& part : groups_) part.dp->zero_gradients();
-  double loss_sum = 0;
-  for (int64_t micro = 0; micro < accum; ++micro) {
-    train_loader_->fill(inputs_.data(), targets_.data(), uint64_t(step),
-                        micro * mb + dp_rank_ * local_batch_, local_batch_);
-    // Gradients are synchronised once per step: during the last micro-batch's backward.
-    Transformer::UnitHooks hooks = this->hooks(micro == accum - 1);
-    // Pending sums over tp ranks complete before the data-parallel reduction of the unit.
-    if (tp_grads_ && micro == accum - 1)
-      hooks.after_backward = [this, reduce = hooks.after_backward](int unit) {
-        const ParamStore& params = model_->params();
-        for (int g = 0; g < params.n_groups(); ++g)
-          tp_grads_->reduce_partial(params.unit_bounds(g)[size_t(unit)],
-                                    params.unit_bounds(g)[size_t(unit) + 1]);
-        reduce(unit);
-      };
-    if (gradient_fault_)
-      hooks.after_backward = [this, step, reduce = hooks.after_backward](int unit) {
-        gradient_fault_(step, unit, model_->params());
-        reduce(unit);
-      };
-    model_->forward(inputs_.data(), targets_.data(), local_batch_, T, grad_scale, &hooks);
-    for (int64_t i = 0; i < local_batch_ * T; ++i) loss_sum += model_->losses()[i];
-    model_->backward(&hooks);
-  }
-  for (GroupParallel& part : groups_) part.shard = part.dp->finish_gradients();
   StepResult r;
-  r.loss = sum_of_doubles(*dp_group_, loss_sum) / double(mb * T * accum);
+  fill_ = [this, step, mb](int micro, int32_t* tokens, int32_t* targets) {
+    train_loader_->fill(tokens, targets, uint64_t(step), micro * mb + dp_rank_ * local_batch_,
+                        local_batch_);
+  };
+  finish_ = [this, step, &r](double loss_sum) { finish_step(step, loss_sum, r); };
+  const bool trace = t.trace_step == step + 1;
+  StepTimes times = executor_->run(train_program_, local_batch_, T, grad_scale, rank_, trace);
+  r.exposed_pp_s = times.exposed_pp;
+  r.busy_s = times.busy_seconds;
+  r.program_s = times.seconds;
+  if (trace) write_trace(step + 1, times.trace);
+  return r;
+}
+
+void Trainer::finish_step(int64_t step, double loss_sum, StepResult& r) {
+  const TrainConfig& t = cfg_.train;
+  const int64_t mb = t.micro_batch_size, T = t.seq_len, accum = t.grad_accum_steps;
+  const bool pp = pp_group_->size() > 1;
+  for (GroupParallel& part : groups_) part.shard = part.dp->finish_gradients();
+  // Only the last stage computes losses: the pipeline's sum carries them to every rank.
+  double loss = sum_of_doubles(*dp_group_, loss_sum);
+  if (pp) loss = sum_of_doubles(*pp_group_, loss, &r.exposed_pp_s);
+  r.loss = loss / double(mb * T * accum);
   double squares = 0;
   for (GroupParallel& part : groups_) {
-    if (!tp_grads_) {
+    if (!tp_grads_ && !pp) {
       squares += part.dp->grad_sum_of_squares();
       continue;
     }
-    // Each global element once: sharded tensors from every tp rank, replicated ones from one.
-    double local = tp_grads_->owned_sum_of_squares(part.dp->ranges(), part.shard.grads);
+    // Each global element once: sharded tensors from every tp rank, replicated ones from one,
+    // a tied embedding from the stage that owns it.
+    double local = owned_sum_of_squares(model_->params(), part.dp->ranges(), part.shard.grads,
+                                        tp_grads_ ? tp_grads_->copy() : TpCopy{});
     if (cfg_.parallel.zero_stage > 0) local = sum_of_doubles(*shard_group_, local, &r.exposed_dp_s);
     squares += local;
   }
   if (tp_grads_) squares = tp_grads_->sum_over_tp(squares, &r.exposed_tp_s);
+  if (pp) squares = sum_of_doubles(*pp_group_, squares, &r.exposed_pp_s);
   r.grad_norm = std::sqrt(squares);
   // Both are the same on every rank, so every rank stops here alike, before anything is applied.
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) stop_non_finite(step, r);
@@ -271,7 +342,6 @@ StepResult Trainer::train_step(int64_t step) {
       r.exposed_tp_s += c->take_exposed_seconds();
       r.tp_bytes += c->take_bytes();
     }
-  return r;
 }
 
 void Trainer::stop_non_finite(int64_t step, const StepResult& r) {
@@ -306,17 +376,28 @@ void Trainer::stop_non_finite(int64_t step, const StepResult& r) {
 double Trainer::validate() {
   const TrainConfig& t = cfg_.train;
   const int64_t mb = t.micro_batch_size, T = t.seq_len;
-  double sum = 0;
-  const Transformer::UnitHooks hooks = this->hooks(false);
-  for (int64_t b = 0; b < t.val_batches; ++b) {
-    val_loader_->fill(inputs_.data(), targets_.data(), uint64_t(b), dp_rank_ * local_batch_,
-                      local_batch_);
-    model_->forward(inputs_.data(), targets_.data(), local_batch_, T, 0.0f, &hooks);
-    for (int64_t i = 0; i < local_batch_ * T; ++i) sum += model_->losses()[i];
-  }
-  // ZeRO-3: the head stayed gathered for a backward that never came.
-  for (GroupParallel& part : groups_) part.dp->release_parameters();
-  return sum_of_doubles(*dp_group_, sum) / double(t.val_batches * mb * T);
+  fill_ = [this](int b, int32_t* tokens, int32_t* targets) {
+    val_loader_->fill(tokens, targets, uint64_t(b), dp_rank_ * local_batch_, local_batch_);
+  };
+  const StepTimes v = executor_->run(val_program_, local_batch_, T, 0.0f, rank_, false);
+  double sum = sum_of_doubles(*dp_group_, v.loss_sum);
+  if (pp_group_->size() > 1) sum = sum_of_doubles(*pp_group_, sum);
+  return sum / double(t.val_batches * mb * T);
+}
+
+void Trainer::write_trace(int64_t step, const std::vector<TraceEvent>& mine) {
+  // Every rank's spans at rank 0, one track per world rank.
+  nlohmann::json list = nlohmann::json::array();
+  for (const TraceEvent& e : mine) list.push_back({e.name, e.start_us, e.duration_us});
+  const std::vector<std::string> all = gather_strings(list.dump(), rank_, world_);
+  if (rank_ != 0) return;
+  std::vector<TraceEvent> events;
+  for (int r = 0; r < world_; ++r)
+    for (const nlohmann::json& e : nlohmann::json::parse(all[size_t(r)]))
+      events.push_back({r, e[0].get<std::string>(), e[1].get<double>(), e[2].get<double>()});
+  const std::string path = cfg_.train.out_dir + "/trace_step_" + std::to_string(step) + ".json";
+  write_chrome_trace(path, events);
+  std::printf("wrote %s\n", path.c_str());
 }
 
 void Trainer::run(int64_t exit_after) {
@@ -331,10 +412,11 @@ void Trainer::run(int64_t exit_after) {
                  rank_, CPU_COUNT(&cpus), omp_get_max_threads(), omp_get_max_threads());
   if (rank_ == 0) {
     std::cout << "cleave: " << family_name(cfg_.model.family) << " model, "
-              << model_->params().global_count() << " parameters, "
+              << global_params_ << " parameters, "
               << (t.dtype == Precision::bf16 ? "bf16" : "fp32") << ", " << world_ << " rank"
               << (world_ > 1 ? "s" : "") << " (dp_replicate " << replicate_group_->size()
               << " x dp_shard " << shard_group_->size() << " x tp " << tp_group_->size()
+              << pipeline_description()
               << (cfg_.parallel.sequence_parallel ? " with sequence parallelism" : "")
               << ", ZeRO-" << cfg_.parallel.zero_stage << ") x " << omp_get_max_threads() << " threads, global batch "
               << int64_t(t.micro_batch_size) * t.grad_accum_steps << " x " << t.seq_len
@@ -362,6 +444,9 @@ void Trainer::run(int64_t exit_after) {
     ++interval_steps;
     interval.exposed_dp_s += r.exposed_dp_s;
     interval.exposed_tp_s += r.exposed_tp_s;
+    interval.exposed_pp_s += r.exposed_pp_s;
+    interval.busy_s += r.busy_s;
+    interval.program_s += r.program_s;
     interval.tp_bytes += r.tp_bytes;
     if (step_ % t.log_interval == 0 || step_ == t.steps) {
       log_step(r, interval_seconds, interval_steps, interval);
@@ -391,10 +476,17 @@ void Trainer::run(int64_t exit_after) {
 void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                        const StepResult& interval) {
   // Every rank's peak resident memory, so a layout whose ranks differ shows each.
-  float rss = float(peak_rss_mib());
-  std::vector<float> rss_of(static_cast<size_t>(world_));
-  world_group_->all_gather(&rss, rss_of.data(), 1, CommType::f32, CommAlgo::ours).wait();
+  // and the fraction of its step program each rank spent outside compute (the pipeline bubble
+  // and exposed communication).
+  float mine[2] = {float(peak_rss_mib()), float(1.0 - interval.busy_s / interval.program_s)};
+  std::vector<float> all(2 * static_cast<size_t>(world_));
+  world_group_->all_gather(mine, all.data(), 2, CommType::f32, CommAlgo::ours).wait();
   if (rank_ != 0) return;
+  std::vector<float> rss_of, idle_of;
+  for (int r = 0; r < world_; ++r) {
+    rss_of.push_back(all[2 * size_t(r)]);
+    idle_of.push_back(all[2 * size_t(r) + 1]);
+  }
   const TrainConfig& t = cfg_.train;
   const double tokens = double(steps) * t.micro_batch_size * t.grad_accum_steps * t.seq_len;
   const double tok_s = tokens / seconds;
@@ -415,9 +507,17 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   }
   const double dp_ms = 1e3 * interval.exposed_dp_s / double(steps);
   const double tp_ms = 1e3 * interval.exposed_tp_s / double(steps);
-  const double comm_ms = dp_ms + tp_ms;
-  char comm[96];
-  if (tp_comm_)
+  const double pp_ms = 1e3 * interval.exposed_pp_s / double(steps);
+  const double comm_ms = dp_ms + tp_ms + pp_ms;
+  char comm[128];
+  const bool pp = pp_group_->size() > 1;
+  double idle = 0;
+  for (float f : idle_of) idle += f;
+  idle /= double(world_);
+  if (pp)
+    std::snprintf(comm, sizeof comm, "comm %.0f ms/step (dp %.0f, tp %.0f, pp %.0f) | idle %.1f%%",
+                  comm_ms, dp_ms, tp_ms, pp_ms, 100 * idle);
+  else if (tp_comm_)
     std::snprintf(comm, sizeof comm, "comm %.0f ms/step (dp %.0f, tp %.0f)", comm_ms, dp_ms, tp_ms);
   else
     std::snprintf(comm, sizeof comm, "comm %.0f ms/step", comm_ms);
@@ -443,6 +543,8 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                              {"exposed_comm_ms", comm_ms},
                              {"exposed_comm_ms_dp", dp_ms},
                              {"exposed_comm_ms_tp", tp_ms},
+                             {"exposed_comm_ms_pp", pp_ms},
+                             {"idle_fraction_per_rank", idle_of},
                              {"tp_bytes_per_step", double(interval.tp_bytes) / double(steps)},
                              {"eta_s", eta}}
                   .dump()
@@ -450,40 +552,18 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
            << std::flush;
 }
 
-namespace {
-
-// Every rank's string at rank 0 (others get nothing): what each writer lists in meta.json.
-std::vector<std::string> gather_strings(const std::string& mine, int rank, int world) {
-  int length = int(mine.size());
-  std::vector<int> lengths(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
-  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-  std::string all;
-  if (rank == 0) {
-    int at = 0;
-    for (int r = 0; r < world; ++r) displs[size_t(r)] = at, at += lengths[size_t(r)];
-    all.resize(size_t(at));
-  }
-  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR,
-              0, MPI_COMM_WORLD);
-  std::vector<std::string> out;
-  if (rank == 0)
-    for (int r = 0; r < world; ++r)
-      out.push_back(all.substr(size_t(displs[size_t(r)]), size_t(lengths[size_t(r)])));
-  return out;
-}
-
-}  // namespace
 
 void Trainer::save_checkpoint() {
   const TrainConfig& t = cfg_.train;
   ParamStore& params = model_->params();
   // Every writer puts its shard of the state into one temporary folder; rank 0 then checks the
   // files, records them in meta.json and swaps the folder into place. Nothing is gathered but
-  // what each writer's file holds. Each tp rank writes its own files (its data-parallel shards).
+  // what each writer's file holds. Each pipeline rank and tp rank writes its own files (its
+  // data-parallel shards).
   const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
   if (rank_ == 0) begin_checkpoint_folder(dir, job_tag_);
   world_group_->barrier().wait();
-  // Files: per tp rank, each group's data-parallel files one after the other.
+  // Files: per pipeline stage and tp rank, each group's data-parallel files one after the other.
   int files_per_tp = 0;
   for (GroupParallel& part : groups_) files_per_tp += part.dp->checkpoint_files();
   std::map<int, std::string> checksums;  // of the files this rank wrote
@@ -492,7 +572,8 @@ void Trainer::save_checkpoint() {
   for (GroupParallel& part : groups_) {
     const int own = part.dp->checkpoint_file();
     if (own >= 0) {
-      const int file = tp_group_->rank() * files_per_tp + group_first + own;
+      const int file = (pp_group_->rank() * tp_group_->size() + tp_group_->rank()) * files_per_tp +
+                       group_first + own;
       const StateSlices state{part.dp->ranges(), part.dp->values(),
                               {part.optim->m().data(), true}, {part.optim->v().data(), true},
                               tp_grads_ ? tp_grads_->copy() : TpCopy{}};
@@ -503,7 +584,8 @@ void Trainer::save_checkpoint() {
   }
   const std::vector<std::string> listed = gather_strings(entries.dump(), rank_, world_);
   if (rank_ == 0) {
-    std::vector<nlohmann::json> entries_of_file(size_t(files_per_tp * tp_group_->size()));
+    std::vector<nlohmann::json> entries_of_file(
+        size_t(files_per_tp * tp_group_->size() * pp_group_->size()));
     for (const std::string& e : listed)
       for (const nlohmann::json& j : nlohmann::json::parse(e))
         entries_of_file[j["file"].get<size_t>()] = j["tensors"];

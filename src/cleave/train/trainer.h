@@ -1,7 +1,8 @@
 // The training loop: batches from the loader (each data-parallel rank its slice of the global
-// batch), forward and backward per micro-batch, gradient synchronisation, global-norm clipping,
-// AdamW on this rank's shard, the learning-rate schedule, progress lines and JSON metrics
-// (rank 0), validation and checkpoints.
+// batch), the step as a program of instructions (the pipeline schedule's actions on this rank's
+// stages, with gradient synchronisation between them), global-norm clipping, AdamW on this rank's
+// shard, the learning-rate schedule, progress lines and JSON metrics (rank 0), validation and
+// checkpoints.
 #pragma once
 #include <cstdint>
 #include <fstream>
@@ -16,16 +17,19 @@
 #include "cleave/model/transformer.h"
 #include "cleave/optim/adamw.h"
 #include "cleave/parallel/data_parallel.h"
+#include "cleave/parallel/pipeline_parallel.h"
 #include "cleave/parallel/tensor_parallel.h"
 #include "cleave/train/config.h"
+#include "cleave/train/layout.h"
 #include "cleave/train/peak.h"
 
 namespace cleave {
 
 struct StepResult {
   double loss = 0, lr = 0, grad_norm = 0;
-  double exposed_dp_s = 0, exposed_tp_s = 0;  // seconds this rank waited on each axis
-  int64_t tp_bytes = 0;                        // bytes this rank sent into tp collectives
+  double exposed_dp_s = 0, exposed_tp_s = 0, exposed_pp_s = 0;  // seconds waited on each axis
+  int64_t tp_bytes = 0;       // bytes this rank sent into tp collectives
+  double busy_s = 0, program_s = 0;  // in compute instructions, in the whole step program
 };
 
 class Trainer {
@@ -49,6 +53,11 @@ class Trainer {
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
                 const StepResult& interval);
   void make_tp_groups();
+  void make_pipeline(const Layout& layout);  // the model's chunks, programs and executor
+  // After the step program's backward: the loss, the gradient norm, clipping and the update.
+  void finish_step(int64_t step, double loss_sum, StepResult& r);
+  void write_trace(int64_t step, const std::vector<TraceEvent>& mine);
+  std::string pipeline_description() const;  // for the start line
   void resolve_peaks();
   // Every rank alike, before the update: names the step and the first tensor whose gradient holds
   // a non-finite value (a collective over the data-parallel ranks).
@@ -58,7 +67,7 @@ class Trainer {
   int world_ = 1, rank_ = 0;
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<Group> world_group_, dp_group_, shard_group_, replicate_group_, tp_group_,
-      kv_group_;
+      kv_group_, pp_group_, tied_group_;
   std::unique_ptr<GroupTpComm> tp_comm_, kv_comm_;  // tp > 1; kv_comm_ with replicated kv heads
   std::unique_ptr<TensorParallelGrads> tp_grads_;  // tp > 1
   int dp_size_ = 1, dp_rank_ = 0;
@@ -74,8 +83,14 @@ class Trainer {
     DataParallel::OptimizerInputs shard;  // after finish_gradients
   };
   std::vector<GroupParallel> groups_;
-  Transformer::UnitHooks hooks(bool last_micro_batch);  // every group's, in group order
-  std::vector<int32_t> inputs_, targets_;
+  // The step as instructions (pipeline/program.h), and validation's forward-only program.
+  Program train_program_, val_program_;
+  std::unique_ptr<StepExecutor> executor_;
+  std::function<void(int mb, int32_t* tokens, int32_t* targets)> fill_;  // of the running program
+  std::function<void(double loss_sum)> finish_;
+  std::string schedule_name_;
+  int n_stages_ = 1;
+  int64_t global_params_ = 0;  // of the whole model, over every pipeline stage
   int64_t step_ = 0;  // steps completed
   std::string job_tag_;  // rank 0's pid: names the temporary folder all ranks write a checkpoint to
   ComputePeak peak_;                  // this rank's (rank 0's is printed)

@@ -1,0 +1,219 @@
+#include "cleave/parallel/pipeline_parallel.h"
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <string>
+
+namespace cleave {
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool is_compute(Op op) {
+  return op == Op::forward || op == Op::backward || op == Op::backward_input ||
+         op == Op::backward_weight;
+}
+
+char action_letter(Op op) {
+  switch (op) {
+    case Op::forward: return 'F';
+    case Op::backward: return 'B';
+    case Op::backward_input: return 'I';
+    default: return 'W';
+  }
+}
+
+BackwardPart part_of(Op op) {
+  return op == Op::backward_input    ? BackwardPart::input
+         : op == Op::backward_weight ? BackwardPart::weight
+                                     : BackwardPart::both;
+}
+
+}  // namespace
+
+UnitLayout unit_layout(const Transformer& model) {
+  UnitLayout l;
+  for (int c = 0; c < int(model.chunks().size()); ++c) l.chunk_units.push_back(model.chunk_units(c));
+  for (const Transformer::Unit& u : model.units()) {
+    l.uses.push_back(u.uses);
+    l.has_weight_part.push_back(u.kind == Transformer::UnitKind::block);
+  }
+  if (model.pipeline_tied_tensor() >= 0)
+    l.tied_units.push_back(
+        const_cast<Transformer&>(model).params().tensor(model.pipeline_tied_tensor()).unit);
+  return l;
+}
+
+StepTimes StepExecutor::run(const Program& program, int64_t B, int64_t T, float grad_scale,
+                            int rank, bool trace) {
+  Transformer& model = *parts_.model;
+  model.prepare(B, T, program.slots);
+  const int chunks = int(program.slots.size());
+  tokens_.resize(size_t(chunks));
+  targets_.resize(size_t(chunks));
+  for (int c = 0; c < chunks; ++c) {
+    tokens_[size_t(c)].resize(size_t(program.slots[size_t(c)]));
+    targets_[size_t(c)].resize(size_t(program.slots[size_t(c)]));
+    for (auto& t : tokens_[size_t(c)]) t.resize(size_t(B * T));
+    for (auto& t : targets_[size_t(c)]) t.resize(size_t(B * T));
+  }
+  const int64_t floats = model.stream_floats();
+  // Transfers in flight per chunk and slot: receives waited for by the compute that consumes
+  // them, sends before the buffer they read is written again.
+  struct InFlight {
+    Work recv_forward, recv_backward, send_forward, send_backward;
+  };
+  std::vector<std::vector<InFlight>> flight(static_cast<size_t>(chunks));
+  for (int c = 0; c < chunks; ++c) flight[size_t(c)].resize(size_t(program.slots[size_t(c)]));
+  StepTimes out;
+  auto wait = [&](Work& w) {
+    if (!w.valid()) return;
+    out.exposed_pp += w.wait();
+    w = Work();
+  };
+  const double t0 = now();
+  double span_start = 0, span_end = 0;
+  const Instruction* span = nullptr;  // the schedule action being traced
+  auto close_span = [&](double at) {
+    if (!span) return;
+    out.trace.push_back({rank,
+                         std::to_string(span->stage) + action_letter(span->op) +
+                             std::to_string(span->mb),
+                         1e6 * (span_start - t0), 1e6 * (at - span_start)});
+    span = nullptr;
+  };
+
+  for (const Instruction& i : program.instructions) {
+    // A compute instruction's time starts once the transfers it consumes have arrived.
+    double start = now();
+    switch (i.op) {
+      case Op::forward: {
+        const std::vector<int>& units = model.chunk_units(i.chunk);
+        InFlight& f = flight[size_t(i.chunk)][size_t(i.slot)];
+        if (i.unit == units.front()) {
+          wait(f.recv_forward);
+          wait(f.send_forward);  // the chunk's output is about to be written again
+          start = now();
+          const ModelChunk& k = model.chunks()[size_t(i.chunk)];
+          if (k.embedding || k.head)
+            parts_.fill(i.mb, tokens_[size_t(i.chunk)][size_t(i.slot)].data(),
+                        targets_[size_t(i.chunk)][size_t(i.slot)].data());
+        }
+        model.forward_unit(i.unit, i.slot, tokens_[size_t(i.chunk)][size_t(i.slot)].data(),
+                           targets_[size_t(i.chunk)][size_t(i.slot)].data(), grad_scale);
+        if (model.units()[size_t(i.unit)].kind == Transformer::UnitKind::head) {
+          const float* losses = model.losses(i.slot);
+          for (int64_t k = 0; k < B * T; ++k) out.loss_sum += losses[k];
+        }
+        break;
+      }
+      case Op::backward:
+      case Op::backward_input:
+      case Op::backward_weight: {
+        const std::vector<int>& units = model.chunk_units(i.chunk);
+        InFlight& f = flight[size_t(i.chunk)][size_t(i.slot)];
+        if (i.op != Op::backward_weight && i.unit == units.back()) {
+          wait(f.recv_backward);
+          wait(f.send_backward);  // the gradient of the chunk's input is about to be written
+          start = now();
+        }
+        model.backward_unit(i.unit, i.slot, part_of(i.op));
+        break;
+      }
+      case Op::send_forward:
+        flight[size_t(i.chunk)][size_t(i.slot)].send_forward = parts_.pp->send(
+            model.chunk_output(i.chunk, i.slot), floats, CommType::f32, i.peer, i.tag);
+        break;
+      case Op::recv_forward: {
+        InFlight& f = flight[size_t(i.chunk)][size_t(i.slot)];
+        wait(f.recv_forward);
+        f.recv_forward = parts_.pp->recv(model.chunk_input(i.chunk, i.slot), floats,
+                                         CommType::f32, i.peer, i.tag);
+        break;
+      }
+      case Op::send_backward:
+        flight[size_t(i.chunk)][size_t(i.slot)].send_backward = parts_.pp->send(
+            model.chunk_input_grad(i.chunk, i.slot), floats, CommType::f32, i.peer, i.tag);
+        break;
+      case Op::recv_backward: {
+        InFlight& f = flight[size_t(i.chunk)][size_t(i.slot)];
+        wait(f.recv_backward);
+        f.recv_backward = parts_.pp->recv(model.chunk_output_grad(i.chunk, i.slot), floats,
+                                          CommType::f32, i.peer, i.tag);
+        break;
+      }
+      case Op::copy_forward:
+        std::memcpy(model.chunk_input(i.chunk, i.slot), model.chunk_output(i.from_chunk, i.from_slot),
+                    size_t(floats) * sizeof(float));
+        break;
+      case Op::copy_backward:
+        std::memcpy(model.chunk_output_grad(i.chunk, i.slot),
+                    model.chunk_input_grad(i.from_chunk, i.from_slot), size_t(floats) * sizeof(float));
+        break;
+      case Op::gather:
+        for (DataParallel* dp : parts_.dp) dp->gather(i.unit);
+        break;
+      case Op::prefetch:
+        for (DataParallel* dp : parts_.dp) dp->prefetch(i.unit);
+        break;
+      case Op::release:
+        for (DataParallel* dp : parts_.dp) dp->release(i.unit);
+        break;
+      case Op::tied_sum: {
+        // GPT-2's tied embedding: the first stage's lookup gradient plus the last stage's head
+        // gradient, on both (Megatron's embedding group), in a fixed order.
+        ParamStore& params = model.params();
+        const int t = model.pipeline_tied_tensor();
+        out.exposed_pp += parts_.tied->all_reduce(params.grad(t), params.tensor(t).numel,
+                                                  CommType::f32, CommAlgo::ours)
+                              .wait();
+        break;
+      }
+      case Op::reduce_grads: {
+        if (parts_.before_reduce) parts_.before_reduce(i.unit);
+        // Pending sums over tp ranks complete before the unit's data-parallel reduction.
+        const ParamStore& params = model.params();
+        if (parts_.tp_grads)
+          for (int g = 0; g < params.n_groups(); ++g)
+            parts_.tp_grads->reduce_partial(params.unit_bounds(g)[size_t(i.unit)],
+                                            params.unit_bounds(g)[size_t(i.unit) + 1]);
+        for (DataParallel* dp : parts_.dp) dp->reduce_gradients(i.unit);
+        break;
+      }
+      case Op::optimizer_step:
+        parts_.optimizer_step(out.loss_sum);
+        break;
+    }
+    if (is_compute(i.op)) {
+      const double end = now();
+      out.busy_seconds += end - start;
+      if (trace) {
+        // One span per schedule action: its units, and what ran between them (ZeRO-3 gathers).
+        if (span && !(i.op == span->op && i.stage == span->stage && i.mb == span->mb))
+          close_span(span_end);
+        if (!span) {
+          span = &i;
+          span_start = start;
+        }
+        span_end = end;
+      }
+    }
+    if (parts_.after_instruction) parts_.after_instruction();
+  }
+  close_span(span_end);
+  for (auto& per_chunk : flight)
+    for (InFlight& f : per_chunk) {
+      wait(f.send_forward);
+      wait(f.send_backward);
+      CLEAVE_CHECK(!f.recv_forward.valid() && !f.recv_backward.valid(),
+                   "a receive of the step program was never consumed");
+    }
+  out.seconds = now() - t0;
+  return out;
+}
+
+}  // namespace cleave

@@ -1,0 +1,61 @@
+// Runs a rank's step program (pipeline/program.h): the model's units on activation slots, the
+// point-to-point transfers between pipeline stages, and the data-parallel and tensor-parallel
+// gradient work the program places between them (docs/pipeline_parallel.md, Execution).
+// Transfers are posted where the program says and waited for by the compute that needs them, so
+// they overlap compute; they go through the comm layer, with its timeouts and flight recorder.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "cleave/comm/group.h"
+#include "cleave/model/transformer.h"
+#include "cleave/parallel/data_parallel.h"
+#include "cleave/parallel/tensor_parallel.h"
+#include "cleave/pipeline/program.h"
+#include "cleave/pipeline/schedule.h"
+
+namespace cleave {
+
+// The model's units as the lowering sees them.
+UnitLayout unit_layout(const Transformer& model);
+
+struct StepParts {
+  Transformer* model = nullptr;
+  std::vector<DataParallel*> dp;           // one per parameter group
+  TensorParallelGrads* tp_grads = nullptr;  // tp > 1
+  Group* pp = nullptr;                      // the rank's pipeline group
+  Group* tied = nullptr;                    // first and last stage: the tied embedding's pair
+  // The micro-batch's tokens and targets (B x T each), for the chunks with the embeddings or
+  // the head.
+  std::function<void(int mb, int32_t* tokens, int32_t* targets)> fill;
+  // Called with a unit before its gradients are reduced (fault injection in tests); may be empty.
+  std::function<void(int unit)> before_reduce;
+  // Called after every instruction (tests sample memory residency with it); may be empty.
+  std::function<void()> after_instruction;
+  // The optimizer_step instruction, given the losses this rank summed so far in the step.
+  std::function<void(double loss_sum)> optimizer_step;
+};
+
+struct StepTimes {
+  double loss_sum = 0;       // of the tokens whose loss this rank computed
+  double seconds = 0;        // the whole program
+  double busy_seconds = 0;   // in compute instructions
+  double exposed_pp = 0;     // waiting for transfers between stages, and the tied sum
+  std::vector<TraceEvent> trace;  // per schedule action, when asked
+};
+
+class StepExecutor {
+ public:
+  explicit StepExecutor(StepParts parts) : parts_(std::move(parts)) {}
+  // Runs the program on micro-batches of B x T tokens; grad_scale as Transformer::forward_unit.
+  // With trace, records a span per schedule action (name like "1F3", times since the start).
+  StepTimes run(const Program& program, int64_t B, int64_t T, float grad_scale, int rank,
+                bool trace);
+
+ private:
+  StepParts parts_;
+  std::vector<std::vector<std::vector<int32_t>>> tokens_, targets_;  // per chunk and slot
+};
+
+}  // namespace cleave

@@ -1,0 +1,71 @@
+// A rank's step program: its schedule actions lowered to instructions on units of parameters
+// and activation slots, with the data-parallel work placed between them (docs/pipeline_parallel.md,
+// Step programs). A forward of a stage becomes each of the stage's units' forwards, a backward
+// each unit's backward in reverse; ZeRO-3's gathers, prefetches and releases go around the units
+// that use the parameters; each unit's gradient reduction follows the last compute that writes
+// its gradients in the step. Without pipeline parallelism the program is today's loop: forward
+// and backward per micro-batch, gradients reduced during the last backward. Pure data: no MPI.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "cleave/pipeline/schedule.h"
+
+namespace cleave {
+
+enum class Op {
+  forward,          // unit, chunk, slot, mb
+  backward,         // unit, chunk, slot: input and weight gradients
+  backward_input,   // unit, chunk, slot
+  backward_weight,  // unit, chunk, slot
+  send_forward,     // chunk, slot, mb, peer, tag: the chunk's output activations
+  recv_forward,     // chunk, slot, mb, peer, tag: into the chunk's input
+  send_backward,    // chunk, slot, mb, peer, tag: the gradient of the chunk's input
+  recv_backward,    // chunk, slot, mb, peer, tag: into the gradient of the chunk's output
+  copy_forward,     // chunk, slot <- from_chunk, from_slot: adjacent stages on one rank
+  copy_backward,    // chunk, slot <- from_chunk, from_slot: the gradient, likewise
+  gather,           // unit: its parameters, waited for
+  prefetch,         // unit: its parameters' gather started
+  release,          // unit: its parameters freed
+  tied_sum,         // the tied embedding's gradient summed with the other stage's copy
+  reduce_grads,     // unit: its gradients are final in this step
+  optimizer_step,
+};
+const char* op_name(Op op);
+
+struct Instruction {
+  Op op = Op::forward;
+  int unit = -1, chunk = -1, slot = -1, mb = -1;
+  int peer = -1, tag = -1;             // send/recv: the peer's pp rank and the message tag
+  int from_chunk = -1, from_slot = -1;  // copies
+  int stage = -1;                       // compute: the schedule action's stage
+};
+
+// What the lowering needs to know of the rank's model: its units, chunk by chunk.
+struct UnitLayout {
+  std::vector<std::vector<int>> chunk_units;  // in forward order
+  std::vector<std::vector<int>> uses;         // per unit: the units whose parameters it uses
+  std::vector<bool> has_weight_part;          // per unit: backward_weight does work (blocks)
+  std::vector<int> tied_units;                // units holding a tied copy shared with another stage
+};
+
+struct LoweringOptions {
+  bool shard_parameters = false;  // ZeRO-3: gather before use, release after
+  bool training = true;           // false: forward-only (validation), no gradient work
+};
+
+struct Program {
+  std::vector<Instruction> instructions;
+  std::vector<int> slots;  // activation slots each chunk needs
+};
+
+// Lowers `rank`'s list of `s` (already checked) on a model of `layout`.
+Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
+                       const UnitLayout& layout, const LoweringOptions& options);
+
+// A forward-only schedule over the stages (validation): every micro-batch through every stage.
+Schedule forward_only_schedule(const StageMap& stages, int pp, int microbatches);
+
+std::string to_string(const Instruction& i);
+
+}  // namespace cleave
