@@ -73,7 +73,8 @@ int schedule(int argc, char** argv) {
 
   std::printf("schedule %s: pp %d, %d stages (%d per rank), %d micro-batches\n", s.name.c_str(),
               s.pp, s.n_stages, v, s.microbatches);
-  std::printf("time unit: one micro-batch's F, I or W through a rank's layers (B = I + W = 2)%s\n\n",
+  std::printf("time unit: one micro-batch's F, I or W through a rank's layers (B = I + W = 2)"
+              "%s\n\n",
               v > 1 ? "; one stage takes 1/chunks of that" : "");
   std::fputs(timeline_text(s, c).c_str(), stdout);
 
@@ -97,7 +98,8 @@ int schedule(int argc, char** argv) {
   }
   if (a.has("--trace")) {
     write_chrome_trace(a.get("--trace", ""), simulated_trace(s, c));
-    std::printf("wrote %s (1 unit = 1 ms; open in ui.perfetto.dev)\n", a.get("--trace", "").c_str());
+    std::printf("wrote %s (1 unit = 1 ms; open in ui.perfetto.dev)\n",
+                a.get("--trace", "").c_str());
   }
   return 0;
 }

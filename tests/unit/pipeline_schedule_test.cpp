@@ -331,6 +331,14 @@ TEST(PipelineCheck, OtherRuleBreaks) {
                     {"1RECV_F0", "1F0", "1B0"}}),
               HasSubstr("(1SEND_B0) is on rank 0, but stage 1 runs on rank 1"));
   EXPECT_THAT(with({{"0F0", "0B0"}, {}}), HasSubstr("rank 1 computes no stage"));
+  Schedule s = generate_schedule("1f1b", 2, 3, 1);
+  s.microbatches = 2;
+  EXPECT_THAT(check_error(s), HasSubstr("rank 0 action 7 (0F2) names micro-batch 2, but the "
+                                        "schedule has 2 micro-batches (0..1)"));
+  s.microbatches = 3;
+  s.n_stages = 1;
+  EXPECT_THAT(check_error(s),
+              HasSubstr("rank 1 action 0 (1RECV_F0) names stage 1, but the schedule has 1 stages"));
 }
 
 TEST(PipelineTimeline, TextAndChromeTrace) {

@@ -36,7 +36,8 @@ constexpr int kTypes = 8;
 // Every action of a schedule by (type, stage, micro-batch); duplicates are errors.
 class ActionIndex {
  public:
-  ActionIndex(const Schedule& s) : s_(s), pos_(size_t(kTypes) * s.n_stages * s.microbatches) {
+  explicit ActionIndex(const Schedule& s)
+      : s_(s), pos_(size_t(kTypes) * s.n_stages * s.microbatches) {
     for (int r = 0; r < s.pp; ++r)
       for (int i = 0; i < int(s.ranks[r].size()); ++i) {
         Pos& p = pos_[key(s.ranks[r][i])];
@@ -76,10 +77,12 @@ void check_shape_and_ranges(const Schedule& s) {
                              to_string(a) + ")";
       if (a.stage < 0 || a.stage >= s.n_stages)
         throw Error(at + " names stage " + std::to_string(a.stage) + ", but the schedule has " +
-                    std::to_string(s.n_stages) + " stages");
+                    std::to_string(s.n_stages) + " stages (0.." + std::to_string(s.n_stages - 1) +
+                    ")");
       if (a.mb < 0 || a.mb >= s.microbatches)
         throw Error(at + " names micro-batch " + std::to_string(a.mb) +
-                    ", but the schedule has " + std::to_string(s.microbatches));
+                    ", but the schedule has " + std::to_string(s.microbatches) +
+                    " micro-batches (0.." + std::to_string(s.microbatches - 1) + ")");
     }
 }
 
@@ -278,7 +281,8 @@ double cost_of(ActionType t, const ActionCosts& c) {
 }
 
 // The send a compute action waits for: its neighbour stage's, when that stage is on another rank.
-Pos remote_dependency(const Schedule& s, const StageMap& m, const ActionIndex& at, const Action& a) {
+Pos remote_dependency(const Schedule& s, const StageMap& m, const ActionIndex& at,
+                      const Action& a) {
   const int r = m.rank_of_stage[a.stage];
   if (a.type == ActionType::forward && a.stage > 0 && m.rank_of_stage[a.stage - 1] != r)
     return at(ActionType::send_forward, a.stage - 1, a.mb);

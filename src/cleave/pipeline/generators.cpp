@@ -127,12 +127,12 @@ Lists interleaved(int pp, int m, int v) {
   Lists c(pp);
   const int total = m * v, group = pp * v;
   for (int r = 0; r < pp; ++r) {
+    auto mb = [&](int k) { return (k / group) * pp + k % pp; };
     auto forward = [&](int k) {
-      c[r].push_back(act(ActionType::forward, ((k % group) / pp) * pp + r, (k / group) * pp + k % pp));
+      c[r].push_back(act(ActionType::forward, ((k % group) / pp) * pp + r, mb(k)));
     };
     auto backward = [&](int k) {
-      const int chunk = v - 1 - (k % group) / pp;
-      c[r].push_back(act(ActionType::backward, chunk * pp + r, (k / group) * pp + k % pp));
+      c[r].push_back(act(ActionType::backward, (v - 1 - (k % group) / pp) * pp + r, mb(k)));
     };
     const int warmup = m == pp ? total : std::min((pp - r - 1) * 2 + (v - 1) * pp, total);
     for (int k = 0; k < warmup; ++k) forward(k);
@@ -158,7 +158,9 @@ Lists zbv(int pp, int m) {
     const int stage[2] = {r, 2 * pp - 1 - r};
     int f[2] = {0, 0}, b[2] = {0, 0};
     std::deque<Action> held;  // weight gradients not yet run, oldest first
-    auto forward = [&](int chunk) { l.push_back(act(ActionType::forward, stage[chunk], f[chunk]++)); };
+    auto forward = [&](int chunk) {
+      l.push_back(act(ActionType::forward, stage[chunk], f[chunk]++));
+    };
     auto backward = [&](int chunk, bool split) {
       const int mb = b[chunk]++;
       if (!split) {
@@ -242,7 +244,9 @@ StageMap v_stages(int pp) {
   return m;
 }
 
-std::vector<std::string> schedule_names() { return {"gpipe", "1f1b", "interleaved", "zb1p", "zbv"}; }
+std::vector<std::string> schedule_names() {
+  return {"gpipe", "1f1b", "interleaved", "zb1p", "zbv"};
+}
 
 Schedule generate_schedule(const std::string& name, int pp, int microbatches, int virtual_chunks) {
   const std::vector<std::string> names = schedule_names();
@@ -261,7 +265,8 @@ Schedule generate_schedule(const std::string& name, int pp, int microbatches, in
   }
   if (name == "1f1b" || name == "zb1p") {
     require_one_chunk(name, virtual_chunks);
-    return with_communication(name, pp, m, looped_stages(pp, 1), one_f_one_b(pp, m, name == "zb1p"));
+    return with_communication(name, pp, m, looped_stages(pp, 1),
+                              one_f_one_b(pp, m, name == "zb1p"));
   }
   if (name == "interleaved") {
     if (virtual_chunks < 2)
