@@ -93,7 +93,7 @@ Lists gpipe(int pp, int m) {
 // backward is split (ZB-H1, Qi et al. 2023): I takes B's place and rank r holds back its first r
 // weight gradients, running W(k - r) after I(k) and the last r at the end. The held-back Ws fill
 // the cool-down, where each I now waits only for the next rank's I, and rank r's activations in
-// flight peak at pp, as on rank 0 of 1F1B.
+// flight peak at min(pp, m), as on rank 0 of 1F1B.
 Lists one_f_one_b(int pp, int m, bool zero_bubble) {
   Lists c(pp);
   const ActionType back = zero_bubble ? ActionType::backward_input : ActionType::backward;
