@@ -1,6 +1,7 @@
 // The command line of a subcommand: positional arguments, --flag value options and repeated
 // --set key=value overrides. Unknown options are errors that name them.
 #pragma once
+#include <climits>
 #include <map>
 #include <set>
 #include <string>
@@ -53,5 +54,16 @@ struct Args {
     throw Error(k + " expects a number, got '" + it->second + "'");
   }
 };
+
+// A whole-string integer, or an error naming the command, the option and the text.
+inline int parse_int(const std::string& text, const std::string& what, const std::string& command) {
+  try {
+    size_t used = 0;
+    const long v = std::stol(text, &used);
+    if (used == text.size() && v >= INT32_MIN && v <= INT32_MAX) return int(v);
+  } catch (const std::exception&) {
+  }
+  throw Error("cleave " + command + ": " + what + " expects an integer, got '" + text + "'");
+}
 
 }  // namespace cleave::cli

@@ -18,17 +18,6 @@ namespace {
 
 constexpr Axis kMeshAxes[kAxes] = {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp, Axis::tp};
 
-// A whole-string integer, or an error naming `what` and the text.
-int parse_int(const std::string& text, const std::string& what) {
-  try {
-    size_t used = 0;
-    const long v = std::stol(text, &used);
-    if (used == text.size() && v >= INT32_MIN && v <= INT32_MAX) return int(v);
-  } catch (const std::exception&) {
-  }
-  throw Error("cleave mesh: " + what + " expects an integer, got '" + text + "'");
-}
-
 // The --set overrides this command understands: parallel.<axis>=<int>, nothing else. (To be
 // routed through the config schema later; kept here, small, until then.)
 MeshDegrees degrees_from(const std::vector<std::string>& overrides) {
@@ -41,7 +30,7 @@ MeshDegrees degrees_from(const std::vector<std::string>& overrides) {
     bool known = false;
     for (Axis a : kMeshAxes) {
       if (key != std::string("parallel.") + axis_name(a)) continue;
-      d[a] = parse_int(o.substr(eq + 1), key);
+      d[a] = parse_int(o.substr(eq + 1), key, "mesh");
       known = true;
     }
     if (!known)
@@ -61,10 +50,10 @@ int mesh(int argc, char** argv) {
                 "' (usage: cleave mesh [CONFIG] --world N [--set parallel.tp=2 ...] "
                 "[--ranks-per-host K])");
   if (!a.has("--world")) throw Error("cleave mesh: --world N is required");
-  const int world = parse_int(a.get("--world", ""), "--world");
+  const int world = parse_int(a.get("--world", ""), "--world", "mesh");
   if (world < 1) throw Error("cleave mesh: --world must be >= 1, got " + std::to_string(world));
   // Without --ranks-per-host every rank is taken to be on one host.
-  const int per_host = a.has("--ranks-per-host") ? parse_int(a.get("--ranks-per-host", ""), "--ranks-per-host")
+  const int per_host = a.has("--ranks-per-host") ? parse_int(a.get("--ranks-per-host", ""), "--ranks-per-host", "mesh")
                                                  : world;
   if (per_host < 1)
     throw Error("cleave mesh: --ranks-per-host must be >= 1, got " + std::to_string(per_host));

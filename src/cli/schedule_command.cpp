@@ -15,17 +15,6 @@ namespace cleave::cli {
 
 namespace {
 
-// A whole-string integer, or an error naming the option and the text.
-int parse_int(const std::string& text, const std::string& what) {
-  try {
-    size_t used = 0;
-    const long v = std::stol(text, &used);
-    if (used == text.size() && v >= INT32_MIN && v <= INT32_MAX) return int(v);
-  } catch (const std::exception&) {
-  }
-  throw Error("cleave schedule: " + what + " expects an integer, got '" + text + "'");
-}
-
 const char* kUsage =
     " (usage: cleave schedule --pp P --microbatches M --schedule NAME [--virtual V] or --load "
     "FILE, then [--csv OUT] [--trace OUT.json])";
@@ -43,9 +32,9 @@ Schedule build(const Args& a) {
   const std::string name = a.get("--schedule", "");
   // The schedules with several chunks per rank take 2 unless told.
   const int chunks = name == "interleaved" || name == "zbv" ? 2 : 1;
-  const int v = a.has("--virtual") ? parse_int(a.get("--virtual", ""), "--virtual") : chunks;
-  return generate_schedule(name, parse_int(a.get("--pp", ""), "--pp"),
-                           parse_int(a.get("--microbatches", ""), "--microbatches"), v);
+  const int v = a.has("--virtual") ? parse_int(a.get("--virtual", ""), "--virtual", "schedule") : chunks;
+  return generate_schedule(name, parse_int(a.get("--pp", ""), "--pp", "schedule"),
+                           parse_int(a.get("--microbatches", ""), "--microbatches", "schedule"), v);
 }
 
 }  // namespace

@@ -17,13 +17,7 @@ common=(--set data.dir="$data" --set train.steps=20 --set train.log_interval=1
         --set parallel.comm_timeout_s=60)
 one_micro=(--set train.micro_batch_size=8 --set train.grad_accum_steps=1)
 
-run() {  # name ranks [--set ...]
-  local name=$1 np=$2; shift 2
-  if ! timeout 300 mpirun --oversubscribe -np "$np" "$cleave" train "$cfg" "${common[@]}" \
-      --set train.out_dir="$work/$name" "$@" > "$work/$name.log" 2>&1; then
-    echo "FAIL: run $name"; tail -20 "$work/$name.log"; exit 1
-  fi
-}
+source "$src/tests/integration/layouts.sh"
 
 for accum in 1 2; do
   set_batch=(--set train.micro_batch_size=$((8 / accum)) --set train.grad_accum_steps=$accum)
@@ -39,7 +33,6 @@ done
 
 # The same layout and seed twice: bitwise identical losses and checkpoints.
 run zero2-4-again 4 "${one_micro[@]}" --set parallel.dp_shard=4 --set parallel.zero_stage=2
-numbers() { grep -o '"\(loss\|val_loss\|grad_norm\)":[^,}]*' "$1/metrics.jsonl"; }
 diff <(numbers "$work/zero24-a1") <(numbers "$work/zero2-4-again") \
   || { echo "FAIL: rerun of zero2 x4 gave other losses"; exit 1; }
 [ "$(ls "$work/zero24-a1/step_00000020" | grep -c safetensors)" = 4 ] \

@@ -2,7 +2,8 @@
 # Pipeline-parallel layouts against the single-process reference (docs/pipeline_parallel.md):
 # every schedule (gpipe, 1f1b, interleaved, zb1p, zbv) at pp 2 and 4, GPT-2 (tied embedding over
 # the first and last stage) and Llama; 6 layers on 4 stages; pp with ZeRO-1, ZeRO-3 and tp on 8
-# ranks; bf16; a schedule written to CSV and run from it. Each layout is run twice: the rerun is
+# ranks, HSDP 2 x 2 and tp with sequence parallelism; bf16; a schedule written to CSV and run from
+# it. Each layout is run twice: the rerun is
 # bitwise identical. Checkpoints resume under other pp degrees and schedules and under one
 # process; a traced step writes a Chrome trace; every bad input has its exact message.
 set -euo pipefail
@@ -18,30 +19,7 @@ common=(--set train.steps=20 --set train.log_interval=1 --set train.val_interval
         --set model.n_layers=8 --set train.micro_batch_size=2 --set train.grad_accum_steps=8)
 llama=(--set model.family=llama --set model.n_kv_heads=2)
 
-run() {  # name ranks [--set ...]
-  local name=$1 np=$2; shift 2
-  if ! timeout 300 mpirun --oversubscribe -np "$np" "$cleave" train "$cfg" --set data.dir="$data" \
-      "${common[@]}" --set train.out_dir="$work/$name" "$@" > "$work/$name.log" 2>&1; then
-    echo "FAIL: run $name"; tail -20 "$work/$name.log"; exit 1
-  fi
-}
-
-numbers() { grep -o '"\(loss\|val_loss\|grad_norm\)":[^,}]*' "$1/metrics.jsonl"; }
-
-# layout REF NAME RANKS [--set ...]: runs the layout twice, compares it with the reference and
-# the rerun with the first run, bit for bit.
-layout() {
-  local ref=$1 name=$2 np=$3; shift 3
-  run "$name" "$np" "$@"
-  run "$name-again" "$np" "$@"
-  $compare "$work/$ref" "$work/$name"
-  diff <(numbers "$work/$name") <(numbers "$work/$name-again") > /dev/null \
-    || { echo "FAIL: rerun of $name gave other losses"; exit 1; }
-  for f in "$work/$name"/step_00000020/*.safetensors; do
-    cmp -s "$f" "$work/$name-again/step_00000020/$(basename "$f")" \
-      || { echo "FAIL: rerun of $name gave another $(basename "$f")"; exit 1; }
-  done
-}
+source "$src/tests/integration/layouts.sh"
 
 run ref 1
 run ref-llama 1 "${llama[@]}"
@@ -67,8 +45,10 @@ layout ref pp2-zero3x2 4 --set parallel.pp=2 --set parallel.dp_shard=2 --set par
   --set parallel.pp_schedule=interleaved
 layout ref pp2-tp2-dp2 8 --set parallel.pp=2 --set parallel.tp=2 --set parallel.dp_shard=2 \
   --set parallel.zero_stage=2 --set parallel.pp_schedule=zb1p
-layout ref-llama pp2-tp2sp-hsdp 8 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
-  --set parallel.sequence_parallel=true --set parallel.dp_replicate=2 --set parallel.zero_stage=3
+layout ref-llama pp2-hsdp2x2 8 "${llama[@]}" --set parallel.pp=2 --set parallel.dp_replicate=2 \
+  --set parallel.dp_shard=2 --set parallel.zero_stage=3
+layout ref-llama pp2-tp2sp 4 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true --set parallel.pp_schedule=gpipe
 
 # bf16 on the 2-layer model and global batch 8 compare_runs.py's bf16 bounds were derived on (at 8
 # layers and batch 16, honest DDP and accumulation already differ from one process by 2e-4).
@@ -110,15 +90,6 @@ resume pp4-to-pp2dp2 4 "--set parallel.pp=4" 4 \
 resume pp2-to-one 2 "--set parallel.pp=2 --set parallel.pp_schedule=zbv" 1 ""
 
 # Bad input: one message each, exactly.
-expect_error() {  # ranks message [--set ...]
-  local np=$1 message=$2; shift 2
-  if mpirun --oversubscribe -np "$np" "$cleave" train "$cfg" --set data.dir="$data" "${common[@]}" \
-      --set train.out_dir="$work/bad" "$@" > "$work/bad.log" 2>&1; then
-    echo "FAIL: $* ran"; exit 1
-  fi
-  grep -qF "cleave: error: $message" "$work/bad.log" \
-    || { echo "FAIL: expected \"$message\""; cat "$work/bad.log"; exit 1; }
-}
 expect_error 4 "parallel.pp_schedule = zbv (parallel.pp 4, train.grad_accum_steps 4 micro-batches, parallel.pp_virtual 2): zbv needs microbatches (4) >= 2 x pp - 1 (7)" \
   --set parallel.pp=4 --set parallel.pp_schedule=zbv --set train.grad_accum_steps=4
 expect_error 2 "model.n_layers = 6 does not divide among 2 stages x 2 virtual chunks = 4 for parallel.pp_schedule = interleaved; give parallel.pp_layers explicitly" \

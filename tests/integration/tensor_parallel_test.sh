@@ -25,30 +25,7 @@ llama_kv2=(--set model.family=llama --set model.n_kv_heads=2)
   --set model.vocab_size=257 > /dev/null
 vocab257=(--set data.dir="$work/v257" --set model.vocab_size=257)
 
-run() {  # name ranks [--set ...]
-  local name=$1 np=$2; shift 2
-  if ! timeout 300 mpirun --oversubscribe -np "$np" "$cleave" train "$cfg" --set data.dir="$data" \
-      "${common[@]}" --set train.out_dir="$work/$name" "$@" > "$work/$name.log" 2>&1; then
-    echo "FAIL: run $name"; tail -20 "$work/$name.log"; exit 1
-  fi
-}
-
-numbers() { grep -o '"\(loss\|val_loss\|grad_norm\)":[^,}]*' "$1/metrics.jsonl"; }
-
-# layout REF NAME RANKS [--set ...]: runs the layout twice, compares it with the reference and
-# the rerun with the first run, bit for bit.
-layout() {
-  local ref=$1 name=$2 np=$3; shift 3
-  run "$name" "$np" "$@"
-  run "$name-again" "$np" "$@"
-  $compare "$work/$ref" "$work/$name"
-  diff <(numbers "$work/$name") <(numbers "$work/$name-again") > /dev/null \
-    || { echo "FAIL: rerun of $name gave other losses"; exit 1; }
-  for f in "$work/$name"/step_00000020/*.safetensors; do
-    cmp -s "$f" "$work/$name-again/step_00000020/$(basename "$f")" \
-      || { echo "FAIL: rerun of $name gave another $(basename "$f")"; exit 1; }
-  done
-}
+source "$src/tests/integration/layouts.sh"
 
 sp=(--set parallel.sequence_parallel=true)
 run ref 1 "${one_micro[@]}"
@@ -138,15 +115,6 @@ EOF
 [ -s "$work/gen.txt" ] || { echo "FAIL: generate from a tp checkpoint printed nothing"; exit 1; }
 
 # Layout errors: one message each, exactly.
-expect_error() {  # ranks message [--set ...]
-  local np=$1 message=$2; shift 2
-  if mpirun --oversubscribe -np "$np" "$cleave" train "$cfg" --set data.dir="$data" "${common[@]}" \
-      --set train.out_dir="$work/bad" "$@" > "$work/bad.log" 2>&1; then
-    echo "FAIL: $* ran"; exit 1
-  fi
-  grep -qF "cleave: error: $message" "$work/bad.log" \
-    || { echo "FAIL: expected \"$message\""; cat "$work/bad.log"; exit 1; }
-}
 expect_error 3 "model.n_heads = 4 cannot be split over parallel.tp = 3: n_heads must be divisible by tp" \
   --set parallel.tp=3
 expect_error 4 "model.n_kv_heads = 3 cannot be split over parallel.tp = 2: n_kv_heads must be divisible by tp (kv heads split) or divide tp (kv heads replicated)" \

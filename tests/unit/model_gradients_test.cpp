@@ -59,15 +59,27 @@ void expect_fd(const char* what, float* x, const float* analytic, int64_t n,
   }
 }
 
+// One block with random parameters, on its own store.
+struct TestBlock {
+  explicit TestBlock(const ModelConfig& c)
+      : rope(c.family == Family::llama ? std::optional<kernels::RopeTable>(std::in_place, c.head_dim(),
+                                                                           c.max_seq_len, c.rope_theta)
+                                       : std::nullopt),
+        block(store, 0, c, Precision::fp32, rope ? &*rope : nullptr) {
+    store.allocate(1);
+    randomise(store, 2);
+    block.bind(store);
+  }
+  std::optional<kernels::RopeTable> rope;
+  ParamStore store;
+  Block block;
+};
+
 void check_block(Family f, int n_kv_heads) {
   const ModelConfig c = tiny(f, n_kv_heads, true);
-  std::optional<kernels::RopeTable> rope;
-  if (f == Family::llama) rope.emplace(c.head_dim(), c.max_seq_len, c.rope_theta);
-  ParamStore store;
-  Block block(store, 0, c, Precision::fp32, rope ? &*rope : nullptr);
-  store.allocate(1);
-  randomise(store, 2);
-  block.bind(store);
+  TestBlock t(c);
+  ParamStore& store = t.store;
+  Block& block = t.block;
   const int64_t B = 2, T = 5, N = B * T, d = c.d_model;
   std::mt19937 rng(3);
   std::normal_distribution<float> n(0.0f, 1.0f);
@@ -96,13 +108,9 @@ void check_block(Family f, int n_kv_heads) {
 // zero-bubble schedule runs them) give the same bits as whole backwards in the same order.
 void check_split_backward(Family f) {
   const ModelConfig c = tiny(f, 2, true);
-  std::optional<kernels::RopeTable> rope;
-  if (f == Family::llama) rope.emplace(c.head_dim(), c.max_seq_len, c.rope_theta);
-  ParamStore store;
-  Block block(store, 0, c, Precision::fp32, rope ? &*rope : nullptr);
-  store.allocate(1);
-  randomise(store, 2);
-  block.bind(store);
+  TestBlock t(c);
+  ParamStore& store = t.store;
+  Block& block = t.block;
   block.set_slots(2);
   const int64_t B = 2, T = 5, N = B * T, d = c.d_model;
   std::mt19937 rng(4);

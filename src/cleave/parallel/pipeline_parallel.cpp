@@ -13,11 +13,6 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool is_compute(Op op) {
-  return op == Op::forward || op == Op::backward || op == Op::backward_input ||
-         op == Op::backward_weight;
-}
-
 char action_letter(Op op) {
   switch (op) {
     case Op::forward: return 'F';
@@ -125,25 +120,23 @@ StepTimes StepExecutor::run(const Program& program, int64_t B, int64_t T, float 
         break;
       }
       case Op::send_forward:
-        flight[size_t(i.chunk)][size_t(i.slot)].send_forward = parts_.pp->send(
-            model.chunk_output(i.chunk, i.slot), floats, CommType::f32, i.peer, i.tag);
-        break;
-      case Op::recv_forward: {
+      case Op::send_backward: {
+        const bool fwd = i.op == Op::send_forward;
         InFlight& f = flight[size_t(i.chunk)][size_t(i.slot)];
-        wait(f.recv_forward);
-        f.recv_forward = parts_.pp->recv(model.chunk_input(i.chunk, i.slot), floats,
-                                         CommType::f32, i.peer, i.tag);
+        (fwd ? f.send_forward : f.send_backward) = parts_.pp->send(
+            fwd ? model.chunk_output(i.chunk, i.slot) : model.chunk_input_grad(i.chunk, i.slot),
+            floats, CommType::f32, i.peer, i.tag);
         break;
       }
-      case Op::send_backward:
-        flight[size_t(i.chunk)][size_t(i.slot)].send_backward = parts_.pp->send(
-            model.chunk_input_grad(i.chunk, i.slot), floats, CommType::f32, i.peer, i.tag);
-        break;
+      case Op::recv_forward:
       case Op::recv_backward: {
-        InFlight& f = flight[size_t(i.chunk)][size_t(i.slot)];
-        wait(f.recv_backward);
-        f.recv_backward = parts_.pp->recv(model.chunk_output_grad(i.chunk, i.slot), floats,
-                                          CommType::f32, i.peer, i.tag);
+        const bool fwd = i.op == Op::recv_forward;
+        Work& w = fwd ? flight[size_t(i.chunk)][size_t(i.slot)].recv_forward
+                      : flight[size_t(i.chunk)][size_t(i.slot)].recv_backward;
+        wait(w);
+        w = parts_.pp->recv(
+            fwd ? model.chunk_input(i.chunk, i.slot) : model.chunk_output_grad(i.chunk, i.slot),
+            floats, CommType::f32, i.peer, i.tag);
         break;
       }
       case Op::copy_forward:

@@ -12,19 +12,6 @@ namespace cleave {
 
 namespace {
 
-bool is_compute(ActionType t) {
-  return t == ActionType::forward || t == ActionType::backward ||
-         t == ActionType::backward_input || t == ActionType::backward_weight;
-}
-
-Action act(ActionType type, int stage, int mb) {
-  Action a;
-  a.type = type;
-  a.stage = stage;
-  a.mb = mb;
-  return a;
-}
-
 // Where an action stands: rank and position in that rank's list (rank -1: nowhere).
 struct Pos {
   int rank = -1, index = -1;
@@ -47,7 +34,7 @@ class ActionIndex {
         p = Pos{r, i};
       }
   }
-  Pos operator()(ActionType t, int stage, int mb) const { return pos_[key(act(t, stage, mb))]; }
+  Pos operator()(ActionType t, int stage, int mb) const { return pos_[key(Action{t, stage, mb})]; }
   // "rank 1 action 4 (1F2)"
   std::string where(Pos p) const {
     return "rank " + std::to_string(p.rank) + " action " + std::to_string(p.index) + " (" +
@@ -125,7 +112,7 @@ void check_compute_counts(const Schedule& s, const ActionIndex& at) {
     for (int mb = 0; mb < s.microbatches; ++mb) {
       const std::string what =
           "micro-batch " + std::to_string(mb) + " of stage " + std::to_string(st);
-      auto text = [&](ActionType t) { return to_string(act(t, st, mb)); };
+      auto text = [&](ActionType t) { return to_string(Action{t, st, mb}); };
       const Pos b = at(ActionType::backward, st, mb), i = at(ActionType::backward_input, st, mb),
                 w = at(ActionType::backward_weight, st, mb);
       if (!at(ActionType::forward, st, mb).found())
@@ -195,7 +182,7 @@ void check_pairs(const Schedule& s, const StageMap& m, const ActionIndex& at) {
           {ActionType::send_backward, ActionType::recv_backward, st + 1, st, hi, lo, back},
       };
       for (const Link& l : links) {
-        const Action send = act(l.send, l.from_stage, mb), recv = act(l.recv, l.to_stage, mb);
+        const Action send = Action{l.send, l.from_stage, mb}, recv = Action{l.recv, l.to_stage, mb};
         const Pos sp = at(l.send, l.from_stage, mb), rp = at(l.recv, l.to_stage, mb);
         if (!sp.found())
           throw Error("rank " + std::to_string(l.to_rank) + " waits at action " +

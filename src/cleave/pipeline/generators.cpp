@@ -14,14 +14,6 @@ namespace {
 
 using Lists = std::vector<std::vector<Action>>;
 
-Action act(ActionType type, int stage, int mb) {
-  Action a;
-  a.type = type;
-  a.stage = stage;
-  a.mb = mb;
-  return a;
-}
-
 bool is_backward(ActionType t) {
   return t == ActionType::backward || t == ActionType::backward_input;
 }
@@ -30,11 +22,11 @@ bool is_backward(ActionType t) {
 bool receive_of(const Action& a, const StageMap& map, Action& recv) {
   const int n = int(map.rank_of_stage.size()), s = a.stage, r = map.rank_of_stage[s];
   if (a.type == ActionType::forward && s > 0 && map.rank_of_stage[s - 1] != r) {
-    recv = act(ActionType::recv_forward, s, a.mb);
+    recv = Action{ActionType::recv_forward, s, a.mb};
     return true;
   }
   if (is_backward(a.type) && s + 1 < n && map.rank_of_stage[s + 1] != r) {
-    recv = act(ActionType::recv_backward, s, a.mb);
+    recv = Action{ActionType::recv_backward, s, a.mb};
     return true;
   }
   return false;
@@ -44,11 +36,11 @@ bool receive_of(const Action& a, const StageMap& map, Action& recv) {
 bool send_of(const Action& a, const StageMap& map, Action& send) {
   const int n = int(map.rank_of_stage.size()), s = a.stage, r = map.rank_of_stage[s];
   if (a.type == ActionType::forward && s + 1 < n && map.rank_of_stage[s + 1] != r) {
-    send = act(ActionType::send_forward, s, a.mb);
+    send = Action{ActionType::send_forward, s, a.mb};
     return true;
   }
   if (is_backward(a.type) && s > 0 && map.rank_of_stage[s - 1] != r) {
-    send = act(ActionType::send_backward, s, a.mb);
+    send = Action{ActionType::send_backward, s, a.mb};
     return true;
   }
   return false;
@@ -82,8 +74,8 @@ Schedule with_communication(const std::string& name, int pp, int microbatches,
 Lists gpipe(int pp, int m) {
   Lists c(pp);
   for (int r = 0; r < pp; ++r) {
-    for (int i = 0; i < m; ++i) c[r].push_back(act(ActionType::forward, r, i));
-    for (int i = 0; i < m; ++i) c[r].push_back(act(ActionType::backward, r, i));
+    for (int i = 0; i < m; ++i) c[r].push_back(Action{ActionType::forward, r, i});
+    for (int i = 0; i < m; ++i) c[r].push_back(Action{ActionType::backward, r, i});
   }
   return c;
 }
@@ -102,18 +94,18 @@ Lists one_f_one_b(int pp, int m, bool zero_bubble) {
     const int lag = zero_bubble ? r : 0;
     const int warmup = std::min(pp - r - 1, m);
     auto backward = [&](int k) {
-      l.push_back(act(back, r, k));
-      if (zero_bubble && k >= lag) l.push_back(act(ActionType::backward_weight, r, k - lag));
+      l.push_back(Action{back, r, k});
+      if (zero_bubble && k >= lag) l.push_back(Action{ActionType::backward_weight, r, k - lag});
     };
-    for (int i = 0; i < warmup; ++i) l.push_back(act(ActionType::forward, r, i));
+    for (int i = 0; i < warmup; ++i) l.push_back(Action{ActionType::forward, r, i});
     for (int i = 0; i < m - warmup; ++i) {
-      l.push_back(act(ActionType::forward, r, warmup + i));
+      l.push_back(Action{ActionType::forward, r, warmup + i});
       backward(i);
     }
     for (int k = m - warmup; k < m; ++k) backward(k);
     if (zero_bubble)
       for (int k = std::max(m - lag, 0); k < m; ++k)
-        l.push_back(act(ActionType::backward_weight, r, k));
+        l.push_back(Action{ActionType::backward_weight, r, k});
   }
   return c;
 }
@@ -129,10 +121,10 @@ Lists interleaved(int pp, int m, int v) {
   for (int r = 0; r < pp; ++r) {
     auto mb = [&](int k) { return (k / group) * pp + k % pp; };
     auto forward = [&](int k) {
-      c[r].push_back(act(ActionType::forward, ((k % group) / pp) * pp + r, mb(k)));
+      c[r].push_back(Action{ActionType::forward, ((k % group) / pp) * pp + r, mb(k)});
     };
     auto backward = [&](int k) {
-      c[r].push_back(act(ActionType::backward, (v - 1 - (k % group) / pp) * pp + r, mb(k)));
+      c[r].push_back(Action{ActionType::backward, (v - 1 - (k % group) / pp) * pp + r, mb(k)});
     };
     const int warmup = m == pp ? total : std::min((pp - r - 1) * 2 + (v - 1) * pp, total);
     for (int k = 0; k < warmup; ++k) forward(k);
@@ -159,16 +151,16 @@ Lists zbv(int pp, int m) {
     int f[2] = {0, 0}, b[2] = {0, 0};
     std::deque<Action> held;  // weight gradients not yet run, oldest first
     auto forward = [&](int chunk) {
-      l.push_back(act(ActionType::forward, stage[chunk], f[chunk]++));
+      l.push_back(Action{ActionType::forward, stage[chunk], f[chunk]++});
     };
     auto backward = [&](int chunk, bool split) {
       const int mb = b[chunk]++;
       if (!split) {
-        l.push_back(act(ActionType::backward, stage[chunk], mb));
+        l.push_back(Action{ActionType::backward, stage[chunk], mb});
         return;
       }
-      l.push_back(act(ActionType::backward_input, stage[chunk], mb));
-      held.push_back(act(ActionType::backward_weight, stage[chunk], mb));
+      l.push_back(Action{ActionType::backward_input, stage[chunk], mb});
+      held.push_back(Action{ActionType::backward_weight, stage[chunk], mb});
     };
     auto weight = [&] {
       l.push_back(held.front());

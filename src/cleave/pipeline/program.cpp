@@ -31,11 +31,6 @@ std::string to_string(const Instruction& i) {
 
 namespace {
 
-bool is_compute(Op op) {
-  return op == Op::forward || op == Op::backward || op == Op::backward_input ||
-         op == Op::backward_weight;
-}
-
 // Activation slots of each chunk: a micro-batch takes the lowest free one at its first use (its
 // receive or forward) and gives it back after the last action on it (its last backward action,
 // or the send that follows it; forward-only, once its output is handed on).

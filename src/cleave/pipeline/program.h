@@ -32,6 +32,10 @@ enum class Op {
   optimizer_step,
 };
 const char* op_name(Op op);
+inline bool is_compute(Op op) {
+  return op == Op::forward || op == Op::backward || op == Op::backward_input ||
+         op == Op::backward_weight;
+}
 
 struct Instruction {
   Op op = Op::forward;

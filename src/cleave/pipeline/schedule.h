@@ -21,6 +21,11 @@ enum class ActionType {
   recv_backward,    // RECV_B: post the receive of the gradient of the stage's output
 };
 
+inline bool is_compute(ActionType t) {
+  return t == ActionType::forward || t == ActionType::backward ||
+         t == ActionType::backward_input || t == ActionType::backward_weight;
+}
+
 // One action: what, on which stage (global index 0..n_stages-1) and micro-batch. In text (the
 // CSV cells, PyTorch's notation) it is <stage><type><mb>: "0F3", "2I0", "1SEND_F2", "3RECV_B1".
 struct Action {

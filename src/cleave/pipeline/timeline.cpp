@@ -16,11 +16,6 @@ namespace cleave {
 
 namespace {
 
-bool is_compute(ActionType t) {
-  return t == ActionType::forward || t == ActionType::backward ||
-         t == ActionType::backward_input || t == ActionType::backward_weight;
-}
-
 // "F3" when each rank holds one stage (the row says which); "5F3" when it holds several.
 std::string label(const Action& a, bool with_stage) {
   const std::string text = to_string(a);

@@ -1,0 +1,38 @@
+# Shared by the layout tests (data_parallel_test.sh, tensor_parallel_test.sh,
+# pipeline_parallel_test.sh): source it after setting cleave, cfg, data, work, compare and the
+# common (--set ...) array.
+
+run() {  # name ranks [--set ...]: one training run into $work/name (log: $work/name.log)
+  local name=$1 np=$2; shift 2
+  if ! timeout 300 mpirun --oversubscribe -np "$np" "$cleave" train "$cfg" --set data.dir="$data" \
+      "${common[@]}" --set train.out_dir="$work/$name" "$@" > "$work/$name.log" 2>&1; then
+    echo "FAIL: run $name"; tail -20 "$work/$name.log"; exit 1
+  fi
+}
+
+numbers() { grep -o '"\(loss\|val_loss\|grad_norm\)":[^,}]*' "$1/metrics.jsonl"; }
+
+# layout REF NAME RANKS [--set ...]: runs the layout twice, compares it with the reference and
+# the rerun with the first run, bit for bit (losses, norms, step 20's checkpoint files).
+layout() {
+  local ref=$1 name=$2 np=$3; shift 3
+  run "$name" "$np" "$@"
+  run "$name-again" "$np" "$@"
+  $compare "$work/$ref" "$work/$name"
+  diff <(numbers "$work/$name") <(numbers "$work/$name-again") > /dev/null \
+    || { echo "FAIL: rerun of $name gave other losses"; exit 1; }
+  for f in "$work/$name"/step_00000020/*.safetensors; do
+    cmp -s "$f" "$work/$name-again/step_00000020/$(basename "$f")" \
+      || { echo "FAIL: rerun of $name gave another $(basename "$f")"; exit 1; }
+  done
+}
+
+expect_error() {  # ranks message [--set ...]: the run fails with exactly this message
+  local np=$1 message=$2; shift 2
+  if mpirun --oversubscribe -np "$np" "$cleave" train "$cfg" --set data.dir="$data" "${common[@]}" \
+      --set train.out_dir="$work/bad" "$@" > "$work/bad.log" 2>&1; then
+    echo "FAIL: $* ran"; exit 1
+  fi
+  grep -qF "cleave: error: $message" "$work/bad.log" \
+    || { echo "FAIL: expected \"$message\""; cat "$work/bad.log"; exit 1; }
+}
