@@ -65,10 +65,11 @@ int mesh(int argc, char** argv) {
   const Config cfg = load_config(a.positional[0], a.overrides);
   const Layout layout = plan_layout(cfg, world);
   std::fputs(describe_mesh(layout.mesh, per_host).c_str(), stdout);
-  std::printf("\nbytes each rank sends per step (%d x %d tokens per micro-batch, %d micro-batches, "
-              "fp32):\n",
-              int(layout.local_batch), cfg.train.seq_len, cfg.train.grad_accum_steps);
-  const std::vector<AxisVolume> volumes = comm_volume(cfg, layout.mesh);
+  std::printf("\nbytes rank 0 sends per step (%d x %d tokens per micro-batch, %d micro-batches, "
+              "fp32%s):\n",
+              int(layout.local_batch), cfg.train.seq_len, cfg.train.grad_accum_steps,
+              layout.mesh.degree(Axis::pp) > 1 ? "; its pipeline stages" : "");
+  const std::vector<AxisVolume> volumes = comm_volume(cfg, layout);
   if (volumes.empty()) std::printf("  none: a single rank\n");
   for (const AxisVolume& v : volumes)
     std::printf("  %-13s %10.2f MiB (%.0f bytes)  %s\n", v.axis.c_str(), v.bytes / (1 << 20), v.bytes,

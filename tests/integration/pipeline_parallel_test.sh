@@ -49,6 +49,8 @@ layout ref-llama pp2-hsdp2x2 8 "${llama[@]}" --set parallel.pp=2 --set parallel.
   --set parallel.dp_shard=2 --set parallel.zero_stage=3
 layout ref-llama pp2-tp2sp 4 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
   --set parallel.sequence_parallel=true --set parallel.pp_schedule=gpipe
+tp_bytes pp2-tp2sp 4 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true
 
 # bf16 on the 2-layer model and global batch 8 compare_runs.py's bf16 bounds were derived on (at 8
 # layers and batch 16, honest DDP and accumulation already differ from one process by 2e-4).

@@ -354,11 +354,13 @@ class PlannedTp final : public TpComm {
 }  // namespace
 
 std::unique_ptr<Transformer> Transformer::planned(const ModelConfig& cfg, int tp,
-                                                  bool sequence_parallel) {
+                                                  bool sequence_parallel,
+                                                  std::vector<ModelChunk> chunks) {
   auto group = std::make_unique<PlannedTp>(tp);
   TensorParallelOptions options;
   if (tp > 1) options = {group.get(), sequence_parallel, false};
-  auto model = std::make_unique<Transformer>(cfg, Precision::fp32, 0, 1, false, options);
+  auto model = std::make_unique<Transformer>(cfg, Precision::fp32, 0, 1, false, options,
+                                             std::move(chunks));
   model->planned_group_ = std::move(group);
   return model;
 }

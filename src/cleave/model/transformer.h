@@ -96,9 +96,10 @@ class Transformer {
   std::vector<KVCache> new_cache(int64_t max_pos) const;
   const float* forward_cached(const int32_t* tokens, int64_t T, std::vector<KVCache>& cache);
 
-  // For planning: what tp rank 0 of tp ranks holds, built without communication and without
-  // touching the parameter buffers (mapped, never written). It cannot run.
-  static std::unique_ptr<Transformer> planned(const ModelConfig& cfg, int tp, bool sequence_parallel);
+  // For planning: what tp rank 0 of tp ranks holds of `chunks`, built without communication and
+  // without touching the parameter buffers (mapped, never written). It cannot run.
+  static std::unique_ptr<Transformer> planned(const ModelConfig& cfg, int tp, bool sequence_parallel,
+                                              std::vector<ModelChunk> chunks = {});
 
   // Parameters that take part in matrix products (LM head included) of the whole model: the
   // 6 * P of MFU.

@@ -11,17 +11,25 @@ double ring_gather(double n, int p) { return p > 1 ? double(p - 1) / p * n * 4 :
 
 }  // namespace
 
-std::vector<AxisVolume> comm_volume(const Config& cfg, const Mesh& mesh) {
+std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
+  const Mesh& mesh = layout.mesh;
   const int tp = mesh.degree(Axis::tp), R = mesh.degree(Axis::dp_replicate);
   const int S = mesh.degree(Axis::dp_shard), dp = R * S;
   const ModelConfig& m = cfg.model;
   const TrainConfig& t = cfg.train;
-  const double accum = t.grad_accum_steps, layers = m.n_layers;
+  const double accum = t.grad_accum_steps;
   const double tokens = double(t.micro_batch_size / dp) * t.seq_len;  // one rank's micro-batch
   const double rows = tokens * m.d_model;
-  // This rank's parameters: its tp share, as the trainer builds it.
+  // This rank's parameters: its tp share of its pipeline stages, as the trainer builds it.
+  const std::vector<ModelChunk> chunks = stage_chunks(layout, 0);
+  double layers = 0, embedding = 0, head = 0;
+  for (const ModelChunk& c : chunks) {
+    layers += c.end_layer - c.first_layer;
+    embedding += c.embedding;
+    head += c.head;
+  }
   const std::unique_ptr<Transformer> model =
-      Transformer::planned(m, tp, cfg.parallel.sequence_parallel);
+      Transformer::planned(m, tp, cfg.parallel.sequence_parallel, chunks);
   const ParamStore& store = model->params();
   double partial = 0;  // floats of gradients summed over tp (sequence parallelism's norms)
   double kv = 0;       // and over the ranks sharing a kv head
@@ -38,16 +46,17 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Mesh& mesh) {
     // parallelism each all-reduce is an all-gather plus a reduce-scatter, the same volume, and
     // backward gathers each block's two column-parallel inputs again (none is kept).
     const bool sp = cfg.parallel.sequence_parallel;
-    const double activations = (4 * layers + 2) * ring_all_reduce(rows, tp) +
+    const double activations = (4 * layers + embedding + head) * ring_all_reduce(rows, tp) +
                                (sp ? 2 * layers * ring_gather(rows, tp) : 0);
-    const double loss = 3 * tokens * 4 * (tp - 1);
+    const double loss = head * 3 * tokens * 4 * (tp - 1);
     out.push_back({"tp", accum * (activations + loss) + ring_all_reduce(partial, tp) +
                              ring_all_reduce(kv, kv_replicas),
-                   std::to_string(int(4 * layers + 2)) +
+                   std::to_string(int(4 * layers + embedding + head)) +
                        (sp ? " all-gather + reduce-scatter pairs" : " all-reduces") +
-                       " of b x s x h per micro-batch (2 per block each way, embedding, head), " +
-                       (sp ? "2 all-gathers per block again in backward, " : "") +
-                       "the loss's all-gather of 3 floats per token" +
+                       " of b x s x h per micro-batch (2 per block each way" +
+                       (embedding > 0 ? ", embedding" : "") + (head > 0 ? ", head" : "") + ")" +
+                       (sp ? ", 2 all-gathers per block again in backward" : "") +
+                       (head > 0 ? ", the loss's all-gather of 3 floats per token" : "") +
                        (partial > 0 ? "; the norms' gradients all-reduced once per step" : "") +
                        (kv > 0 ? "; the replicated kv heads' gradients all-reduced once per step"
                                : "")});
@@ -69,6 +78,29 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Mesh& mesh) {
       if (R > 1)
         out.push_back({"dp_replicate", ring_all_reduce(P / S, R), "all-reduce of the gradient shards"});
     }
+  }
+  const int pp = mesh.degree(Axis::pp);
+  if (pp > 1) {
+    // Per micro-batch, each stage's output to the next stage's rank and its input's gradient to
+    // the previous one's (none between two stages of one rank); GPT-2's tied embedding gradient
+    // all-reduced over the first and the last stage once per step.
+    const StageMap& stages = layout.check.stages;
+    const int last = int(stages.rank_of_stage.size()) - 1;
+    double sends = 0;
+    for (int st = 0; st <= last; ++st) {
+      if (stages.rank_of_stage[size_t(st)] != 0) continue;
+      sends += st < last && stages.rank_of_stage[size_t(st) + 1] != 0;
+      sends += st > 0 && stages.rank_of_stage[size_t(st) - 1] != 0;
+    }
+    const int tied = model->pipeline_tied_tensor();
+    const double tied_floats = tied >= 0 ? double(store.tensor(tied).numel) : 0;
+    out.push_back({"pp", accum * sends * (rows / (cfg.parallel.sequence_parallel ? tp : 1)) * 4 +
+                             ring_all_reduce(tied_floats, 2),
+                   std::to_string(int(sends)) + " point-to-point transfers of b x s x h per "
+                   "micro-batch (activations forward, their gradients backward)" +
+                       (tied >= 0 ? "; the tied embedding's gradient all-reduced over the first "
+                                    "and last stage once per step"
+                                  : "")});
   }
   return out;
 }

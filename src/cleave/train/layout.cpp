@@ -51,6 +51,19 @@ Layout plan_layout(const Config& cfg, int world) {
                 std::move(layers)};
 }
 
+std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank) {
+  const StageMap& stages = layout.check.stages;
+  const int last = int(layout.stage_layers.size()) - 1;
+  std::vector<ModelChunk> chunks;
+  int first = 0;
+  for (int s = 0; s <= last; ++s) {
+    const int end = first + layout.stage_layers[size_t(s)];
+    if (stages.rank_of_stage[size_t(s)] == rank) chunks.push_back({first, end, s == 0, s == last});
+    first = end;
+  }
+  return chunks;
+}
+
 Schedule pipeline_schedule(const ParallelConfig& p, int pp, int microbatches) {
   if (!p.pp_schedule_csv.empty()) {
     Schedule s = load_schedule_csv(p.pp_schedule_csv);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cleave/mesh/mesh.h"
+#include "cleave/model/transformer.h"
 #include "cleave/pipeline/schedule.h"
 #include "cleave/train/config.h"
 
@@ -26,6 +27,9 @@ struct Layout {
 // data-parallel ranks cannot split evenly, a schedule that cannot run or layers that do not split
 // over its stages.
 Layout plan_layout(const Config& cfg, int world);
+
+// The stages pp rank `rank` runs, as chunks of consecutive layers (what its model holds).
+std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank);
 
 // The schedule parallel names for pp ranks and the step's micro-batches (generated, or loaded
 // from pp_schedule_csv), and the layers of each of its stages.

@@ -87,19 +87,6 @@ std::string checkpoint_to_resume(const std::string& resume, const std::string& o
   return resume;
 }
 
-// The stages pp rank `rank` runs, as chunks of consecutive layers.
-std::vector<ModelChunk> chunks_of(const Layout& layout, int rank) {
-  const StageMap& stages = layout.check.stages;
-  const int last = int(layout.stage_layers.size()) - 1;
-  std::vector<ModelChunk> chunks;
-  int first = 0;
-  for (int s = 0; s <= last; ++s) {
-    const int end = first + layout.stage_layers[size_t(s)];
-    if (stages.rank_of_stage[size_t(s)] == rank) chunks.push_back({first, end, s == 0, s == last});
-    first = end;
-  }
-  return chunks;
-}
 
 }  // namespace
 
@@ -143,7 +130,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   }
   model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed, 16 * shard_group_->size(),
                                          cfg_.parallel.zero_stage < 3, tp,
-                                         chunks_of(*layout, pp_group_->rank()));
+                                         stage_chunks(*layout, pp_group_->rank()));
   if (tp_comm_)
     tp_grads_ = std::make_unique<TensorParallelGrads>(model_->params(), *tp_comm_, *tp_group_,
                                                       kv_comm_.get());
