@@ -111,8 +111,8 @@ Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
         seq.push_back({Op::send_forward, -1, c, slots.of(c, a.mb), a.mb,
                        stages.rank_of_stage[size_t(a.stage) + 1], tag(0, a.stage + 1, a.mb)});
         break;
-      case ActionType::recv_backward:
-        seq.push_back({Op::recv_backward, -1, c, slots.of(c, a.mb), a.mb,
+      case ActionType::recv_backward:  // may be posted before the stage's forward (m = 1)
+        seq.push_back({Op::recv_backward, -1, c, slots.take(c, a.mb), a.mb,
                        stages.rank_of_stage[size_t(a.stage) + 1], tag(1, a.stage, a.mb)});
         break;
       case ActionType::backward:
