@@ -50,7 +50,8 @@ layout ref pp2-zero3x2 4 --set parallel.pp=2 --set parallel.dp_shard=2 --set par
 layout ref pp2-tp2-dp2 8 --set parallel.pp=2 --set parallel.tp=2 --set parallel.dp_shard=2 \
   --set parallel.zero_stage=2 --set parallel.pp_schedule=zb1p
 layout ref-llama pp2-hsdp2x2 8 "${llama[@]}" --set parallel.pp=2 --set parallel.dp_replicate=2 \
-  --set parallel.dp_shard=2 --set parallel.zero_stage=3
+  --set parallel.dp_shard=2 --set parallel.zero_stage=3 --set train.micro_batch_size=4 \
+  --set train.grad_accum_steps=4
 layout ref-llama pp2-tp2sp 4 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
   --set parallel.sequence_parallel=true --set parallel.pp_schedule=gpipe
 tp_bytes pp2-tp2sp 4 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
