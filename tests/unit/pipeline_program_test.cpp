@@ -75,15 +75,18 @@ TEST(PipelineProgram, EveryGeneratedScheduleLowers) {
               if (i.op == Op::release) resident.erase(i.unit);
               if (is_compute(i.op)) {
                 ++computed[{int(i.op == Op::forward), i.unit, i.mb}];
-                if (zero3)
+                if (zero3) {
                   for (int u : l.uses[size_t(i.unit)]) EXPECT_TRUE(resident.count(u)) << to_string(i);
+                }
               }
               if (i.op == Op::reduce_grads) ++reduced[i.unit];
             }
             for (int u = 0; u < int(l.uses.size()); ++u) EXPECT_EQ(reduced[u], 1) << "unit " << u;
             for (int u = 0; u < int(l.uses.size()); ++u)
               for (int mb = 0; mb < m; ++mb) EXPECT_EQ((computed[{1, u, mb}]), 1);
-            if (zero3) EXPECT_TRUE(resident.empty()) << "units left gathered after the step";
+            if (zero3) {
+              EXPECT_TRUE(resident.empty()) << "units left gathered after the step";
+            }
             EXPECT_EQ(p.instructions.back().op, Op::optimizer_step);
           }
       }
