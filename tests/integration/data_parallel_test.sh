@@ -7,17 +7,12 @@
 # "Equivalence bounds"), and picks fp32's or bf16's from the checkpoints.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cfg=$src/tests/configs/tiny_train.toml
-compare="/usr/bin/python3 $src/tests/integration/compare_runs.py"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+source "$src/tests/integration/layouts.sh"
 common=(--set data.dir="$data" --set train.steps=20 --set train.log_interval=1
         --set train.val_interval=10 --set train.checkpoint_interval=10 --set train.threads=1
         --set parallel.comm_timeout_s=60)
 one_micro=(--set train.micro_batch_size=8 --set train.grad_accum_steps=1)
 
-source "$src/tests/integration/layouts.sh"
 
 for accum in 1 2; do
   set_batch=(--set train.micro_batch_size=$((8 / accum)) --set train.grad_accum_steps=$accum)

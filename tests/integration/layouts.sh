@@ -1,6 +1,12 @@
 # Shared by the layout tests (data_parallel_test.sh, tensor_parallel_test.sh,
-# pipeline_parallel_test.sh): source it after setting cleave, cfg, data, work, compare and the
+# pipeline_parallel_test.sh): source it after setting cleave, src and data (the test's
+# arguments); it sets work (removed at exit), cfg and compare. The functions read the test's
 # common (--set ...) array.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cfg=$src/tests/configs/tiny_train.toml
+compare="/usr/bin/python3 $src/tests/integration/compare_runs.py"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 
 run() {  # name ranks [--set ...]: one training run into $work/name (log: $work/name.log)
   local name=$1 np=$2; shift 2

@@ -9,18 +9,13 @@
 # input has its exact message.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cfg=$src/tests/configs/tiny_train.toml
-compare="/usr/bin/python3 $src/tests/integration/compare_runs.py"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+source "$src/tests/integration/layouts.sh"
 # 8 micro-batches of 2 sequences a step: m = 8 for every schedule.
 common=(--set train.steps=20 --set train.log_interval=1 --set train.val_interval=10
         --set train.checkpoint_interval=10 --set train.threads=1 --set parallel.comm_timeout_s=60
         --set model.n_layers=8 --set train.micro_batch_size=2 --set train.grad_accum_steps=8)
 llama=(--set model.family=llama --set model.n_kv_heads=2)
 
-source "$src/tests/integration/layouts.sh"
 
 run ref 1
 run ref-llama 1 "${llama[@]}"

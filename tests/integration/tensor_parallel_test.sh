@@ -8,11 +8,7 @@
 # every layout error has its exact message. compare_runs.py holds the bounds.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cfg=$src/tests/configs/tiny_train.toml
-compare="/usr/bin/python3 $src/tests/integration/compare_runs.py"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+source "$src/tests/integration/layouts.sh"
 common=(--set train.steps=20 --set train.log_interval=1 --set train.val_interval=10
         --set train.checkpoint_interval=10 --set train.threads=1 --set parallel.comm_timeout_s=60)
 one_micro=(--set train.micro_batch_size=8 --set train.grad_accum_steps=1)
@@ -25,7 +21,6 @@ llama_kv2=(--set model.family=llama --set model.n_kv_heads=2)
   --set model.vocab_size=257 > /dev/null
 vocab257=(--set data.dir="$work/v257" --set model.vocab_size=257)
 
-source "$src/tests/integration/layouts.sh"
 
 sp=(--set parallel.sequence_parallel=true)
 run ref 1 "${one_micro[@]}"
