@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "cleave/base/check.h"
+#include "cleave/base/file.h"
 #include "cleave/data/tokens.h"
 
 namespace cleave {
@@ -42,31 +43,6 @@ std::string read_corpus(const std::string& path) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     CLEAVE_FAIL("corpus " << path << ": is empty (no text to train or encode)");
   return text;
-}
-
-// Writes bytes to path through a temporary file and a rename.
-void write_file_atomic(const std::string& path, std::string_view bytes, const char* what) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      CLEAVE_FAIL(what << " " << path << ": cannot create " << tmp << ": " << std::strerror(errno));
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      CLEAVE_FAIL(what << " " << path << ": write failed: " << std::strerror(errno));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ec2;
-    fs::remove(tmp, ec2);
-    CLEAVE_FAIL(what << " " << path << ": cannot rename " << tmp << " into place: "
-                     << ec.message());
-  }
 }
 
 bool is_blank(std::string_view line) {

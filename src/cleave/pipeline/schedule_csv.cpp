@@ -1,13 +1,13 @@
 // Schedules as CSV files (docs/pipeline_parallel.md#csv-format): one line per rank, one action
 // per cell, PyTorch's action text; '#' lines are comments.
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cleave/base/check.h"
+#include "cleave/base/file.h"
 #include "cleave/pipeline/schedule.h"
 
 namespace cleave {
@@ -59,23 +59,15 @@ Schedule load_schedule_csv(const std::string& path) {
 }
 
 void save_schedule_csv(const Schedule& s, const std::string& path) {
-  // Written beside the target and renamed over it, so a reader never sees half a schedule.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    if (!out) throw Error("cannot write pipeline schedule " + tmp);
-    out << "# cleave pipeline schedule '" << s.name << "': pp " << s.pp << ", " << s.n_stages
-        << " stages, " << s.microbatches << " micro-batches; one line per rank\n";
-    for (const std::vector<Action>& rank : s.ranks) {
-      for (size_t i = 0; i < rank.size(); ++i) out << (i ? "," : "") << to_string(rank[i]);
-      out << '\n';
-    }
-    out.close();
-    if (!out) throw Error("error writing pipeline schedule " + tmp);
+  std::ostringstream out;
+  out << "# cleave pipeline schedule '" << s.name << "': pp " << s.pp << ", " << s.n_stages
+      << " stages, " << s.microbatches << " micro-batches; one line per rank\n";
+  for (const std::vector<Action>& rank : s.ranks) {
+    for (size_t i = 0; i < rank.size(); ++i) out << (i ? "," : "") << to_string(rank[i]);
+    out << '\n';
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  // A reader never sees half a schedule.
+  write_file_atomic(path, out.str(), "pipeline schedule");
 }
 
 }  // namespace cleave

@@ -1,8 +1,6 @@
 // The simulated timeline of a checked schedule, as text (one row per rank) and as a Chrome trace.
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -10,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cleave/base/check.h"
+#include "cleave/base/file.h"
 #include "cleave/pipeline/schedule.h"
 
 namespace cleave {
@@ -114,18 +113,9 @@ void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& 
     list.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
                     {"args", {{"sort_index", r}}}});
   }
-  // Written beside the target and renamed over it, so a viewer never loads half a trace.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    if (!out) throw Error("cannot write trace " + tmp);
-    out << nlohmann::json{{"traceEvents", list}, {"displayTimeUnit", "ms"}}.dump() << '\n';
-    out.close();
-    if (!out) throw Error("error writing trace " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  // A viewer never loads half a trace.
+  write_file_atomic(path, nlohmann::json{{"traceEvents", list}, {"displayTimeUnit", "ms"}}.dump() + "\n",
+                    "trace");
 }
 
 }  // namespace cleave
