@@ -83,20 +83,24 @@ Residency one_step(int zero_stage) {
   parts.model = &model;
   parts.dp = {&dp};
   parts.pp = &pp;
-  parts.fill = [&](int, int32_t* t, int32_t* y) {
-    std::copy(tokens.begin(), tokens.end(), t);
-    std::copy(targets.begin(), targets.end(), y);
-  };
   parts.after_instruction = [&] {
     r.max_grads = std::max(r.max_grads, resident_bytes(store.grads().data(), store.total()));
     r.max_values = std::max(r.max_values, resident_bytes(store.values().data(), store.total()));
   };
-  parts.optimizer_step = [&](double) {
+  StepRun run;
+  run.B = B;
+  run.T = T;
+  run.grad_scale = 1.0f / float(B * T);
+  run.fill = [&](int, int32_t* t, int32_t* y) {
+    std::copy(tokens.begin(), tokens.end(), t);
+    std::copy(targets.begin(), targets.end(), y);
+  };
+  run.optimizer_step = [&](double) {
     dp.finish_gradients();
     dp.after_optimizer_step();
   };
   dp.zero_gradients();
-  StepExecutor(parts).run(program, B, T, 1.0f / float(B * T), 0, false);
+  StepExecutor(parts).run(program, run);
   r.grads_after = resident_bytes(store.grads().data(), store.total());
   r.values_after = resident_bytes(store.values().data(), store.total());
   return r;

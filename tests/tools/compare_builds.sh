@@ -5,24 +5,15 @@
 # build the old commit in its own folder (git worktree) and pass both binaries.
 set -euo pipefail
 old=$1 new=$2 src=$3 data=$4
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cfg=$src/tests/configs/tiny_train.toml
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-common=(--set data.dir="$data" --set train.steps=8 --set train.log_interval=1
-        --set train.val_interval=4 --set train.checkpoint_interval=8 --set train.threads=1
+source "$src/tests/integration/layouts.sh"
+common=(--set train.steps=8 --set train.log_interval=1 --set train.val_interval=4
+        --set train.checkpoint_interval=8 --set train.threads=1
         --set train.micro_batch_size=4 --set train.grad_accum_steps=2)
-numbers() { grep -o '"\(loss\|val_loss\|grad_norm\)":[^,}]*' "$1/metrics.jsonl"; }
 
 check() {  # name ranks [--set ...]
   local name=$1 np=$2; shift 2
-  for build in old new; do
-    local bin=$old
-    [ $build = new ] && bin=$new
-    timeout 300 mpirun --oversubscribe -np "$np" "$bin" train "$cfg" "${common[@]}" \
-      --set train.out_dir="$work/$name-$build" "$@" > "$work/$name-$build.log" 2>&1 \
-      || { echo "FAIL: $name ($build build)"; tail -5 "$work/$name-$build.log"; exit 1; }
-  done
+  cleave=$old run "$name-old" "$np" "$@"
+  cleave=$new run "$name-new" "$np" "$@"
   diff <(numbers "$work/$name-old") <(numbers "$work/$name-new") > /dev/null \
     || { echo "FAIL: $name: the builds logged different losses or norms"; exit 1; }
   for f in "$work/$name-old"/step_00000008/*.safetensors; do

@@ -88,12 +88,6 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
   if (head_gemm_) store_.keep_packed(head_, head_gemm_.get());
 }
 
-int Transformer::block_index(int unit) const {
-  const std::vector<int>& u = chunk_units_[size_t(units_[size_t(unit)].chunk)];
-  const int first_block = units_[size_t(u.front())].kind == UnitKind::embedding ? 1 : 0;
-  return int(std::find(u.begin(), u.end(), unit) - u.begin()) - first_block;
-}
-
 void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
   CLEAVE_CHECK(slots.size() == chunks_.size(),
                slots.size() << " slot counts for " << chunks_.size() << " chunks");
@@ -190,7 +184,7 @@ void Transformer::forward_unit(int unit, int slot, const int32_t* tokens, const 
       embed(s.stream.front().data(), tokens, B_, T_, 0);
       break;
     case UnitKind::block: {
-      const int k = block_index(unit);
+      const int k = u.layer - chunks_[size_t(u.chunk)].first_layer;  // within the chunk
       blocks_[size_t(block_of_unit_[size_t(unit)])]->forward(slot, s.stream[size_t(k) + 1].data(),
                                                              s.stream[size_t(k)].data(), B_, T_);
       break;
@@ -229,10 +223,9 @@ void Transformer::backward_unit(int unit, int slot, BackwardPart part) {
       head_backward(s);
       break;
     case UnitKind::block: {
-      const int k = block_index(unit);
       const ModelChunk& chunk = chunks_[size_t(u.chunk)];
-      const bool last = k == chunk.end_layer - chunk.first_layer - 1;
-      const bool first = k == 0;
+      const bool last = u.layer == chunk.end_layer - 1;
+      const bool first = u.layer == chunk.first_layer;
       Block& b = *blocks_[size_t(block_of_unit_[size_t(unit)])];
       if (part == BackwardPart::weight) {
         b.backward(slot, nullptr, nullptr, grads_, part);

@@ -6,7 +6,6 @@
 // backward needs; backward accumulates into the flat gradient buffer of params().
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -42,6 +41,7 @@ class Transformer {
   Precision precision() const { return precision_; }
   // Whoever writes the values says so to params() (ParamStore::wrote and friends).
   ParamStore& params() { return store_; }
+  const ParamStore& params() const { return store_; }
 
   // Units of parameters (ParamStore::begin_unit), in forward order chunk by chunk. A unit's
   // compute reads the values and writes the gradients of the units in `uses`: itself, and for a
@@ -122,7 +122,6 @@ class Transformer {
   void head_forward(Slot& s, const int32_t* targets, float grad_scale);
   void head_backward(Slot& s);
   void embedding_backward(Slot& s, const float* d_stream);
-  int block_index(int unit) const;  // within its chunk
 
   ModelConfig cfg_;
   Precision precision_;

@@ -56,7 +56,6 @@ class DataParallel {
   void prefetch(int unit);
   void release(int unit);
   void reduce_gradients(int unit);
-  bool shards_parameters() const { return zero_stage_ == 3; }
 
   void zero_gradients();
   // After backward of the last micro-batch: where the optimizer finds the values of this rank's

@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <map>
 #include <string>
 
 namespace cleave {
@@ -38,13 +37,12 @@ UnitLayout unit_layout(const Transformer& model) {
     l.has_weight_part.push_back(u.kind == Transformer::UnitKind::block);
   }
   if (model.pipeline_tied_tensor() >= 0)
-    l.tied_units.push_back(
-        const_cast<Transformer&>(model).params().tensor(model.pipeline_tied_tensor()).unit);
+    l.tied_units.push_back(model.params().tensor(model.pipeline_tied_tensor()).unit);
   return l;
 }
 
-StepTimes StepExecutor::run(const Program& program, int64_t B, int64_t T, float grad_scale,
-                            int rank, bool trace) {
+StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
+  const int64_t B = run.B, T = run.T;
   Transformer& model = *parts_.model;
   model.prepare(B, T, program.slots);
   const int chunks = int(program.slots.size());
@@ -75,7 +73,7 @@ StepTimes StepExecutor::run(const Program& program, int64_t B, int64_t T, float 
   const Instruction* span = nullptr;  // the schedule action being traced
   auto close_span = [&](double at) {
     if (!span) return;
-    out.trace.push_back({rank,
+    out.trace.push_back({parts_.rank,
                          std::to_string(span->stage) + action_letter(span->op) +
                              std::to_string(span->mb),
                          1e6 * (span_start - t0), 1e6 * (at - span_start)});
@@ -95,11 +93,11 @@ StepTimes StepExecutor::run(const Program& program, int64_t B, int64_t T, float 
           start = now();
           const ModelChunk& k = model.chunks()[size_t(i.chunk)];
           if (k.embedding || k.head)
-            parts_.fill(i.mb, tokens_[size_t(i.chunk)][size_t(i.slot)].data(),
+            run.fill(i.mb, tokens_[size_t(i.chunk)][size_t(i.slot)].data(),
                         targets_[size_t(i.chunk)][size_t(i.slot)].data());
         }
         model.forward_unit(i.unit, i.slot, tokens_[size_t(i.chunk)][size_t(i.slot)].data(),
-                           targets_[size_t(i.chunk)][size_t(i.slot)].data(), grad_scale);
+                           targets_[size_t(i.chunk)][size_t(i.slot)].data(), run.grad_scale);
         if (model.units()[size_t(i.unit)].kind == Transformer::UnitKind::head) {
           const float* losses = model.losses(i.slot);
           for (int64_t k = 0; k < B * T; ++k) out.loss_sum += losses[k];
@@ -178,13 +176,13 @@ StepTimes StepExecutor::run(const Program& program, int64_t B, int64_t T, float 
         break;
       }
       case Op::optimizer_step:
-        parts_.optimizer_step(out.loss_sum);
+        run.optimizer_step(out.loss_sum);
         break;
     }
     if (is_compute(i.op)) {
       const double end = now();
       out.busy_seconds += end - start;
-      if (trace) {
+      if (run.trace) {
         // One span per schedule action: its units, and what ran between them (ZeRO-3 gathers).
         if (span && !(i.op == span->op && i.stage == span->stage && i.mb == span->mb))
           close_span(span_end);

@@ -26,14 +26,23 @@ struct StepParts {
   TensorParallelGrads* tp_grads = nullptr;  // tp > 1
   Group* pp = nullptr;                      // the rank's pipeline group
   Group* tied = nullptr;                    // first and last stage: the tied embedding's pair
-  // The micro-batch's tokens and targets (B x T each), for the chunks with the embeddings or
-  // the head.
-  std::function<void(int mb, int32_t* tokens, int32_t* targets)> fill;
+  int rank = 0;                             // world rank: the track of traced spans
   // Called with a unit before its gradients are reduced (fault injection in tests); may be empty.
   std::function<void(int unit)> before_reduce;
   // Called after every instruction (tests sample memory residency with it); may be empty.
   std::function<void()> after_instruction;
-  // The optimizer_step instruction, given the losses this rank summed so far in the step.
+};
+
+// One run of a program: its micro-batches, where their data comes from, and what its
+// optimizer_step instruction does.
+struct StepRun {
+  int64_t B = 0, T = 0;   // a micro-batch on this rank: B sequences of T tokens
+  float grad_scale = 0;   // as Transformer::forward_unit
+  bool trace = false;     // record a span per schedule action (name like "1F3")
+  // The micro-batch's tokens and targets (B x T each), for the chunks with the embeddings or
+  // the head.
+  std::function<void(int mb, int32_t* tokens, int32_t* targets)> fill;
+  // Training programs: given the losses this rank summed so far in the step.
   std::function<void(double loss_sum)> optimizer_step;
 };
 
@@ -48,10 +57,7 @@ struct StepTimes {
 class StepExecutor {
  public:
   explicit StepExecutor(StepParts parts) : parts_(std::move(parts)) {}
-  // Runs the program on micro-batches of B x T tokens; grad_scale as Transformer::forward_unit.
-  // With trace, records a span per schedule action (name like "1F3", times since the start).
-  StepTimes run(const Program& program, int64_t B, int64_t T, float grad_scale, int rank,
-                bool trace);
+  StepTimes run(const Program& program, const StepRun& run);
 
  private:
   StepParts parts_;

@@ -87,7 +87,6 @@ std::string checkpoint_to_resume(const std::string& resume, const std::string& o
   return resume;
 }
 
-
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
@@ -240,11 +239,10 @@ void Trainer::make_pipeline(const Layout& layout) {
   parts.tp_grads = tp_grads_.get();
   parts.pp = pp_group_.get();
   parts.tied = tied_group_.get();
-  parts.fill = [this](int mb, int32_t* tokens, int32_t* targets) { fill_(mb, tokens, targets); };
+  parts.rank = rank_;
   parts.before_reduce = [this](int unit) {
     if (gradient_fault_) gradient_fault_(step_, unit, model_->params());
   };
-  parts.optimizer_step = [this](double loss_sum) { finish_(loss_sum); };
   executor_ = std::make_unique<StepExecutor>(std::move(parts));
   schedule_name_ = layout.schedule.name;
   n_stages_ = n_stages;
@@ -270,17 +268,21 @@ StepResult Trainer::train_step(int64_t step) {
     if (c) c->take_exposed_seconds(), c->take_bytes();
   for (GroupParallel& part : groups_) part.dp->zero_gradients();
   StepResult r;
-  fill_ = [this, step, mb](int micro, int32_t* tokens, int32_t* targets) {
+  StepRun run;
+  run.B = local_batch_;
+  run.T = T;
+  run.grad_scale = grad_scale;
+  run.trace = t.trace_step == step + 1;
+  run.fill = [this, step, mb](int micro, int32_t* tokens, int32_t* targets) {
     train_loader_->fill(tokens, targets, uint64_t(step), micro * mb + dp_rank_ * local_batch_,
                         local_batch_);
   };
-  finish_ = [this, step, &r](double loss_sum) { finish_step(step, loss_sum, r); };
-  const bool trace = t.trace_step == step + 1;
-  StepTimes times = executor_->run(train_program_, local_batch_, T, grad_scale, rank_, trace);
+  run.optimizer_step = [this, step, &r](double loss_sum) { finish_step(step, loss_sum, r); };
+  const StepTimes times = executor_->run(train_program_, run);
   r.exposed_pp_s = times.exposed_pp;
   r.busy_s = times.busy_seconds;
   r.program_s = times.seconds;
-  if (trace) write_trace(step + 1, times.trace);
+  if (run.trace) write_trace(step + 1, times.trace);
   return r;
 }
 
@@ -363,10 +365,13 @@ void Trainer::stop_non_finite(int64_t step, const StepResult& r) {
 double Trainer::validate() {
   const TrainConfig& t = cfg_.train;
   const int64_t mb = t.micro_batch_size, T = t.seq_len;
-  fill_ = [this](int b, int32_t* tokens, int32_t* targets) {
+  StepRun run;
+  run.B = local_batch_;
+  run.T = T;
+  run.fill = [this](int b, int32_t* tokens, int32_t* targets) {
     val_loader_->fill(tokens, targets, uint64_t(b), dp_rank_ * local_batch_, local_batch_);
   };
-  const StepTimes v = executor_->run(val_program_, local_batch_, T, 0.0f, rank_, false);
+  const StepTimes v = executor_->run(val_program_, run);
   double sum = sum_of_doubles(*dp_group_, v.loss_sum);
   if (pp_group_->size() > 1) sum = sum_of_doubles(*pp_group_, sum);
   return sum / double(t.val_batches * mb * T);
@@ -538,7 +543,6 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
            << "\n"
            << std::flush;
 }
-
 
 void Trainer::save_checkpoint() {
   const TrainConfig& t = cfg_.train;

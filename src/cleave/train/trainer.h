@@ -86,8 +86,6 @@ class Trainer {
   // The step as instructions (pipeline/program.h), and validation's forward-only program.
   Program train_program_, val_program_;
   std::unique_ptr<StepExecutor> executor_;
-  std::function<void(int mb, int32_t* tokens, int32_t* targets)> fill_;  // of the running program
-  std::function<void(double loss_sum)> finish_;
   std::string schedule_name_;
   int n_stages_ = 1;
   int64_t global_params_ = 0;  // of the whole model, over every pipeline stage
