@@ -12,6 +12,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "cleave/base/check.h"
+#include "cleave/base/file.h"
 #include "cleave/kernels/gemm_bench.h"
 
 namespace fs = std::filesystem;
@@ -54,18 +55,11 @@ nlohmann::json read_cache(const std::string& path) {
 void write_cache(const std::string& path, const nlohmann::json& cache) {
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp);
-    out << cache.dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "cleave: warning: cannot write the peak cache %s\n", tmp.c_str());
-      return;
-    }
+  try {
+    write_file_atomic(path, cache.dump(2) + "\n", "the peak cache");
+  } catch (const Error& e) {  // the peak is then measured again at the next start
+    std::fprintf(stderr, "cleave: warning: cannot write %s\n", e.what());
   }
-  fs::rename(tmp, path, ec);
-  if (ec) std::fprintf(stderr, "cleave: warning: cannot write the peak cache %s: %s\n",
-                       path.c_str(), ec.message().c_str());
 }
 
 nlohmann::json to_json(const HardwarePeak& h) {
