@@ -91,6 +91,19 @@ void Block::reserve(Slot& s, int64_t B, int64_t T) {
   s.B = B, s.T = T;
 }
 
+// Sized once per slot: a resize returns the pages, and faulting them in again on every input half
+// cost zb1p about 5% of its backward (perf: 2.4x the page faults of fused backwards).
+void Block::reserve_deferred(Slot& s) {
+  const int64_t N = s.B * s.T, d = cfg_.d_model;
+  if (s.dy.size() == N * d) return;
+  s.dy.resize(N * d);
+  s.d_fc.resize(N * fc_.gemm().out_features());
+  s.d_xmid.resize(N * d);
+  s.d_qkv.resize(N * share_.qkv_dim(int(cfg_.head_dim())));
+  s.d_h1.resize(N * d);
+  s.d_h2.resize(N * d);
+}
+
 void Block::reserve_grads(BlockGrads& g, int64_t N) const {
   const int64_t d = cfg_.d_model, n = local_rows(N), hd = cfg_.head_dim();
   g.d_act.resize(N * share_.ffn);
@@ -215,14 +228,7 @@ void Block::backward(int slot, float* dx_in, const float* dx_out, BlockGrads& g,
   const int64_t qkv_dim = share_.qkv_dim(int(hd));
   const bool sp = tp_.sequence_parallel;
   TpComm* comm = tp_.comm;
-  if (defer) {  // what the weight gradients need outlives the shared scratch
-    s.dy.resize(N * d);
-    s.d_fc.resize(N * fc_.gemm().out_features());
-    s.d_xmid.resize(N * d);
-    s.d_qkv.resize(N * qkv_dim);
-    s.d_h1.resize(N * d);
-    s.d_h2.resize(N * d);
-  }
+  if (defer) reserve_deferred(s);
   // A column-parallel input's gradient is a partial sum over tp: start reducing it into `local`.
   auto start_column_reduce = [&](float* full, float* local) -> TpComm::Wait {
     if (!comm) return [] {};

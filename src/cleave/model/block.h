@@ -83,6 +83,7 @@ class Block {
     Buffer<float> dy, d_fc, d_xmid, d_qkv, d_h1, d_h2;  // BackwardPart::input only
   };
   void reserve(Slot& s, int64_t B, int64_t T);
+  void reserve_deferred(Slot& s);
   void forward_impl(Slot& s, float* x_out, const float* x_in, int64_t B, int64_t T,
                     KVCache* cache);
   void weight_gradients(Slot& s, BlockGrads& g);
