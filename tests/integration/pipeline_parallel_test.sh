@@ -5,8 +5,8 @@
 # ZeRO-1, ZeRO-3 and tp on 8 ranks, HSDP 2 x 2 and tp with sequence parallelism; bf16; a schedule
 # written to CSV and run from it. GPT-2's schedules and the composed layouts are run twice: the
 # rerun is bitwise identical. Checkpoints resume under other pp degrees and schedules and under
-# one process, and export and generate read them; a traced step writes a Chrome trace; every bad
-# input has its exact message.
+# one process, and export and generate read them; a traced step writes a Chrome trace; a stopped
+# stage ends the job with a report that names it; every bad input has its exact message.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 source "$src/tests/integration/layouts.sh"
@@ -101,6 +101,40 @@ cmp -s <(head -c 8 "$work/hf/model.safetensors") <(head -c 8 "$work/hf-ref/model
   || { echo "FAIL: the export of a pp checkpoint has another header than the reference's"; exit 1; }
 "$cleave" generate "$work/gpt2-1f1b-pp4" --prompt "The" --max-new-tokens 8 > "$work/gen.txt"
 [ -s "$work/gen.txt" ] || { echo "FAIL: generate from a pp checkpoint printed nothing"; exit 1; }
+
+# A stuck stage: rank 1 of pp 2 is stopped (SIGSTOP) after step 3; rank 0, waiting on a transfer
+# with it, reports the operation, the "pp" group and the peer within the 3 s timeout and the job
+# ends, instead of hanging.
+stuck=$work/stuck.log
+timeout 120 mpirun --oversubscribe -np 2 "$cleave" train "$cfg" --set data.dir="$data" "${common[@]}" \
+  --set train.out_dir="$work/stuck" --set parallel.pp=2 --set train.steps=100000 \
+  --set train.val_interval=0 --set train.checkpoint_interval=-1 --set parallel.comm_timeout_s=3 \
+  > "$stuck" 2>&1 &
+job=$!
+rank1=""
+for _ in $(seq 600); do
+  if grep -q '^step *3/' "$stuck"; then
+    for p in $(pgrep -f "cleave train $cfg"); do
+      grep -qzx OMPI_COMM_WORLD_RANK=1 "/proc/$p/environ" 2> /dev/null && rank1=$p
+    done
+    break
+  fi
+  sleep 0.2
+done
+[ -n "$rank1" ] || { echo "FAIL: the stuck-stage run did not reach step 3"; cat "$stuck"; exit 1; }
+kill -STOP "$rank1"
+stopped=$(date +%s)
+rc=0; wait "$job" || rc=$?
+kill -KILL "$rank1" 2> /dev/null || true
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ $(( $(date +%s) - stopped )) -le 60 ] \
+  || { echo "FAIL: the job with a stopped stage ended with $rc after $(( $(date +%s) - stopped )) s"; cat "$stuck"; exit 1; }
+# Stopped between two steps' programs, rank 1 is named as behind in the step's sum over pp instead.
+grep -qE 'TIMEOUT on rank 0: (recv|send) p2p#[0-9]+ on group "pp" \([^)]*peer 1\)' "$stuck" ||
+  { grep -qE 'TIMEOUT on rank 0: [a-z_]+ #[0-9]+ on group "pp"' "$stuck" &&
+    grep -qE 'BEHIND \(not started it\): +rank 1 ' "$stuck"; } \
+  || { echo "FAIL: the report does not name the pp transfer with rank 1"; cat "$stuck"; exit 1; }
+grep -qE 'rank 1: pid [0-9]+ .*heartbeat [0-9.]+ s ago' "$stuck" \
+  || { echo "FAIL: the report does not show rank 1"; cat "$stuck"; exit 1; }
 
 # Bad input: one message each, exactly.
 expect_error 4 "parallel.pp_schedule = zbv (parallel.pp 4, train.grad_accum_steps 4 micro-batches, parallel.pp_virtual 2): zbv needs microbatches (4) >= 2 x pp - 1 (7)" \
