@@ -43,14 +43,14 @@ expect_error() {  # ranks message [--set ...]: the run fails with exactly this m
     || { echo "FAIL: expected \"$message\""; cat "$work/bad.log"; exit 1; }
 }
 
-# tp_bytes NAME RANKS [--set ...]: the bytes rank 0 sent into the tp collectives per step, as
-# the trainer measured them, are what `cleave mesh CONFIG` predicts.
-tp_bytes() {
-  local name=$1 np=$2; shift 2
+# axis_bytes AXIS NAME RANKS [--set ...]: the bytes rank 0 sent on the axis (tp or pp) per step,
+# as the trainer measured them (AXIS_bytes_per_step), are what `cleave mesh CONFIG` predicts.
+axis_bytes() {
+  local axis=$1 name=$2 np=$3; shift 3
   local measured predicted
-  measured=$(grep -o '"tp_bytes_per_step":[0-9.]*' "$work/$name/metrics.jsonl" | tail -1 | cut -d: -f2)
-  predicted=$("$cleave" mesh "$cfg" --world "$np" "${common[@]}" "$@" | grep -o '^  tp .*(\([0-9]*\) bytes)' \
+  measured=$(grep -o "\"${axis}_bytes_per_step\":[0-9.]*" "$work/$name/metrics.jsonl" | tail -1 | cut -d: -f2)
+  predicted=$("$cleave" mesh "$cfg" --world "$np" "${common[@]}" "$@" | grep -o "^  $axis .*(\([0-9]*\) bytes)" \
               | sed 's/.*(\([0-9]*\) bytes)/\1/')
   [ -n "$predicted" ] && [ "${measured%.0}" = "$predicted" ] \
-    || { echo "FAIL: $name sent $measured bytes per step on tp, cleave mesh predicts $predicted"; exit 1; }
+    || { echo "FAIL: $name sent $measured bytes per step on $axis, cleave mesh predicts $predicted"; exit 1; }
 }

@@ -28,6 +28,12 @@ for pp in 2 4; do
     $compare "$work/ref-llama" "$work/llama-$schedule-pp$pp"
   done
 done
+# The bytes rank 0 sends to other stages and into the tied sum, as `cleave mesh` predicts them:
+# one stage and the tied embedding (1f1b), two stages on one rank (interleaved), the V's turn
+# and both ends of the tied embedding on rank 0 (zbv).
+for schedule in 1f1b interleaved zbv; do
+  axis_bytes pp "gpt2-$schedule-pp4" 4 --set parallel.pp=4 --set parallel.pp_schedule=$schedule
+done
 grep -q "pp 4 (zbv, 8 stages)" "$work/gpt2-zbv-pp4.log" \
   || { echo "FAIL: the start line does not name the pipeline"; exit 1; }
 
@@ -52,8 +58,10 @@ layout ref-llama pp2-hsdp2x2 8 "${llama[@]}" --set parallel.pp=2 --set parallel.
   --set train.grad_accum_steps=4
 layout ref-llama pp2-tp2sp 4 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
   --set parallel.sequence_parallel=true --set parallel.pp_schedule=gpipe
-tp_bytes pp2-tp2sp 4 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
-  --set parallel.sequence_parallel=true
+for axis in tp pp; do
+  axis_bytes $axis pp2-tp2sp 4 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
+    --set parallel.sequence_parallel=true
+done
 
 # bf16 on the 2-layer model and global batch 8 compare_runs.py's bf16 bounds were derived on (at 8
 # layers and batch 16, honest DDP and accumulation already differ from one process by 2e-4).
@@ -102,9 +110,8 @@ cmp -s <(head -c 8 "$work/hf/model.safetensors") <(head -c 8 "$work/hf-ref/model
 "$cleave" generate "$work/gpt2-1f1b-pp4" --prompt "The" --max-new-tokens 8 > "$work/gen.txt"
 [ -s "$work/gen.txt" ] || { echo "FAIL: generate from a pp checkpoint printed nothing"; exit 1; }
 
-# A stuck stage: rank 1 of pp 2 is stopped (SIGSTOP) after step 3; rank 0, waiting on a transfer
-# with it, reports the operation, the "pp" group and the peer within the 3 s timeout and the job
-# ends, instead of hanging.
+# A stuck stage: rank 1 of pp 2 is stopped (SIGSTOP) after step 3; rank 0, waiting for it, reports
+# within the 3 s timeout and the job ends, instead of hanging.
 stuck=$work/stuck.log
 timeout 120 mpirun --oversubscribe -np 2 "$cleave" train "$cfg" --set data.dir="$data" "${common[@]}" \
   --set train.out_dir="$work/stuck" --set parallel.pp=2 --set train.steps=100000 \
@@ -128,13 +135,12 @@ rc=0; wait "$job" || rc=$?
 kill -KILL "$rank1" 2> /dev/null || true
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ $(( $(date +%s) - stopped )) -le 60 ] \
   || { echo "FAIL: the job with a stopped stage ended with $rc after $(( $(date +%s) - stopped )) s"; cat "$stuck"; exit 1; }
-# Stopped between two steps' programs, rank 1 is named as behind in the step's sum over pp instead.
-grep -qE 'TIMEOUT on rank 0: (recv|send) p2p#[0-9]+ on group "pp" \([^)]*peer 1\)' "$stuck" ||
-  { grep -qE 'TIMEOUT on rank 0: [a-z_]+ #[0-9]+ on group "pp"' "$stuck" &&
-    grep -qE 'BEHIND \(not started it\): +rank 1 ' "$stuck"; } \
-  || { echo "FAIL: the report does not name the pp transfer with rank 1"; cat "$stuck"; exit 1; }
-grep -qE 'rank 1: pid [0-9]+ .*heartbeat [0-9.]+ s ago' "$stuck" \
-  || { echo "FAIL: the report does not show rank 1"; cat "$stuck"; exit 1; }
+# Rank 0 times out on a transfer with rank 1 or in the tied embedding's sum, which rank 1 may
+# have entered before it stopped; either way the report names rank 1 as stopped.
+grep -qE 'TIMEOUT on rank 0: .* on group "pp(_tied)?"' "$stuck" \
+  || { echo "FAIL: rank 0 did not time out on the pipeline's groups"; cat "$stuck"; exit 1; }
+grep -qE 'rank 1: pid [0-9]+ on .*, STOPPED \(a signal or a debugger holds the process\)' "$stuck" \
+  || { echo "FAIL: the report does not name rank 1 as stopped"; cat "$stuck"; exit 1; }
 
 # Bad input: one message each, exactly.
 expect_error 4 "parallel.pp_schedule = zbv (parallel.pp 4, train.grad_accum_steps 4 micro-batches, parallel.pp_virtual 2): zbv needs microbatches (4) >= 2 x pp - 1 (7)" \

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <optional>
 
@@ -162,6 +163,39 @@ TEST(CommReport, FailedRankIsSeenAndTheLastToLeaveRemovesTheFolder) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/rank-2.status"));  // rank 0 may still read it
   r0->leave();
   EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+// A rank held by SIGSTOP (or a debugger) inside a collective is no more "waiting in it": the report
+// names it as stopped, in the group's analysis and in its status line.
+TEST(CommReport, StoppedRankIsNamed) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("cleave-comm-report-stopped-" + std::to_string(getpid()));
+  const std::vector<int> members = {0, 1};
+  StatusBoard r0(dir, 0, 2);
+  const int s0 = r0.add_group("pp", members, 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    StatusBoard r1(dir, 1, 2);
+    r1.started(*op(Op::all_reduce, "pp", r1.add_group("pp", members, 1), 1, 4096));
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  r0.started(*op(Op::all_reduce, "pp", s0, 1, 4096));
+  std::string report;
+  {
+    SafeText out(SafeText::string_sink, &report);
+    r0.write_report(out, s0, 1, Op::all_reduce);
+  }
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  EXPECT_NE(report.find("waiting in it:           rank 0\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("STOPPED (not running):   rank 1 (at #1 all_reduce, not completed)"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("running, STOPPED (a signal or a debugger holds the process)"),
+            std::string::npos) << report;
 }
 
 TEST(CommReport, AJobStartRemovesTheFoldersOfKilledJobsOnly) {

@@ -40,7 +40,8 @@ std::string status_path(const std::string& dir, int rank) {
   return dir + "/rank-" + std::to_string(rank) + ".status";
 }
 
-// 1: alive, 0: dead (gone or zombie), -1: unknown (another host). Async-signal-safe.
+// 1: alive, 2: alive but stopped (SIGSTOP, a debugger: it does not run, so a stuck job's culprit),
+// 0: dead (gone or zombie), -1: unknown (another host). Async-signal-safe.
 int liveness(const StatusPage& p, const char* my_host) {
   if (std::strncmp(p.host, my_host, sizeof(p.host)) != 0) return -1;
   if (::kill(p.pid, 0) != 0 && errno == ESRCH) return 0;
@@ -63,8 +64,12 @@ int liveness(const StatusPage& p, const char* my_host) {
   ::close(fd);
   if (n <= 0) return 0;
   // state is the field after the ")" closing the command name
-  for (ssize_t i = n - 1; i > 0; --i)
-    if (buf[i] == ')') return i + 2 < n && (buf[i + 2] == 'Z' || buf[i + 2] == 'X') ? 0 : 1;
+  for (ssize_t i = n - 1; i > 0; --i) {
+    if (buf[i] != ')') continue;
+    const char state = i + 2 < n ? buf[i + 2] : 'R';
+    if (state == 'Z' || state == 'X') return 0;
+    return state == 'T' || state == 't' ? 2 : 1;
+  }
   return 1;
 }
 
@@ -301,6 +306,7 @@ void StatusBoard::write_report(SafeText& out, int focus_slot, uint64_t focus_seq
     const int alive = liveness(page, host_);
     if (alive == 0) out.str("DEAD (the process is gone)");
     else out.str(state_text(page.state));
+    if (alive == 2) out.str(", STOPPED (a signal or a debugger holds the process)");
     out.str(", heartbeat ").fixed(now > page.heartbeat ? now - page.heartbeat : 0, 1).str(" s ago\n");
     for (const StatusSlot& s : page.slots) {
       if (s.key == 0) continue;
@@ -345,12 +351,12 @@ void StatusBoard::write_group_analysis(SafeText& out, int slot, uint64_t seq, in
   if (op >= 0) out.chr(' ').str(op_name(Op(op)));
   out.str(":\n");
   // One line per category, listing the world ranks in it.
-  enum { waiting, done, behind, dead, missing, unknown, mismatch, ncat };
+  enum { waiting, done, behind, stopped, dead, missing, unknown, mismatch, ncat };
   static const char* const labels[ncat] = {
       "    waiting in it:           ", "    done with it:            ",
-      "    BEHIND (not started it): ", "    DEAD:                    ",
-      "    MISSING (no status):     ", "    UNKNOWN (other host):    ",
-      "    MISMATCH (another op):   "};
+      "    BEHIND (not started it): ", "    STOPPED (not running):   ",
+      "    DEAD:                    ", "    MISSING (no status):     ",
+      "    UNKNOWN (other host):    ", "    MISMATCH (another op):   "};
   for (int cat = 0; cat < ncat; ++cat) {
     bool any = false;
     for (size_t g = 0; g < members.size(); ++g) {
@@ -364,6 +370,7 @@ void StatusBoard::write_group_analysis(SafeText& out, int slot, uint64_t seq, in
         alive = liveness(page, host_);
         if (alive == 0) c = dead;
         else if (!s) c = missing;
+        else if (alive == 2) c = stopped;
         else if (s->started < seq) c = behind;
         else if (s->started == seq && op >= 0 && s->op != op) c = mismatch;
         else if (s->completed >= seq) c = done;
@@ -373,7 +380,7 @@ void StatusBoard::write_group_analysis(SafeText& out, int slot, uint64_t seq, in
       out.str(any ? ", " : labels[cat]);
       any = true;
       out.str("rank ").num(m);
-      if (s && (c == behind || c == dead || c == mismatch)) {
+      if (s && (c == behind || c == stopped || c == dead || c == mismatch)) {
         out.str(" (at #").unum(s->started).chr(' ').str(op_name(Op(s->op)));
         if (s->completed < s->started) out.str(", not completed");
         if (c == behind && alive == 1 && page.state == int32_t(RankState::running))

@@ -124,6 +124,7 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
         (fwd ? f.send_forward : f.send_backward) = parts_.pp->send(
             fwd ? model.chunk_output(i.chunk, i.slot) : model.chunk_input_grad(i.chunk, i.slot),
             floats, CommType::f32, i.peer, i.tag);
+        out.pp_bytes += floats * int64_t(sizeof(float));
         break;
       }
       case Op::recv_forward:
@@ -159,9 +160,10 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
         // gradient, on both (Megatron's embedding group), in a fixed order.
         ParamStore& params = model.params();
         const int t = model.pipeline_tied_tensor();
-        out.exposed_pp += parts_.tied->all_reduce(params.grad(t), params.tensor(t).numel,
-                                                  CommType::f32, CommAlgo::ours)
+        const int64_t n = params.tensor(t).numel, p = parts_.tied->size();
+        out.exposed_pp += parts_.tied->all_reduce(params.grad(t), n, CommType::f32, CommAlgo::ours)
                               .wait();
+        out.pp_bytes += 2 * (p - 1) * n * int64_t(sizeof(float)) / p;  // a ring
         break;
       }
       case Op::reduce_grads: {

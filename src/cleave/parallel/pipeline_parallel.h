@@ -51,6 +51,7 @@ struct StepTimes {
   double seconds = 0;        // the whole program
   double busy_seconds = 0;   // in compute instructions
   double exposed_pp = 0;     // waiting for transfers between stages, and the tied sum
+  int64_t pp_bytes = 0;      // sent to other stages and into the tied sum (as a ring)
   std::vector<TraceEvent> trace;  // per schedule action, when asked
 };
 

@@ -280,6 +280,7 @@ StepResult Trainer::train_step(int64_t step) {
   run.optimizer_step = [this, step, &r](double loss_sum) { finish_step(step, loss_sum, r); };
   const StepTimes times = executor_->run(train_program_, run);
   r.exposed_pp_s = times.exposed_pp;
+  r.pp_bytes = times.pp_bytes;
   r.busy_s = times.busy_seconds;
   r.program_s = times.seconds;
   if (run.trace) write_trace(step + 1, times.trace);
@@ -440,6 +441,7 @@ void Trainer::run(int64_t exit_after) {
     interval.busy_s += r.busy_s;
     interval.program_s += r.program_s;
     interval.tp_bytes += r.tp_bytes;
+    interval.pp_bytes += r.pp_bytes;
     if (step_ % t.log_interval == 0 || step_ == t.steps) {
       log_step(r, interval_seconds, interval_steps, interval);
       interval_seconds = 0;
@@ -538,6 +540,7 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                              {"exposed_comm_ms_pp", pp_ms},
                              {"idle_fraction_per_rank", idle_of},
                              {"tp_bytes_per_step", double(interval.tp_bytes) / double(steps)},
+                             {"pp_bytes_per_step", double(interval.pp_bytes) / double(steps)},
                              {"eta_s", eta}}
                   .dump()
            << "\n"

@@ -29,6 +29,7 @@ struct StepResult {
   double loss = 0, lr = 0, grad_norm = 0;
   double exposed_dp_s = 0, exposed_tp_s = 0, exposed_pp_s = 0;  // seconds waited on each axis
   int64_t tp_bytes = 0;       // bytes this rank sent into tp collectives
+  int64_t pp_bytes = 0;       // bytes this rank sent to other stages and into the tied sum
   double busy_s = 0, program_s = 0;  // in compute instructions, in the whole step program
 };
 
