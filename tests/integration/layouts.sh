@@ -1,5 +1,5 @@
 # Shared by the layout tests (data_parallel_test.sh, tensor_parallel_test.sh,
-# pipeline_parallel_test.sh, pipeline_composed_test.sh): source it after setting cleave, src and data (the test's
+# pipeline_layouts.sh): source it after setting cleave, src and data (the test's
 # arguments); it sets work (removed at exit), cfg and compare. The functions read the test's
 # common (--set ...) array.
 work=$(mktemp -d)

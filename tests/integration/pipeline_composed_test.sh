@@ -8,15 +8,7 @@
 # stage ends the job with a report that names it; every bad input has its exact message.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
-source "$src/tests/integration/layouts.sh"
-# 8 micro-batches of 2 sequences a step: m = 8 for every schedule.
-common=(--set train.steps=20 --set train.log_interval=1 --set train.val_interval=10
-        --set train.checkpoint_interval=10 --set train.threads=1 --set parallel.comm_timeout_s=60
-        --set model.n_layers=8 --set train.micro_batch_size=2 --set train.grad_accum_steps=8)
-llama=(--set model.family=llama --set model.n_kv_heads=2)
-
-run ref 1
-run ref-llama 1 "${llama[@]}"
+source "$src/tests/integration/pipeline_layouts.sh"
 
 # 6 layers on 4 stages: 2, 2, 1, 1 by default, and an explicit uneven split.
 run ref6 1 --set model.n_layers=6
