@@ -13,13 +13,15 @@ namespace cleave {
 
 namespace fs = std::filesystem;
 
-void write_file_atomic(const std::string& path, std::string_view bytes, const char* what) {
+void write_file_atomic(const std::string& path, const char* what,
+                       const std::function<void(std::ostream&)>& write) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out)
-      CLEAVE_FAIL(what << " " << path << ": cannot create " << tmp << ": " << std::strerror(errno));
-    out.write(bytes.data(), std::streamsize(bytes.size()));
+      CLEAVE_FAIL(what << " " << path << ": cannot create temporary file " << tmp << ": "
+                       << std::strerror(errno));
+    write(out);
     out.flush();
     if (!out) {
       std::error_code ec;
@@ -35,6 +37,12 @@ void write_file_atomic(const std::string& path, std::string_view bytes, const ch
     CLEAVE_FAIL(what << " " << path << ": cannot rename " << tmp << " into place: "
                      << ec.message());
   }
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes, const char* what) {
+  write_file_atomic(path, what, [bytes](std::ostream& out) {
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+  });
 }
 
 }  // namespace cleave

@@ -15,7 +15,6 @@
 #include <mutex>
 #include <sstream>
 #include <string_view>
-#include <unistd.h>
 #include <unordered_map>
 
 #include "cleave/base/check.h"

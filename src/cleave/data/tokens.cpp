@@ -8,9 +8,9 @@
 #include <fstream>
 #include <limits>
 #include <system_error>
-#include <unistd.h>
 
 #include "cleave/base/check.h"
+#include "cleave/base/file.h"
 
 namespace cleave {
 
@@ -51,43 +51,23 @@ void write_token_shard(const std::string& path, const std::vector<uint32_t>& tok
   h.vocab_size = vocab_size;
   h.reserved = 0;
 
-  // Atomic: write a temporary file next to the target, then rename it over the target.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      CLEAVE_FAIL("token file " << path << ": cannot create temporary file " << tmp << ": "
-                                << std::strerror(errno));
+  write_file_atomic(path, "token file", [&](std::ostream& out) {
     out.write(reinterpret_cast<const char*>(&h), sizeof(h));
     if (h.token_width == 4) {
       out.write(reinterpret_cast<const char*>(tokens.data()),
                 std::streamsize(tokens.size() * sizeof(uint32_t)));
-    } else {
-      constexpr size_t kChunk = 1 << 16;
-      std::vector<uint16_t> buf;
-      buf.reserve(kChunk);
-      for (size_t start = 0; start < tokens.size() && out; start += kChunk) {
-        const size_t end = std::min(tokens.size(), start + kChunk);
-        buf.assign(tokens.begin() + ptrdiff_t(start), tokens.begin() + ptrdiff_t(end));
-        out.write(reinterpret_cast<const char*>(buf.data()),
-                  std::streamsize(buf.size() * sizeof(uint16_t)));
-      }
+      return;
     }
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      CLEAVE_FAIL("token file " << path << ": write failed (" << std::strerror(errno) << ")");
+    constexpr size_t kChunk = 1 << 16;  // narrowed a chunk at a time, not copied whole
+    std::vector<uint16_t> buf;
+    buf.reserve(kChunk);
+    for (size_t start = 0; start < tokens.size() && out; start += kChunk) {
+      const size_t end = std::min(tokens.size(), start + kChunk);
+      buf.assign(tokens.begin() + ptrdiff_t(start), tokens.begin() + ptrdiff_t(end));
+      out.write(reinterpret_cast<const char*>(buf.data()),
+                std::streamsize(buf.size() * sizeof(uint16_t)));
     }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ec2;
-    std::filesystem::remove(tmp, ec2);
-    CLEAVE_FAIL("token file " << path << ": cannot rename " << tmp << " into place: "
-                              << ec.message());
-  }
+  });
 }
 
 TokenShard::TokenShard(const std::string& path, uint32_t expected_vocab_size) : path_(path) {
