@@ -21,6 +21,12 @@ enum class CommType { f32, bf16 };
 // (`cleave bench-comm`); both are kept so each can be checked against the other.
 enum class CommAlgo { fastest, ours, mpi };
 
+// The bytes each of `ranks` ranks sends in a ring all-reduce of `bytes` (a reduce-scatter, then an
+// all-gather): how the tp and pp byte counts (metrics.jsonl) count an all-reduce.
+inline int64_t ring_all_reduce_bytes(int64_t bytes, int ranks) {
+  return 2 * bytes * (ranks - 1) / ranks;
+}
+
 struct WorkState;
 
 class Work {

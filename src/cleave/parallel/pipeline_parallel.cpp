@@ -160,10 +160,10 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
         // gradient, on both (Megatron's embedding group), in a fixed order.
         ParamStore& params = model.params();
         const int t = model.pipeline_tied_tensor();
-        const int64_t n = params.tensor(t).numel, p = parts_.tied->size();
+        const int64_t n = params.tensor(t).numel;
         out.exposed_pp += parts_.tied->all_reduce(params.grad(t), n, CommType::f32, CommAlgo::ours)
                               .wait();
-        out.pp_bytes += 2 * (p - 1) * n * int64_t(sizeof(float)) / p;  // a ring
+        out.pp_bytes += ring_all_reduce_bytes(n * int64_t(sizeof(float)), parts_.tied->size());
         break;
       }
       case Op::reduce_grads: {

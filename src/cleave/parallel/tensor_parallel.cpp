@@ -11,7 +11,7 @@ TpComm::Wait GroupTpComm::waiter(Work work) {
 }
 
 TpComm::Wait GroupTpComm::all_reduce(float* buf, int64_t n) {
-  bytes_ += 2 * n * 4 * (size() - 1) / size();  // a ring: reduce-scatter, then all-gather
+  bytes_ += ring_all_reduce_bytes(n * 4, size());
   return waiter(group_.all_reduce(buf, n, CommType::f32, CommAlgo::ours));
 }
 
