@@ -13,7 +13,6 @@ common=(--set data.dir="$data" --set train.steps=20 --set train.log_interval=1
         --set parallel.comm_timeout_s=60)
 one_micro=(--set train.micro_batch_size=8 --set train.grad_accum_steps=1)
 
-
 for accum in 1 2; do
   set_batch=(--set train.micro_batch_size=$((8 / accum)) --set train.grad_accum_steps=$accum)
   run ref-a$accum 1 "${set_batch[@]}"

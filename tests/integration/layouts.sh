@@ -1,4 +1,4 @@
-# Shared by the layout tests (data_parallel_test.sh, tensor_parallel_test.sh,
+# Shared by the layout tests (data_parallel_test.sh, tensor_parallel_test.sh, compare_builds.sh,
 # pipeline_layouts.sh): source it after setting cleave, src and data (the test's
 # arguments); it sets work (removed at exit), cfg and compare. The functions read the test's
 # common (--set ...) array.

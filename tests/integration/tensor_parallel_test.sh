@@ -21,7 +21,6 @@ llama_kv2=(--set model.family=llama --set model.n_kv_heads=2)
   --set model.vocab_size=257 > /dev/null
 vocab257=(--set data.dir="$work/v257" --set model.vocab_size=257)
 
-
 sp=(--set parallel.sequence_parallel=true)
 run ref 1 "${one_micro[@]}"
 run ref-llama 1 "${one_micro[@]}" "${llama[@]}"

@@ -162,21 +162,26 @@ TEST(PipelineGenerators, SendsFollowTheirComputeAndReceivesComeEarly) {
 }
 
 TEST(PipelineGenerators, ErrorsNameTheNumbers) {
-  EXPECT_TRUE(Contains(error_of([] { generate_schedule("pipedream", 2, 4, 1); }),
-              "unknown pipeline schedule 'pipedream' (known: gpipe, 1f1b, interleaved, "
-                        "zb1p, zbv)"));
-  EXPECT_TRUE(Contains(error_of([] { generate_schedule("interleaved", 2, 3, 2); }),
-              "interleaved needs microbatches (3) to be a multiple of pp (2)"));
-  EXPECT_TRUE(Contains(error_of([] { generate_schedule("interleaved", 2, 4, 1); }),
-              "interleaved needs virtual chunks >= 2 per rank (got 1)"));
-  EXPECT_TRUE(Contains(error_of([] { generate_schedule("zbv", 4, 6, 2); }),
-              "zbv needs microbatches (6) >= 2 x pp - 1 (7)"));
-  EXPECT_TRUE(Contains(error_of([] { generate_schedule("zbv", 4, 8, 3); }),
-              "virtual chunks must be 2 (got 3)"));
-  EXPECT_TRUE(Contains(error_of([] { generate_schedule("1f1b", 4, 8, 2); }),
-              "1f1b runs one chunk per rank: virtual chunks must be 1 (got 2)"));
-  EXPECT_TRUE(Contains(error_of([] { generate_schedule("gpipe", 0, 8, 1); }),
-              "(got pp 0, microbatches 8)"));
+  struct Bad {
+    const char* name;
+    int pp, microbatches, virtual_chunks;
+    const char* message;
+  };
+  const Bad bad[] = {
+      {"pipedream", 2, 4, 1,
+       "unknown pipeline schedule 'pipedream' (known: gpipe, 1f1b, interleaved, zb1p, zbv)"},
+      {"interleaved", 2, 3, 2, "interleaved needs microbatches (3) to be a multiple of pp (2)"},
+      {"interleaved", 2, 4, 1, "interleaved needs virtual chunks >= 2 per rank (got 1)"},
+      {"zbv", 4, 6, 2, "zbv needs microbatches (6) >= 2 x pp - 1 (7)"},
+      {"zbv", 4, 8, 3, "virtual chunks must be 2 (got 3)"},
+      {"1f1b", 4, 8, 2, "1f1b runs one chunk per rank: virtual chunks must be 1 (got 2)"},
+      {"gpipe", 0, 8, 1, "(got pp 0, microbatches 8)"},
+  };
+  for (const Bad& b : bad)
+    EXPECT_TRUE(Contains(error_of([&] {
+                           generate_schedule(b.name, b.pp, b.microbatches, b.virtual_chunks);
+                         }),
+                         b.message));
 }
 
 TEST(PipelineCheck, SimulatedTimesOf1F1B) {
