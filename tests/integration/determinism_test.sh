@@ -19,6 +19,7 @@ for dtype in fp32 bf16; do
   grep -q "exiting after 5 steps" "$work/$dtype-c.log"
   run c --resume latest
   grep -q "resumed at step 5" "$work/$dtype-c.log"
+  ! grep -q "^resume:" "$work/$dtype-c.log" || { echo "FAIL $dtype: the same config's resume reports a change"; exit 1; }
 
   [ "$(losses "$work/$dtype-a" | wc -l)" -ge 6 ] || { echo "FAIL $dtype: too few loss lines"; exit 1; }
   diff <(losses "$work/$dtype-a") <(losses "$work/$dtype-b") || { echo "FAIL $dtype: rerun losses differ"; exit 1; }
@@ -34,4 +35,17 @@ for dtype in fp32 bf16; do
   first=$(losses "$work/$dtype-a" | head -1) last=$(losses "$work/$dtype-a" | tail -1)
   awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < f) }' || { echo "FAIL $dtype: loss did not fall ($first -> $last)"; exit 1; }
   echo "$dtype: reruns and resume bitwise identical; loss $first -> $last"
+done
+
+# A resume under another seed and global batch runs, and says that its batches are not the
+# checkpointed run's.
+ck=$work/fp32-a/step_00000012
+"$cleave" train "$cfg" --set data.dir="$data" --set train.out_dir="$work/changed" --set train.steps=13 \
+  --set train.seed=7 --set train.grad_accum_steps=1 --resume "$ck" > "$work/changed.log"
+key() { sed -n "s/^$1 = //p" "$cfg"; }
+batch=$(( $(key micro_batch_size) * $(key grad_accum_steps) ))
+for line in "train.seed is 7, $(key seed) in checkpoint $ck" \
+    "the global batch (train.micro_batch_size x train.grad_accum_steps) is $(key micro_batch_size), $batch in checkpoint $ck"; do
+  grep -qxF "resume: $line: the batches from step 13 on are not those the checkpointed run would have drawn" "$work/changed.log" \
+    || { echo "FAIL: the changed resume does not say: $line"; cat "$work/changed.log"; exit 1; }
 done

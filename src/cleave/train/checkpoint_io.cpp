@@ -155,7 +155,7 @@ std::vector<LocalPiece> local_pieces(const ParamStore& params, const StateSlices
     const std::vector<GlobalBox> boxes = global_boxes(t.placement, t.shape, piece.begin, piece.end);
     for (size_t k = 0; k < boxes.size(); ++k)
       if (state.copy.owns(t.placement, boxes[k]))
-        out.push_back({piece, boxes[k], k == 0 ? "" : "@" + std::to_string(k)});
+        out.push_back({piece, boxes[k], k == 0 ? "" : std::string(1, '@') + std::to_string(k)});
   }
   return out;
 }
@@ -258,6 +258,24 @@ int64_t checkpoint_step(const LoadedCheckpoint& ck, const std::string& dir, cons
   CLEAVE_CHECK(ck.meta.contains("step") && ck.meta["step"].is_number_integer(),
                "checkpoint " << dir << "/meta.json has no integer \"step\"");
   return ck.meta["step"].get<int64_t>();
+}
+
+std::vector<std::string> resume_changes(const LoadedCheckpoint& ck, const std::string& dir,
+                                        const Config& cfg) {
+  const TrainConfig& was = checkpoint_config(ck, dir).train;
+  const TrainConfig& now = cfg.train;
+  std::vector<std::string> out;
+  auto compare = [&](const std::string& what, uint64_t before, uint64_t after) {
+    if (before != after)
+      out.push_back(what + " is " + std::to_string(after) + ", " + std::to_string(before) +
+                    " in checkpoint " + dir);
+  };
+  compare("train.seed", was.seed, now.seed);
+  compare("train.seq_len", uint64_t(was.seq_len), uint64_t(now.seq_len));
+  compare("the global batch (train.micro_batch_size x train.grad_accum_steps)",
+          uint64_t(was.micro_batch_size) * uint64_t(was.grad_accum_steps),
+          uint64_t(now.micro_batch_size) * uint64_t(now.grad_accum_steps));
+  return out;
 }
 
 int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string& dir) {

@@ -51,6 +51,12 @@ Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir);
 
 // Checks that the checkpoint's [model] matches cfg's; returns the checkpoint's step.
 int64_t checkpoint_step(const LoadedCheckpoint& ck, const std::string& dir, const Config& cfg);
+// What resuming under cfg changes in the run's data: a train.seed (it keys every batch), seq_len
+// or global batch (micro_batch_size x grad_accum_steps) other than the checkpoint's, one line
+// each. Each is a legitimate choice (a new seed steps past a loss spike, as Megatron-LM users
+// skip data; a new batch size follows a ramp), so the caller prints them instead of refusing.
+std::vector<std::string> resume_changes(const LoadedCheckpoint& ck, const std::string& dir,
+                                        const Config& cfg);
 int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string& dir);
 
 // Reads the elements of `ranges` (in this model's flat layout) of the saved tensors

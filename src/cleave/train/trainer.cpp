@@ -420,6 +420,9 @@ void Trainer::run(int64_t exit_after) {
                                                    ? " GEMM peak" : "")
               << "); hardware FMA peak per rank " << describe(peak_.hardware) << "\n";
     if (step_ > 0) std::cout << "resumed at step " << step_ << "\n";
+    for (const std::string& change : resume_changes_)
+      std::cout << "resume: " << change << ": the batches from step " << step_ + 1
+                << " on are not those the checkpointed run would have drawn\n";
   }
   // Throughput counts the training steps' own time: validation and checkpoints are left out.
   double interval_seconds = 0;
@@ -605,6 +608,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // Each rank reads only what it keeps, from whichever files hold it: any layout resumes any other.
   const LoadedCheckpoint ck = read_checkpoint_folder(dir);
   step_ = checkpoint_step(ck, dir, cfg_);
+  resume_changes_ = resume_changes(ck, dir, cfg_);
   ParamStore& params = model_->params();
   for (int g = 0; g < params.n_groups(); ++g) {
     GroupParallel& part = groups_[size_t(g)];

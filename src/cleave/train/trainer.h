@@ -91,6 +91,7 @@ class Trainer {
   int n_stages_ = 1;
   int64_t global_params_ = 0;  // of the whole model, over every pipeline stage
   int64_t step_ = 0;  // steps completed
+  std::vector<std::string> resume_changes_;  // what the config changes in the resumed run's data
   std::string job_tag_;  // rank 0's pid: names the temporary folder all ranks write a checkpoint to
   ComputePeak peak_;                  // this rank's (rank 0's is printed)
   double peak_sum_ = 0, hardware_sum_ = 0;  // GF/s over every rank: MFU's denominators
