@@ -58,6 +58,33 @@ TEST(PointToPoint, TagsAndCollectiveInBetween) {
   }
 }
 
+// A transfer does not queue behind collectives that wait to start: rank 0 issues two all-reduces
+// and then a send; rank 1 joins the all-reduces only once it has received, as a pipeline stage
+// takes its input before it reaches the data-parallel reduction. Started in issue order, behind
+// the second all-reduce, the send would wait for rank 1, and rank 1 for the send.
+TEST(PointToPoint, StartsPastWaitingCollectives) {
+  Group& g = world();
+  std::vector<float> sent(1000, 3.0f), got(1000, 0.0f);
+  float x = 1, y = 2;
+  if (g.rank() == 0) {
+    Work a = g.all_reduce(&x, 1, CommType::f32);
+    Work b = g.all_reduce(&y, 1, CommType::f32);
+    Work s = g.send(sent.data(), 1000, CommType::f32, 1, 4);
+    s.wait();
+    a.wait();
+    b.wait();
+  } else {
+    if (g.rank() == 1) g.recv(got.data(), 1000, CommType::f32, 0, 4).wait();
+    g.all_reduce(&x, 1, CommType::f32).wait();
+    g.all_reduce(&y, 1, CommType::f32).wait();
+  }
+  EXPECT_EQ(x, float(g.size()));
+  EXPECT_EQ(y, float(2 * g.size()));
+  if (g.rank() == 1) {
+    EXPECT_EQ(got[999], 3.0f);
+  }
+}
+
 // Two sub-groups (even and odd ranks, both named "half") run collectives at the same time as the
 // world group; a third group orders the world's ranks backwards.
 TEST(SubGroups, ConcurrentWithWorld) {

@@ -200,17 +200,23 @@ void Communicator::progress_loop() {
       }
     }
     bool did = false;
-    while (!pending.empty()) {
-      const std::shared_ptr<WorkState>& w = pending.front();
+    bool held = false;  // an operation before this one waits
+    for (auto it = pending.begin(); it != pending.end();) {
+      const std::shared_ptr<WorkState>& w = *it;
       const bool can = w->kind == Kind::p2p ||
-                       (w->kind == Kind::collective && collectives == 0) ||
-                       (w->kind == Kind::fence && running.empty());
-      if (!can) break;
+                       (w->kind == Kind::collective && collectives == 0 && !held) ||
+                       (w->kind == Kind::fence && running.empty() && !held);
+      if (!can) {
+        if (w->kind == Kind::fence) break;
+        held = true;
+        ++it;
+        continue;
+      }
       if (start(w)) {
         collectives += w->kind != Kind::p2p;
         running.push_back(w);
       }
-      pending.pop_front();
+      it = pending.erase(it);
       did = true;
     }
     for (size_t i = 0; i < running.size();) {

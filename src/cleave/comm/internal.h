@@ -24,11 +24,14 @@ enum class Op : int32_t {
 };
 constexpr int kOpCount = 11;
 
-// How an operation is scheduled by the progress thread. Operations start in issue order:
-// a collective starts once the previous collective finished (they share the persistent buffers
-// and must run in the same order on every rank); point-to-point operations start as soon as the
-// operations before them started, so matching sends and receives issued in either order on two
-// ranks cannot deadlock; a fence (creating or freeing a group) waits until nothing is running.
+// How an operation is scheduled by the progress thread. Collectives start in issue order, each
+// once the previous collective finished (they share the persistent buffers and must run in the
+// same order on every rank). Point-to-point operations start at once, in issue order among
+// themselves, also past collectives still waiting to start: matching sends and receives issued
+// in either order on two ranks cannot deadlock, and a pipeline stage's transfer never waits for a
+// data-parallel bucket (a collective's traffic is in a context of its own, so nothing can match
+// across). A fence (creating or freeing a group) waits until everything before it finished, and
+// holds back everything after it.
 enum class Kind { p2p, collective, fence };
 
 inline const char* op_name(Op op) {  // async-signal-safe
