@@ -3,7 +3,11 @@
 # "Equivalence bounds"): runs that differ from the single-process reference only in the order of
 # their reductions, compared with `compare_runs.py --report`, which prints every tensor's largest
 # error over the runs. Not a ctest test (about 2 minutes on 2 cores).
-#   bash tests/integration/equivalence_spread.sh build/cleave . build/testdata [WORK_DIR]
+#   bash tests/integration/equivalence_spread.sh build/cleave . build/testdata [WORK_DIR] [depth]
+# With "depth": bf16 instead, at 2, 4 and 8 layers and seeds 1234, 1 and 2, global batch 16 (the
+# pipeline tests' 2 x 8 micro-batches), DDP 2 and 4, ZeRO-3 x 2, pp 2, tp 2 and one process
+# accumulating 4 or 1, each against its own depth and seed's reference (docs/data_parallel.md,
+# "bf16 and depth"; about a minute).
 set -euo pipefail
 cleave=$1 src=$2 data=$3 work=${4:-$(mktemp -d)}
 mkdir -p "$work"
@@ -23,6 +27,26 @@ run() {  # name ranks [--set ...]
 layout() {  # replicate shard zero [--set ...]
   echo --set parallel.dp_replicate="$1" --set parallel.dp_shard="$2" --set parallel.zero_stage="$3" "${@:4}"
 }
+
+if [ "${5:-}" = depth ]; then
+  for seed in 1234 1 2; do
+    for L in 2 4 8; do
+      at=(--set train.dtype=bf16 --set train.seed=$seed --set model.n_layers=$L)
+      b16() { echo --set train.micro_batch_size="$1" --set train.grad_accum_steps=$((16 / $1)); }
+      run s$seed-L$L-ref 1 "${at[@]}" $(b16 2)
+      run s$seed-L$L-ddp2 2 "${at[@]}" $(b16 2)
+      run s$seed-L$L-ddp4 4 "${at[@]}" $(b16 4)
+      run s$seed-L$L-zero3x2 2 "${at[@]}" $(b16 2) $(layout 1 2 3)
+      run s$seed-L$L-pp2 2 "${at[@]}" $(b16 2) --set parallel.pp=2
+      run s$seed-L$L-tp2 2 "${at[@]}" $(b16 2) --set parallel.tp=2
+      run s$seed-L$L-a4 1 "${at[@]}" $(b16 4)
+      run s$seed-L$L-a1 1 "${at[@]}" $(b16 16)
+      /usr/bin/python3 "$src/tests/integration/compare_runs.py" "$work/s$seed-L$L-ref" \
+        "$work/s$seed-L$L"-{ddp2,ddp4,zero3x2,pp2,tp2,a4,a1} || echo "(runs above exceed the bounds)"
+    done
+  done
+  exit 0
+fi
 
 for dtype in fp32 bf16; do
   # Global batch 8 against the one-process run without accumulation: data_parallel_test.sh's
