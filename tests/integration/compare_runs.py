@@ -7,7 +7,8 @@ derivation.
 The compute dtype (fp32 or bf16) is read from the runs' checkpoints (they must agree) and picks
 the bounds; callers pass none, so none can loosen them.
 
-- Losses: every logged loss from step S on within LOSS_RTOL[dtype] of the reference's (relative).
+- Losses: every logged loss, training and validation, from step S on within LOSS_RTOL[dtype] of
+  the reference's (relative).
 - Parameters, final checkpoints: for every tensor, the RMS of (run - reference) over its
   elements, in units of the peak learning rate optim.lr, at most PARAM_BOUND[dtype]. AdamW moves
   every element by about lr per step whatever the tensor's scale, so an error of 1 means the
@@ -62,12 +63,18 @@ PARAM_BOUND = {"fp32": 1e-4, "bf16": 5e-2}  # RMS error of each tensor, in units
 TRIM = 0.005
 
 
-def losses(run, from_step):
+# A validation's samples: val_batches micro-batches of micro_batch_size sequences of seq_len.
+VALIDATION_KEYS = ("val_batches", "micro_batch_size", "seq_len")
+
+
+def losses(run, from_step, kinds):
+    """{(kind, step): loss} of the logged losses of `kinds` ("loss", "val_loss")."""
     out = {}
     for line in open(f"{run}/metrics.jsonl"):
         rec = json.loads(line)
-        if "loss" in rec and rec["step"] >= from_step:
-            out[rec["step"]] = rec["loss"]
+        for kind in kinds:
+            if kind in rec and rec["step"] >= from_step:
+                out[kind, rec["step"]] = rec[kind]
     return out
 
 
@@ -127,17 +134,20 @@ def layer_of(name):
 
 def compare(ref, run_dir, from_step):
     """-> (dtype, worst relative loss error, {tensor: (error in lr units, relative error)},
-    elements left out, failures)"""
+    elements left out, failures, whether validation losses were compared)"""
     failures = []
     run = Checkpoint(run_dir)
     if run.dtype != ref.dtype:
         failures.append(f"dtype {run.dtype} against a {ref.dtype} reference")
     if run.lr != ref.lr:
         failures.append(f"optim.lr {run.lr} against the reference's {ref.lr}")
-    ref_l, run_l = losses(ref.dir, from_step), losses(run_dir, from_step)
+    # Validation losses compare only where both runs validate on the same samples.
+    same_val = all(run.config["train"][k] == ref.config["train"][k] for k in VALIDATION_KEYS)
+    kinds = ("loss", "val_loss") if same_val else ("loss",)
+    ref_l, run_l = losses(ref.dir, from_step, kinds), losses(run_dir, from_step, kinds)
     if not run_l or set(ref_l) != set(run_l):
-        failures.append(f"logged steps differ: reference {sorted(ref_l)}, run {sorted(run_l)}")
-        return ref.dtype, float("inf"), {}, 0, failures
+        failures.append(f"logged losses differ: reference {sorted(ref_l)}, run {sorted(run_l)}")
+        return ref.dtype, float("inf"), {}, 0, failures, same_val
     worst_loss = max(abs(run_l[s] - ref_l[s]) / abs(ref_l[s]) for s in ref_l)
     if worst_loss > LOSS_RTOL[ref.dtype]:
         failures.append(f"loss error {worst_loss:.3g} > {LOSS_RTOL[ref.dtype]:g}")
@@ -145,7 +155,7 @@ def compare(ref, run_dir, from_step):
     ref_p, run_p = ref.group("param/"), run.group("param/")
     if set(ref_p) != set(run_p):
         failures.append(f"parameter names differ between {ref.path} and {run.path}")
-        return ref.dtype, worst_loss, {}, 0, failures
+        return ref.dtype, worst_loss, {}, 0, failures, same_val
     grad_rms = {k: np.sqrt(v) for k, v in ref.group("adam_v/").items()}
     noise_floor = 1e-6 * max(g.max() for g in grad_rms.values())
     errors, left_out = {}, 0
@@ -162,7 +172,7 @@ def compare(ref, run_dir, from_step):
         errors[name] = (err, rel)
         if err > PARAM_BOUND[ref.dtype]:
             failures.append(f"{name}: error {err:.3g} lr > bound {PARAM_BOUND[ref.dtype]:g} lr")
-    return ref.dtype, worst_loss, errors, left_out, failures
+    return ref.dtype, worst_loss, errors, left_out, failures, same_val
 
 
 def main():
@@ -180,9 +190,10 @@ def main():
     bound, rtol = PARAM_BOUND[ref.dtype], LOSS_RTOL[ref.dtype]
     failed, worst, worst_loss = False, {}, (0.0, None)
     for run in a.runs:
-        dtype, loss, errors, left_out, failures = compare(ref, run, a.from_step)
+        dtype, loss, errors, left_out, failures, same_val = compare(ref, run, a.from_step)
         top = max(errors, key=lambda n: errors[n][0]) if errors else None
-        print(f"{run} ({dtype}): worst relative loss error {loss:.3g} (tolerance {rtol:g}); "
+        which = "training and validation" if same_val else "training; validation on other samples"
+        print(f"{run} ({dtype}): worst relative loss error {loss:.3g} ({which}; tolerance {rtol:g}); "
               + (f"largest parameter error {errors[top][0]:.3g} lr, {errors[top][0] / bound:.3g} of "
                  f"the bound {bound:g} lr ({top})" if top else "no parameters compared")
               + f"; {left_out} elements with noise-only gradients left out")
