@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -262,18 +263,30 @@ int64_t checkpoint_step(const LoadedCheckpoint& ck, const std::string& dir, cons
 
 std::vector<std::string> resume_changes(const LoadedCheckpoint& ck, const std::string& dir,
                                         const Config& cfg) {
-  const TrainConfig& was = checkpoint_config(ck, dir).train;
+  // Read off the saved config's text, as checkpoint_step does, so that a checkpoint whose config
+  // this version would not parse still resumes; a key it lacks is not compared.
+  const auto saved = lines_of(ck.meta["config"].get<std::string>(), "train");
+  auto was = [&](const std::string& key) -> std::optional<uint64_t> {
+    const auto it = saved.find(key);
+    if (it == saved.end()) return std::nullopt;
+    try {
+      return std::stoull(it->second.substr(it->second.find('=') + 1));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  };
   const TrainConfig& now = cfg.train;
   std::vector<std::string> out;
-  auto compare = [&](const std::string& what, uint64_t before, uint64_t after) {
-    if (before != after)
-      out.push_back(what + " is " + std::to_string(after) + ", " + std::to_string(before) +
+  auto compare = [&](const std::string& what, std::optional<uint64_t> before, uint64_t after) {
+    if (before && *before != after)
+      out.push_back(what + " is " + std::to_string(after) + ", " + std::to_string(*before) +
                     " in checkpoint " + dir);
   };
-  compare("train.seed", was.seed, now.seed);
-  compare("train.seq_len", uint64_t(was.seq_len), uint64_t(now.seq_len));
+  compare("train.seed", was("seed"), now.seed);
+  compare("train.seq_len", was("seq_len"), uint64_t(now.seq_len));
+  const auto mb = was("micro_batch_size"), accum = was("grad_accum_steps");
   compare("the global batch (train.micro_batch_size x train.grad_accum_steps)",
-          uint64_t(was.micro_batch_size) * uint64_t(was.grad_accum_steps),
+          mb && accum ? std::optional<uint64_t>(*mb * *accum) : std::nullopt,
           uint64_t(now.micro_batch_size) * uint64_t(now.grad_accum_steps));
   return out;
 }
