@@ -29,10 +29,10 @@ layout() {  # replicate shard zero [--set ...]
 }
 
 if [ "${5:-}" = depth ]; then
+  b16() { echo --set train.micro_batch_size="$1" --set train.grad_accum_steps=$((16 / $1)); }
   for seed in 1234 1 2; do
     for L in 2 4 8; do
       at=(--set train.dtype=bf16 --set train.seed=$seed --set model.n_layers=$L)
-      b16() { echo --set train.micro_batch_size="$1" --set train.grad_accum_steps=$((16 / $1)); }
       run s$seed-L$L-ref 1 "${at[@]}" $(b16 2)
       run s$seed-L$L-ddp2 2 "${at[@]}" $(b16 2)
       run s$seed-L$L-ddp4 4 "${at[@]}" $(b16 4)

@@ -114,8 +114,8 @@ void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& 
                     {"args", {{"sort_index", r}}}});
   }
   // A viewer never loads half a trace.
-  write_file_atomic(path, nlohmann::json{{"traceEvents", list}, {"displayTimeUnit", "ms"}}.dump() + "\n",
-                    "trace");
+  const nlohmann::json trace = {{"traceEvents", list}, {"displayTimeUnit", "ms"}};
+  write_file_atomic(path, trace.dump() + "\n", "trace");
 }
 
 }  // namespace cleave
