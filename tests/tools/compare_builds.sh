@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# compare_builds.sh OLD_CLEAVE NEW_CLEAVE SRC DATA: runs every data-parallel layout (and tp with
-# them) with two builds of cleave and checks that losses, gradient norms and checkpoint files are
-# bitwise identical. For changes that must not move a bit (the step-as-instructions rewrite):
-# build the old commit in its own folder (git worktree) and pass both binaries.
+# compare_builds.sh OLD_CLEAVE NEW_CLEAVE SRC DATA: runs every layout (one process, data, tensor
+# and pipeline parallelism and their compositions, fp32 and bf16) with two builds of cleave and
+# checks that losses, gradient norms and checkpoint files are bitwise identical. For changes that
+# must not move a bit (the step-as-instructions rewrite, the model's modules): build the old
+# commit in its own folder (git worktree) and pass both binaries.
 set -euo pipefail
 old=$1 new=$2 src=$3 data=$4
 source "$src/tests/integration/layouts.sh"
@@ -24,9 +25,12 @@ check() {  # name ranks [--set ...]
 }
 
 llama=(--set model.family=llama --set model.n_kv_heads=2)
+bf16=(--set train.dtype=bf16)
 check one 1
 check one-llama 1 "${llama[@]}"
-check one-bf16 1 --set train.dtype=bf16
+check one-bf16 1 "${bf16[@]}"
+check one-llama-bf16 1 "${llama[@]}" "${bf16[@]}"
+check ddp2-bf16 2 --set parallel.dp_shard=2 "${bf16[@]}"
 check ddp2 2 --set parallel.dp_shard=2
 check zero1 2 --set parallel.dp_shard=2 --set parallel.zero_stage=1
 check zero2 2 --set parallel.dp_shard=2 --set parallel.zero_stage=2
@@ -36,4 +40,20 @@ check hsdp 4 --set parallel.dp_replicate=2 --set parallel.dp_shard=2 --set paral
 check tp2-zero3 4 --set parallel.tp=2 --set parallel.dp_shard=2 --set parallel.zero_stage=3
 check tp2-sp-zero2 4 --set parallel.tp=2 --set parallel.sequence_parallel=true \
   --set parallel.dp_shard=2 --set parallel.zero_stage=2 "${llama[@]}"
+check tp2 2 --set parallel.tp=2 "${llama[@]}"
+check tp2-sp-bf16 2 --set parallel.tp=2 --set parallel.sequence_parallel=true "${bf16[@]}"
+# Every pipeline schedule, on 4 layers and 4 micro-batches (zbv needs 2 x pp - 1), GPT-2 (tied)
+# and Llama; then with tp and data parallelism, and in bf16.
+pp=(--set model.n_layers=4 --set train.grad_accum_steps=4 --set parallel.pp=2)
+for schedule in gpipe 1f1b interleaved zb1p zbv; do
+  check pp2-$schedule 2 "${pp[@]}" --set parallel.pp_schedule=$schedule
+  check pp2-$schedule-llama 2 "${pp[@]}" --set parallel.pp_schedule=$schedule "${llama[@]}"
+done
+check pp2-tp2-sp 4 "${pp[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true "${llama[@]}"
+check pp2-zero3x2 4 "${pp[@]}" --set parallel.dp_shard=2 --set parallel.zero_stage=3 \
+  --set parallel.pp_schedule=interleaved
+check pp2-tp2-zero2x2 8 "${pp[@]}" --set parallel.tp=2 --set parallel.dp_shard=2 \
+  --set parallel.zero_stage=2 --set parallel.pp_schedule=zb1p
+check pp2-bf16 2 "${pp[@]}" "${bf16[@]}" --set parallel.pp_schedule=zb1p
+check pp2-tp2-bf16 4 "${pp[@]}" --set parallel.tp=2 "${bf16[@]}" "${llama[@]}"
 echo "every layout gave the same bits with both builds"

@@ -307,9 +307,10 @@ TEST_P(LinearPrecisionTest, SeveralTokenCountsShareOneLayer) {
   }
 }
 
-// backward_weight without the preceding forward/backward_input on the same arrays (bf16 mode
-// converts them itself) and with a dy that changed in place since the last backward_weight.
-TEST_P(LinearPrecisionTest, BackwardWeightWithoutCachedOperands) {
+// backward_weight with the bf16 copies its caller kept, and without them (bf16 mode converts the
+// operands itself): the same bits. The copies belong to their owner, so another product in
+// between (another micro-batch's forward) cannot change what they hold.
+TEST_P(LinearPrecisionTest, KeptOperandCopies) {
   const Precision p = GetParam();
   const double rel = p == Precision::bf16 ? 1e-2 : 1e-5;
   const int64_t N = 16;
@@ -320,24 +321,24 @@ TEST_P(LinearPrecisionTest, BackwardWeightWithoutCachedOperands) {
   auto dy = random_vec(size_t(N) * out, 44);
   LinearGemm g(in, out, p);
   g.set_weight(w.data());
-  std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f);
-  g.forward(y.data(), x.data(), N, nullptr);
-  g.backward_input(dx.data(), dy.data(), N, false);
-  g.backward_weight(dw.data(), nullptr, dy.data(), x2.data(), N);  // not the forward's x
-  expect_close(dw, ref_backward_weight(dy, x2, N, in, out), rel, nullptr, "other x");
-
-  // dy changes in place; backward_weight alone (no backward_input) must see the new values.
-  auto dy2 = random_vec(size_t(N) * out, 45);
-  std::memcpy(dy.data(), dy2.data(), dy.size() * sizeof(float));
-  std::fill(dw.begin(), dw.end(), 0.f);
-  g.backward_weight(dw.data(), nullptr, dy.data(), x2.data(), N);
-  expect_close(dw, ref_backward_weight(dy2, x2, N, in, out), rel, nullptr, "new dy");
-
-  // The forward's bf16 x copy is still intact after the detour.
-  std::fill(dw.begin(), dw.end(), 0.f);
-  g.backward_input(dx.data(), dy.data(), N, false);
-  g.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N);
-  expect_close(dw, ref_backward_weight(dy2, x, N, in, out), rel, nullptr, "forward's x");
+  std::vector<float> y(size_t(N) * out), dx(size_t(N) * in);
+  std::vector<float> kept(size_t(out) * in, 0.f), converted(size_t(out) * in, 0.f);
+  OperandCopy x_copy, x2_copy, dy_copy;
+  g.forward(y.data(), x.data(), N, nullptr, &x_copy);
+  g.forward(y.data(), x2.data(), N, nullptr, &x2_copy);  // a second micro-batch in flight
+  g.backward_input(dx.data(), dy.data(), N, false, &dy_copy);
+  g.backward_weight(kept.data(), nullptr, dy.data(), x.data(), N, &dy_copy, &x_copy);
+  g.backward_weight(converted.data(), nullptr, dy.data(), x.data(), N);
+  expect_close(kept, ref_backward_weight(dy, x, N, in, out), rel, nullptr, "kept copies");
+  EXPECT_EQ(0, std::memcmp(kept.data(), converted.data(), kept.size() * sizeof(float)));
+  if (p == Precision::bf16) {
+    // A copy of another size is an error, never a silent product of the wrong operand.
+    OperandCopy short_copy;
+    g.forward(y.data(), x.data(), N / 2, nullptr, &short_copy);
+    EXPECT_THROW(g.backward_weight(kept.data(), nullptr, dy.data(), x.data(), N, nullptr,
+                                   &short_copy),
+                 cleave::Error);
+  }
 }
 
 TEST_P(LinearPrecisionTest, BitwiseDeterministic) {

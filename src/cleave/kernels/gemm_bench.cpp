@@ -123,16 +123,14 @@ std::vector<GemmBenchResult> bench_linear_shapes(
       results.push_back(r);
     };
     // As in a training step: forward and backward_input include converting x and dy to bf16 (in
-    // bf16 mode); backward_weight follows a forward and a backward_input (untimed) on the same
-    // arrays, so it reuses their bf16 copies.
-    record("fwd", nullptr, [&] { gemm.forward(y.data(), x.data(), N, nullptr); });
-    record("bwd_input", nullptr, [&] { gemm.backward_input(dx.data(), dy.data(), N, false); });
-    gemm.forward(y.data(), x.data(), N, nullptr);
-    std::function<void()> before_bwd_weight;
-    if (precision == Precision::bf16)
-      before_bwd_weight = [&] { gemm.backward_input(dx.data(), dy.data(), N, false); };
-    record("bwd_weight", before_bwd_weight,
-           [&] { gemm.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N); });
+    // bf16 mode), and backward_weight uses the copies they kept.
+    OperandCopy x_copy, dy_copy;
+    record("fwd", nullptr, [&] { gemm.forward(y.data(), x.data(), N, nullptr, &x_copy); });
+    record("bwd_input", nullptr,
+           [&] { gemm.backward_input(dx.data(), dy.data(), N, false, &dy_copy); });
+    record("bwd_weight", nullptr, [&] {
+      gemm.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N, &dy_copy, &x_copy);
+    });
   }
   return results;
 }

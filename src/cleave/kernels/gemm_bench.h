@@ -2,8 +2,8 @@
 // warmed up, then timed repeatedly; the median time of a repetition gives GF/s (2*N*in*out flops
 // per pass). Weights are prepacked (set_weight once, before the warm-up), as in training steps
 // between optimizer updates. In bf16 mode forward and backward_input include converting their
-// input to bf16, and backward_weight reuses those copies (an untimed backward_input precedes each
-// timed backward_weight), as in a training step. Used by `cleave bench-gemm`.
+// input to bf16, and backward_weight uses the copies they kept, as in a training step. Used by
+// `cleave bench-gemm`.
 #pragma once
 #include <cstdint>
 #include <string>

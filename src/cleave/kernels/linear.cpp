@@ -15,9 +15,9 @@
 // (role, memory descriptor), so token counts whose primitives want the same layout share one
 // packed copy.
 //
-// bf16 mode: x is converted to bf16 in forward and kept for backward_weight (same pointer and
-// N); dy is converted in backward_input and kept for the backward_weight that follows it with
-// the same pointer and N (that reuse consumes it). oneDNN accumulates in fp32; dst is fp32.
+// bf16 mode: x is converted to bf16 in forward and dy in backward_input, into the caller's
+// OperandCopy when it keeps one for backward_weight, else into a per-thread scratch buffer.
+// oneDNN accumulates in fp32; dst is fp32.
 //
 // Determinism: oneDNN's CPU matmul uses a static partition of the work for a given thread count,
 // so a product is bitwise reproducible run to run. The bias gradient is a column sum where each
@@ -121,13 +121,6 @@ struct LinearGemm::Impl {
   std::map<int64_t, PlansForN> plans;
   std::vector<Packed> packed;
   std::vector<kernels::PackTarget> row_targets;  // between begin_row_packing and all_rows_packed
-
-  // bf16 operand copies (bf16 mode only).
-  AlignedBuffer x_bf16, dy_bf16, tmp_bf16, x_spare_bf16;
-  const float* x_src = nullptr;
-  int64_t x_n = -1;
-  const float* dy_src = nullptr;
-  int64_t dy_n = -1;
 
   Impl(int in_features, int out_features, Precision p)
       : in(in_features), out(out_features), precision(p),
@@ -261,12 +254,37 @@ struct LinearGemm::Impl {
     ctx.stream.wait();
   }
 
-  // Operand memory: the fp32 array itself, or its bf16 conversion into `buf`.
-  void* operand(AlignedBuffer& buf, const float* a, int64_t count) {
+  // bf16 conversions nobody keeps, per thread and shared by every product: an operand and the
+  // other operand of the same product.
+  static AlignedBuffer& scratch_operand(int which) {
+    static thread_local AlignedBuffer buffers[2];
+    return buffers[which];
+  }
+
+  // Operand memory: the fp32 array itself, or its bf16 conversion into `keep` (when the caller
+  // keeps it) or into scratch operand `which`.
+  void* operand(const float* a, int64_t count, OperandCopy* keep, int which) {
     if (cdt == dt::f32) return const_cast<float*>(a);
-    auto* b = static_cast<kernels::bf16*>(buf.reserve(size_t(count) * sizeof(kernels::bf16)));
+    bf16* b;
+    if (keep) {
+      if (keep->data.size() < count) keep->data.resize(count);
+      keep->count = count;
+      b = keep->data.data();
+    } else {
+      b = static_cast<bf16*>(scratch_operand(which).reserve(size_t(count) * sizeof(bf16)));
+    }
     kernels::f32_to_bf16(b, a, count);
     return b;
+  }
+
+  // backward_weight's operand: the caller's copy, or a conversion into scratch.
+  void* kept_operand(const float* a, int64_t count, const OperandCopy* copy, int which,
+                     const char* what) {
+    if (cdt == dt::f32 || !copy) return operand(a, count, nullptr, which);
+    CLEAVE_CHECK(copy->count == count, "LinearGemm::backward_weight: the kept bf16 copy of "
+                                           << what << " holds " << copy->count << " elements, not "
+                                           << count);
+    return const_cast<bf16*>(copy->data.data());
   }
 };
 
@@ -312,17 +330,14 @@ void LinearGemm::set_weight(const float* weight, const uint64_t* version) {
   impl_->version = version ? version : &impl_->own_version;
 }
 
-void LinearGemm::forward(float* y, const float* x, int64_t N, const float* bias) {
+void LinearGemm::forward(float* y, const float* x, int64_t N, const float* bias,
+                         OperandCopy* keep_x) {
   auto& m = *impl_;
   CLEAVE_CHECK(N > 0, "LinearGemm::forward: N=" << N);
   auto& ctx = dnnl_context();
   Plan& plan = m.forward_plan(N, bias != nullptr);
   memory wei = m.packed_weights(Role::forward, plan);
-  void* xs = m.operand(m.x_bf16, x, N * m.in);
-  if (m.cdt == dt::bf16) {
-    m.x_src = x;
-    m.x_n = N;
-  }
+  void* xs = m.operand(x, N * m.in, keep_x, 0);
   memory src(plan.pd.src_desc(), ctx.engine, xs);
   memory dst(plan.pd.dst_desc(), ctx.engine, y);
   if (bias) {
@@ -333,50 +348,28 @@ void LinearGemm::forward(float* y, const float* x, int64_t N, const float* bias)
   }
 }
 
-void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accumulate) {
+void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accumulate,
+                                OperandCopy* keep_dy) {
   auto& m = *impl_;
   CLEAVE_CHECK(N > 0, "LinearGemm::backward_input: N=" << N);
   auto& ctx = dnnl_context();
   Plan& plan = m.backward_input_plan(N, accumulate);
   memory wei = m.packed_weights(Role::backward_input, plan);
-  void* dys = m.operand(m.dy_bf16, dy, N * m.out);
-  if (m.cdt == dt::bf16) {
-    m.dy_src = dy;
-    m.dy_n = N;
-  }
+  void* dys = m.operand(dy, N * m.out, keep_dy, 0);
   memory src(plan.pd.src_desc(), ctx.engine, dys);
   memory dst(plan.pd.dst_desc(), ctx.engine, dx);
   m.execute(plan, src, wei, nullptr, dst);
 }
 
 void LinearGemm::backward_weight(float* dweight, float* dbias, const float* dy, const float* x,
-                                 int64_t N) {
+                                 int64_t N, const OperandCopy* dy_copy,
+                                 const OperandCopy* x_copy) {
   auto& m = *impl_;
   CLEAVE_CHECK(N > 0, "LinearGemm::backward_weight: N=" << N);
   auto& ctx = dnnl_context();
   Plan& plan = m.backward_weight_plan(N);
-
-  void* dys;
-  void* xs;
-  if (m.cdt == dt::f32) {
-    dys = const_cast<float*>(dy);
-    xs = const_cast<float*>(x);
-  } else {
-    if (m.dy_src == dy && m.dy_n == N) {
-      dys = m.dy_bf16.data();
-    } else {
-      dys = m.operand(m.tmp_bf16, dy, N * m.out);
-    }
-    m.dy_src = nullptr;  // consumed: the next backward round converts its dy again
-    m.dy_n = -1;
-    if (m.x_src == x && m.x_n == N) {
-      xs = m.x_bf16.data();
-    } else {
-      // Not the latest forward input: convert it (correct, just slower) into a buffer that
-      // does not clobber the forward copy.
-      xs = m.operand(m.x_spare_bf16, x, N * m.in);
-    }
-  }
+  void* dys = m.kept_operand(dy, N * m.out, dy_copy, 0, "dy");
+  void* xs = m.kept_operand(x, N * m.in, x_copy, 1, "x");
   memory src(plan.pd.src_desc(), ctx.engine, dys);
   memory wei(plan.pd.weights_desc(), ctx.engine, xs);
   memory dst(plan.pd.dst_desc(), ctx.engine, dweight);

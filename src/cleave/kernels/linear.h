@@ -7,9 +7,22 @@
 #include <cstdint>
 #include <memory>
 
+#include "cleave/base/bf16.h"
+#include "cleave/base/buffer.h"
+
 namespace cleave {
 
 enum class Precision { fp32, bf16 };
+
+// An operand of a product converted to bf16 (bf16 mode), kept by whoever keeps the activation it
+// copies, one per micro-batch in flight: forward's copy of x, or backward_input's copy of dy,
+// serves the weight gradient of the same micro-batch without converting again. The owner says
+// which copy belongs to which product; nothing is matched by address, so micro-batches in flight
+// can never share one. fp32 mode leaves it empty.
+struct OperandCopy {
+  Buffer<bf16> data;
+  int64_t count = 0;  // elements converted by the latest product that filled it
+};
 
 class LinearGemm {
  public:
@@ -25,21 +38,19 @@ class LinearGemm {
   // version (or call), or while rows are packed as below.
   void set_weight(const float* weight, const uint64_t* version = nullptr);
 
-  // y = x W^T (+ bias if non-null). y is written (=).
-  void forward(float* y, const float* x, int64_t N, const float* bias);
-  // dx (=, or += when accumulate) dy W.
-  // bf16 mode: the bf16 copy of dy made here is kept for the next backward_weight; dy must stay
-  // unchanged until then.
-  void backward_input(float* dx, const float* dy, int64_t N, bool accumulate);
-  // dweight += dy^T x; dbias += column sums of dy (if non-null). x must be the array given to the
-  // latest forward, unchanged: in bf16 mode its bf16 copy from forward is reused.
-  // bf16 mode caches, keyed by (pointer, N): x is reused from the latest forward; dy is reused from
-  // the latest backward_input, and that reuse consumes it (a later backward_weight, or one not
-  // preceded by backward_input, converts dy itself). An x or dy that matches no cached copy is
-  // converted here, so only changing an array in place between the paired calls is an error.
-  // The bias gradient does not depend on the number of threads; the products are bitwise
-  // reproducible for a fixed thread count.
-  void backward_weight(float* dweight, float* dbias, const float* dy, const float* x, int64_t N);
+  // y = x W^T (+ bias if non-null). y is written (=). bf16 mode: x's bf16 copy goes into
+  // keep_x when given (for backward_weight), else into scratch.
+  void forward(float* y, const float* x, int64_t N, const float* bias,
+               OperandCopy* keep_x = nullptr);
+  // dx (=, or += when accumulate) dy W. bf16 mode: dy's copy goes into keep_dy when given.
+  void backward_input(float* dx, const float* dy, int64_t N, bool accumulate,
+                      OperandCopy* keep_dy = nullptr);
+  // dweight += dy^T x; dbias += column sums of dy (if non-null). bf16 mode: the copies given are
+  // used in place of converting dy and x (they must hold them: checked by size); without one the
+  // operand is converted here. The bias gradient does not depend on the number of threads; the
+  // products are bitwise reproducible for a fixed thread count.
+  void backward_weight(float* dweight, float* dbias, const float* dy, const float* x, int64_t N,
+                       const OperandCopy* dy_copy = nullptr, const OperandCopy* x_copy = nullptr);
 
   // For an optimizer that packs W while it writes it, after set_weight: the rows per band (0 when
   // no copy can be packed this way; they are then packed at the next product, as usual).

@@ -168,7 +168,7 @@ void Block::forward_impl(Slot& s, float* x_out, const float* x_in, int64_t B, in
 
   norm1_.forward(s.h1.data(), x_in, n, s.norm1);
   const float* h1 = enter_column(s.h1.data(), gathered, N, "attn.qkv");
-  qkv_.forward(s.qkv_act.data(), h1, N);
+  qkv_.forward(s.qkv_act.data(), h1, N, sp ? nullptr : &s.qkv_x);
   if (rope_)  // q and k heads are adjacent at the start of each row: rotate them together
     kernels::rope_forward(s.qkv_act.data(), *rope_, B, T, heads + kv_heads, qkv_dim, pos0);
   if (cache) {
@@ -186,19 +186,19 @@ void Block::forward_impl(Slot& s, float* x_out, const float* x_in, int64_t B, in
     const float* q = s.qkv_act.data();
     kernels::attention_forward(s.o.data(), s.lse.data(), q, q + q_dim, q + q_dim + kv_dim, shape);
   }
-  out_.forward(sp ? partial : s.x_mid.data(), s.o.data(), N);
+  out_.forward(sp ? partial : s.x_mid.data(), s.o.data(), N, &s.out_x);
   leave_row(partial, s.x_mid.data(), N);
   out_.add_bias(s.x_mid.data(), n);
   kernels::add_inplace(s.x_mid.data(), x_in, n * d);
 
   norm2_.forward(s.h2.data(), s.x_mid.data(), n, s.norm2);
   const float* h2 = enter_column(s.h2.data(), gathered, N, "mlp.fc");
-  fc_.forward(s.fc_act.data(), h2, N);
+  fc_.forward(s.fc_act.data(), h2, N, sp ? nullptr : &s.fc_x);
   if (cfg_.family == Family::gpt2)
     kernels::gelu_forward(s.act.data(), s.fc_act.data(), N * share_.ffn);
   else
     kernels::swiglu_forward(s.act.data(), s.fc_act.data(), N, share_.ffn);
-  proj_.forward(sp ? partial : x_out, s.act.data(), N);
+  proj_.forward(sp ? partial : x_out, s.act.data(), N, &s.proj_x);
   leave_row(partial, x_out, N);
   proj_.add_bias(x_out, n);
   kernels::add_inplace(x_out, s.x_mid.data(), n * d);
@@ -258,18 +258,22 @@ void Block::backward(int slot, float* dx_in, const float* dx_out, BlockGrads& g,
   const float* dy = dx_out;
   if (sp) dy = gathered_rows(*comm, g, dx_out, n * d);
   else tp_pairs::reduce_backward();
-  proj_.backward_input(g.d_act.data(), dy, N, false);
+  // The output gradients' bf16 copies serve the weight gradients of a whole backward only.
+  auto keep = [&](OperandCopy& c) { return defer ? nullptr : &c; };
+  const OperandCopy* qkv_x = sp ? nullptr : &s.qkv_x;
+  const OperandCopy* fc_x = sp ? nullptr : &s.fc_x;
+  proj_.backward_input(g.d_act.data(), dy, N, false, keep(g.proj_dy));
   if (cfg_.family == Family::gpt2)
     kernels::gelu_backward(d_fc, g.d_act.data(), s.fc_act.data(), N * share_.ffn);
   else
     kernels::swiglu_backward(d_fc, g.d_act.data(), s.fc_act.data(), N, share_.ffn);
-  fc_.backward_input(d_h2_full, d_fc, N, false);
+  fc_.backward_input(d_h2_full, d_fc, N, false, keep(g.fc_dy));
   TpComm::Wait reduced = start_column_reduce(d_h2_full, d_h2);
   if (defer) {
     std::memcpy(s.dy.data(), dy, N * d * sizeof(float));
   } else {
-    proj_.backward_weight(dy, s.act.data(), N);
-    if (!sp) fc_.backward_weight(d_fc, h2, N);
+    proj_.backward_weight(dy, s.act.data(), N, &g.proj_dy, &s.proj_x);
+    if (!sp) fc_.backward_weight(d_fc, h2, N, &g.fc_dy, fc_x);
   }
   reduced();
   std::memcpy(g.d_xmid.data(), dx_out, n * d * sizeof(float));
@@ -281,26 +285,26 @@ void Block::backward(int slot, float* dx_in, const float* dx_out, BlockGrads& g,
     d_xmid = g.d_xmid_full.data();
     if (!defer) {
       h2_ready();
-      fc_.backward_weight(d_fc, h2, N);
+      fc_.backward_weight(d_fc, h2, N, &g.fc_dy, fc_x);
     }
   }
   if (!defer) norm2_.backward_weight(d_h2, s.x_mid.data(), n, s.norm2);
   d_xmid_ready();
 
   TpComm::Wait h1_ready = regather(s.h1.data());
-  out_.backward_input(g.d_o.data(), d_xmid, N, false);
+  out_.backward_input(g.d_o.data(), d_xmid, N, false, keep(g.out_dy));
   const kernels::AttentionShape shape{B, T, heads, kv_heads, int(hd), qkv_dim, qkv_dim};
   const float* q = s.qkv_act.data();
   kernels::attention_backward(d_qkv, d_qkv + q_dim, d_qkv + q_dim + kv_dim, g.d_o.data(), q,
                               q + q_dim, q + q_dim + kv_dim, s.o.data(), s.lse.data(), shape);
   if (rope_) kernels::rope_backward(d_qkv, *rope_, B, T, heads + kv_heads, qkv_dim, 0);
-  qkv_.backward_input(d_h1_full, d_qkv, N, false);
+  qkv_.backward_input(d_h1_full, d_qkv, N, false, keep(g.qkv_dy));
   reduced = start_column_reduce(d_h1_full, d_h1);
   if (defer) {
     std::memcpy(s.d_xmid.data(), d_xmid, N * d * sizeof(float));
   } else {
-    out_.backward_weight(d_xmid, s.o.data(), N);
-    if (!sp) qkv_.backward_weight(d_qkv, h1, N);
+    out_.backward_weight(d_xmid, s.o.data(), N, &g.out_dy, &s.out_x);
+    if (!sp) qkv_.backward_weight(d_qkv, h1, N, &g.qkv_dy, qkv_x);
   }
   reduced();
   std::memcpy(dx_in, g.d_xmid.data(), n * d * sizeof(float));
@@ -310,7 +314,7 @@ void Block::backward(int slot, float* dx_in, const float* dx_out, BlockGrads& g,
     start_gather_rows(*comm, g, dx_in, n * d);
     if (!defer) {
       h1_ready();
-      qkv_.backward_weight(d_qkv, h1, N);
+      qkv_.backward_weight(d_qkv, h1, N, &g.qkv_dy, qkv_x);
     }
   }
   if (!defer) norm1_.backward_weight(d_h1, s.x_in, n, s.norm1);
@@ -325,11 +329,11 @@ void Block::weight_gradients(Slot& s, BlockGrads& g) {
     tp_pairs::gather_forward(*tp_.comm, local.data(), g.gathered.data(), n * d)();
     return g.gathered.data();
   };
-  proj_.backward_weight(s.dy.data(), s.act.data(), N);
-  fc_.backward_weight(s.d_fc.data(), input_of(s.h2), N);
+  proj_.backward_weight(s.dy.data(), s.act.data(), N, nullptr, &s.proj_x);
+  fc_.backward_weight(s.d_fc.data(), input_of(s.h2), N, nullptr, sp ? nullptr : &s.fc_x);
   norm2_.backward_weight(s.d_h2.data(), s.x_mid.data(), n, s.norm2);
-  out_.backward_weight(s.d_xmid.data(), s.o.data(), N);
-  qkv_.backward_weight(s.d_qkv.data(), input_of(s.h1), N);
+  out_.backward_weight(s.d_xmid.data(), s.o.data(), N, nullptr, &s.out_x);
+  qkv_.backward_weight(s.d_qkv.data(), input_of(s.h1), N, nullptr, sp ? nullptr : &s.qkv_x);
   norm1_.backward_weight(s.d_h1.data(), s.x_in, n, s.norm1);
 }
 

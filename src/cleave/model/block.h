@@ -35,6 +35,9 @@ struct BlockGrads {
   // its forward and again for its weight gradient (as Megatron does), so no block keeps a full-row
   // copy; `partial` holds a row-parallel linear's sums before their reduce-scatter.
   Buffer<float> dy_full, d_xmid_full, d_h2_full, d_h1_full, gathered, partial;
+  // bf16 copies of the linears' output gradients, from their backward_input to their weight
+  // gradient within one whole backward.
+  OperandCopy proj_dy, fc_dy, out_dy, qkv_dy;
   // The residual stream's gradient, gathered into dy_full ahead of the block that needs it (by
   // the block or head before, under its weight gradients): from `dy_source`, done at dy_gathered.
   const float* dy_source = nullptr;
@@ -80,6 +83,9 @@ class Block {
     const float* x_in = nullptr;
     Buffer<float> h1, qkv_act, o, lse, x_mid, h2, fc_act, act;
     NormStats norm1, norm2;
+    // bf16 copies of the linears' inputs for their weight gradients (bf16 mode). Under sequence
+    // parallelism qkv's and fc's inputs are gathered again instead, and converted then.
+    OperandCopy qkv_x, out_x, fc_x, proj_x;
     Buffer<float> dy, d_fc, d_xmid, d_qkv, d_h1, d_h2;  // BackwardPart::input only
   };
   void reserve(Slot& s, int64_t B, int64_t T);

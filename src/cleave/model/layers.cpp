@@ -28,8 +28,8 @@ void Linear::bind(ParamStore& store) {
   store.keep_packed(w_, &gemm_);
 }
 
-void Linear::forward(float* y, const float* x, int64_t N) {
-  gemm_.forward(y, x, N, bias_after_sum_ ? nullptr : bias_);
+void Linear::forward(float* y, const float* x, int64_t N, OperandCopy* keep_x) {
+  gemm_.forward(y, x, N, bias_after_sum_ ? nullptr : bias_, keep_x);
 }
 
 void Linear::add_bias(float* y, int64_t N) const {
@@ -40,12 +40,14 @@ void Linear::add_bias(float* y, int64_t N) const {
     for (int64_t j = 0; j < out; ++j) y[i * out + j] += bias_[j];
 }
 
-void Linear::backward_input(float* dx, const float* dy, int64_t N, bool accumulate) {
-  gemm_.backward_input(dx, dy, N, accumulate);
+void Linear::backward_input(float* dx, const float* dy, int64_t N, bool accumulate,
+                            OperandCopy* keep_dy) {
+  gemm_.backward_input(dx, dy, N, accumulate, keep_dy);
 }
 
-void Linear::backward_weight(const float* dy, const float* x, int64_t N) {
-  gemm_.backward_weight(dweight_, dbias_, dy, x, N);
+void Linear::backward_weight(const float* dy, const float* x, int64_t N,
+                             const OperandCopy* dy_copy, const OperandCopy* x_copy) {
+  gemm_.backward_weight(dweight_, dbias_, dy, x, N, dy_copy, x_copy);
 }
 
 Norm::Norm(ParamStore& store, const std::string& name, int dim, bool layernorm, float eps,

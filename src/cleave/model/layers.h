@@ -20,10 +20,13 @@ class Linear {
   // After store.allocate(): take the buffer addresses; the store tells the product of writes.
   void bind(ParamStore& store);
 
-  void forward(float* y, const float* x, int64_t N);
+  // The bf16 copies (bf16 mode) a caller keeps for the weight gradient: LinearGemm's.
+  void forward(float* y, const float* x, int64_t N, OperandCopy* keep_x = nullptr);
   void add_bias(float* y, int64_t N) const;  // row-parallel: y[i, :] += bias
-  void backward_input(float* dx, const float* dy, int64_t N, bool accumulate);
-  void backward_weight(const float* dy, const float* x, int64_t N);
+  void backward_input(float* dx, const float* dy, int64_t N, bool accumulate,
+                      OperandCopy* keep_dy = nullptr);
+  void backward_weight(const float* dy, const float* x, int64_t N,
+                       const OperandCopy* dy_copy = nullptr, const OperandCopy* x_copy = nullptr);
 
   int weight_index() const { return w_; }
   LinearGemm& gemm() { return gemm_; }

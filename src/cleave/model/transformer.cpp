@@ -207,7 +207,7 @@ void Transformer::head_forward(Slot& s, const int32_t* targets, float grad_scale
     if (tp_.check_placements)
       tp_.comm->check_replicated(hf, N * cfg_.d_model, "lm_head input (Replicate on tp)");
   }
-  head_gemm_->forward(s.logits.data(), hf, N, nullptr);
+  head_gemm_->forward(s.logits.data(), hf, N, nullptr, &s.head_x);
   loss(s, targets, N, grad_scale);
 }
 
@@ -250,12 +250,13 @@ void Transformer::head_backward(Slot& s) {
   const bool sp = tp_.sequence_parallel;
   // logits hold dlogits now (the loss kernel overwrote them). The head's input gradient is a
   // partial sum over the vocabulary shards: reduced over tp while the head's weight gradient runs.
-  head_gemm_->backward_input(sp ? d_full_.data() : d_hf_.data(), s.logits.data(), N, false);
+  head_gemm_->backward_input(sp ? d_full_.data() : d_hf_.data(), s.logits.data(), N, false,
+                             &d_logits_);
   TpComm::Wait reduced = [] {};
   if (sp) reduced = tp_pairs::gather_backward(*tp_.comm, d_full_.data(), d_hf_.data(), n * d);
   else if (tp_.comm) reduced = tp_pairs::copy_backward(*tp_.comm, d_hf_.data(), N * d);
   head_gemm_->backward_weight(store_.grad(head_), nullptr, s.logits.data(),
-                              sp ? s.hf_full.data() : s.hf.data(), N);
+                              sp ? s.hf_full.data() : s.hf.data(), N, &d_logits_, &s.head_x);
   reduced();
   float* d_out = d_a_.data();
   std::memset(d_out, 0, n * d * sizeof(float));

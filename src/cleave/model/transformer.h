@@ -1,7 +1,7 @@
 // The decoder-only language model: embeddings, blocks, final norm, LM head and the fused
 // cross-entropy loss, or this rank's chunks of it under pipeline parallelism. It runs unit by
 // unit (the embeddings, each block, the head) on activation slots, one per micro-batch in flight:
-// a pipeline schedule (parallel/step_program.h) says which unit runs on which slot, and data
+// a step program (pipeline/program.h) says which unit runs on which slot, and data
 // parallelism gathers, releases and reduces units between those calls. Forward keeps what
 // backward needs; backward accumulates into the flat gradient buffer of params().
 #pragma once
@@ -112,6 +112,7 @@ class Transformer {
     Buffer<float> d_output, d_input;    // gradients at the chunk's ends
     const int32_t* tokens = nullptr;
     Buffer<float> hf, hf_full, logits, losses;  // the head
+    OperandCopy head_x;                         // the head's input in bf16 (bf16 mode)
     NormStats final_norm;
   };
   Slot& slot_of(int chunk, int slot) { return slots_[size_t(chunk)].at(size_t(slot)); }
@@ -143,6 +144,7 @@ class Transformer {
   int64_t B_ = 0, T_ = 0;
   std::vector<std::vector<Slot>> slots_;  // per chunk
   Buffer<float> d_a_, d_b_, d_hf_;        // the gradient stream within one backward
+  OperandCopy d_logits_;                  // bf16 mode: the head's output gradient, within its backward
   float* d_stream_ = nullptr;             // where the stream's gradient is now
   Buffer<float> stats_, all_stats_;       // tp > 1
   Buffer<float> embed_full_, d_full_;     // sequence parallelism
