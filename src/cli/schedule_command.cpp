@@ -1,13 +1,14 @@
 // `cleave schedule --pp P --microbatches M --schedule S [--virtual V]` or `cleave schedule --load
 // FILE`, either with [--csv OUT] [--trace OUT.json]: builds or loads a pipeline schedule, checks
-// it, and prints its simulated timeline, the activations each rank holds and the bubble
-// (docs/pipeline_parallel.md). Runs on one rank, no MPI.
+// it, and prints its simulated timeline, the step's end that follows it, the activations each rank
+// holds and the bubble (docs/pipeline_parallel.md). Runs on one rank, no MPI.
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <string>
 #include <vector>
 
+#include "cleave/pipeline/program.h"
 #include "cleave/pipeline/schedule.h"
 #include "cli/args.h"
 
@@ -66,6 +67,11 @@ int schedule(int argc, char** argv) {
               "%s\n\n",
               v > 1 ? "; one stage takes 1/chunks of that" : "");
   std::fputs(timeline_text(s, c).c_str(), stdout);
+  // Every rank ends a training step with the same instructions once its last backward is done.
+  std::string end = "then on every rank, the step's end:";
+  for (const Instruction& i : step_end_instructions(1))
+    end += (end.back() == ':' ? " " : ", ") + to_string(i);
+  std::printf("%s\n", end.c_str());
 
   std::printf("\nmicro-batches in flight (most activations held at once), per rank%s:\n",
               v > 1 ? " and chunk" : "");

@@ -12,7 +12,7 @@
 #include "comm_test_util.h"
 #include "cleave/model/transformer.h"
 #include "cleave/parallel/data_parallel.h"
-#include "cleave/parallel/pipeline_parallel.h"
+#include "cleave/parallel/step_executor.h"
 
 namespace cleave {
 namespace {
@@ -44,7 +44,7 @@ ModelConfig eight_layer_model() {
 
 struct Residency {
   int64_t max_grads = 0, max_values = 0;  // the most seen at any hook during the step
-  int64_t grads_after = 0, values_after = 0;  // after the optimizer's step
+  int64_t grads_after = 0, values_after = 0;  // after the step's end
   int64_t largest_units = 0;  // bytes of the four largest units
   int64_t total = 0;          // bytes of the whole flat buffer
   int64_t shard = 0;          // floats this rank updates
@@ -79,10 +79,13 @@ Residency one_step(int zero_stage) {
   const Program program = lower_schedule(schedule, check_schedule(schedule).stages, 0,
                                          unit_layout(model), {zero_stage == 3, true});
   Group pp(MPI_COMM_SELF, "pp");
+  AdamW optim(store, OptimConfig{}, dp.ranges(), zero_stage == 0);
+  StepEnd end({&store, {{&dp, &optim}}, &world, &world, nullptr, nullptr, zero_stage, 0});
   StepParts parts;
   parts.model = &model;
   parts.dp = {&dp};
   parts.pp = &pp;
+  parts.end = &end;
   parts.after_instruction = [&] {
     r.max_grads = std::max(r.max_grads, resident_bytes(store.grads().data(), store.total()));
     r.max_values = std::max(r.max_values, resident_bytes(store.values().data(), store.total()));
@@ -95,10 +98,8 @@ Residency one_step(int zero_stage) {
     std::copy(tokens.begin(), tokens.end(), t);
     std::copy(targets.begin(), targets.end(), y);
   };
-  run.optimizer_step = [&](double) {
-    dp.finish_gradients();
-    dp.after_optimizer_step();
-  };
+  run.lr = 1e-3;
+  run.loss_tokens = double(B * T);
   dp.zero_gradients();
   StepExecutor(parts).run(program, run);
   r.grads_after = resident_bytes(store.grads().data(), store.total());

@@ -87,7 +87,15 @@ TEST(PipelineProgram, EveryGeneratedScheduleLowers) {
             if (zero3) {
               EXPECT_TRUE(resident.empty()) << "units left gathered after the step";
             }
-            EXPECT_EQ(p.instructions.back().op, Op::optimizer_step);
+            // The step's end closes the program, after every gradient reduction.
+            const std::vector<Instruction> end = step_end_instructions(1);
+            ASSERT_GE(p.instructions.size(), end.size());
+            for (size_t k = 0; k < end.size(); ++k) {
+              const Instruction& i = p.instructions[p.instructions.size() - end.size() + k];
+              EXPECT_EQ(to_string(i), to_string(end[k]));
+            }
+            for (size_t k = 0; k + end.size() < p.instructions.size(); ++k)
+              EXPECT_FALSE(is_step_end(p.instructions[k].op)) << to_string(p.instructions[k]);
           }
       }
 }

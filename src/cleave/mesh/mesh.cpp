@@ -1,6 +1,7 @@
 // The device mesh: rank = ((((pp * R + r) * S + s) * C + c) * T + t) for coordinates
-// (pp, dp_replicate, dp_shard, cp, tp) and degrees (P, R, S, C, T). Every group is listed in
-// ascending rank order, which is also coordinate order with the outer (mesh-order) axis first.
+// (pp, dp_replicate, dp_shard, cp, tp) and degrees (P, R, S, C, T). A carve of D out of, say,
+// dp_shard x cp reads f = s * C + c as rest * D + inner. Every group is listed in ascending rank
+// order, which is also coordinate order with the outer (mesh-order) axis first.
 #include "cleave/mesh/mesh.h"
 
 #include <algorithm>
@@ -100,9 +101,123 @@ Mesh::Mesh(int world, MeshDegrees degrees) : world_(world), degrees_(degrees) {
   }
 }
 
+namespace {
+
+void check_rank(int rank, int world) {
+  if (rank < 0 || rank >= world)
+    CLEAVE_FAIL("rank " << rank << " is outside the world of " << world << " ranks");
+}
+
+int product_of(const Mesh& mesh, const std::vector<Axis>& axes) {
+  int p = 1;
+  for (Axis a : axes) p *= mesh.degree(a);
+  return p;
+}
+
+// "dp_shard x cp"
+std::string product_name(const std::vector<Axis>& axes) {
+  std::string s;
+  for (Axis a : axes) s += (s.empty() ? "" : " x ") + std::string(axis_name(a));
+  return s;
+}
+
+const Axis* whole_axis(std::string_view name) {
+  for (const Axis& a : kAllAxes)
+    if (name == axis_name(a)) return &a;
+  return nullptr;
+}
+
+void check_axis(Axis a) {
+  if (int(a) < 0 || int(a) >= kAxes) CLEAVE_FAIL("invalid mesh axis " << int(a));
+}
+
+std::vector<std::string> names_of(const std::vector<Axis>& axes) {
+  std::vector<std::string> names;
+  for (Axis a : axes) {
+    check_axis(a);
+    names.push_back(axis_name(a));
+  }
+  return names;
+}
+
+// A rank is a mixed-radix number whose digits are the whole axes, with a carve splitting the
+// digit of its (consecutive) axes' flattened product into rest * degree + inner: a group is
+// the ranks that differ from one another on its digits only.
+struct Digit {
+  int64_t stride;
+  int degree;
+  int of(int rank) const { return int(rank / stride % degree); }
+};
+
+// The digits of a set of named axes in mesh order, outer first, whatever order they are listed in
+// and however often.
+std::vector<Digit> digits(const Mesh& mesh, const std::vector<std::string>& axes) {
+  const std::vector<CarvedAxis>& carved = mesh.carved();
+  std::string by[kAxes];  // the first named axis that covers each whole axis
+  int carve_of[kAxes];    // and its carve, or -1 for the whole axis itself (set where by[] is)
+  std::vector<char> inner(carved.size()), rest(carved.size());
+  for (const std::string& name : axes) {
+    int k = -1;
+    std::vector<Axis> covers;
+    if (const Axis* a = whole_axis(name)) {
+      covers = {*a};
+    } else {
+      while (++k < int(carved.size()) && carved[k].name != name && carved[k].rest != name) {}
+      if (k == int(carved.size())) {
+        std::vector<std::string> known = names_of({std::begin(kAllAxes), std::end(kAllAxes)});
+        for (const CarvedAxis& c : carved) known.insert(known.end(), {c.rest, c.name});
+        CLEAVE_FAIL("unknown mesh axis '" << name << "' (the mesh has " << join_and(known) << ")");
+      }
+      covers = carved[k].from;
+      (carved[k].name == name ? inner : rest)[k] = 1;
+    }
+    for (Axis a : covers) {
+      const int i = int(a);
+      if (by[i].empty()) {
+        by[i] = name;
+        carve_of[i] = k;
+      } else if (by[i] != name && (k < 0 || carve_of[i] != k)) {
+        CLEAVE_FAIL("mesh axes " << by[i] << " and " << name << " overlap on " << axis_name(a)
+                                 << ": a group cannot be along both");
+      }
+    }
+  }
+  const MeshDegrees& d = mesh.degrees();
+  std::vector<Digit> out;
+  for (Axis a : kAllAxes) {
+    const int i = int(a);
+    if (by[i].empty()) continue;
+    if (carve_of[i] < 0) {
+      out.push_back({stride(d, a), d[a]});
+      continue;
+    }
+    const CarvedAxis& c = carved[carve_of[i]];
+    if (a != c.from.front()) continue;
+    const int64_t s = stride(d, c.from.back());
+    if (rest[carve_of[i]]) out.push_back({s * c.degree, product_of(mesh, c.from) / c.degree});
+    if (inner[carve_of[i]]) out.push_back({s, c.degree});
+  }
+  return out;
+}
+
+std::vector<int> group_of(int rank, const std::vector<Digit>& ds) {
+  int64_t base = rank;
+  for (const Digit& d : ds) base -= d.of(rank) * d.stride;
+  std::vector<int> ranks{int(base)};
+  for (const Digit& d : ds) {
+    std::vector<int> next;
+    next.reserve(ranks.size() * d.degree);
+    for (int r : ranks)
+      for (int k = 0; k < d.degree; ++k) next.push_back(int(r + k * d.stride));
+    ranks = std::move(next);
+  }
+  return ranks;
+}
+
+}  // namespace
+
 std::array<int, kAxes> Mesh::coords(int rank) const {
-  if (rank < 0 || rank >= world_)
-    CLEAVE_FAIL("rank " << rank << " is outside the world of " << world_ << " ranks");
+  check_rank(rank, world_);
   std::array<int, kAxes> c{};
   for (Axis a : kAllAxes) c[int(a)] = int(rank / stride(degrees_, a) % degrees_[a]);
   return c;
@@ -122,41 +237,69 @@ int Mesh::rank_of(const std::array<int, kAxes>& coords) const {
 
 std::vector<int> Mesh::group(int rank, Axis a) const { return group(rank, std::vector<Axis>{a}); }
 
-// Whatever order the caller lists the axes in (and repeats aside), the group is flattened in mesh
-// order, outer axis first: that is ascending rank order.
 std::vector<int> Mesh::group(int rank, const std::vector<Axis>& axes) const {
-  const std::array<int, kAxes> c = coords(rank);
-  bool in[kAxes] = {};
-  for (Axis a : axes) {
-    if (int(a) < 0 || int(a) >= kAxes) CLEAVE_FAIL("invalid mesh axis " << int(a));
-    in[int(a)] = true;
-  }
-  int64_t base = rank;
-  for (Axis a : kAllAxes)
-    if (in[int(a)]) base -= c[int(a)] * stride(degrees_, a);
-  std::vector<int> ranks{int(base)};
-  for (Axis a : kAllAxes) {
-    if (!in[int(a)]) continue;
-    const int64_t s = stride(degrees_, a);
-    std::vector<int> next;
-    next.reserve(ranks.size() * degrees_[a]);
-    for (int r : ranks)
-      for (int k = 0; k < degrees_[a]; ++k) next.push_back(int(r + k * s));
-    ranks = std::move(next);
-  }
-  return ranks;
+  return group(rank, names_of(axes));
 }
 
 std::vector<std::vector<int>> Mesh::all_groups(const std::vector<Axis>& axes) const {
-  std::vector<std::vector<int>> groups;
-  for (int r = 0; r < world_; ++r) {
-    const std::array<int, kAxes> c = coords(r);
-    // A group's smallest rank is the one at coordinate 0 on every one of its axes.
-    const bool first = std::all_of(axes.begin(), axes.end(), [&](Axis a) { return c[int(a)] == 0; });
-    if (first) groups.push_back(group(r, axes));
+  return all_groups(names_of(axes));
+}
+
+void Mesh::carve(const std::string& name, int degree, const std::vector<Axis>& from,
+                 const std::string& rest) {
+  for (const std::string& n : {name, rest}) {
+    if (n.empty()) CLEAVE_FAIL("a carved mesh axis needs a name");
+    const bool taken = whole_axis(n) || std::any_of(carved_.begin(), carved_.end(),
+                                                    [&](const CarvedAxis& c) {
+                                                      return c.name == n || c.rest == n;
+                                                    });
+    if (taken) CLEAVE_FAIL("mesh axis " << n << " exists already");
   }
+  if (name == rest)
+    CLEAVE_FAIL("the two parts of a carve need two names (both are " << name << ")");
+  for (Axis a : from) check_axis(a);
+  std::vector<Axis> axes = from;
+  std::sort(axes.begin(), axes.end());
+  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+  if (axes.empty()) CLEAVE_FAIL(name << " is carved from no mesh axes");
+  for (size_t i = 1; i < axes.size(); ++i)
+    if (int(axes[i]) != int(axes[i - 1]) + 1)
+      CLEAVE_FAIL(name << " must be carved from consecutive mesh axes, not from "
+                       << product_name(axes)
+                       << " (mesh order: pp, dp_replicate, dp_shard, cp, tp)");
+  if (degree < 1) CLEAVE_FAIL("degree must be >= 1 (" << name << " = " << degree << ")");
+  const int product = product_of(*this, axes);
+  if (product % degree != 0)
+    CLEAVE_FAIL(name << " " << degree << " does not divide " << product_name(axes) << " = "
+                     << product);
+  carved_.push_back({name, rest, degree, std::move(axes)});
+}
+
+int Mesh::degree(std::string_view axis) const {
+  return digits(*this, {std::string(axis)})[0].degree;
+}
+
+int Mesh::coord(int rank, std::string_view axis) const {
+  check_rank(rank, world_);
+  return digits(*this, {std::string(axis)})[0].of(rank);
+}
+
+std::vector<int> Mesh::group(int rank, const std::vector<std::string>& axes) const {
+  check_rank(rank, world_);
+  return group_of(rank, digits(*this, axes));
+}
+
+std::vector<std::vector<int>> Mesh::all_groups(const std::vector<std::string>& axes) const {
+  const std::vector<Digit> ds = digits(*this, axes);
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < world_; ++r)
+    // A group's smallest rank is the one at coordinate 0 on every one of its digits.
+    if (std::all_of(ds.begin(), ds.end(), [&](const Digit& d) { return d.of(r) == 0; }))
+      groups.push_back(group_of(r, ds));
   return groups;
 }
+
+void carve_ep(Mesh& mesh, int ep) { mesh.carve(kEp, ep, {Axis::dp_shard, Axis::cp}, kEfsdp); }
 
 namespace {
 
@@ -172,6 +315,13 @@ const char* what_it_communicates(Axis a) {
   return "?";
 }
 
+const char* what_it_communicates(const std::string& carved) {
+  if (carved == kEp) return "token all-to-all to and from the experts (dispatch and combine)";
+  if (carved == kEfsdp)
+    return "expert parameter all-gather and gradient reduce-scatter (ZeRO/FSDP of the experts)";
+  return "a carved axis: no collective of cleave runs on it";
+}
+
 std::string rank_list(const std::vector<int>& g) {
   std::string s = "[";
   for (size_t i = 0; i < g.size(); ++i) s += (i ? ", " : "") + std::to_string(g[i]);
@@ -181,7 +331,7 @@ std::string rank_list(const std::vector<int>& g) {
 struct Section {
   std::string title;  // e.g. "tp (degree 2)"
   std::string what;
-  std::vector<Axis> axes;
+  std::vector<std::string> axes;
 };
 
 }  // namespace
@@ -203,16 +353,24 @@ std::string describe_mesh(const Mesh& mesh, int ranks_per_host) {
   for (Axis a : kAllAxes)
     if (mesh.degree(a) > 1)
       sections.push_back({std::string(axis_name(a)) + " (degree " + std::to_string(mesh.degree(a)) + ")",
-                          what_it_communicates(a), {a}});
+                          what_it_communicates(a), {axis_name(a)}});
   const int R = mesh.degree(Axis::dp_replicate), S = mesh.degree(Axis::dp_shard);
   if (R > 1 && S > 1) {  // HSDP: the whole data-parallel group, after dp_shard
     auto at = std::find_if(sections.begin(), sections.end(),
-                           [](const Section& s) { return s.axes[0] == Axis::dp_shard; });
+                           [](const Section& s) { return s.axes[0] == "dp_shard"; });
     sections.insert(at + 1, {"dp = dp_replicate x dp_shard (degree " + std::to_string(R) + " x " +
                                  std::to_string(S) + " = " + std::to_string(R * S) + ")",
                              "the whole data-parallel group (each rank reads its own slice of the "
                              "batch)",
-                             {Axis::dp_replicate, Axis::dp_shard}});
+                             {"dp_replicate", "dp_shard"}});
+  }
+  for (const CarvedAxis& c : mesh.carved()) {
+    const std::string of = product_name(c.from) + " = " + std::to_string(product_of(mesh, c.from));
+    for (const auto& [name, part] : {std::pair{c.rest, "outer"}, std::pair{c.name, "inner"}})
+      if (mesh.degree(name) > 1)
+        sections.push_back({name + " (degree " + std::to_string(mesh.degree(name)) +
+                                ", carved from " + of + ", " + part + ")",
+                            what_it_communicates(name), {name}});
   }
   if (sections.empty()) {
     os << "\nevery degree is 1: a single rank, nothing is communicated\n";

@@ -13,7 +13,8 @@ const char* op_name(Op op) {
       "forward",       "backward",      "backward_input", "backward_weight", "send_forward",
       "recv_forward",  "send_backward", "recv_backward",  "copy_forward",    "copy_backward",
       "gather",        "prefetch",      "release",        "tied_sum",        "reduce_grads",
-      "optimizer_step"};
+      "finish_grads",  "sum_loss",      "grad_norm",      "clip",            "update",
+      "gather_params"};
   return names[int(op)];
 }
 
@@ -26,7 +27,19 @@ std::string to_string(const Instruction& i) {
   if (i.mb >= 0) out << " mb " << i.mb;
   if (i.peer >= 0) out << " peer " << i.peer << " tag " << i.tag;
   if (i.from_chunk >= 0) out << " from chunk " << i.from_chunk << " slot " << i.from_slot;
+  if (i.group >= 0) out << " group " << i.group;
   return out.str();
+}
+
+std::vector<Instruction> step_end_instructions(int groups) {
+  std::vector<Instruction> end = {{Op::finish_grads}, {Op::sum_loss}, {Op::grad_norm}, {Op::clip}};
+  for (int g = 0; g < groups; ++g) {
+    Instruction update{Op::update}, gather{Op::gather_params};
+    update.group = gather.group = g;
+    end.push_back(update);
+    end.push_back(gather);
+  }
+  return end;
 }
 
 namespace {
@@ -216,7 +229,9 @@ Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
     }
     for (int v : to_release) p.instructions.push_back({Op::release, v});
   }
-  if (options.training) p.instructions.push_back({Op::optimizer_step});
+  if (options.training)
+    for (const Instruction& i : step_end_instructions(options.parameter_groups))
+      p.instructions.push_back(i);
   p.slots = slots.counts();
   return p;
 }

@@ -3,8 +3,9 @@
 // Step programs). A forward of a stage becomes each of the stage's units' forwards, a backward
 // each unit's backward in reverse; ZeRO-3's gathers, prefetches and releases go around the units
 // that use the parameters; each unit's gradient reduction follows the last compute that writes
-// its gradients in the step. Without pipeline parallelism the program is today's loop: forward
-// and backward per micro-batch, gradients reduced during the last backward. Pure data: no MPI.
+// its gradients in the step, and the step's end follows the last of them. Without pipeline
+// parallelism the program is the familiar loop: forward and backward per micro-batch, gradients
+// reduced during the last backward. Pure data: no MPI.
 #pragma once
 #include <string>
 #include <vector>
@@ -29,13 +30,20 @@ enum class Op {
   release,          // unit: its parameters freed
   tied_sum,         // the tied embedding's gradient summed with the other stage's copy
   reduce_grads,     // unit: its gradients are final in this step
-  optimizer_step,
+  // The step's end (parallel/step_end.h), after every other instruction of a training program:
+  finish_grads,     // every group's data-parallel reductions complete
+  sum_loss,         // the step's loss over every rank holding a piece of the batch
+  grad_norm,        // the global gradient norm, and the non-finite check
+  clip,             // the clip factor from the norm
+  update,           // group: the optimizer updates the group's parameters
+  gather_params,    // group: ZeRO-1/2 gather the updated parameters
 };
 const char* op_name(Op op);
 inline bool is_compute(Op op) {
   return op == Op::forward || op == Op::backward || op == Op::backward_input ||
          op == Op::backward_weight;
 }
+inline bool is_step_end(Op op) { return op >= Op::finish_grads; }
 
 struct Instruction {
   Op op = Op::forward;
@@ -43,6 +51,7 @@ struct Instruction {
   int peer = -1, tag = -1;             // send/recv: the peer's pp rank and the message tag
   int from_chunk = -1, from_slot = -1;  // copies
   int stage = -1;                       // compute: the schedule action's stage
+  int group = -1;                       // update, gather_params: the parameter group
 };
 
 // What the lowering needs to know of the rank's model: its units, chunk by chunk.
@@ -56,6 +65,7 @@ struct UnitLayout {
 struct LoweringOptions {
   bool shard_parameters = false;  // ZeRO-3: gather before use, release after
   bool training = true;           // false: forward-only (validation), no gradient work
+  int parameter_groups = 1;       // training: each updated and gathered at the step's end
 };
 
 struct Program {
@@ -66,6 +76,9 @@ struct Program {
 // Lowers `rank`'s list of `s` (already checked) on a model of `layout`.
 Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
                        const UnitLayout& layout, const LoweringOptions& options);
+
+// The instructions that end a training step over `groups` parameter groups, in order.
+std::vector<Instruction> step_end_instructions(int groups);
 
 // A forward-only schedule over the stages (validation): every micro-batch through every stage.
 Schedule forward_only_schedule(const StageMap& stages, int pp, int microbatches);

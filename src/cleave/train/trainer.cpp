@@ -220,9 +220,10 @@ void Trainer::make_pipeline(const Layout& layout) {
                            "guarantees (32768 / 2): fewer micro-batches or stages");
   const UnitLayout units = unit_layout(*model_);
   const bool zero3 = cfg_.parallel.zero_stage == 3;
-  train_program_ = lower_schedule(layout.schedule, stages, pp_rank, units, {zero3, true});
+  const int n_groups = int(groups_.size());
+  train_program_ = lower_schedule(layout.schedule, stages, pp_rank, units, {zero3, true, n_groups});
   val_program_ = lower_schedule(forward_only_schedule(stages, pp, int(cfg_.train.val_batches)),
-                                stages, pp_rank, units, {zero3, false});
+                                stages, pp_rank, units, {zero3, false, n_groups});
   // GPT-2's tied embedding on the first and the last stage: the pair sums its gradient.
   if (pp > 1 && cfg_.model.tie_embeddings) {
     MPI_Comm tied;
@@ -233,8 +234,19 @@ void Trainer::make_pipeline(const Layout& layout) {
       MPI_Comm_free(&tied);
     }
   }
+  StepEndParts end;
+  end.params = &model_->params();
+  for (GroupParallel& part : groups_) end.groups.push_back({part.dp.get(), part.optim.get()});
+  end.dp = dp_group_.get();
+  end.shard = shard_group_.get();
+  end.pp = pp > 1 ? pp_group_.get() : nullptr;
+  end.tp_grads = tp_grads_.get();
+  end.zero_stage = cfg_.parallel.zero_stage;
+  end.grad_clip = cfg_.optim.grad_clip;
+  step_end_ = std::make_unique<StepEnd>(std::move(end));
   StepParts parts;
   parts.model = model_.get();
+  parts.end = step_end_.get();
   for (GroupParallel& part : groups_) parts.dp.push_back(part.dp.get());
   parts.tp_grads = tp_grads_.get();
   parts.pp = pp_group_.get();
@@ -267,7 +279,6 @@ StepResult Trainer::train_step(int64_t step) {
   for (GroupTpComm* c : {tp_comm_.get(), kv_comm_.get()})
     if (c) c->take_exposed_seconds(), c->take_bytes();
   for (GroupParallel& part : groups_) part.dp->zero_gradients();
-  StepResult r;
   StepRun run;
   run.B = local_batch_;
   run.T = T;
@@ -277,90 +288,29 @@ StepResult Trainer::train_step(int64_t step) {
     train_loader_->fill(tokens, targets, uint64_t(step), micro * mb + dp_rank_ * local_batch_,
                         local_batch_);
   };
-  run.optimizer_step = [this, step, &r](double loss_sum) { finish_step(step, loss_sum, r); };
+  run.step = step;
+  run.lr = learning_rate(cfg_.optim, step, t.steps);
+  run.loss_tokens = double(mb * T * accum);
   const StepTimes times = executor_->run(train_program_, run);
-  r.exposed_pp_s = times.exposed_pp;
-  r.pp_bytes = times.pp_bytes;
-  r.busy_s = times.busy_seconds;
-  r.program_s = times.seconds;
-  if (run.trace) write_trace(step + 1, times.trace);
-  return r;
-}
-
-void Trainer::finish_step(int64_t step, double loss_sum, StepResult& r) {
-  const TrainConfig& t = cfg_.train;
-  const int64_t mb = t.micro_batch_size, T = t.seq_len, accum = t.grad_accum_steps;
-  const bool pp = pp_group_->size() > 1;
-  for (GroupParallel& part : groups_) part.shard = part.dp->finish_gradients();
-  // Only the last stage computes losses: the pipeline's sum carries them to every rank.
-  double loss = sum_of_doubles(*dp_group_, loss_sum);
-  if (pp) loss = sum_of_doubles(*pp_group_, loss, &r.exposed_pp_s);
-  r.loss = loss / double(mb * T * accum);
-  double squares = 0;
-  for (GroupParallel& part : groups_) {
-    if (!tp_grads_ && !pp) {
-      squares += part.dp->grad_sum_of_squares();
-      continue;
-    }
-    // Each global element once: sharded tensors from every tp rank, replicated ones from one,
-    // a tied embedding from the stage that owns it.
-    double local = owned_sum_of_squares(model_->params(), part.dp->ranges(), part.shard.grads,
-                                        tp_grads_ ? tp_grads_->copy() : TpCopy{});
-    if (cfg_.parallel.zero_stage > 0) local = sum_of_doubles(*shard_group_, local, &r.exposed_dp_s);
-    squares += local;
-  }
-  if (tp_grads_) squares = tp_grads_->sum_over_tp(squares, &r.exposed_tp_s);
-  if (pp) squares = sum_of_doubles(*pp_group_, squares, &r.exposed_pp_s);
-  r.grad_norm = std::sqrt(squares);
-  // Both are the same on every rank, so every rank stops here alike, before anything is applied.
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) stop_non_finite(step, r);
-  float clip = 1.0f;
-  if (cfg_.optim.grad_clip > 0 && r.grad_norm > cfg_.optim.grad_clip)
-    clip = float(cfg_.optim.grad_clip / r.grad_norm);
-  r.lr = learning_rate(cfg_.optim, step, t.steps);
-  // With the whole optimizer step on every rank (DDP, or one process), AdamW has the store pack
-  // each linear weight band by band as it writes it, from cache; under ZeRO the weights are
-  // packed at their next product, once gathered.
-  for (GroupParallel& part : groups_) {
-    part.optim->step(part.shard.values, part.shard.grads, r.lr, clip);
-    part.dp->after_optimizer_step();
-    r.exposed_dp_s += part.dp->take_exposed_seconds();
-  }
+  StepResult r;
+  r.loss = times.end.loss;
+  r.lr = run.lr;
+  r.grad_norm = times.end.grad_norm;
+  r.exposed_dp_s = times.end.exposed_dp;
+  r.exposed_tp_s = times.end.exposed_tp;
+  r.exposed_pp_s = times.exposed_pp + times.end.exposed_pp;
+  for (GroupParallel& part : groups_) r.exposed_dp_s += part.dp->take_exposed_seconds();
   // The kv replicas are tp ranks: their sums count as the tp axis's.
   for (GroupTpComm* c : {tp_comm_.get(), kv_comm_.get()})
     if (c) {
       r.exposed_tp_s += c->take_exposed_seconds();
       r.tp_bytes += c->take_bytes();
     }
-}
-
-void Trainer::stop_non_finite(int64_t step, const StepResult& r) {
-  // The first tensor (in the store's order) whose gradient this rank holds a non-finite value of;
-  // the smallest over the data-parallel ranks is the first of the whole model.
-  ParamStore& params = model_->params();
-  const float none = float(params.tensors().size());
-  float first = none;
-  for (const GroupParallel& part : groups_)
-    for (const TensorPiece& p : tensor_pieces(params, part.dp->ranges())) {
-      if (float(p.tensor) >= first) continue;
-      const float* g = p.in(part.shard.grads);
-      for (int64_t i = 0; i < p.end - p.begin; ++i)
-        if (!std::isfinite(g[i])) {
-          first = float(p.tensor);
-          break;
-        }
-    }
-  std::vector<float> firsts(static_cast<size_t>(dp_size_));
-  dp_group_->all_gather(&first, firsts.data(), 1, CommType::f32, CommAlgo::ours).wait();
-  const int tensor = int(*std::min_element(firsts.begin(), firsts.end()));
-  char numbers[96];
-  std::snprintf(numbers, sizeof numbers, "loss %g, gradient norm %g", r.loss, r.grad_norm);
-  std::string what = "step " + std::to_string(step + 1) + ": " + numbers;
-  if (float(tensor) < none)
-    what += "; the first parameter with a non-finite gradient is " + params.tensor(tensor).name;
-  throw EveryRankError(what + ". Stopped before the update: the parameters and optimizer state "
-                       "are those of step " + std::to_string(step) +
-                       ", and no checkpoint of this step was written");
+  r.pp_bytes = times.pp_bytes;
+  r.busy_s = times.busy_seconds;
+  r.program_s = times.seconds;
+  if (run.trace) write_trace(step + 1, times.trace);
+  return r;
 }
 
 double Trainer::validate() {

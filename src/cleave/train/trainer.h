@@ -17,7 +17,7 @@
 #include "cleave/model/transformer.h"
 #include "cleave/optim/adamw.h"
 #include "cleave/parallel/data_parallel.h"
-#include "cleave/parallel/pipeline_parallel.h"
+#include "cleave/parallel/step_executor.h"
 #include "cleave/parallel/tensor_parallel.h"
 #include "cleave/train/config.h"
 #include "cleave/train/layout.h"
@@ -55,14 +55,9 @@ class Trainer {
                 const StepResult& interval);
   void make_tp_groups();
   void make_pipeline(const Layout& layout);  // the model's chunks, programs and executor
-  // After the step program's backward: the loss, the gradient norm, clipping and the update.
-  void finish_step(int64_t step, double loss_sum, StepResult& r);
   void write_trace(int64_t step, const std::vector<TraceEvent>& mine);
   std::string pipeline_description() const;  // for the start line
   void resolve_peaks();
-  // Every rank alike, before the update: names the step and the first tensor whose gradient holds
-  // a non-finite value (a collective over the data-parallel ranks).
-  [[noreturn]] void stop_non_finite(int64_t step, const StepResult& r);
 
   Config cfg_;
   int world_ = 1, rank_ = 0;
@@ -81,9 +76,9 @@ class Trainer {
   struct GroupParallel {
     std::unique_ptr<DataParallel> dp;
     std::unique_ptr<AdamW> optim;
-    DataParallel::OptimizerInputs shard;  // after finish_gradients
   };
   std::vector<GroupParallel> groups_;
+  std::unique_ptr<StepEnd> step_end_;
   // The step as instructions (pipeline/program.h), and validation's forward-only program.
   Program train_program_, val_program_;
   std::unique_ptr<StepExecutor> executor_;

@@ -1,8 +1,9 @@
-// Runs a rank's step program (pipeline/program.h): the model's units on activation slots, the
-// point-to-point transfers between pipeline stages, and the data-parallel and tensor-parallel
-// gradient work the program places between them (docs/pipeline_parallel.md, Execution).
-// Transfers are posted where the program says and waited for by the compute that needs them, so
-// they overlap compute; they go through the comm layer, with its timeouts and flight recorder.
+// Runs a rank's step program (pipeline/program.h) for every axis of the mesh: the model's units on
+// activation slots, the point-to-point transfers between pipeline stages, the data- and
+// tensor-parallel gradient work the program places between them, and the step's end
+// (parallel/step_end.h). Transfers are posted where the program says and waited for by the
+// compute that needs them, so they overlap compute; they go through the comm layer, with its
+// timeouts and flight recorder.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -11,6 +12,7 @@
 #include "cleave/comm/group.h"
 #include "cleave/model/transformer.h"
 #include "cleave/parallel/data_parallel.h"
+#include "cleave/parallel/step_end.h"
 #include "cleave/parallel/tensor_parallel.h"
 #include "cleave/pipeline/program.h"
 #include "cleave/pipeline/schedule.h"
@@ -26,6 +28,7 @@ struct StepParts {
   TensorParallelGrads* tp_grads = nullptr;  // tp > 1
   Group* pp = nullptr;                      // the rank's pipeline group
   Group* tied = nullptr;                    // first and last stage: the tied embedding's pair
+  StepEnd* end = nullptr;                   // training programs: their last instructions
   int rank = 0;                             // world rank: the track of traced spans
   // Called with a unit before its gradients are reduced (fault injection in tests); may be empty.
   std::function<void(int unit)> before_reduce;
@@ -33,17 +36,19 @@ struct StepParts {
   std::function<void()> after_instruction;
 };
 
-// One run of a program: its micro-batches, where their data comes from, and what its
-// optimizer_step instruction does.
+// One run of a program: its micro-batches, where their data comes from, and what its step's end
+// needs to know.
 struct StepRun {
   int64_t B = 0, T = 0;   // a micro-batch on this rank: B sequences of T tokens
   float grad_scale = 0;   // as Transformer::forward_unit
-  bool trace = false;     // record a span per schedule action (name like "1F3")
+  bool trace = false;     // record a span per schedule action (name like "1F3") and step-end op
   // The micro-batch's tokens and targets (B x T each), for the chunks with the embeddings or
   // the head.
   std::function<void(int mb, int32_t* tokens, int32_t* targets)> fill;
-  // Training programs: given the losses this rank summed so far in the step.
-  std::function<void(double loss_sum)> optimizer_step;
+  // Training programs: the step (from 0), its learning rate, and the tokens its loss is the mean
+  // of.
+  int64_t step = 0;
+  double lr = 0, loss_tokens = 0;
 };
 
 struct StepTimes {
@@ -52,7 +57,8 @@ struct StepTimes {
   double busy_seconds = 0;   // in compute instructions
   double exposed_pp = 0;     // waiting for transfers between stages, and the tied sum
   int64_t pp_bytes = 0;      // sent to other stages and into the tied sum (as a ring)
-  std::vector<TraceEvent> trace;  // per schedule action, when asked
+  std::vector<TraceEvent> trace;  // per schedule action and step-end op, when asked
+  StepEndResult end;              // training programs
 };
 
 class StepExecutor {

@@ -1,4 +1,4 @@
-#include "cleave/parallel/pipeline_parallel.h"
+#include "cleave/parallel/step_executor.h"
 
 #include <chrono>
 #include <cstring>
@@ -177,9 +177,36 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
         for (DataParallel* dp : parts_.dp) dp->reduce_gradients(i.unit);
         break;
       }
-      case Op::optimizer_step:
-        run.optimizer_step(out.loss_sum);
+      case Op::finish_grads:
+        parts_.end->begin(run.step);
+        parts_.end->finish_gradients();
         break;
+      case Op::sum_loss:
+        parts_.end->sum_loss(out.loss_sum, run.loss_tokens);
+        break;
+      case Op::grad_norm:
+        parts_.end->grad_norm();
+        break;
+      case Op::clip:
+        parts_.end->clip();
+        break;
+      case Op::update:
+        parts_.end->update(i.group, run.lr);
+        break;
+      case Op::gather_params:
+        parts_.end->gather_parameters(i.group);
+        break;
+    }
+    if (is_step_end(i.op)) {
+      out.end = parts_.end->result();
+      if (run.trace) {
+        close_span(span_end);
+        const double end = now();
+        out.trace.push_back({parts_.rank,
+                             std::string(op_name(i.op)) +
+                                 (i.group >= 0 ? " " + std::to_string(i.group) : ""),
+                             1e6 * (start - t0), 1e6 * (end - start)});
+      }
     }
     if (is_compute(i.op)) {
       const double end = now();

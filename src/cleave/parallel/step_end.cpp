@@ -1,0 +1,92 @@
+#include "cleave/parallel/step_end.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+namespace cleave {
+
+void StepEnd::begin(int64_t step) {
+  step_ = step;
+  r_ = StepEndResult();
+  shards_.assign(p_.groups.size(), {});
+}
+
+void StepEnd::finish_gradients() {
+  for (size_t g = 0; g < p_.groups.size(); ++g) shards_[g] = p_.groups[g].dp->finish_gradients();
+}
+
+void StepEnd::sum_loss(double loss_sum, double tokens) {
+  // Only the last stage computes losses: the pipeline's sum carries them to every rank.
+  double loss = sum_of_doubles(*p_.dp, loss_sum);
+  if (p_.pp) loss = sum_of_doubles(*p_.pp, loss, &r_.exposed_pp);
+  r_.loss = loss / tokens;
+}
+
+void StepEnd::grad_norm() {
+  double squares = 0;
+  for (size_t g = 0; g < p_.groups.size(); ++g) {
+    DataParallel& dp = *p_.groups[g].dp;
+    if (!p_.tp_grads && !p_.pp) {
+      squares += dp.grad_sum_of_squares();
+      continue;
+    }
+    // Each global element once: sharded tensors from every tp rank, replicated ones from one,
+    // a tied embedding from the stage that owns it.
+    double local = owned_sum_of_squares(*p_.params, dp.ranges(), shards_[g].grads,
+                                        p_.tp_grads ? p_.tp_grads->copy() : TpCopy{});
+    if (p_.zero_stage > 0) local = sum_of_doubles(*p_.shard, local, &r_.exposed_dp);
+    squares += local;
+  }
+  if (p_.tp_grads) squares = p_.tp_grads->sum_over_tp(squares, &r_.exposed_tp);
+  if (p_.pp) squares = sum_of_doubles(*p_.pp, squares, &r_.exposed_pp);
+  r_.grad_norm = std::sqrt(squares);
+  // Both are the same on every rank, so every rank stops here alike.
+  if (!std::isfinite(r_.loss) || !std::isfinite(r_.grad_norm)) stop_non_finite();
+}
+
+void StepEnd::clip() {
+  r_.clip = p_.grad_clip > 0 && r_.grad_norm > p_.grad_clip ? p_.grad_clip / r_.grad_norm : 1.0;
+}
+
+void StepEnd::update(int group, double lr) {
+  // With the whole update on every rank (DDP, or one process), AdamW has the store pack each
+  // linear weight band by band as it writes it, from cache; under ZeRO the weights are packed at
+  // their next product, once gathered.
+  const DataParallel::OptimizerInputs& shard = shards_[size_t(group)];
+  p_.groups[size_t(group)].optim->step(shard.values, shard.grads, lr, float(r_.clip));
+}
+
+void StepEnd::gather_parameters(int group) { p_.groups[size_t(group)].dp->after_optimizer_step(); }
+
+void StepEnd::stop_non_finite() {
+  // The first tensor (in the store's order) whose gradient this rank holds a non-finite value of;
+  // the smallest over the data-parallel ranks is the first of the whole model.
+  const float none = float(p_.params->tensors().size());
+  float first = none;
+  for (size_t g = 0; g < p_.groups.size(); ++g)
+    for (const TensorPiece& piece : tensor_pieces(*p_.params, p_.groups[g].dp->ranges())) {
+      if (float(piece.tensor) >= first) continue;
+      const float* grad = piece.in(shards_[g].grads);
+      for (int64_t i = 0; i < piece.end - piece.begin; ++i)
+        if (!std::isfinite(grad[i])) {
+          first = float(piece.tensor);
+          break;
+        }
+    }
+  std::vector<float> firsts(static_cast<size_t>(p_.dp->size()));
+  p_.dp->all_gather(&first, firsts.data(), 1, CommType::f32, CommAlgo::ours).wait();
+  const int tensor = int(*std::min_element(firsts.begin(), firsts.end()));
+  char numbers[96];
+  std::snprintf(numbers, sizeof numbers, "loss %g, gradient norm %g", r_.loss, r_.grad_norm);
+  std::string what = "step " + std::to_string(step_ + 1) + ": " + numbers;
+  if (float(tensor) < none)
+    what += "; the first parameter with a non-finite gradient is " +
+            p_.params->tensor(tensor).name;
+  throw EveryRankError(what + ". Stopped before the update: the parameters and optimizer state "
+                       "are those of step " + std::to_string(step_) +
+                       ", and no checkpoint of this step was written");
+}
+
+}  // namespace cleave

@@ -1,0 +1,69 @@
+// The end of a training step: what runs after the step program's last backward, as instructions
+// of that program (pipeline/program.h, the step-end ops) so that a new precision or memory tool
+// adds or changes an instruction here, not a closure in the trainer. In order: every parameter
+// group's gradients finished (the data-parallel reductions waited for), the loss summed over
+// the ranks that hold pieces of the batch, the global gradient norm and its non-finite check,
+// the clip factor, each group's update, each group's parameters gathered (ZeRO-1/2). Every
+// number it computes is the same on every rank.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "cleave/comm/group.h"
+#include "cleave/model/params.h"
+#include "cleave/optim/adamw.h"
+#include "cleave/parallel/data_parallel.h"
+#include "cleave/parallel/tensor_parallel.h"
+
+namespace cleave {
+
+struct StepEndGroup {
+  DataParallel* dp = nullptr;
+  AdamW* optim = nullptr;
+};
+
+struct StepEndParts {
+  ParamStore* params = nullptr;
+  std::vector<StepEndGroup> groups;         // per parameter group, in the store's order
+  Group* dp = nullptr;                      // every data-parallel rank
+  Group* shard = nullptr;                   // this rank's dp_shard group
+  Group* pp = nullptr;                      // the pipeline stages (null: none)
+  TensorParallelGrads* tp_grads = nullptr;  // tp > 1
+  int zero_stage = 0;
+  double grad_clip = 0;                     // 0: no clipping
+};
+
+// What one step's end found, and the seconds it waited on each axis.
+struct StepEndResult {
+  double loss = 0, grad_norm = 0, clip = 1;
+  double exposed_dp = 0, exposed_tp = 0, exposed_pp = 0;
+};
+
+class StepEnd {
+ public:
+  explicit StepEnd(StepEndParts parts) : p_(std::move(parts)) {}
+
+  // The step's instructions, in the program's order; begin resets the result.
+  void begin(int64_t step);
+  void finish_gradients();
+  // loss_sum: this rank's summed token losses; tokens: the valid tokens of the whole step.
+  void sum_loss(double loss_sum, double tokens);
+  // Every rank alike: a non-finite loss or norm stops the run before anything is applied, naming
+  // the step and the first tensor whose gradient holds a non-finite value.
+  void grad_norm();
+  void clip();
+  void update(int group, double lr);
+  void gather_parameters(int group);
+
+  const StepEndResult& result() const { return r_; }
+
+ private:
+  [[noreturn]] void stop_non_finite();
+
+  StepEndParts p_;
+  std::vector<DataParallel::OptimizerInputs> shards_;  // per group, after finish_gradients
+  int64_t step_ = 0;
+  StepEndResult r_;
+};
+
+}  // namespace cleave
