@@ -7,6 +7,8 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "cleave/model/block.h"
 #include "cleave/model/transformer.h"
@@ -86,17 +88,18 @@ void check_block(Family f, int n_kv_heads) {
   std::vector<float> x(N * d), dout(N * d), y(N * d), dx(N * d);
   for (auto& v : x) v = n(rng);
   for (auto& v : dout) v = n(rng);
+  BlockGrads g;
+  block.reserve_grads(g, N);
+  Block::Saved saved;
   auto loss = [&] {
-    block.forward(0, y.data(), x.data(), B, T);
+    block.forward(saved, y.data(), x.data(), B, T, g);
     double s = 0;
     for (int64_t i = 0; i < N * d; ++i) s += double(dout[i]) * y[i];
     return s;
   };
-  BlockGrads g;
-  block.reserve_grads(g, N);
   loss();
   store.grads().zero();
-  block.backward(0, dx.data(), dout.data(), g);
+  block.backward(saved, dx.data(), dout.data(), g);
   auto none = [] {};
   expect_fd("x", x.data(), dx.data(), N * d, loss, none);
   for (int i = 0; i < int(store.tensors().size()); ++i)
@@ -111,7 +114,7 @@ void check_split_backward(Family f) {
   TestBlock t(c);
   ParamStore& store = t.store;
   Block& block = t.block;
-  block.set_slots(2);
+  Block::Saved s0, s1;
   const int64_t B = 2, T = 5, N = B * T, d = c.d_model;
   std::mt19937 rng(4);
   std::normal_distribution<float> n(0.0f, 1.0f);
@@ -121,24 +124,69 @@ void check_split_backward(Family f) {
   BlockGrads g;
   block.reserve_grads(g, N);
   std::vector<float> dx0(N * d), dx1(N * d), fused0, fused1, fused_grads;
-  block.forward(0, y.data(), x0.data(), B, T);
-  block.forward(1, y.data(), x1.data(), B, T);
+  block.forward(s0, y.data(), x0.data(), B, T, g);
+  block.forward(s1, y.data(), x1.data(), B, T, g);
   store.grads().zero();
-  block.backward(1, dx1.data(), dout1.data(), g);
-  block.backward(0, dx0.data(), dout0.data(), g);
+  block.backward(s1, dx1.data(), dout1.data(), g);
+  block.backward(s0, dx0.data(), dout0.data(), g);
   fused0 = dx0, fused1 = dx1;
   fused_grads.assign(store.grads().data(), store.grads().data() + store.total());
-  block.forward(0, y.data(), x0.data(), B, T);
-  block.forward(1, y.data(), x1.data(), B, T);
+  block.forward(s0, y.data(), x0.data(), B, T, g);
+  block.forward(s1, y.data(), x1.data(), B, T, g);
   store.grads().zero();
-  block.backward(1, dx1.data(), dout1.data(), g, BackwardPart::input);
-  block.backward(0, dx0.data(), dout0.data(), g, BackwardPart::input);
-  block.backward(1, nullptr, nullptr, g, BackwardPart::weight);
-  block.backward(0, nullptr, nullptr, g, BackwardPart::weight);
+  block.backward(s1, dx1.data(), dout1.data(), g, BackwardPart::input);
+  block.backward(s0, dx0.data(), dout0.data(), g, BackwardPart::input);
+  block.backward(s1, nullptr, nullptr, g, BackwardPart::weight);
+  block.backward(s0, nullptr, nullptr, g, BackwardPart::weight);
   EXPECT_EQ(fused0, dx0);
   EXPECT_EQ(fused1, dx1);
   EXPECT_EQ(0, std::memcmp(fused_grads.data(), store.grads().data(), fused_grads.size() * 4));
 }
+
+// Activation checkpointing's building block: a block's saved activations freed after its forward
+// and recomputed before its backward give the same losses, input gradients and parameter
+// gradients, bit for bit, as keeping them; here on two micro-batches in flight, in fp32 and bf16.
+void check_recompute(Family f, Precision p) {
+  const ModelConfig c = tiny(f, 2, false);
+  const int64_t B = 2, T = 6, N = B * T;
+  std::vector<int32_t> tokens(N), targets(N);
+  for (int64_t i = 0; i < N; ++i)
+    tokens[i] = int32_t((i * 7 + 2) % c.vocab_size),
+    targets[i] = int32_t((i * 3 + 1) % c.vocab_size);
+  auto run = [&](bool recompute) {
+    Transformer model(c, p, 11);
+    model.prepare(B, T, {2});
+    model.params().grads().zero();
+    const int head = model.n_units() - 1;
+    for (int slot = 0; slot < 2; ++slot)
+      for (int u = 0; u <= head; ++u) {
+        model.forward_unit(u, slot, tokens.data(), targets.data(), 1.0f / float(2 * N));
+        if (recompute && model.units()[size_t(u)].kind == Transformer::UnitKind::block)
+          model.release_saved(u, slot);
+      }
+    std::vector<float> losses(model.losses(0), model.losses(0) + N);
+    for (int slot = 1; slot >= 0; --slot)
+      for (int u = head; u >= 0; --u) {
+        if (recompute && model.units()[size_t(u)].kind == Transformer::UnitKind::block)
+          model.recompute(u, slot);
+        model.backward_unit(u, slot);
+      }
+    ParamStore& store = model.params();
+    std::vector<float> grads(store.grads().data(), store.grads().data() + store.total());
+    return std::make_pair(losses, grads);
+  };
+  const auto kept = run(false), recomputed = run(true);
+  EXPECT_EQ(0, std::memcmp(kept.first.data(), recomputed.first.data(), kept.first.size() * 4));
+  ASSERT_EQ(kept.second.size(), recomputed.second.size());
+  EXPECT_EQ(0, std::memcmp(kept.second.data(), recomputed.second.data(), kept.second.size() * 4));
+  double norm = 0;
+  for (float v : kept.second) norm += double(v) * v;
+  EXPECT_GT(norm, 0.0);  // the gradients compared are not all zero
+}
+
+TEST(ModelRecompute, BitwiseGpt2) { check_recompute(Family::gpt2, Precision::fp32); }
+TEST(ModelRecompute, BitwiseLlama) { check_recompute(Family::llama, Precision::fp32); }
+TEST(ModelRecompute, BitwiseLlamaBf16) { check_recompute(Family::llama, Precision::bf16); }
 
 TEST(ModelGradients, SplitBackwardMatchesFusedGpt2) { check_split_backward(Family::gpt2); }
 TEST(ModelGradients, SplitBackwardMatchesFusedLlama) { check_split_backward(Family::llama); }

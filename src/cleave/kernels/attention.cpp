@@ -20,6 +20,10 @@
 //   and no write conflicts; every sum runs in a fixed order (heads, then query blocks, then key
 //   blocks ascending for dq), so results do not depend on the number of threads.
 //
+// In both passes ranges of tokens (context parallelism) shift the diagonal: query row i is key
+// row i + shift. Block pairs whose documents differ throughout are skipped like blocks past the
+// diagonal; a pair that holds a document boundary masks element-wise, and only such pairs pay.
+//
 // The micro-kernel uses GCC vector extensions (also understood by clang): with plain loops g++
 // keeps the accumulator tile in memory (loads and stores around every FMA). The elementwise loops
 // (softmax, packing) are plain and auto-vectorise; exp is vmath::exp_f (no -ffast-math).
@@ -186,6 +190,17 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// How the documents of a block of queries and a block of keys meet. Ids are non-decreasing along a
+// sequence, so each block's first and last id bound all of them.
+enum class Docs { kOne, kMixed, kApart };  // one document for all; some pairs differ; all differ
+
+Docs docs_of(const int32_t* qid, int64_t nq, const int32_t* kid, int64_t nk) {
+  if (!qid) return Docs::kOne;
+  if (kid[nk - 1] < qid[0] || kid[0] > qid[nq - 1]) return Docs::kApart;
+  const bool one = kid[0] == kid[nk - 1] && qid[0] == qid[nq - 1] && kid[0] == qid[0];
+  return one ? Docs::kOne : Docs::kMixed;
+}
+
 // Per-thread scratch, 64-byte aligned, sized once per call.
 struct Scratch {
   float* p = nullptr;
@@ -214,6 +229,22 @@ void check_shape(const AttentionShape& s) {
   CLEAVE_CHECK(s.kv_row_stride >= kv_row,
                "attention: kv_row_stride=" << s.kv_row_stride
                                            << " is smaller than n_kv_heads*head_dim=" << kv_row);
+  CLEAVE_CHECK(s.Tk >= 0, "attention: Tk=" << s.Tk << " is negative");
+  CLEAVE_CHECK(s.q_begin >= 0 && s.k_begin >= 0,
+               "attention: q_begin=" << s.q_begin << ", k_begin=" << s.k_begin
+                                     << " must not be negative");
+  CLEAVE_CHECK(!s.q_seq == !s.k_seq, "attention: q_seq and k_seq are given together or not at all");
+  // Block skipping trusts the order of the ids (docs_of): a wrong order would drop keys silently.
+  auto ordered = [&](const int32_t* ids, int64_t n) {
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t t = 1; t < n; ++t)
+        if (ids[b * n + t] < ids[b * n + t - 1]) return false;
+    return true;
+  };
+  if (s.q_seq) {
+    CLEAVE_CHECK(ordered(s.q_seq, s.T), "attention: q_seq decreases within a sequence");
+    CLEAVE_CHECK(ordered(s.k_seq, s.keys()), "attention: k_seq decreases within a sequence");
+  }
 }
 
 }  // namespace
@@ -222,13 +253,15 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                        const AttentionShape& s) {
   check_shape(s);
   CLEAVE_CHECK(out && lse && q && k && v, "attention_forward: null pointer");
-  const int64_t T = s.T, H = s.n_heads, hd = s.head_dim, qs = s.q_row_stride, kvs = s.kv_row_stride,
-                group = s.n_heads / s.n_kv_heads;
-  const int64_t hdp = round_up(hd, kVL);  // padded row length of the V / O blocks
-  const int64_t nqb = (T + kFwdQ - 1) / kFwdQ;
+  const int64_t Tq = s.T, Tk = s.keys(), H = s.n_heads, hd = s.head_dim, qs = s.q_row_stride,
+                kvs = s.kv_row_stride, group = s.n_heads / s.n_kv_heads;
+  const int64_t shift = s.q_begin - s.k_begin;  // query row i is the token of key row i + shift
+  const int64_t hdp = round_up(hd, kVL);        // padded row length of the V / O blocks
+  const int64_t nqb = (Tq + kFwdQ - 1) / kFwdQ, nkb = (Tk + kFwdK - 1) / kFwdK;
   const int64_t tasks = s.B * H * nqb;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr float kLowest = std::numeric_limits<float>::lowest();
 
 #pragma omp parallel
   {
@@ -248,25 +281,41 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t ib = nqb - 1 - task % nqb;
       const int64_t bh = task / nqb, b = bh / H, h = bh % H, kvh = h / group;
-      const int64_t q0 = ib * kFwdQ, nq = std::min(kFwdQ, T - q0), nqp = round_up(nq, kVL);
+      const int64_t q0 = ib * kFwdQ, nq = std::min(kFwdQ, Tq - q0), nqp = round_up(nq, kVL);
+      const int64_t qa = q0 + shift;  // the block's first query token, as a key row
+      const int32_t* qid = s.q_seq ? s.q_seq + b * Tq + q0 : nullptr;
+      const int32_t* kids = s.k_seq ? s.k_seq + b * Tk : nullptr;
 
-      pack_transposed(qt, kFwdQ, q + (b * T + q0) * qs + h * hd, qs, nq, nqp, hd, scale);
-      for (int64_t i = 0; i < kFwdQ; ++i) m[i] = kNegInf, l[i] = 0.0f;
+      pack_transposed(qt, kFwdQ, q + (b * Tq + q0) * qs + h * hd, qs, nq, nqp, hd, scale);
+      // The running max starts finite: a query that has seen no key yet (a whole column of -inf)
+      // then gets alpha = exp(0) and P = exp(-inf) = 0, not exp(-inf + inf) = NaN.
+      for (int64_t i = 0; i < kFwdQ; ++i) m[i] = kLowest, l[i] = 0.0f;
       std::memset(ob, 0, sizeof(float) * kFwdQ * hdp);
 
-      const int64_t jlast = (q0 + nq - 1) / kFwdK;  // later key blocks are fully masked: skipped
-      for (int64_t j = 0; j <= jlast; ++j) {
-        const int64_t k0 = j * kFwdK, nk = std::min(kFwdK, T - k0);
-        const float* kbase = k + (b * T + k0) * kvs + kvh * hd;
-        const bool diag = k0 + kFwdK - 1 > q0;  // block crosses the diagonal
-        // S^T row kk (key k0+kk) is needed only for queries q0+i >= k0+kk.
+      // Key blocks past the one holding the last query's token are fully masked: skipped.
+      const int64_t jend = qa + nq <= 0 ? 0 : std::min(nkb, (qa + nq - 1) / kFwdK + 1);
+      bool first = true;
+      for (int64_t j = 0; j < jend; ++j) {
+        const int64_t k0 = j * kFwdK, nk = std::min(kFwdK, Tk - k0);
+        const Docs docs = docs_of(qid, nq, kids ? kids + k0 : nullptr, nk);
+        if (docs == Docs::kApart) continue;
+        const float* kbase = k + (b * Tk + k0) * kvs + kvh * hd;
+        const bool diag = k0 + kFwdK - 1 > qa;  // block crosses the diagonal
+        // S^T row kk (key k0+kk) is needed only for queries qa+i >= k0+kk.
         gemm<false>(st, kFwdQ, kbase, kvs, 1, qt, kFwdQ, nk, nqp, hd,
-                    diag ? Tri::kColFrom : Tri::kNone, k0 - q0);
+                    diag ? Tri::kColFrom : Tri::kNone, k0 - qa);
         if (diag) {  // key k0+kk is hidden from queries i < thr
           for (int64_t kk = 0; kk < nk; ++kk) {
-            const int64_t thr = std::min(k0 + kk - q0, nqp);
+            const int64_t thr = std::min(k0 + kk - qa, nqp);
             float* row = st + kk * kFwdQ;
             for (int64_t i = 0; i < thr; ++i) row[i] = kNegInf;
+          }
+        }
+        if (docs == Docs::kMixed) {
+          for (int64_t kk = 0; kk < nk; ++kk) {
+            const int32_t id = kids[k0 + kk];
+            float* row = st + kk * kFwdQ;
+            for (int64_t i = 0; i < nq; ++i) row[i] = qid[i] == id ? row[i] : kNegInf;
           }
         }
         // Online softmax, column-wise: all loops below are elementwise over queries i.
@@ -275,10 +324,10 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           const float* row = st + kk * kFwdQ;
           for (int64_t i = 0; i < nqp; ++i) alpha[i] = row[i] > alpha[i] ? row[i] : alpha[i];
         }
-        // Now alpha = m_new. Every real query sees key 0 in block 0, so m_new is finite.
+        // Now alpha = m_new.
         for (int64_t i = 0; i < nqp; ++i) {
           const float m_new = alpha[i];
-          alpha[i] = vmath::exp_f(m[i] - m_new);  // exp(-inf) = 0 on the first block
+          alpha[i] = vmath::exp_f(m[i] - m_new);  // 0 on the first key a query sees
           m[i] = m_new;
           l[i] *= alpha[i];
         }
@@ -289,30 +338,36 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
             l[i] += row[i];
           }
         }
-        if (j > 0) {
+        if (!first) {
           for (int64_t i = 0; i < nq; ++i) {
             float* orow = ob + i * hdp;
             const float a = alpha[i];
             for (int64_t d = 0; d < hdp; ++d) orow[d] *= a;
           }
         }
-        const float* vbase = v + (b * T + k0) * kvs + kvh * hd;
+        first = false;
+        const float* vbase = v + (b * Tk + k0) * kvs + kvh * hd;
         for (int64_t kk = 0; kk < nk; ++kk) {
           float* row = vb + kk * hdp;
           std::memcpy(row, vbase + kk * kvs, sizeof(float) * hd);
           for (int64_t d = hd; d < hdp; ++d) row[d] = 0.0f;
         }
-        // O += (P^T)^T V_j; query q0+i has non-zero P for keys k0+kk <= q0+i only.
+        // O += (P^T)^T V_j; query qa+i has non-zero P for keys k0+kk <= qa+i only.
         gemm<true>(ob, hdp, st, 1, kFwdQ, vb, hdp, nq, hdp, nk, diag ? Tri::kKTo : Tri::kNone,
-                   q0 - k0);
+                   qa - k0);
       }
 
-      float* obase = out + ((b * T + q0) * H + h) * hd;
-      float* lbase = lse + (b * H + h) * T + q0;
+      float* obase = out + ((b * Tq + q0) * H + h) * hd;
+      float* lbase = lse + (b * H + h) * Tq + q0;
       for (int64_t i = 0; i < nq; ++i) {
+        float* dst = obase + i * H * hd;
+        if (l[i] == 0.0f) {  // saw no key (one that it saw would add exp(0) = 1 to l)
+          std::memset(dst, 0, sizeof(float) * hd);
+          lbase[i] = kNegInf;
+          continue;
+        }
         const float inv = 1.0f / l[i];
         const float* orow = ob + i * hdp;
-        float* dst = obase + i * H * hd;
         for (int64_t d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
         lbase[i] = m[i] + std::log(l[i]);
       }
@@ -322,22 +377,24 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
-                        const AttentionShape& s) {
+                        const AttentionShape& s, bool accumulate) {
   check_shape(s);
   CLEAVE_CHECK(dq && dk && dv && dout && q && k && v && out && lse,
                "attention_backward: null pointer");
-  const int64_t T = s.T, H = s.n_heads, Hkv = s.n_kv_heads, hd = s.head_dim, qs = s.q_row_stride,
-                kvs = s.kv_row_stride, group = s.n_heads / s.n_kv_heads;
+  const int64_t Tq = s.T, Tk = s.keys(), H = s.n_heads, Hkv = s.n_kv_heads, hd = s.head_dim,
+                qs = s.q_row_stride, kvs = s.kv_row_stride, group = s.n_heads / s.n_kv_heads;
+  const int64_t shift = s.q_begin - s.k_begin;  // query row i is the token of key row i + shift
   const int64_t hdp = round_up(hd, kVL);
-  const int64_t nqb = (T + kBwdQ - 1) / kBwdQ, nkb = (T + kBwdK - 1) / kBwdK;
+  const int64_t nqb = (Tq + kBwdQ - 1) / kBwdQ, nkb = (Tk + kBwdK - 1) / kBwdK;
   const int64_t tasks = s.B * Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 #pragma omp parallel
   {
     Scratch kt_buf(hd * kBwdK), ks_buf(kBwdK * hdp), vt_buf(hd * kBwdK), dk_buf(kBwdK * hdp),
         dv_buf(kBwdK * hdp), q_buf(kBwdQ * hdp), do_buf(kBwdQ * hdp), p_buf(kBwdQ * kBwdK),
-        ds_buf(kBwdQ * kBwdK), dqt_buf(kBwdQ * hdp), d_buf(group * T);
+        ds_buf(kBwdQ * kBwdK), dqt_buf(kBwdQ * hdp), d_buf(group * Tq);
     float* kt = kt_buf.p;    // [hd][kBwdK]: scale K_j^T
     float* ksc = ks_buf.p;   // [kBwdK][hdp]: scale K_j
     float* vt = vt_buf.p;    // [hd][kBwdK]: V_j^T
@@ -348,27 +405,51 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     float* pb = p_buf.p;     // [kBwdQ][kBwdK]: P
     float* dsb = ds_buf.p;   // [kBwdQ][kBwdK]: dP, then dS
     float* dqt = dqt_buf.p;  // [kBwdQ][hdp]: this key block's part of dQ_i
-    float* Dv = d_buf.p;     // [group][T]: D = rowsum(dO * O) per head of the group
+    float* Dv = d_buf.p;     // [group][Tq]: D = rowsum(dO * O) per head of the group
 
     // All tasks cost the same: static schedule.
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / Hkv, g = task % Hkv;
+      const int32_t* qids = s.q_seq ? s.q_seq + b * Tq : nullptr;
+      const int32_t* kids = s.k_seq ? s.k_seq + b * Tk : nullptr;
 
       for (int64_t hh = 0; hh < group; ++hh) {
         const int64_t h = g * group + hh;
-        for (int64_t t = 0; t < T; ++t) {
-          const float* o = out + ((b * T + t) * H + h) * hd;
-          const float* dO = dout + ((b * T + t) * H + h) * hd;
-          Dv[hh * T + t] = dot(o, dO, hd);
-          std::memset(dq + (b * T + t) * qs + h * hd, 0, sizeof(float) * hd);
+        for (int64_t t = 0; t < Tq; ++t) {
+          const float* o = out + ((b * Tq + t) * H + h) * hd;
+          const float* dO = dout + ((b * Tq + t) * H + h) * hd;
+          Dv[hh * Tq + t] = dot(o, dO, hd);
+          if (!accumulate) std::memset(dq + (b * Tq + t) * qs + h * hd, 0, sizeof(float) * hd);
         }
       }
 
       for (int64_t j = 0; j < nkb; ++j) {
-        const int64_t k0 = j * kBwdK, nk = std::min(kBwdK, T - k0);
-        const float* kbase = k + (b * T + k0) * kvs + g * hd;
-        const float* vbase = v + (b * T + k0) * kvs + g * hd;
+        const int64_t k0 = j * kBwdK, nk = std::min(kBwdK, Tk - k0);
+        const int32_t* kid = kids ? kids + k0 : nullptr;
+        // The query blocks that see a key of j: from the one holding token k_begin + k0 (earlier
+        // ones are causally masked), less those whose documents are all apart. With ordered ids
+        // these are a first and a last run of blocks.
+        auto apart = [&](int64_t ib) {
+          const int64_t q0 = ib * kBwdQ;
+          return docs_of(qids ? qids + q0 : nullptr, std::min(kBwdQ, Tq - q0), kid, nk) ==
+                 Docs::kApart;
+        };
+        int64_t ib_lo = std::max<int64_t>(k0 - shift, 0) / kBwdQ, ib_hi = nqb;
+        while (ib_lo < ib_hi && apart(ib_lo)) ++ib_lo;
+        while (ib_lo < ib_hi && apart(ib_hi - 1)) --ib_hi;
+        float* dkbase = dk + (b * Tk + k0) * kvs + g * hd;
+        float* dvbase = dv + (b * Tk + k0) * kvs + g * hd;
+        if (ib_lo >= ib_hi) {  // no query sees these keys
+          if (!accumulate)
+            for (int64_t kk = 0; kk < nk; ++kk) {
+              std::memset(dkbase + kk * kvs, 0, sizeof(float) * hd);
+              std::memset(dvbase + kk * kvs, 0, sizeof(float) * hd);
+            }
+          continue;
+        }
+        const float* kbase = k + (b * Tk + k0) * kvs + g * hd;
+        const float* vbase = v + (b * Tk + k0) * kvs + g * hd;
         // Pack K_j^T, V_j^T (zero columns past nk: the products over hd then give 0 there) and
         // K_j rows (zero rows past nk / columns past hd).
         pack_transposed(kt, kBwdK, kbase, kvs, nk, kBwdK, hd, scale);
@@ -385,31 +466,39 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 
         for (int64_t hh = 0; hh < group; ++hh) {
           const int64_t h = g * group + hh;
-          for (int64_t ib = k0 / kBwdQ; ib < nqb; ++ib) {  // earlier query blocks see no key of j
-            const int64_t q0 = ib * kBwdQ, nq = std::min(kBwdQ, T - q0);
+          for (int64_t ib = ib_lo; ib < ib_hi; ++ib) {
+            const int64_t q0 = ib * kBwdQ, nq = std::min(kBwdQ, Tq - q0);
+            const int32_t* qid = qids ? qids + q0 : nullptr;
+            const bool mixed = docs_of(qid, nq, kid, nk) == Docs::kMixed;
             for (int64_t i = 0; i < nq; ++i) {
-              const float* qrow = q + (b * T + q0 + i) * qs + h * hd;
-              const float* drow = dout + ((b * T + q0 + i) * H + h) * hd;
+              const float* qrow = q + (b * Tq + q0 + i) * qs + h * hd;
+              const float* drow = dout + ((b * Tq + q0 + i) * H + h) * hd;
               std::memcpy(qb + i * hdp, qrow, sizeof(float) * hd);
               std::memcpy(dob + i * hdp, drow, sizeof(float) * hd);
               for (int64_t d = hd; d < hdp; ++d) qb[i * hdp + d] = dob[i * hdp + d] = 0.0f;
             }
 
-            // On a diagonal block query q0+i sees keys c <= q0+i-k0 = i+dq0 only: S, dP and dQ
-            // skip the rest of each row, dV and dK the queries before each key.
-            const bool diag = k0 + kBwdK - 1 > q0;
-            const int64_t dq0 = q0 - k0;
+            // On a diagonal block query q0+i (token of key row qa+i) sees keys c <= qa+i-k0 = i+dq0
+            // only: S, dP and dQ skip the rest of each row, dV and dK the queries before each key.
+            const int64_t qa = q0 + shift;
+            const bool diag = k0 + kBwdK - 1 > qa;
+            const int64_t dq0 = qa - k0;
             const Tri row_cols = diag ? Tri::kColTo : Tri::kNone;
             gemm<false>(pb, kBwdK, qb, hdp, 1, kt, kBwdK, nq, kBwdK, hd, row_cols, dq0);    // S
             gemm<false>(dsb, kBwdK, dob, hdp, 1, vt, kBwdK, nq, kBwdK, hd, row_cols, dq0);  // dP
-            const float* lrow = lse + (b * H + h) * T + q0;
-            const float* Drow = Dv + hh * T + q0;
+            const float* lrow = lse + (b * H + h) * Tq + q0;
+            const float* Drow = Dv + hh * Tq + q0;
             for (int64_t i = 0; i < nq; ++i) {
               float* p = pb + i * kBwdK;
               float* ds = dsb + i * kBwdK;
-              // Past `lim` (causal mask, padding past T) S and dP may be unwritten: P = dS = 0.
-              const int64_t lim = diag ? std::clamp<int64_t>(i + dq0 + 1, 0, kBwdK) : kBwdK;
+              // Past `lim` (causal mask, padding past Tk) S and dP may be unwritten: P = dS = 0.
+              int64_t lim = diag ? std::clamp<int64_t>(i + dq0 + 1, 0, kBwdK) : kBwdK;
               const float li = lrow[i], Di = Drow[i];
+              if (li == kNegInf) lim = 0;  // sees no key at all; exp(s - li) would be inf
+              if (mixed) {                 // keys of other documents: P = exp(-inf) = 0
+                const int64_t n = std::min(lim, nk);
+                for (int64_t c = 0; c < n; ++c) p[c] = kid[c] == qid[i] ? p[c] : kNegInf;
+              }
               for (int64_t c = 0; c < lim; ++c) {
                 p[c] = vmath::exp_f(p[c] - li);
                 ds[c] = p[c] * (ds[c] - Di);
@@ -422,7 +511,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             gemm<false>(dqt, hdp, dsb, kBwdK, 1, ksc, hdp, nq, hdp, nk,                 // dS K_j s
                         diag ? Tri::kKTo : Tri::kNone, dq0);
             for (int64_t i = 0; i < nq; ++i) {
-              float* dst = dq + (b * T + q0 + i) * qs + h * hd;
+              float* dst = dq + (b * Tq + q0 + i) * qs + h * hd;
               const float* src = dqt + i * hdp;
               for (int64_t d = 0; d < hd; ++d) dst[d] += src[d];
             }
@@ -430,14 +519,46 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         }
 
         for (int64_t kk = 0; kk < nk; ++kk) {
-          float* dkrow = dk + (b * T + k0 + kk) * kvs + g * hd;
-          float* dvrow = dv + (b * T + k0 + kk) * kvs + g * hd;
-          for (int64_t d = 0; d < hd; ++d) {
-            dkrow[d] = dka[kk * hdp + d] * scale;
-            dvrow[d] = dva[kk * hdp + d];
-          }
+          float* dkrow = dkbase + kk * kvs;
+          float* dvrow = dvbase + kk * kvs;
+          const float* dks = dka + kk * hdp;
+          const float* dvs = dva + kk * hdp;
+          if (accumulate)
+            for (int64_t d = 0; d < hd; ++d) dkrow[d] += dks[d] * scale, dvrow[d] += dvs[d];
+          else
+            for (int64_t d = 0; d < hd; ++d) dkrow[d] = dks[d] * scale, dvrow[d] = dvs[d];
         }
       }
+    }
+  }
+}
+
+void attention_merge(float* out_a, float* lse_a, const float* out_b, const float* lse_b,
+                     const AttentionShape& s) {
+  CLEAVE_CHECK(s.B > 0 && s.T > 0 && s.n_heads > 0 && s.head_dim > 0,
+               "attention_merge: B=" << s.B << ", T=" << s.T << ", n_heads=" << s.n_heads
+                                     << ", head_dim=" << s.head_dim << " must be positive");
+  CLEAVE_CHECK(out_a && lse_a && out_b && lse_b, "attention_merge: null pointer");
+  const int64_t T = s.T, H = s.n_heads, hd = s.head_dim;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < s.B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    for (int64_t t = 0; t < T; ++t) {
+      float* oa = out_a + ((b * T + t) * H + h) * hd;
+      const float* ob = out_b + ((b * T + t) * H + h) * hd;
+      float& la = lse_a[bh * T + t];
+      const float lb = lse_b[bh * T + t];
+      // Nothing to add; and were la -inf too, lo - hi below would be NaN. With la = -inf alone the
+      // weights are exactly 0 and 1: out_a becomes out_b.
+      if (lb == kNegInf) continue;
+      // log(exp(la) + exp(lb)) without overflow; log1p keeps the small term's digits.
+      const float hi = std::max(la, lb), lo = std::min(la, lb);
+      const float l = hi + std::log1p(std::exp(lo - hi));
+      const float wa = std::exp(la - l), wb = std::exp(lb - l);
+      for (int64_t d = 0; d < hd; ++d) oa[d] = oa[d] * wa + ob[d] * wb;
+      la = l;
     }
   }
 }

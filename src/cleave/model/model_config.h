@@ -1,5 +1,6 @@
 // The model's shape, as the config's [model] table resolves it.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -25,6 +26,9 @@ struct ModelConfig {
   int qkv_dim() const { return (n_heads + 2 * n_kv_heads) * head_dim(); }
   // The first linear of the MLP: GELU's input, or SwiGLU's gate and up projections side by side.
   int mlp_in_dim() const { return family == Family::llama ? 2 * ffn_hidden : ffn_hidden; }
+  // GPT-2 scales the init of the projections that write into the residual stream by 1/sqrt(2L),
+  // so the stream's variance does not grow with depth.
+  float residual_init_std() const { return init_std / std::sqrt(2.0f * n_layers); }
 };
 
 inline const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }

@@ -7,6 +7,11 @@
 
 namespace cleave {
 
+Placement row_parallel(const TpShare& s, int64_t out, int64_t in_global, int64_t in_local) {
+  if (s.tp == 1) return {};
+  return shard_cols({out, in_global}, s.rank * in_local, in_local);
+}
+
 TpShare tp_share(const ModelConfig& c, int tp, int rank) {
   const std::string split = " over parallel.tp = " + std::to_string(tp);
   if (c.n_heads % tp != 0)

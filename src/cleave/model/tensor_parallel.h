@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cleave/model/model_config.h"
+#include "cleave/model/placement.h"
 #include "cleave/model/tp_comm.h"
 
 namespace cleave {
@@ -25,6 +26,10 @@ struct TpShare {
 };
 // Throws cleave::Error naming the numbers when c cannot be split over tp ranks.
 TpShare tp_share(const ModelConfig& c, int tp, int rank);
+
+// A row-parallel weight [out, in_global] of which the rank holds in_local input columns, the
+// rank's block of them (none at tp = 1: the whole tensor).
+Placement row_parallel(const TpShare& s, int64_t out, int64_t in_global, int64_t in_local);
 
 // Vocabulary-parallel cross-entropy (Megatron's): `logits` [N, share.vocab_rows] are this rank's
 // columns of the vocabulary, from share.vocab_begin, the last vocab_rows - vocab_real padding.

@@ -80,10 +80,8 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
   if (c.tie_embeddings && wte_ >= 0 && !head_gemm_) tied_tensor_ = wte_;
 
   store_.allocate(seed, pad_multiple, materialise);
-  for (auto& b : blocks_) {
-    b->bind(store_);
-    b->share_scratch(&grads_);
-  }
+  for (auto& b : blocks_) b->bind(store_);
+  saved_.resize(units_.size());
   if (final_norm_) final_norm_->bind(store_);
   if (head_gemm_) store_.keep_packed(head_, head_gemm_.get());
 }
@@ -108,6 +106,8 @@ void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
       for (auto& r : s.stream) r.resize(n * d);
       s.d_output.resize(n * d);
       s.d_input.resize(n * d);
+      s.d_a.resize(n * d);
+      s.d_b.resize(n * d);
       if (k.head) {
         s.hf.resize(n * d);
         s.logits.resize(N * share_.vocab_rows);
@@ -116,10 +116,10 @@ void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
       }
     }
   }
-  for (auto& b : blocks_) b->set_slots(*std::max_element(slots.begin(), slots.end()));
+  for (int u = 0; u < n_units(); ++u)
+    if (units_[size_t(u)].kind == UnitKind::block)
+      saved_[size_t(u)].resize(size_t(slots[size_t(units_[size_t(u)].chunk)]));
   if (same_shape) return;
-  d_a_.resize(n * d);
-  d_b_.resize(n * d);
   d_hf_.resize(N * d);
   if (tp_.comm) {
     stats_.resize(3 * N);
@@ -185,8 +185,9 @@ void Transformer::forward_unit(int unit, int slot, const int32_t* tokens, const 
       break;
     case UnitKind::block: {
       const int k = u.layer - chunks_[size_t(u.chunk)].first_layer;  // within the chunk
-      blocks_[size_t(block_of_unit_[size_t(unit)])]->forward(slot, s.stream[size_t(k) + 1].data(),
-                                                             s.stream[size_t(k)].data(), B_, T_);
+      blocks_[size_t(block_of_unit_[size_t(unit)])]->forward(
+          saved_[size_t(unit)].at(size_t(slot)), s.stream[size_t(k) + 1].data(),
+          s.stream[size_t(k)].data(), B_, T_, grads_);
       break;
     }
     case UnitKind::head:
@@ -227,22 +228,33 @@ void Transformer::backward_unit(int unit, int slot, BackwardPart part) {
       const bool last = u.layer == chunk.end_layer - 1;
       const bool first = u.layer == chunk.first_layer;
       Block& b = *blocks_[size_t(block_of_unit_[size_t(unit)])];
+      Block::Saved& saved = saved_[size_t(unit)].at(size_t(slot));
       if (part == BackwardPart::weight) {
-        b.backward(slot, nullptr, nullptr, grads_, part);
+        b.backward(saved, nullptr, nullptr, grads_, part);
         break;
       }
-      const float* d_out = last && !chunk.head ? s.d_output.data() : d_stream_;
+      const float* d_out = last && !chunk.head ? s.d_output.data() : s.d_stream;
       float* d_in = first && !chunk.embedding ? s.d_input.data()
-                    : d_out == d_a_.data()    ? d_b_.data()
-                                              : d_a_.data();
-      b.backward(slot, d_in, d_out, grads_, part);
-      d_stream_ = d_in;
+                    : d_out == s.d_a.data()   ? s.d_b.data()
+                                              : s.d_a.data();
+      b.backward(saved, d_in, d_out, grads_, part);
+      s.d_stream = d_in;
       break;
     }
     case UnitKind::embedding:
-      embedding_backward(s, d_stream_);
+      embedding_backward(s, s.d_stream);
       break;
   }
+}
+
+void Transformer::release_saved(int unit, int slot) {
+  CLEAVE_CHECK(units_[size_t(unit)].kind == UnitKind::block, "unit " << unit << " is no block");
+  saved_[size_t(unit)].at(size_t(slot)).release();
+}
+
+void Transformer::recompute(int unit, int slot) {
+  CLEAVE_CHECK(units_[size_t(unit)].kind == UnitKind::block, "unit " << unit << " is no block");
+  forward_unit(unit, slot, nullptr, nullptr, 0.0f);
 }
 
 void Transformer::head_backward(Slot& s) {
@@ -258,12 +270,12 @@ void Transformer::head_backward(Slot& s) {
   head_gemm_->backward_weight(store_.grad(head_), nullptr, s.logits.data(),
                               sp ? s.hf_full.data() : s.hf.data(), N, &d_logits_, &s.head_x);
   reduced();
-  float* d_out = d_a_.data();
+  float* d_out = s.d_a.data();
   std::memset(d_out, 0, n * d * sizeof(float));
   final_norm_->backward_input(d_out, d_hf_.data(), s.stream.back().data(), n, s.final_norm);
   if (sp) start_gather_rows(*tp_.comm, grads_, d_out, n * d);  // for the last block
   final_norm_->backward_weight(d_hf_.data(), s.stream.back().data(), n, s.final_norm);
-  d_stream_ = d_out;
+  s.d_stream = d_out;
 }
 
 void Transformer::embedding_backward(Slot& s, const float* d_out) {
@@ -318,9 +330,13 @@ const float* Transformer::forward_cached(const int32_t* tokens, int64_t T,
   Slot& s = slot_of(0, 0);
   const int64_t d = cfg_.d_model;
   embed(s.stream[0].data(), tokens, 1, T, pos0);
-  for (int l = 0; l < cfg_.n_layers; ++l)
-    blocks_[size_t(l)]->forward_cached(s.stream[size_t(l) + 1].data(), s.stream[size_t(l)].data(),
-                                       T, cache[size_t(l)]);
+  for (int u = 0; u < n_units(); ++u) {
+    const int l = units_[size_t(u)].layer;
+    if (units_[size_t(u)].kind == UnitKind::block)
+      blocks_[size_t(block_of_unit_[size_t(u)])]->forward_cached(
+          saved_[size_t(u)].front(), s.stream[size_t(l) + 1].data(), s.stream[size_t(l)].data(), T,
+          cache[size_t(l)]);
+  }
   const float* last = s.stream.back().data() + (T - 1) * d;
   final_norm_->forward(s.hf.data(), last, 1, s.final_norm);
   head_gemm_->forward(s.logits.data(), s.hf.data(), 1, nullptr);

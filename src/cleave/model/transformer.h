@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cleave/model/block.h"
+#include "cleave/model/kv_cache.h"
 #include "cleave/model/model_config.h"
 
 namespace cleave {
@@ -79,6 +80,11 @@ class Transformer {
   void forward_unit(int unit, int slot, const int32_t* tokens, const int32_t* targets,
                     float grad_scale);
   void backward_unit(int unit, int slot, BackwardPart part = BackwardPart::both);
+  // Activation checkpointing's two halves, for a block's unit after its forward on the slot:
+  // release_saved frees what the block saved for backward (its input stays in the chunk's
+  // stream), recompute runs its forward again on the same input and rebuilds it, bitwise.
+  void release_saved(int unit, int slot);
+  void recompute(int unit, int slot);
   // After the head's forward: losses(slot)[i] is the loss of token i (the same on every tp rank).
   const float* losses(int slot) const { return head_slot(slot).losses.data(); }
 
@@ -106,10 +112,13 @@ class Transformer {
   int64_t matmul_params() const;
 
  private:
-  // A chunk's activations for one micro-batch.
+  // A chunk's activations for one micro-batch, and the gradient flowing between its units, so
+  // that a unit's backward on one slot may follow the next unit's after any other instructions.
   struct Slot {
     std::vector<Buffer<float>> stream;  // the chunk's input and each block's output
     Buffer<float> d_output, d_input;    // gradients at the chunk's ends
+    Buffer<float> d_a, d_b;             // the gradient between units, alternating
+    const float* d_stream = nullptr;    // where it is now
     const int32_t* tokens = nullptr;
     Buffer<float> hf, hf_full, logits, losses;  // the head
     OperandCopy head_x;                         // the head's input in bf16 (bf16 mode)
@@ -140,12 +149,14 @@ class Transformer {
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<LinearGemm> head_gemm_;
   BlockGrads grads_;
+  // The activation pool: what each block unit saved for backward, per slot ([unit][slot]; empty
+  // for the embeddings and the head, whose saved activations are their chunk slot's).
+  std::vector<std::vector<Block::Saved>> saved_;
 
   int64_t B_ = 0, T_ = 0;
   std::vector<std::vector<Slot>> slots_;  // per chunk
-  Buffer<float> d_a_, d_b_, d_hf_;        // the gradient stream within one backward
-  OperandCopy d_logits_;                  // bf16 mode: the head's output gradient, within its backward
-  float* d_stream_ = nullptr;             // where the stream's gradient is now
+  Buffer<float> d_hf_;                    // the head's input gradient, within its backward
+  OperandCopy d_logits_;                  // bf16 mode: the head's output gradient, likewise
   Buffer<float> stats_, all_stats_;       // tp > 1
   Buffer<float> embed_full_, d_full_;     // sequence parallelism
 };

@@ -202,10 +202,9 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
       if (run.trace) {
         close_span(span_end);
         const double end = now();
-        out.trace.push_back({parts_.rank,
-                             std::string(op_name(i.op)) +
-                                 (i.group >= 0 ? " " + std::to_string(i.group) : ""),
-                             1e6 * (start - t0), 1e6 * (end - start)});
+        std::string name = op_name(i.op);
+        if (i.group >= 0) name.append(" ").append(std::to_string(i.group));
+        out.trace.push_back({parts_.rank, name, 1e6 * (start - t0), 1e6 * (end - start)});
       }
     }
     if (is_compute(i.op)) {

@@ -1,0 +1,88 @@
+#include "cleave/model/mlp.h"
+
+#include <cstring>
+
+#include "cleave/kernels/activation.h"
+
+namespace cleave {
+
+namespace {
+
+// fc's rows on a tp rank: its hidden units, and for SwiGLU the same units of the up projection
+// (none at tp = 1: the whole tensor).
+Placement fc_placement(const ModelConfig& c, const TpShare& s) {
+  if (s.tp == 1) return {};
+  const int64_t f = s.ffn;
+  std::vector<Segment> segments = {{0, s.rank * f, f, GradSum::none}};
+  if (c.family == Family::llama) segments.push_back({f, c.ffn_hidden + s.rank * f, f, GradSum::none});
+  return shard_rows({c.mlp_in_dim(), c.d_model}, std::move(segments));
+}
+
+}  // namespace
+
+void Mlp::Saved::release() {
+  for (Buffer<float>* b : {&fc, &act, &dy, &d_fc}) *b = Buffer<float>();
+  x_copy = OperandCopy();
+  act_copy = OperandCopy();
+  N = 0;
+}
+
+Mlp::Mlp(ParamStore& store, const std::string& name, const ModelConfig& c, const TpShare& share,
+         Precision p)
+    : cfg_(c), ffn_(share.ffn),
+      fc_(store, name + ".fc", c.d_model, c.family == Family::llama ? 2 * share.ffn : share.ffn,
+          c.family == Family::gpt2, c.init_std, p, fc_placement(c, share)),
+      proj_(store, name + ".proj", share.ffn, c.d_model, c.family == Family::gpt2,
+            c.residual_init_std(), p, row_parallel(share, c.d_model, c.ffn_hidden, share.ffn)) {}
+
+void Mlp::bind(ParamStore& store) {
+  fc_.bind(store);
+  proj_.bind(store);
+}
+
+void Mlp::reserve(Scratch& g, int64_t N) const {
+  g.d_act.resize(N * ffn_);
+  g.d_fc.resize(N * fc_.gemm().out_features());
+}
+
+void Mlp::forward(Saved& s, float* y, const float* x, int64_t N, bool keep_x) {
+  if (N != s.N) {
+    s.fc.resize(N * fc_.gemm().out_features());
+    s.act.resize(N * ffn_);
+    s.N = N;
+  }
+  s.x_kept = keep_x;
+  fc_.forward(s.fc.data(), x, N, keep_x ? &s.x_copy : nullptr);
+  if (cfg_.family == Family::gpt2)
+    kernels::gelu_forward(s.act.data(), s.fc.data(), N * ffn_);
+  else
+    kernels::swiglu_forward(s.act.data(), s.fc.data(), N, ffn_);
+  proj_.forward(y, s.act.data(), N, &s.act_copy);
+}
+
+void Mlp::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer) {
+  const int64_t N = s.N, d = cfg_.d_model;
+  if (defer && s.d_fc.size() != N * fc_.gemm().out_features()) {  // sized once per slot
+    s.dy.resize(N * d);
+    s.d_fc.resize(N * fc_.gemm().out_features());
+  }
+  float* d_fc = defer ? s.d_fc.data() : g.d_fc.data();
+  proj_.backward_input(g.d_act.data(), dy, N, false, defer ? nullptr : &g.dy_copy);
+  if (cfg_.family == Family::gpt2)
+    kernels::gelu_backward(d_fc, g.d_act.data(), s.fc.data(), N * ffn_);
+  else
+    kernels::swiglu_backward(d_fc, g.d_act.data(), s.fc.data(), N, ffn_);
+  fc_.backward_input(dx, d_fc, N, false, defer ? nullptr : &g.dfc_copy);
+  if (defer) std::memcpy(s.dy.data(), dy, N * d * sizeof(float));
+  s.w_dy = defer ? s.dy.data() : dy;
+  s.w_dfc = d_fc;
+  s.w_dy_copy = defer ? nullptr : &g.dy_copy;
+  s.w_dfc_copy = defer ? nullptr : &g.dfc_copy;
+}
+
+void Mlp::backward_weight(Saved& s, const float* x) {
+  proj_.backward_weight(s.w_dy, s.act.data(), s.N, s.w_dy_copy, &s.act_copy);
+  fc_.backward_weight(s.w_dfc, x, s.N, s.w_dfc_copy, s.x_kept ? &s.x_copy : nullptr);
+}
+
+}  // namespace cleave

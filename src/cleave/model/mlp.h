@@ -1,0 +1,52 @@
+// The MLP of a block as a module: y = proj(act(fc(x))), GELU for GPT-2, SwiGLU (fc holds the gate
+// and up projections side by side) for Llama. Under tensor parallelism it holds the rank's hidden
+// units: fc is column-parallel and proj row-parallel, so x is replicated (or gathered) on the tp
+// ranks and y is a partial sum the block completes. A mixture of experts is another module with
+// this interface (forward, backward_input, backward_weight, a Saved per micro-batch the caller
+// owns) and nothing else in the block changed (docs/architecture.md, Modules).
+#pragma once
+#include <cstdint>
+
+#include "cleave/base/buffer.h"
+#include "cleave/model/layers.h"
+#include "cleave/model/model_config.h"
+#include "cleave/model/tensor_parallel.h"
+
+namespace cleave {
+
+class Mlp {
+ public:
+  struct Saved {
+    int64_t N = 0;
+    Buffer<float> fc, act;        // fc's output, the activation's output
+    OperandCopy x_copy, act_copy;  // bf16 copies of the linears' inputs (x's when kept)
+    bool x_kept = false;
+    Buffer<float> dy, d_fc;       // kept by a deferred input half
+    const float* w_dy = nullptr;  // for the weight half: the output and fc gradients
+    const float* w_dfc = nullptr;
+    const OperandCopy *w_dy_copy = nullptr, *w_dfc_copy = nullptr;
+    void release();
+  };
+  struct Scratch {  // shared by every block: the gradients inside one whole backward
+    Buffer<float> d_act, d_fc;
+    OperandCopy dy_copy, dfc_copy;
+  };
+
+  Mlp(ParamStore& store, const std::string& name, const ModelConfig& c, const TpShare& share,
+      Precision precision);
+  void bind(ParamStore& store);
+  void reserve(Scratch& g, int64_t N) const;
+
+  // As SelfAttention's, over N tokens.
+  void forward(Saved& s, float* y, const float* x, int64_t N, bool keep_x);
+  void add_bias(float* y, int64_t rows) const { proj_.add_bias(y, rows); }
+  void backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer);
+  void backward_weight(Saved& s, const float* x);
+
+ private:
+  const ModelConfig& cfg_;
+  int ffn_;  // hidden units held
+  Linear fc_, proj_;
+};
+
+}  // namespace cleave

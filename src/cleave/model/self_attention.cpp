@@ -1,0 +1,134 @@
+#include "cleave/model/self_attention.h"
+
+#include <cstring>
+
+#include "cleave/kernels/attention_cached.h"
+
+namespace cleave {
+
+namespace {
+
+// qkv's rows on a tp rank: its q heads, then its k heads, then its v heads, from the three parts
+// of the global [q | k | v] (none at tp = 1: the whole tensor).
+Placement qkv_placement(const ModelConfig& c, const TpShare& s) {
+  if (s.tp == 1) return {};
+  const int64_t hd = c.head_dim(), q = int64_t(s.heads) * hd, kv = int64_t(s.kv_heads) * hd;
+  const GradSum kv_sum = s.kv_replicated ? GradSum::kv_replicas : GradSum::none;
+  const int64_t k0 = int64_t(c.n_heads) * hd, v0 = k0 + int64_t(c.n_kv_heads) * hd;
+  return shard_rows({c.qkv_dim(), c.d_model},
+                    {{0, s.rank * q, q, GradSum::none},
+                     {q, k0 + s.first_kv_head * hd, kv, kv_sum},
+                     {q + kv, v0 + s.first_kv_head * hd, kv, kv_sum}});
+}
+
+}  // namespace
+
+void SelfAttention::Saved::release() {
+  for (Buffer<float>* b : {&qkv, &o, &lse, &dy, &d_qkv}) *b = Buffer<float>();
+  x_copy = OperandCopy();
+  o_copy = OperandCopy();
+  B = T = 0;
+}
+
+SelfAttention::SelfAttention(ParamStore& store, const std::string& name, const ModelConfig& c,
+                             const TpShare& share, Precision p, const kernels::RopeTable* rope)
+    : cfg_(c), share_(share), rope_(rope),
+      qkv_(store, name + ".qkv", c.d_model, share.qkv_dim(c.head_dim()), c.family == Family::gpt2,
+           c.init_std, p, qkv_placement(c, share)),
+      out_(store, name + ".out", share.heads * c.head_dim(), c.d_model, c.family == Family::gpt2,
+           c.residual_init_std(), p,
+           row_parallel(share, c.d_model, c.n_heads * c.head_dim(), share.heads * c.head_dim())) {}
+
+void SelfAttention::bind(ParamStore& store) {
+  qkv_.bind(store);
+  out_.bind(store);
+}
+
+void SelfAttention::reserve(Scratch& g, int64_t N) const {
+  g.d_o.resize(N * share_.heads * cfg_.head_dim());
+  g.d_qkv.resize(N * share_.qkv_dim(cfg_.head_dim()));
+}
+
+kernels::AttentionShape SelfAttention::shape(const Saved& s) const {
+  const int64_t qkv_dim = share_.qkv_dim(cfg_.head_dim());
+  return {s.B, s.T, share_.heads, share_.kv_heads, cfg_.head_dim(), qkv_dim, qkv_dim};
+}
+
+void SelfAttention::rotate(Saved& s, int64_t pos0) {
+  const int64_t qkv_dim = share_.qkv_dim(cfg_.head_dim());
+  if (rope_)  // q and k heads are adjacent at the start of each row: rotate them together
+    kernels::rope_forward(s.qkv.data(), *rope_, s.B, s.T, share_.heads + share_.kv_heads, qkv_dim,
+                          pos0);
+}
+
+void SelfAttention::forward(Saved& s, float* y, const float* x, int64_t B, int64_t T,
+                            bool keep_x) {
+  const int64_t N = B * T, hd = cfg_.head_dim();
+  const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
+  if (N != s.B * s.T || B != s.B) {
+    s.qkv.resize(N * share_.qkv_dim(int(hd)));
+    s.o.resize(N * q_dim);
+    s.lse.resize(N * share_.heads);
+  }
+  s.B = B, s.T = T;
+  s.x_kept = keep_x;
+  qkv_.forward(s.qkv.data(), x, N, keep_x ? &s.x_copy : nullptr);
+  rotate(s, 0);
+  const float* q = s.qkv.data();
+  kernels::attention_forward(s.o.data(), s.lse.data(), q, q + q_dim, q + q_dim + kv_dim, shape(s));
+  out_.forward(y, s.o.data(), N, &s.o_copy);
+}
+
+void SelfAttention::forward_cached(Saved& s, float* y, const float* x, int64_t T, KVCache& cache) {
+  const int64_t hd = cfg_.head_dim(), pos0 = cache.length;
+  const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
+  const int64_t qkv_dim = share_.qkv_dim(int(hd));
+  if (T != s.B * s.T || s.B != 1) {
+    s.qkv.resize(T * qkv_dim);
+    s.o.resize(T * q_dim);
+  }
+  s.B = 1, s.T = T;
+  qkv_.forward(s.qkv.data(), x, T);
+  rotate(s, pos0);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = s.qkv.data() + t * qkv_dim;
+    std::memcpy(cache.k.data() + (pos0 + t) * kv_dim, row + q_dim, kv_dim * sizeof(float));
+    std::memcpy(cache.v.data() + (pos0 + t) * kv_dim, row + q_dim + kv_dim, kv_dim * sizeof(float));
+  }
+  kernels::attention_cached(s.o.data(), s.qkv.data(), qkv_dim, cache.k.data(), cache.v.data(), T,
+                            pos0, share_.heads, share_.kv_heads, int(hd));
+  cache.length += T;
+  out_.forward(y, s.o.data(), T);
+}
+
+void SelfAttention::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer) {
+  const int64_t N = s.B * s.T, hd = cfg_.head_dim(), d = cfg_.d_model;
+  const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
+  const int64_t qkv_dim = share_.qkv_dim(int(hd));
+  // The output gradients' bf16 copies serve the weight gradients of a whole backward only.
+  if (defer && s.d_qkv.size() != N * qkv_dim) {  // sized once per slot: a resize returns pages
+    s.dy.resize(N * d);
+    s.d_qkv.resize(N * qkv_dim);
+  }
+  float* d_qkv = defer ? s.d_qkv.data() : g.d_qkv.data();
+  out_.backward_input(g.d_o.data(), dy, N, false, defer ? nullptr : &g.dy_copy);
+  const float* q = s.qkv.data();
+  kernels::attention_backward(d_qkv, d_qkv + q_dim, d_qkv + q_dim + kv_dim, g.d_o.data(), q,
+                              q + q_dim, q + q_dim + kv_dim, s.o.data(), s.lse.data(), shape(s));
+  if (rope_) kernels::rope_backward(d_qkv, *rope_, s.B, s.T, share_.heads + share_.kv_heads,
+                                    qkv_dim, 0);
+  qkv_.backward_input(dx, d_qkv, N, false, defer ? nullptr : &g.dqkv_copy);
+  if (defer) std::memcpy(s.dy.data(), dy, N * d * sizeof(float));
+  s.w_dy = defer ? s.dy.data() : dy;
+  s.w_dqkv = d_qkv;
+  s.w_dy_copy = defer ? nullptr : &g.dy_copy;
+  s.w_dqkv_copy = defer ? nullptr : &g.dqkv_copy;
+}
+
+void SelfAttention::backward_weight(Saved& s, const float* x) {
+  const int64_t N = s.B * s.T;
+  out_.backward_weight(s.w_dy, s.o.data(), N, s.w_dy_copy, &s.o_copy);
+  qkv_.backward_weight(s.w_dqkv, x, N, s.w_dqkv_copy, s.x_kept ? &s.x_copy : nullptr);
+}
+
+}  // namespace cleave

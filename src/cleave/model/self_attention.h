@@ -1,0 +1,71 @@
+// Causal self-attention as a module of a block: y = out(attention(rope(qkv(x)))). Under tensor
+// parallelism it holds the rank's heads: qkv is column-parallel and out row-parallel, so x is
+// replicated (or gathered) on the tp ranks and y is a partial sum the block completes; the
+// collectives between the regions are the block's, so that another attention (ring, Ulysses)
+// is another module here with nothing else changed. Like the linears, it has forward,
+// backward_input and backward_weight, and what one micro-batch keeps lives in a Saved the caller
+// owns (docs/architecture.md, Modules).
+#pragma once
+#include <cstdint>
+
+#include "cleave/base/buffer.h"
+#include "cleave/kernels/attention.h"
+#include "cleave/kernels/rope.h"
+#include "cleave/model/kv_cache.h"
+#include "cleave/model/layers.h"
+#include "cleave/model/model_config.h"
+#include "cleave/model/tensor_parallel.h"
+
+namespace cleave {
+
+class SelfAttention {
+ public:
+  // One micro-batch's: what backward needs, and what its input half keeps for its weight half.
+  struct Saved {
+    int64_t B = 0, T = 0;
+    Buffer<float> qkv, o, lse;  // projections (after RoPE), attention output, log-sum-exp
+    OperandCopy x_copy, o_copy;  // bf16 copies of the linears' inputs (x's when kept)
+    bool x_kept = false;
+    Buffer<float> dy, d_qkv;     // kept by a deferred input half
+    // For the weight half: the output and qkv gradients, and their bf16 copies (null: convert).
+    const float* w_dy = nullptr;
+    const float* w_dqkv = nullptr;
+    const OperandCopy *w_dy_copy = nullptr, *w_dqkv_copy = nullptr;
+    void release();
+  };
+  // Shared by every block: the gradients inside one whole backward.
+  struct Scratch {
+    Buffer<float> d_o, d_qkv;
+    OperandCopy dy_copy, dqkv_copy;
+  };
+
+  SelfAttention(ParamStore& store, const std::string& name, const ModelConfig& c,
+                const TpShare& share, Precision precision, const kernels::RopeTable* rope);
+  void bind(ParamStore& store);
+  void reserve(Scratch& g, int64_t N) const;
+
+  // y (=) for B sequences of T tokens; y holds the out projection without its bias (add_bias,
+  // once the partial sums are complete). keep_x: keep x's bf16 copy for the weight gradient
+  // (else x is given again, e.g. gathered again, and converted then).
+  void forward(Saved& s, float* y, const float* x, int64_t B, int64_t T, bool keep_x);
+  // Generation: one sequence of T new tokens after the cache's contents.
+  void forward_cached(Saved& s, float* y, const float* x, int64_t T, KVCache& cache);
+  void add_bias(float* y, int64_t rows) const { out_.add_bias(y, rows); }
+  // dx (=) from dy; defer keeps dy and the internal gradients in s for a later backward_weight
+  // (else they live in g until this backward's backward_weight).
+  void backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer);
+  // The weight gradients (+=) of the micro-batch whose backward_input ran last on s; x as given to
+  // forward.
+  void backward_weight(Saved& s, const float* x);
+
+ private:
+  void rotate(Saved& s, int64_t pos0);  // RoPE on q and k (Llama)
+  kernels::AttentionShape shape(const Saved& s) const;
+
+  const ModelConfig& cfg_;
+  TpShare share_;
+  const kernels::RopeTable* rope_;  // null for GPT-2
+  Linear qkv_, out_;
+};
+
+}  // namespace cleave
