@@ -93,13 +93,14 @@ Residency one_step(int zero_stage) {
   StepRun run;
   run.B = B;
   run.T = T;
-  run.grad_scale = 1.0f / float(B * T);
-  run.fill = [&](int, int32_t* t, int32_t* y) {
-    std::copy(tokens.begin(), tokens.end(), t);
-    std::copy(targets.begin(), targets.end(), y);
+  run.grad_scale = 1.0f / float(B * T * world.size());  // the mean over every rank's tokens
+  run.fill = [&](int, Batch& batch) {
+    batch.whole_sequences(B, T);
+    std::copy(tokens.begin(), tokens.end(), batch.tokens.begin());
+    std::copy(targets.begin(), targets.end(), batch.targets.begin());
   };
   run.lr = 1e-3;
-  run.loss_tokens = double(B * T);
+  run.loss_tokens = double(B * T * world.size());
   dp.zero_gradients();
   StepExecutor(parts).run(program, run);
   r.grads_after = resident_bytes(store.grads().data(), store.total());

@@ -91,8 +91,10 @@ void check_block(Family f, int n_kv_heads) {
   BlockGrads g;
   block.reserve_grads(g, N);
   Block::Saved saved;
+  Batch batch;
+  batch.whole_sequences(B, T);
   auto loss = [&] {
-    block.forward(saved, y.data(), x.data(), B, T, g);
+    block.forward(saved, y.data(), x.data(), batch, g);
     double s = 0;
     for (int64_t i = 0; i < N * d; ++i) s += double(dout[i]) * y[i];
     return s;
@@ -123,16 +125,18 @@ void check_split_backward(Family f) {
     for (auto& e : *v) e = n(rng);
   BlockGrads g;
   block.reserve_grads(g, N);
+  Batch batch;
+  batch.whole_sequences(B, T);
   std::vector<float> dx0(N * d), dx1(N * d), fused0, fused1, fused_grads;
-  block.forward(s0, y.data(), x0.data(), B, T, g);
-  block.forward(s1, y.data(), x1.data(), B, T, g);
+  block.forward(s0, y.data(), x0.data(), batch, g);
+  block.forward(s1, y.data(), x1.data(), batch, g);
   store.grads().zero();
   block.backward(s1, dx1.data(), dout1.data(), g);
   block.backward(s0, dx0.data(), dout0.data(), g);
   fused0 = dx0, fused1 = dx1;
   fused_grads.assign(store.grads().data(), store.grads().data() + store.total());
-  block.forward(s0, y.data(), x0.data(), B, T, g);
-  block.forward(s1, y.data(), x1.data(), B, T, g);
+  block.forward(s0, y.data(), x0.data(), batch, g);
+  block.forward(s1, y.data(), x1.data(), batch, g);
   store.grads().zero();
   block.backward(s1, dx1.data(), dout1.data(), g, BackwardPart::input);
   block.backward(s0, dx0.data(), dout0.data(), g, BackwardPart::input);
@@ -149,10 +153,11 @@ void check_split_backward(Family f) {
 void check_recompute(Family f, Precision p) {
   const ModelConfig c = tiny(f, 2, false);
   const int64_t B = 2, T = 6, N = B * T;
-  std::vector<int32_t> tokens(N), targets(N);
+  Batch batch;
+  batch.whole_sequences(B, T);
   for (int64_t i = 0; i < N; ++i)
-    tokens[i] = int32_t((i * 7 + 2) % c.vocab_size),
-    targets[i] = int32_t((i * 3 + 1) % c.vocab_size);
+    batch.tokens[size_t(i)] = int32_t((i * 7 + 2) % c.vocab_size),
+    batch.targets[size_t(i)] = int32_t((i * 3 + 1) % c.vocab_size);
   auto run = [&](bool recompute) {
     Transformer model(c, p, 11);
     model.prepare(B, T, {2});
@@ -160,7 +165,7 @@ void check_recompute(Family f, Precision p) {
     const int head = model.n_units() - 1;
     for (int slot = 0; slot < 2; ++slot)
       for (int u = 0; u <= head; ++u) {
-        model.forward_unit(u, slot, tokens.data(), targets.data(), 1.0f / float(2 * N));
+        model.forward_unit(u, slot, batch, 1.0f / float(2 * N));
         if (recompute && model.units()[size_t(u)].kind == Transformer::UnitKind::block)
           model.release_saved(u, slot);
       }
@@ -218,6 +223,44 @@ void check_transformer(Family f, int n_kv_heads, bool tied) {
     expect_fd(store.tensor(i).name.c_str(), store.value(i), store.grad(i), store.tensor(i).numel,
               loss, [&] { model.params().wrote_all(); }, 4);
 }
+
+// The loss mask: a masked token's loss is 0 and the gradient is that of the mean over the tokens
+// that count, checked by finite differences; positions restarting mid-sequence (a second document)
+// reach RoPE and the learned positions.
+void check_masked(Family f) {
+  const ModelConfig c = tiny(f, 2, false);
+  Transformer model(c, Precision::fp32, 5);
+  randomise(model.params(), 6);
+  model.params().wrote_all();
+  const int64_t B = 2, T = 6, N = B * T;
+  Batch batch;
+  batch.whole_sequences(B, T);
+  for (int64_t i = 0; i < N; ++i) {
+    batch.tokens[size_t(i)] = int32_t((i * 5 + 3) % c.vocab_size);
+    batch.targets[size_t(i)] = int32_t((i * 11 + 1) % c.vocab_size);
+    batch.positions[size_t(i)] = int32_t(i % T < 4 ? i % T : i % T - 4);
+    batch.loss_mask[size_t(i)] = i % 3 != 1;
+  }
+  batch.valid_tokens = N - 4;
+  auto loss = [&] {
+    model.forward(batch, 0.0f);
+    double s = 0;
+    for (int64_t i = 0; i < N; ++i) s += model.losses()[i];
+    return s / double(batch.valid_tokens);
+  };
+  loss();
+  for (int64_t i = 1; i < N; i += 3) EXPECT_EQ(model.losses()[i], 0.0f) << "token " << i;
+  ParamStore& store = model.params();
+  store.grads().zero();
+  model.forward(batch, 1.0f / float(batch.valid_tokens));
+  model.backward();
+  for (int i = 0; i < int(store.tensors().size()); ++i)
+    expect_fd(store.tensor(i).name.c_str(), store.value(i), store.grad(i), store.tensor(i).numel,
+              loss, [&] { model.params().wrote_all(); }, 4);
+}
+
+TEST(ModelGradients, MaskedAndRestartingGpt2) { check_masked(Family::gpt2); }
+TEST(ModelGradients, MaskedAndRestartingLlama) { check_masked(Family::llama); }
 
 TEST(ModelGradients, Gpt2TransformerTied) { check_transformer(Family::gpt2, 4, true); }
 TEST(ModelGradients, Gpt2TransformerUntied) { check_transformer(Family::gpt2, 4, false); }

@@ -1,6 +1,5 @@
 #include "cleave/data/loader.h"
 
-#include <algorithm>
 #include <limits>
 
 #include "cleave/base/check.h"
@@ -64,6 +63,11 @@ void BatchLoader::fill(int32_t* inputs, int32_t* targets, uint64_t step, int64_t
       tg_row[t] = int32_t(src[t + 1]);
     }
   }
+}
+
+void BatchLoader::fill(Batch& batch, uint64_t step, int64_t first_sample, int64_t count) const {
+  batch.whole_sequences(count, seq_len_);
+  fill(batch.tokens.data(), batch.targets.data(), step, first_sample, count);
 }
 
 }  // namespace cleave

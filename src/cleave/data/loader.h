@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cleave/base/batch.h"
 #include "cleave/data/tokens.h"
 
 namespace cleave {
@@ -17,6 +18,9 @@ class BatchLoader {
   // [first_sample, first_sample + count) of step `step`.
   void fill(int32_t* inputs, int32_t* targets, uint64_t step, int64_t first_sample,
             int64_t count) const;
+  // The same samples as a batch descriptor: each window is one sequence (positions 0 .. seq_len-1,
+  // one document), and every target counts.
+  void fill(Batch& batch, uint64_t step, int64_t first_sample, int64_t count) const;
 
  private:
   const TokenShard& shard_;

@@ -1,16 +1,19 @@
-// Token (and optional learned position) embedding.
+// Token (and optional learned position) embedding. Every row carries its own position, so a
+// batch may hold documents that restart at 0, context-parallel zigzag pieces or serving requests
+// at different offsets.
 #pragma once
 #include <cstdint>
 
 namespace cleave::kernels {
 
-// out[b, t, :] = wte[tokens[b, t], :] + (wpe ? wpe[pos_offset + t, :] : 0)
+// N rows; positions may be null only when wpe is null. max_pos: wpe's rows.
+// out[r, :] = wte[tokens[r], :] + (wpe ? wpe[positions[r], :] : 0)
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t B, int64_t T, int C, int64_t pos_offset);
-// dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t] (dwpe may be null). Deterministic:
-// no atomics; the order of accumulation is fixed.
+                       const int32_t* positions, int64_t N, int C, int64_t max_pos);
+// dwte[tokens[r]] += dout[r]; dwpe[positions[r]] += dout[r] (dwpe may be null). Deterministic:
+// no atomics; every table row sums its rows' gradients in row order, whatever the thread count.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int64_t B, int64_t T, int C);
+                        const int32_t* positions, int64_t N, int C);
 
 }  // namespace cleave::kernels
 
@@ -24,10 +27,9 @@ void embedding_lookup_shard(float* out, const int32_t* tokens, const float* wte,
                             int64_t vocab_begin, int64_t rows);
 void embedding_backward_shard(float* dwte, const float* dout, const int32_t* tokens, int64_t N,
                               int C, int64_t vocab_begin, int64_t rows);
-// Learned positions for n rows that are rows [row0, row0 + n) of sequences of T tokens:
-// out[i, :] += wpe[(row0 + i) % T, :]; backward dwpe[(row0 + i) % T] += dout[i], summed in row
-// order.
-void position_add(float* out, const float* wpe, int64_t n, int64_t row0, int64_t T, int C);
-void position_backward(float* dwpe, const float* dout, int64_t n, int64_t row0, int64_t T, int C);
+// The vocabulary-parallel forms' learned positions, for n rows with their positions:
+// out[i, :] += wpe[positions[i], :]; backward dwpe[positions[i]] += dout[i], summed in row order.
+void position_add(float* out, const float* wpe, const int32_t* positions, int64_t n, int C);
+void position_backward(float* dwpe, const float* dout, const int32_t* positions, int64_t n, int C);
 
 }  // namespace cleave::kernels

@@ -39,29 +39,33 @@ RopeTable::RopeTable(int head_dim_, int64_t max_pos_, float theta)
 
 namespace {
 
-void check_args(const RopeTable& table, int64_t B, int64_t T, int n_heads, int64_t row_stride,
-                int64_t pos_offset) {
+// Validated before the parallel region: an exception must not escape OpenMP.
+void check_args(const RopeTable& table, int64_t rows, int n_heads, int64_t row_stride,
+                const int32_t* positions) {
   CLEAVE_CHECK(table.head_dim > 0 && table.head_dim % 2 == 0,
                "rope head_dim=" << table.head_dim << " must be positive and even");
-  CLEAVE_CHECK(B >= 0 && T >= 0, "rope B=" << B << " T=" << T << " must be >= 0");
+  CLEAVE_CHECK(rows >= 0, "rope rows=" << rows << " must be >= 0");
   CLEAVE_CHECK(n_heads > 0, "rope n_heads=" << n_heads << " must be > 0");
   CLEAVE_CHECK(row_stride >= static_cast<int64_t>(n_heads) * table.head_dim,
                "rope row_stride=" << row_stride << " < n_heads*head_dim="
                                   << static_cast<int64_t>(n_heads) * table.head_dim);
-  CLEAVE_CHECK(pos_offset >= 0 && pos_offset + T <= table.max_pos,
-               "rope positions [" << pos_offset << ", " << pos_offset + T
-                                  << ") exceed the table's max_pos=" << table.max_pos);
+  CLEAVE_CHECK(positions != nullptr || rows == 0,
+               "rope positions are null for " << rows << " rows");
+  for (int64_t r = 0; r < rows; r++)
+    CLEAVE_CHECK(positions[r] >= 0 && positions[r] < table.max_pos,
+                 "rope row " << r << " has position " << positions[r]
+                             << ", outside the table's [0, " << table.max_pos << ")");
 }
 
 // sign = +1 rotates by +a (forward), -1 by -a (backward).
-void rope_apply(float* x, const RopeTable& table, int64_t B, int64_t T, int n_heads,
-                int64_t row_stride, int64_t pos_offset, float sign) {
-  check_args(table, B, T, n_heads, row_stride, pos_offset);
+void rope_apply(float* x, const RopeTable& table, int64_t rows, int n_heads, int64_t row_stride,
+                const int32_t* positions, float sign) {
+  check_args(table, rows, n_heads, row_stride, positions);
   const int hd = table.head_dim;
   const int half = hd / 2;
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < B * T; r++) {
-    const int64_t pos = pos_offset + r % T;
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t pos = positions[r];
     const float* c = table.cos.data() + pos * half;
     const float* s = table.sin.data() + pos * half;
     for (int h = 0; h < n_heads; h++) {
@@ -78,14 +82,14 @@ void rope_apply(float* x, const RopeTable& table, int64_t B, int64_t T, int n_he
 
 }  // namespace
 
-void rope_forward(float* x, const RopeTable& table, int64_t B, int64_t T, int n_heads,
-                  int64_t row_stride, int64_t pos_offset) {
-  rope_apply(x, table, B, T, n_heads, row_stride, pos_offset, 1.0f);
+void rope_forward(float* x, const RopeTable& table, int64_t rows, int n_heads, int64_t row_stride,
+                  const int32_t* positions) {
+  rope_apply(x, table, rows, n_heads, row_stride, positions, 1.0f);
 }
 
-void rope_backward(float* dx, const RopeTable& table, int64_t B, int64_t T, int n_heads,
-                   int64_t row_stride, int64_t pos_offset) {
-  rope_apply(dx, table, B, T, n_heads, row_stride, pos_offset, -1.0f);
+void rope_backward(float* dx, const RopeTable& table, int64_t rows, int n_heads,
+                   int64_t row_stride, const int32_t* positions) {
+  rope_apply(dx, table, rows, n_heads, row_stride, positions, -1.0f);
 }
 
 }  // namespace cleave::kernels

@@ -13,12 +13,13 @@ struct RopeTable {
   RopeTable(int head_dim, int64_t max_pos, float theta);
 };
 
-// x holds B*T rows with `row_stride` floats between consecutive tokens; the n_heads heads to
-// rotate start at column 0 of each row. Token t of every sequence has position pos_offset + t.
+// Row r of x (rows rows, row_stride floats apart) is the token at position positions[r]; the
+// n_heads heads to rotate start at column 0 of each row. Positions are per row so that documents
+// restarting at 0, context-parallel zigzag pieces and serving batches all rotate correctly.
 // Applied in place. backward applies the inverse rotation to the gradient, in place.
-void rope_forward(float* x, const RopeTable& table, int64_t B, int64_t T, int n_heads,
-                  int64_t row_stride, int64_t pos_offset);
-void rope_backward(float* dx, const RopeTable& table, int64_t B, int64_t T, int n_heads,
-                   int64_t row_stride, int64_t pos_offset);
+void rope_forward(float* x, const RopeTable& table, int64_t rows, int n_heads, int64_t row_stride,
+                  const int32_t* positions);
+void rope_backward(float* dx, const RopeTable& table, int64_t rows, int n_heads,
+                   int64_t row_stride, const int32_t* positions);
 
 }  // namespace cleave::kernels

@@ -72,9 +72,9 @@ void Block::leave_row(float* partial, float* out, int64_t N) {
   else tp_pairs::reduce_forward(*tp_.comm, out, N * d)();
 }
 
-void Block::forward(Saved& s, float* x_out, const float* x_in, int64_t B, int64_t T,
+void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batch,
                     BlockGrads& g) {
-  const int64_t N = B * T, n = local_rows(N), d = cfg_.d_model;
+  const int64_t B = batch.B, T = batch.T, N = B * T, n = local_rows(N), d = cfg_.d_model;
   if (N != s.B * s.T || B != s.B) {
     s.h1.resize(n * d);
     s.x_mid.resize(n * d);
@@ -89,7 +89,7 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, int64_t B, int64_
 
   norm1_.forward(s.h1.data(), x_in, n, s.norm1);
   const float* h1 = enter_column(s.h1.data(), g.gathered.data(), N, "attn.qkv");
-  attn_.forward(s.attn, sp ? partial : s.x_mid.data(), h1, B, T, !sp);
+  attn_.forward(s.attn, sp ? partial : s.x_mid.data(), h1, batch, !sp);
   leave_row(partial, s.x_mid.data(), N);
   attn_.add_bias(s.x_mid.data(), n);
   kernels::add_inplace(s.x_mid.data(), x_in, n * d);

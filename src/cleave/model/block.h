@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cleave/base/batch.h"
 #include "cleave/base/buffer.h"
 #include "cleave/kernels/rope.h"
 #include "cleave/model/kv_cache.h"
@@ -71,9 +72,10 @@ class Block {
   void bind(ParamStore& store);
   void reserve_grads(BlockGrads& g, int64_t N) const;
 
-  // x_in and x_out hold the rank's rows of B sequences of T tokens (all of them, or 1/tp under
-  // sequence parallelism). x_in must stay unchanged until the backward of s.
-  void forward(Saved& s, float* x_out, const float* x_in, int64_t B, int64_t T, BlockGrads& g);
+  // x_in and x_out hold the rank's rows of the batch's B sequences of T tokens (all of them, or
+  // 1/tp under sequence parallelism). x_in and the batch must stay unchanged until the backward
+  // of s.
+  void forward(Saved& s, float* x_out, const float* x_in, const Batch& batch, BlockGrads& g);
   // Generation (tp = 1): one sequence of T new tokens following the cache's contents.
   void forward_cached(Saved& s, float* x_out, const float* x_in, int64_t T, KVCache& cache);
   // dx_in (=) from dx_out, and the weight gradients (+=), of s's micro-batch. With both, each

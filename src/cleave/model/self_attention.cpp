@@ -51,19 +51,21 @@ void SelfAttention::reserve(Scratch& g, int64_t N) const {
 
 kernels::AttentionShape SelfAttention::shape(const Saved& s) const {
   const int64_t qkv_dim = share_.qkv_dim(cfg_.head_dim());
-  return {s.B, s.T, share_.heads, share_.kv_heads, cfg_.head_dim(), qkv_dim, qkv_dim};
+  kernels::AttentionShape shape{s.B, s.T, share_.heads, share_.kv_heads, cfg_.head_dim(),
+                                qkv_dim, qkv_dim};
+  shape.q_seq = shape.k_seq = s.documents;
+  return shape;
 }
 
-void SelfAttention::rotate(Saved& s, int64_t pos0) {
+void SelfAttention::rotate(Saved& s, const int32_t* positions) {
   const int64_t qkv_dim = share_.qkv_dim(cfg_.head_dim());
   if (rope_)  // q and k heads are adjacent at the start of each row: rotate them together
-    kernels::rope_forward(s.qkv.data(), *rope_, s.B, s.T, share_.heads + share_.kv_heads, qkv_dim,
-                          pos0);
+    kernels::rope_forward(s.qkv.data(), *rope_, s.B * s.T, share_.heads + share_.kv_heads, qkv_dim,
+                          positions);
 }
 
-void SelfAttention::forward(Saved& s, float* y, const float* x, int64_t B, int64_t T,
-                            bool keep_x) {
-  const int64_t N = B * T, hd = cfg_.head_dim();
+void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& batch, bool keep_x) {
+  const int64_t B = batch.B, T = batch.T, N = B * T, hd = cfg_.head_dim();
   const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
   if (N != s.B * s.T || B != s.B) {
     s.qkv.resize(N * share_.qkv_dim(int(hd)));
@@ -71,9 +73,11 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, int64_t B, int64
     s.lse.resize(N * share_.heads);
   }
   s.B = B, s.T = T;
+  s.positions = batch.positions.data();
+  s.documents = batch.documents.empty() ? nullptr : batch.documents.data();
   s.x_kept = keep_x;
   qkv_.forward(s.qkv.data(), x, N, keep_x ? &s.x_copy : nullptr);
-  rotate(s, 0);
+  rotate(s, s.positions);
   const float* q = s.qkv.data();
   kernels::attention_forward(s.o.data(), s.lse.data(), q, q + q_dim, q + q_dim + kv_dim, shape(s));
   out_.forward(y, s.o.data(), N, &s.o_copy);
@@ -88,8 +92,11 @@ void SelfAttention::forward_cached(Saved& s, float* y, const float* x, int64_t T
     s.o.resize(T * q_dim);
   }
   s.B = 1, s.T = T;
+  s.documents = nullptr;
+  positions_.resize(size_t(T));
+  for (int64_t t = 0; t < T; ++t) positions_[size_t(t)] = int32_t(pos0 + t);
   qkv_.forward(s.qkv.data(), x, T);
-  rotate(s, pos0);
+  rotate(s, positions_.data());
   for (int64_t t = 0; t < T; ++t) {
     const float* row = s.qkv.data() + t * qkv_dim;
     std::memcpy(cache.k.data() + (pos0 + t) * kv_dim, row + q_dim, kv_dim * sizeof(float));
@@ -115,8 +122,9 @@ void SelfAttention::backward_input(Saved& s, Scratch& g, float* dx, const float*
   const float* q = s.qkv.data();
   kernels::attention_backward(d_qkv, d_qkv + q_dim, d_qkv + q_dim + kv_dim, g.d_o.data(), q,
                               q + q_dim, q + q_dim + kv_dim, s.o.data(), s.lse.data(), shape(s));
-  if (rope_) kernels::rope_backward(d_qkv, *rope_, s.B, s.T, share_.heads + share_.kv_heads,
-                                    qkv_dim, 0);
+  if (rope_)
+    kernels::rope_backward(d_qkv, *rope_, N, share_.heads + share_.kv_heads, qkv_dim,
+                           s.positions);
   qkv_.backward_input(dx, d_qkv, N, false, defer ? nullptr : &g.dqkv_copy);
   if (defer) std::memcpy(s.dy.data(), dy, N * d * sizeof(float));
   s.w_dy = defer ? s.dy.data() : dy;

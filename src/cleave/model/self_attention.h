@@ -7,7 +7,9 @@
 // owns (docs/architecture.md, Modules).
 #pragma once
 #include <cstdint>
+#include <vector>
 
+#include "cleave/base/batch.h"
 #include "cleave/base/buffer.h"
 #include "cleave/kernels/attention.h"
 #include "cleave/kernels/rope.h"
@@ -23,6 +25,8 @@ class SelfAttention {
   // One micro-batch's: what backward needs, and what its input half keeps for its weight half.
   struct Saved {
     int64_t B = 0, T = 0;
+    const int32_t* positions = nullptr;  // the batch's, [B * T] (RoPE's backward)
+    const int32_t* documents = nullptr;  // the batch's, or null: one document per sequence
     Buffer<float> qkv, o, lse;  // projections (after RoPE), attention output, log-sum-exp
     OperandCopy x_copy, o_copy;  // bf16 copies of the linears' inputs (x's when kept)
     bool x_kept = false;
@@ -44,10 +48,11 @@ class SelfAttention {
   void bind(ParamStore& store);
   void reserve(Scratch& g, int64_t N) const;
 
-  // y (=) for B sequences of T tokens; y holds the out projection without its bias (add_bias,
-  // once the partial sums are complete). keep_x: keep x's bf16 copy for the weight gradient
-  // (else x is given again, e.g. gathered again, and converted then).
-  void forward(Saved& s, float* y, const float* x, int64_t B, int64_t T, bool keep_x);
+  // y (=) for the batch's B sequences of T tokens, each token attending to the earlier tokens of
+  // its document and rotated by its position; y holds the out projection without its bias
+  // (add_bias, once the partial sums are complete). keep_x: keep x's bf16 copy for the weight
+  // gradient (else x is given again, e.g. gathered again, and converted then).
+  void forward(Saved& s, float* y, const float* x, const Batch& batch, bool keep_x);
   // Generation: one sequence of T new tokens after the cache's contents.
   void forward_cached(Saved& s, float* y, const float* x, int64_t T, KVCache& cache);
   void add_bias(float* y, int64_t rows) const { out_.add_bias(y, rows); }
@@ -59,13 +64,14 @@ class SelfAttention {
   void backward_weight(Saved& s, const float* x);
 
  private:
-  void rotate(Saved& s, int64_t pos0);  // RoPE on q and k (Llama)
+  void rotate(Saved& s, const int32_t* positions);  // RoPE on q and k (Llama)
   kernels::AttentionShape shape(const Saved& s) const;
 
   const ModelConfig& cfg_;
   TpShare share_;
   const kernels::RopeTable* rope_;  // null for GPT-2
   Linear qkv_, out_;
+  std::vector<int32_t> positions_;  // forward_cached's
 };
 
 }  // namespace cleave

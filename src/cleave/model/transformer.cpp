@@ -144,59 +144,72 @@ const float* Transformer::chunk_input_grad(int chunk, int slot) {
   return slot_of(chunk, slot).d_input.data();
 }
 
-void Transformer::embed(float* out, const int32_t* tokens, int64_t B, int64_t T, int64_t pos0) {
+void Transformer::embed(float* out, const int32_t* tokens, const int32_t* positions, int64_t N) {
   if (!tp_.comm) {
     kernels::embedding_forward(out, tokens, store_.value(wte_),
-                               wpe_ >= 0 ? store_.value(wpe_) : nullptr, B, T, cfg_.d_model, pos0);
+                               wpe_ >= 0 ? store_.value(wpe_) : nullptr, positions, N,
+                               cfg_.d_model, cfg_.max_seq_len);
     return;
   }
   // Vocabulary-parallel: each rank looks up the tokens it holds (0 for the others) and the tp
   // sum completes the lookup (a row-parallel output: all-reduce, or reduce-scatter into the
   // rank's rows). Positions are added after the sum, to the rank's rows.
-  const int64_t N = B * T, n = local_rows(N), d = cfg_.d_model;
+  const int64_t n = local_rows(N), d = cfg_.d_model;
   const bool sp = tp_.sequence_parallel;
   kernels::embedding_lookup_shard(sp ? embed_full_.data() : out, tokens, store_.value(wte_), N,
                                   int(d), share_.vocab_begin, share_.vocab_real);
   if (sp) tp_pairs::scatter_forward(*tp_.comm, embed_full_.data(), out, n * d)();
   else tp_pairs::reduce_forward(*tp_.comm, out, N * d)();
   if (wpe_ >= 0)
-    kernels::position_add(out, store_.value(wpe_), n, tp_.sequence_parallel ? tp_.rank() * n : 0,
-                          T, int(d));
+    kernels::position_add(out, store_.value(wpe_), positions + (sp ? tp_.rank() * n : 0), n,
+                          int(d));
 }
 
-void Transformer::loss(Slot& s, const int32_t* targets, int64_t N, float grad_scale) {
-  if (!tp_.comm) {
-    kernels::cross_entropy_forward_backward(s.logits.data(), s.losses.data(), targets, N,
-                                            cfg_.vocab_size, grad_scale);
-    return;
-  }
-  vocab_parallel_cross_entropy(tp_, share_, cfg_.vocab_size, s.logits.data(), s.losses.data(),
-                               targets, N, grad_scale, stats_.data(), all_stats_.data());
+void Transformer::loss(Slot& s, const Batch& batch, float grad_scale) {
+  const int64_t N = batch.B * batch.T;
+  if (!tp_.comm)
+    kernels::cross_entropy_forward_backward(s.logits.data(), s.losses.data(),
+                                            batch.targets.data(), N, cfg_.vocab_size, grad_scale);
+  else
+    vocab_parallel_cross_entropy(tp_, share_, cfg_.vocab_size, s.logits.data(), s.losses.data(),
+                                 batch.targets.data(), N, grad_scale, stats_.data(),
+                                 all_stats_.data());
+  if (batch.valid_tokens == N) return;
+  // A masked token's loss is no part of the sum, and its logits get no gradient.
+  const int64_t columns = share_.vocab_rows;
+  for (int64_t i = 0; i < N; ++i)
+    if (!batch.loss_mask[size_t(i)]) {
+      s.losses[i] = 0;
+      if (grad_scale != 0)
+        std::fill(s.logits.data() + i * columns, s.logits.data() + (i + 1) * columns, 0.0f);
+    }
 }
 
-void Transformer::forward_unit(int unit, int slot, const int32_t* tokens, const int32_t* targets,
-                               float grad_scale) {
+void Transformer::forward_unit(int unit, int slot, const Batch& batch, float grad_scale) {
   const Unit& u = units_[size_t(unit)];
   Slot& s = slot_of(u.chunk, slot);
+  CLEAVE_CHECK(batch.B == B_ && batch.T == T_, "a batch of " << batch.B << " x " << batch.T
+                                                << " tokens for a model prepared for " << B_
+                                                << " x " << T_);
+  s.batch = &batch;
   switch (u.kind) {
     case UnitKind::embedding:
-      s.tokens = tokens;
-      embed(s.stream.front().data(), tokens, B_, T_, 0);
+      embed(s.stream.front().data(), batch.tokens.data(), batch.positions.data(), B_ * T_);
       break;
     case UnitKind::block: {
       const int k = u.layer - chunks_[size_t(u.chunk)].first_layer;  // within the chunk
       blocks_[size_t(block_of_unit_[size_t(unit)])]->forward(
           saved_[size_t(unit)].at(size_t(slot)), s.stream[size_t(k) + 1].data(),
-          s.stream[size_t(k)].data(), B_, T_, grads_);
+          s.stream[size_t(k)].data(), batch, grads_);
       break;
     }
     case UnitKind::head:
-      head_forward(s, targets, grad_scale);
+      head_forward(s, batch, grad_scale);
       break;
   }
 }
 
-void Transformer::head_forward(Slot& s, const int32_t* targets, float grad_scale) {
+void Transformer::head_forward(Slot& s, const Batch& batch, float grad_scale) {
   const int64_t N = B_ * T_, n = local_rows(N);
   final_norm_->forward(s.hf.data(), s.stream.back().data(), n, s.final_norm);
   const float* hf = s.hf.data();  // the head is column-parallel (over the vocabulary)
@@ -209,7 +222,7 @@ void Transformer::head_forward(Slot& s, const int32_t* targets, float grad_scale
       tp_.comm->check_replicated(hf, N * cfg_.d_model, "lm_head input (Replicate on tp)");
   }
   head_gemm_->forward(s.logits.data(), hf, N, nullptr, &s.head_x);
-  loss(s, targets, N, grad_scale);
+  loss(s, batch, grad_scale);
 }
 
 void Transformer::backward_unit(int unit, int slot, BackwardPart part) {
@@ -254,7 +267,7 @@ void Transformer::release_saved(int unit, int slot) {
 
 void Transformer::recompute(int unit, int slot) {
   CLEAVE_CHECK(units_[size_t(unit)].kind == UnitKind::block, "unit " << unit << " is no block");
-  forward_unit(unit, slot, nullptr, nullptr, 0.0f);
+  forward_unit(unit, slot, *slot_of(units_[size_t(unit)].chunk, slot).batch, 0.0f);
 }
 
 void Transformer::head_backward(Slot& s) {
@@ -281,26 +294,36 @@ void Transformer::head_backward(Slot& s) {
 void Transformer::embedding_backward(Slot& s, const float* d_out) {
   const int64_t N = B_ * T_, n = local_rows(N), d = cfg_.d_model;
   const bool sp = tp_.sequence_parallel;
+  const int32_t* tokens = s.batch->tokens.data();
+  const int32_t* positions = s.batch->positions.data();
   if (!tp_.comm) {
     kernels::embedding_backward(store_.grad(wte_), wpe_ >= 0 ? store_.grad(wpe_) : nullptr, d_out,
-                                s.tokens, B_, T_, cfg_.d_model);
+                                tokens, positions, N, cfg_.d_model);
     return;
   }
   // The lookup's gradient needs every row (all-gather under sequence parallelism, the
   // conjugate of forward's reduce-scatter); positions take the rank's rows.
   if (wpe_ >= 0)
-    kernels::position_backward(store_.grad(wpe_), d_out, n, sp ? tp_.rank() * n : 0, T_, int(d));
+    kernels::position_backward(store_.grad(wpe_), d_out, positions + (sp ? tp_.rank() * n : 0), n,
+                               int(d));
   const float* d_all = sp ? gathered_rows(*tp_.comm, grads_, d_out, n * d) : d_out;
-  kernels::embedding_backward_shard(store_.grad(wte_), d_all, s.tokens, N, int(d),
+  kernels::embedding_backward_shard(store_.grad(wte_), d_all, tokens, N, int(d),
                                     share_.vocab_begin, share_.vocab_real);
+}
+
+void Transformer::forward(const Batch& batch, float grad_scale) {
+  CLEAVE_CHECK(chunks_.size() == 1 && chunks_[0].embedding && chunks_[0].head,
+               "Transformer::forward runs the whole model; this rank holds pipeline stages");
+  prepare(batch.B, batch.T, {1});
+  for (int u = 0; u < n_units(); ++u) forward_unit(u, 0, batch, grad_scale);
 }
 
 void Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                           float grad_scale) {
-  CLEAVE_CHECK(chunks_.size() == 1 && chunks_[0].embedding && chunks_[0].head,
-               "Transformer::forward runs the whole model; this rank holds pipeline stages");
-  prepare(B, T, {1});
-  for (int u = 0; u < n_units(); ++u) forward_unit(u, 0, tokens, targets, grad_scale);
+  whole_.whole_sequences(B, T);
+  std::copy(tokens, tokens + B * T, whole_.tokens.begin());
+  std::copy(targets, targets + B * T, whole_.targets.begin());
+  forward(whole_, grad_scale);
 }
 
 void Transformer::backward() {
@@ -329,7 +352,9 @@ const float* Transformer::forward_cached(const int32_t* tokens, int64_t T,
   prepare(1, T, {1});
   Slot& s = slot_of(0, 0);
   const int64_t d = cfg_.d_model;
-  embed(s.stream[0].data(), tokens, 1, T, pos0);
+  cached_positions_.resize(size_t(T));
+  for (int64_t t = 0; t < T; ++t) cached_positions_[size_t(t)] = int32_t(pos0 + t);
+  embed(s.stream[0].data(), tokens, cached_positions_.data(), T);
   for (int u = 0; u < n_units(); ++u) {
     const int l = units_[size_t(u)].layer;
     if (units_[size_t(u)].kind == UnitKind::block)

@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "cleave/base/batch.h"
 #include "cleave/model/block.h"
 #include "cleave/model/kv_cache.h"
 #include "cleave/model/model_config.h"
@@ -73,12 +74,13 @@ class Transformer {
   const float* chunk_input_grad(int chunk, int slot);
   int64_t stream_floats() const { return local_rows(B_ * T_) * cfg_.d_model; }
 
-  // One unit on one slot. The embeddings read tokens; the head reads targets and, with
-  // grad_scale != 0, prepares the backward of grad_scale * sum(losses). Within a chunk, forward
+  // One unit on one slot, on the micro-batch `batch` (which must stay unchanged until the slot's
+  // backward). The embeddings read tokens and positions, attention positions and documents, the
+  // head targets and the loss mask; with grad_scale != 0 the head prepares the backward of
+  // grad_scale * sum(losses) (a masked token's loss is 0). Within a chunk, forward
   // runs units in order and backward in reverse, each unit's backward (or its input part) right
   // after the one above it for the same slot.
-  void forward_unit(int unit, int slot, const int32_t* tokens, const int32_t* targets,
-                    float grad_scale);
+  void forward_unit(int unit, int slot, const Batch& batch, float grad_scale);
   void backward_unit(int unit, int slot, BackwardPart part = BackwardPart::both);
   // Activation checkpointing's two halves, for a block's unit after its forward on the slot:
   // release_saved frees what the block saved for backward (its input stays in the chunk's
@@ -89,7 +91,8 @@ class Transformer {
   const float* losses(int slot) const { return head_slot(slot).losses.data(); }
 
   // The whole model on slot 0 (one process, tests and tools): every unit's forward, then every
-  // unit's backward.
+  // unit's backward. The second form takes B whole sequences of T tokens, every target counting.
+  void forward(const Batch& batch, float grad_scale);
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                float grad_scale);
   void backward();
@@ -119,17 +122,17 @@ class Transformer {
     Buffer<float> d_output, d_input;    // gradients at the chunk's ends
     Buffer<float> d_a, d_b;             // the gradient between units, alternating
     const float* d_stream = nullptr;    // where it is now
-    const int32_t* tokens = nullptr;
+    const Batch* batch = nullptr;
     Buffer<float> hf, hf_full, logits, losses;  // the head
     OperandCopy head_x;                         // the head's input in bf16 (bf16 mode)
     NormStats final_norm;
   };
   Slot& slot_of(int chunk, int slot) { return slots_[size_t(chunk)].at(size_t(slot)); }
   const Slot& head_slot(int slot) const { return slots_.back().at(size_t(slot)); }
-  void embed(float* out, const int32_t* tokens, int64_t B, int64_t T, int64_t pos0);
+  void embed(float* out, const int32_t* tokens, const int32_t* positions, int64_t N);
   int64_t local_rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.size() : N; }
-  void loss(Slot& s, const int32_t* targets, int64_t N, float grad_scale);
-  void head_forward(Slot& s, const int32_t* targets, float grad_scale);
+  void loss(Slot& s, const Batch& batch, float grad_scale);
+  void head_forward(Slot& s, const Batch& batch, float grad_scale);
   void head_backward(Slot& s);
   void embedding_backward(Slot& s, const float* d_stream);
 
@@ -159,6 +162,8 @@ class Transformer {
   OperandCopy d_logits_;                  // bf16 mode: the head's output gradient, likewise
   Buffer<float> stats_, all_stats_;       // tp > 1
   Buffer<float> embed_full_, d_full_;     // sequence parallelism
+  Batch whole_;                           // forward's batch of whole sequences
+  std::vector<int32_t> cached_positions_;  // forward_cached's
 };
 
 }  // namespace cleave

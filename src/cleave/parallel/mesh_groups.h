@@ -12,5 +12,9 @@ namespace cleave {
 
 std::unique_ptr<Group> make_group(const Mesh& mesh, int rank, const std::vector<Axis>& axes,
                                   const std::string& name);
+// A group of `members` (this rank's group, ascending; empty where this rank is in none, which
+// then gets null). Every rank calls it, as above.
+std::unique_ptr<Group> make_group(const std::vector<int>& members, int rank,
+                                  const std::string& name);
 
 }  // namespace cleave

@@ -17,10 +17,17 @@ void StepEnd::finish_gradients() {
   for (size_t g = 0; g < p_.groups.size(); ++g) shards_[g] = p_.groups[g].dp->finish_gradients();
 }
 
-void StepEnd::sum_loss(double loss_sum, double tokens) {
+void StepEnd::sum_loss(double loss_sum, double tokens, double expected) {
   // Only the last stage computes losses: the pipeline's sum carries them to every rank.
   double loss = sum_of_doubles(*p_.dp, loss_sum);
-  if (p_.pp) loss = sum_of_doubles(*p_.pp, loss, &r_.exposed_pp);
+  tokens = sum_of_doubles(*p_.dp, tokens);
+  if (p_.pp) {
+    loss = sum_of_doubles(*p_.pp, loss, &r_.exposed_pp);
+    tokens = sum_of_doubles(*p_.pp, tokens, &r_.exposed_pp);
+  }
+  CLEAVE_CHECK(tokens == expected, "step " << step_ + 1 << ": the ranks' batches hold " << tokens
+                                           << " valid tokens; the gradients were scaled for "
+                                           << expected);
   r_.loss = loss / tokens;
 }
 

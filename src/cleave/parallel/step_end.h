@@ -46,8 +46,10 @@ class StepEnd {
   // The step's instructions, in the program's order; begin resets the result.
   void begin(int64_t step);
   void finish_gradients();
-  // loss_sum: this rank's summed token losses; tokens: the valid tokens of the whole step.
-  void sum_loss(double loss_sum, double tokens);
+  // The mean over the step's valid tokens: this rank's summed token losses and valid tokens,
+  // each summed over the ranks holding pieces of the batch. Their sum must be `expected`, the
+  // count the gradients were scaled by before the step.
+  void sum_loss(double loss_sum, double tokens, double expected);
   // Every rank alike: a non-finite loss or norm stops the run before anything is applied, naming
   // the step and the first tensor whose gradient holds a non-finite value.
   void grad_norm();

@@ -46,14 +46,8 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
   Transformer& model = *parts_.model;
   model.prepare(B, T, program.slots);
   const int chunks = int(program.slots.size());
-  tokens_.resize(size_t(chunks));
-  targets_.resize(size_t(chunks));
-  for (int c = 0; c < chunks; ++c) {
-    tokens_[size_t(c)].resize(size_t(program.slots[size_t(c)]));
-    targets_[size_t(c)].resize(size_t(program.slots[size_t(c)]));
-    for (auto& t : tokens_[size_t(c)]) t.resize(size_t(B * T));
-    for (auto& t : targets_[size_t(c)]) t.resize(size_t(B * T));
-  }
+  batches_.resize(size_t(chunks));
+  for (int c = 0; c < chunks; ++c) batches_[size_t(c)].resize(size_t(program.slots[size_t(c)]));
   const int64_t floats = model.stream_floats();
   // Transfers in flight per chunk and slot: receives waited for by the compute that consumes
   // them, sends before the buffer they read is written again.
@@ -91,16 +85,17 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
           wait(f.recv_forward);
           wait(f.send_forward);  // the chunk's output is about to be written again
           start = now();
-          const ModelChunk& k = model.chunks()[size_t(i.chunk)];
-          if (k.embedding || k.head)
-            run.fill(i.mb, tokens_[size_t(i.chunk)][size_t(i.slot)].data(),
-                        targets_[size_t(i.chunk)][size_t(i.slot)].data());
+          run.fill(i.mb, batches_[size_t(i.chunk)][size_t(i.slot)]);
         }
-        model.forward_unit(i.unit, i.slot, tokens_[size_t(i.chunk)][size_t(i.slot)].data(),
-                           targets_[size_t(i.chunk)][size_t(i.slot)].data(), run.grad_scale);
+        const Batch& batch = batches_[size_t(i.chunk)][size_t(i.slot)];
+        CLEAVE_CHECK(batch.B == B && batch.T == T, "micro-batch " << i.mb << " holds " << batch.B
+                                                   << " x " << batch.T << " tokens, not " << B
+                                                   << " x " << T);
+        model.forward_unit(i.unit, i.slot, batch, run.grad_scale);
         if (model.units()[size_t(i.unit)].kind == Transformer::UnitKind::head) {
           const float* losses = model.losses(i.slot);
           for (int64_t k = 0; k < B * T; ++k) out.loss_sum += losses[k];
+          out.loss_tokens += batch.valid_tokens;
         }
         break;
       }
@@ -182,7 +177,7 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
         parts_.end->finish_gradients();
         break;
       case Op::sum_loss:
-        parts_.end->sum_loss(out.loss_sum, run.loss_tokens);
+        parts_.end->sum_loss(out.loss_sum, double(out.loss_tokens), run.loss_tokens);
         break;
       case Op::grad_norm:
         parts_.end->grad_norm();

@@ -9,6 +9,7 @@
 #include <functional>
 #include <vector>
 
+#include "cleave/base/batch.h"
 #include "cleave/comm/group.h"
 #include "cleave/model/transformer.h"
 #include "cleave/parallel/data_parallel.h"
@@ -42,17 +43,19 @@ struct StepRun {
   int64_t B = 0, T = 0;   // a micro-batch on this rank: B sequences of T tokens
   float grad_scale = 0;   // as Transformer::forward_unit
   bool trace = false;     // record a span per schedule action (name like "1F3") and step-end op
-  // The micro-batch's tokens and targets (B x T each), for the chunks with the embeddings or
-  // the head.
-  std::function<void(int mb, int32_t* tokens, int32_t* targets)> fill;
-  // Training programs: the step (from 0), its learning rate, and the tokens its loss is the mean
-  // of.
+  // The micro-batch's descriptor (B x T tokens), for every chunk: the embeddings read its tokens,
+  // attention its positions and documents, the head its targets and loss mask.
+  std::function<void(int mb, Batch& batch)> fill;
+  // Training programs: the step (from 0), its learning rate, and the valid tokens of the whole
+  // step (over every rank holding a piece of it), which the loss is the mean of: the gradient's
+  // scale is 1 / loss_tokens from the first backward on, so it is known before the step.
   int64_t step = 0;
   double lr = 0, loss_tokens = 0;
 };
 
 struct StepTimes {
   double loss_sum = 0;       // of the tokens whose loss this rank computed
+  int64_t loss_tokens = 0;   // how many of them count (the loss mask's)
   double seconds = 0;        // the whole program
   double busy_seconds = 0;   // in compute instructions
   double exposed_pp = 0;     // waiting for transfers between stages, and the tied sum
@@ -68,7 +71,7 @@ class StepExecutor {
 
  private:
   StepParts parts_;
-  std::vector<std::vector<std::vector<int32_t>>> tokens_, targets_;  // per chunk and slot
+  std::vector<std::vector<Batch>> batches_;  // per chunk and slot
 };
 
 }  // namespace cleave

@@ -22,6 +22,7 @@
 #include "cleave/train/config.h"
 #include "cleave/train/layout.h"
 #include "cleave/train/peak.h"
+#include "cleave/train/process_groups.h"
 
 namespace cleave {
 
@@ -53,7 +54,6 @@ class Trainer {
   void load_checkpoint(const std::string& dir);
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
                 const StepResult& interval);
-  void make_tp_groups();
   void make_pipeline(const Layout& layout);  // the model's chunks, programs and executor
   void write_trace(int64_t step, const std::vector<TraceEvent>& mine);
   std::string pipeline_description() const;  // for the start line
@@ -62,9 +62,7 @@ class Trainer {
   Config cfg_;
   int world_ = 1, rank_ = 0;
   std::unique_ptr<Mesh> mesh_;
-  std::unique_ptr<Group> world_group_, dp_group_, shard_group_, replicate_group_, tp_group_,
-      kv_group_, pp_group_, tied_group_;
-  std::unique_ptr<GroupTpComm> tp_comm_, kv_comm_;  // tp > 1; kv_comm_ with replicated kv heads
+  ProcessGroups process_;
   std::unique_ptr<TensorParallelGrads> tp_grads_;  // tp > 1
   int dp_size_ = 1, dp_rank_ = 0;
   int64_t local_batch_ = 0;  // samples of each micro-batch on this rank

@@ -1,0 +1,41 @@
+// One micro-batch as a rank holds it, the descriptor that travels through the step: B sequences
+// of T tokens each (a whole sequence, or this rank's piece of it), with what the model needs to
+// know of every token beside its id. Embeddings and RoPE read each token's position from it,
+// attention its document, the loss its mask; nothing infers them from a token's index.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace cleave {
+
+struct Batch {
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> tokens, targets;  // [B * T]
+  std::vector<int32_t> positions;        // [B * T]: the token's position in its sequence
+  // [B * T]: the document the token belongs to, non-decreasing along a sequence; attention never
+  // crosses documents. Empty: each sequence is one document.
+  std::vector<int32_t> documents;
+  std::vector<uint8_t> loss_mask;  // [B * T]: 1 where the token's loss counts
+  int64_t valid_tokens = 0;        // tokens whose loss counts
+
+  void resize(int64_t b, int64_t t) {
+    B = b, T = t;
+    const size_t n = size_t(b * t);
+    tokens.resize(n);
+    targets.resize(n);
+    positions.resize(n);
+    loss_mask.resize(n);
+  }
+  // B x T tokens as B whole sequences: positions 0 .. T-1, one document each, every target
+  // counting.
+  void whole_sequences(int64_t b, int64_t t) {
+    resize(b, t);
+    for (int64_t i = 0; i < b * t; ++i) positions[size_t(i)] = int32_t(i % t);
+    documents.clear();
+    std::fill(loss_mask.begin(), loss_mask.end(), uint8_t(1));
+    valid_tokens = b * t;
+  }
+};
+
+}  // namespace cleave

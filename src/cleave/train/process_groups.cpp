@@ -1,0 +1,65 @@
+#include "cleave/train/process_groups.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "cleave/parallel/mesh_groups.h"
+
+namespace cleave {
+
+ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model,
+                                  const StageMap& stages) {
+  ProcessGroups g;
+  g.world = make_group(mesh, rank, {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp,
+                                    Axis::tp}, "world");
+  g.dp = make_group(mesh, rank, {Axis::dp_replicate, Axis::dp_shard}, "dp");
+  g.shard = make_group(mesh, rank, {Axis::dp_shard}, "dp_shard");
+  g.replicate = make_group(mesh, rank, {Axis::dp_replicate}, "dp_replicate");
+  g.tp = make_group(mesh, rank, {Axis::tp}, "tp");
+  g.pp = make_group(mesh, rank, {Axis::pp}, "pp");
+
+  const int tp = mesh.degree(Axis::tp);
+  if (tp > 1) {
+    g.tp_comm = std::make_unique<GroupTpComm>(*g.tp);
+    if (tp_share(model, tp, g.tp->rank()).kv_replicated) {
+      // Rank r's kv head is r / (tp / n_kv_heads): consecutive tp ranks share one.
+      mesh.carve("kv_replicas", tp / model.n_kv_heads, {Axis::tp}, "kv_heads");
+      g.kv = make_group(mesh.group(rank, {"kv_replicas"}), rank, "tp_kv");
+      g.kv_comm = std::make_unique<GroupTpComm>(*g.kv);
+    }
+  }
+  const int pp = mesh.degree(Axis::pp);
+  if (pp > 1 && model.tie_embeddings) {
+    // The first and last stage's ranks of this rank's pipeline; none when a V schedule puts both
+    // ends on one rank, which then holds a single tensor.
+    const std::vector<int> pipeline = mesh.group(rank, Axis::pp);
+    std::vector<int> ends = {pipeline[size_t(stages.rank_of_stage.front())],
+                             pipeline[size_t(stages.rank_of_stage.back())]};
+    std::sort(ends.begin(), ends.end());
+    if (ends[0] == ends[1] || std::find(ends.begin(), ends.end(), rank) == ends.end()) ends.clear();
+    g.tied = make_group(ends, rank, "pp_tied");
+  }
+  return g;
+}
+
+std::vector<std::string> gather_strings(const std::string& mine, int rank, int world) {
+  int length = int(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string all;
+  if (rank == 0) {
+    int at = 0;
+    for (int r = 0; r < world; ++r) displs[size_t(r)] = at, at += lengths[size_t(r)];
+    all.resize(size_t(at));
+  }
+  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR,
+              0, MPI_COMM_WORLD);
+  std::vector<std::string> out;
+  if (rank == 0)
+    for (int r = 0; r < world; ++r)
+      out.push_back(all.substr(size_t(displs[size_t(r)]), size_t(lengths[size_t(r)])));
+  return out;
+}
+
+
+}  // namespace cleave

@@ -1,0 +1,40 @@
+// The process groups of one rank: one per mesh axis, or set of axes, that a collective of the
+// step runs on, every one a group of the mesh (whole or carved axes), so every rank builds the
+// same groups in the same order (docs/architecture.md, Mesh).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cleave/comm/group.h"
+#include "cleave/mesh/mesh.h"
+#include "cleave/model/model_config.h"
+#include "cleave/parallel/tensor_parallel.h"
+#include "cleave/pipeline/schedule.h"
+
+namespace cleave {
+
+struct ProcessGroups {
+  std::unique_ptr<Group> world;
+  std::unique_ptr<Group> dp;         // dp_replicate x dp_shard: the batch's data-parallel ranks
+  std::unique_ptr<Group> shard;      // dp_shard
+  std::unique_ptr<Group> replicate;  // dp_replicate
+  std::unique_ptr<Group> tp, pp;
+  // The tp ranks whose query heads share one kv head (tp > n_kv_heads): the inner part of tp,
+  // carved as kv_replicas. Null otherwise.
+  std::unique_ptr<Group> kv;
+  // The pipeline ranks of the first and the last stage, which hold GPT-2's tied embedding (pp > 1
+  // and tied embeddings): null on the ranks between them.
+  std::unique_ptr<Group> tied;
+  std::unique_ptr<GroupTpComm> tp_comm, kv_comm;  // tp > 1; kv_comm with kv_replicas
+};
+
+// Collective over MPI_COMM_WORLD. Carves kv_replicas out of tp in `mesh` when the model needs it.
+ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model,
+                                  const StageMap& stages);
+
+// Every rank's string at rank 0 of the world (the others get nothing): what each checkpoint
+// writer lists in meta.json, each rank's traced spans.
+std::vector<std::string> gather_strings(const std::string& mine, int rank, int world);
+
+}  // namespace cleave

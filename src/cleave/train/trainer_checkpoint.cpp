@@ -1,0 +1,94 @@
+// The trainer's checkpoints: every writer's shard of the state into one temporary folder that
+// rank 0 completes and swaps into place, and a resume that reads, on each rank, only what it
+// keeps (docs/checkpoints.md).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cleave/checkpoint/folder.h"
+#include "cleave/train/checkpoint_io.h"
+#include "cleave/train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace cleave {
+
+void Trainer::save_checkpoint() {
+  const TrainConfig& t = cfg_.train;
+  ParamStore& params = model_->params();
+  // Every writer puts its shard of the state into one temporary folder; rank 0 then checks the
+  // files, records them in meta.json and swaps the folder into place. Nothing is gathered but
+  // what each writer's file holds. Each pipeline rank and tp rank writes its own files (its
+  // data-parallel shards).
+  const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
+  if (rank_ == 0) begin_checkpoint_folder(dir, job_tag_);
+  process_.world->barrier().wait();
+  // Files: per pipeline stage and tp rank, each group's data-parallel files one after the other.
+  int files_per_tp = 0;
+  for (GroupParallel& part : groups_) files_per_tp += part.dp->checkpoint_files();
+  std::map<int, std::string> checksums;  // of the files this rank wrote
+  nlohmann::json entries = nlohmann::json::array();
+  int group_first = 0;
+  for (GroupParallel& part : groups_) {
+    const int own = part.dp->checkpoint_file();
+    if (own >= 0) {
+      const int file = (process_.pp->rank() * process_.tp->size() + process_.tp->rank()) * files_per_tp +
+                       group_first + own;
+      const StateSlices state{part.dp->ranges(), part.dp->values(),
+                              {part.optim->m().data(), true}, {part.optim->v().data(), true},
+                              tp_grads_ ? tp_grads_->copy() : TpCopy{}};
+      checksums[file] = write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params, state);
+      entries.push_back({{"file", file}, {"tensors", state_file_entries(file, params, state)}});
+    }
+    group_first += part.dp->checkpoint_files();
+  }
+  const std::vector<std::string> listed = gather_strings(entries.dump(), rank_, world_);
+  if (rank_ == 0) {
+    std::vector<nlohmann::json> entries_of_file(
+        size_t(files_per_tp * process_.tp->size() * process_.pp->size()));
+    for (const std::string& e : listed)
+      for (const nlohmann::json& j : nlohmann::json::parse(e))
+        entries_of_file[j["file"].get<size_t>()] = j["tensors"];
+    finish_training_checkpoint(dir, job_tag_, cfg_, step_, entries_of_file, checksums,
+                               groups_.front().optim->steps_taken(), world_);
+    std::printf("saved checkpoint %s\n", dir.c_str());
+    // Keep the newest keep_checkpoints folders.
+    std::vector<int64_t> steps;
+    for (auto& e : fs::directory_iterator(t.out_dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.size() == 13 && n.rfind("step_", 0) == 0 &&
+          n.find_first_not_of("0123456789", 5) == std::string::npos)
+        steps.push_back(std::stoll(n.substr(5)));
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + t.keep_checkpoints < steps.size(); ++i)
+      fs::remove_all(t.out_dir + "/" + checkpoint_name(steps[i]));
+  }
+  process_.world->barrier().wait();  // nobody looks for the checkpoint before it is complete
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+  // Each rank reads only what it keeps, from whichever files hold it: any layout resumes any other.
+  const LoadedCheckpoint ck = read_checkpoint_folder(dir);
+  step_ = checkpoint_step(ck, dir, cfg_);
+  resume_changes_ = resume_changes(ck, dir, cfg_);
+  ParamStore& params = model_->params();
+  for (int g = 0; g < params.n_groups(); ++g) {
+    GroupParallel& part = groups_[size_t(g)];
+    // Below ZeRO-3 every rank holds the group's whole values; its optimizer state is its ranges.
+    const std::vector<FlatRange> region = {{params.unit_bounds(g).front(), params.unit_bounds(g).back()}};
+    const RangeBuffer values = part.dp->values();
+    read_state(ck, dir, params, "param", values.packed ? part.dp->ranges() : region, values);
+    read_state(ck, dir, params, "adam_m", part.dp->ranges(), {part.optim->m().data(), true});
+    read_state(ck, dir, params, "adam_v", part.dp->ranges(), {part.optim->v().data(), true});
+    part.optim->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
+  }
+  params.wrote_all();
+}
+
+}  // namespace cleave

@@ -1,0 +1,114 @@
+// The trainer's metrics: the progress line and metrics.jsonl of each logged step (rank 0), from
+// every rank's peak memory and idle share.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cleave/train/trainer.h"
+
+namespace cleave {
+
+namespace {
+
+std::string format_duration(double s) {
+  char buf[64];
+  const long t = long(s + 0.5);
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  return buf;
+}
+
+}  // namespace
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / 1024.0;
+}
+
+void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
+                       const StepResult& interval) {
+  // Every rank's peak resident memory, so a layout whose ranks differ shows each.
+  // and the fraction of its step program each rank spent outside compute (the pipeline bubble
+  // and exposed communication).
+  float mine[2] = {float(peak_rss_mib()), float(1.0 - interval.busy_s / interval.program_s)};
+  std::vector<float> all(2 * static_cast<size_t>(world_));
+  process_.world->all_gather(mine, all.data(), 2, CommType::f32, CommAlgo::ours).wait();
+  if (rank_ != 0) return;
+  std::vector<float> rss_of, idle_of;
+  for (int r = 0; r < world_; ++r) {
+    rss_of.push_back(all[2 * size_t(r)]);
+    idle_of.push_back(all[2 * size_t(r) + 1]);
+  }
+  const TrainConfig& t = cfg_.train;
+  const double tokens = double(steps) * t.micro_batch_size * t.grad_accum_steps * t.seq_len;
+  const double tok_s = tokens / seconds;
+  // docs/architecture.md, MFU: 6 x matmul parameters + 6 x layers x sequence x d_model (causal,
+  // halved).
+  const double flops_per_token = 6.0 * double(model_->matmul_params()) +
+                                 6.0 * cfg_.model.n_layers * t.seq_len * cfg_.model.d_model;
+  const double model_gflops = tok_s * flops_per_token * 1e-9;
+  const double mfu = model_gflops / peak_sum_;
+  const double mfu_hardware = hardware_sum_ > 0 ? model_gflops / hardware_sum_ : 0.0;
+  if (mfu > 1 && !warned_peak_ && peak_.source != PeakSource::configured) {
+    warned_peak_ = true;
+    std::fprintf(stderr,
+                 "cleave: warning: the step ran at %.0f GF/s, above the %s peak of %.0f GF/s: "
+                 "that peak is wrong; run `cleave peak --refresh --dtype %s --threads %d`\n",
+                 model_gflops, source_name(peak_.source), peak_sum_,
+                 t.dtype == Precision::bf16 ? "bf16" : "fp32", peak_.hardware.threads);
+  }
+  const double dp_ms = 1e3 * interval.exposed_dp_s / double(steps);
+  const double tp_ms = 1e3 * interval.exposed_tp_s / double(steps);
+  const double pp_ms = 1e3 * interval.exposed_pp_s / double(steps);
+  const double comm_ms = dp_ms + tp_ms + pp_ms;
+  char comm[128];
+  const bool pp = process_.pp->size() > 1;
+  double idle = 0;
+  for (float f : idle_of) idle += f;
+  idle /= double(world_);
+  if (pp)
+    std::snprintf(comm, sizeof comm, "comm %.0f ms/step (dp %.0f, tp %.0f, pp %.0f) | idle %.1f%%",
+                  comm_ms, dp_ms, tp_ms, pp_ms, 100 * idle);
+  else if (process_.tp_comm)
+    std::snprintf(comm, sizeof comm, "comm %.0f ms/step (dp %.0f, tp %.0f)", comm_ms, dp_ms, tp_ms);
+  else
+    std::snprintf(comm, sizeof comm, "comm %.0f ms/step", comm_ms);
+  const double eta = double(t.steps - step_) * elapsed_ / double(steps_timed_);
+  const double rss_max = *std::max_element(rss_of.begin(), rss_of.end());
+  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% of %.0f GF/s %s (hw %.0f) | %s | RSS %.0f MiB%s | ETA %s\n",
+              (long long)step_, (long long)t.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu,
+              peak_.gflops, source_name(peak_.source), peak_.hardware.gflops, comm, rss_max,
+              world_ > 1 ? " (max rank)" : "", format_duration(eta).c_str());
+  std::fflush(stdout);
+  metrics_ << nlohmann::json{{"step", step_},
+                             {"loss", r.loss},
+                             {"lr", r.lr},
+                             {"grad_norm", r.grad_norm},
+                             {"tokens_per_s", tok_s},
+                             {"mfu", mfu},
+                             {"peak_gflops", peak_.gflops},
+                             {"peak_source", source_name(peak_.source)},
+                             {"mfu_hardware", mfu_hardware},
+                             {"hardware_peak_gflops", peak_.hardware.gflops},
+                             {"peak_rss_mib", rss_max},
+                             {"peak_rss_mib_per_rank", rss_of},
+                             {"exposed_comm_ms", comm_ms},
+                             {"exposed_comm_ms_dp", dp_ms},
+                             {"exposed_comm_ms_tp", tp_ms},
+                             {"exposed_comm_ms_pp", pp_ms},
+                             {"idle_fraction_per_rank", idle_of},
+                             {"tp_bytes_per_step", double(interval.tp_bytes) / double(steps)},
+                             {"pp_bytes_per_step", double(interval.pp_bytes) / double(steps)},
+                             {"eta_s", eta}}
+                  .dump()
+           << "\n"
+           << std::flush;
+}
+
+}  // namespace cleave
