@@ -80,7 +80,7 @@ Residency one_step(int zero_stage) {
                                          unit_layout(model), {zero_stage == 3, true});
   Group pp(MPI_COMM_SELF, "pp");
   AdamW optim(store, OptimConfig{}, dp.ranges(), zero_stage == 0);
-  StepEnd end({&store, {{&dp, &optim}}, &world, &world, nullptr, nullptr, zero_stage, 0});
+  StepEnd end({&store, {{&dp, &optim, &world}}, &world, nullptr, nullptr, zero_stage, 0});
   StepParts parts;
   parts.model = &model;
   parts.dp = {&dp};

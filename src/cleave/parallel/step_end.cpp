@@ -19,8 +19,8 @@ void StepEnd::finish_gradients() {
 
 void StepEnd::sum_loss(double loss_sum, double tokens, double expected) {
   // Only the last stage computes losses: the pipeline's sum carries them to every rank.
-  double loss = sum_of_doubles(*p_.dp, loss_sum);
-  tokens = sum_of_doubles(*p_.dp, tokens);
+  double loss = sum_of_doubles(*p_.batch, loss_sum);
+  tokens = sum_of_doubles(*p_.batch, tokens);
   if (p_.pp) {
     loss = sum_of_doubles(*p_.pp, loss, &r_.exposed_pp);
     tokens = sum_of_doubles(*p_.pp, tokens, &r_.exposed_pp);
@@ -43,7 +43,8 @@ void StepEnd::grad_norm() {
     // a tied embedding from the stage that owns it.
     double local = owned_sum_of_squares(*p_.params, dp.ranges(), shards_[g].grads,
                                         p_.tp_grads ? p_.tp_grads->copy() : TpCopy{});
-    if (p_.zero_stage > 0) local = sum_of_doubles(*p_.shard, local, &r_.exposed_dp);
+    if (p_.zero_stage > 0)
+      local = sum_of_doubles(*p_.groups[g].shard, local, &r_.exposed_dp);
     squares += local;
   }
   if (p_.tp_grads) squares = p_.tp_grads->sum_over_tp(squares, &r_.exposed_tp);
@@ -69,7 +70,7 @@ void StepEnd::gather_parameters(int group) { p_.groups[size_t(group)].dp->after_
 
 void StepEnd::stop_non_finite() {
   // The first tensor (in the store's order) whose gradient this rank holds a non-finite value of;
-  // the smallest over the data-parallel ranks is the first of the whole model.
+  // the smallest over the batch's ranks is the first of the whole model.
   const float none = float(p_.params->tensors().size());
   float first = none;
   for (size_t g = 0; g < p_.groups.size(); ++g)
@@ -82,8 +83,8 @@ void StepEnd::stop_non_finite() {
           break;
         }
     }
-  std::vector<float> firsts(static_cast<size_t>(p_.dp->size()));
-  p_.dp->all_gather(&first, firsts.data(), 1, CommType::f32, CommAlgo::ours).wait();
+  std::vector<float> firsts(static_cast<size_t>(p_.batch->size()));
+  p_.batch->all_gather(&first, firsts.data(), 1, CommType::f32, CommAlgo::ours).wait();
   const int tensor = int(*std::min_element(firsts.begin(), firsts.end()));
   char numbers[96];
   std::snprintf(numbers, sizeof numbers, "loss %g, gradient norm %g", r_.loss, r_.grad_norm);

@@ -20,13 +20,13 @@ namespace cleave {
 struct StepEndGroup {
   DataParallel* dp = nullptr;
   AdamW* optim = nullptr;
+  Group* shard = nullptr;  // the ranks its ZeRO shards are spread over
 };
 
 struct StepEndParts {
   ParamStore* params = nullptr;
   std::vector<StepEndGroup> groups;         // per parameter group, in the store's order
-  Group* dp = nullptr;                      // every data-parallel rank
-  Group* shard = nullptr;                   // this rank's dp_shard group
+  Group* batch = nullptr;                   // the ranks holding pieces of the batch
   Group* pp = nullptr;                      // the pipeline stages (null: none)
   TensorParallelGrads* tp_grads = nullptr;  // tp > 1
   int zero_stage = 0;

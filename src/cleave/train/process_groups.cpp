@@ -7,9 +7,19 @@
 
 namespace cleave {
 
+Group* ProcessGroups::along(const std::vector<std::string>& axes) {
+  if (Group*& known = by_axes[axes]) return known;
+  std::string name;
+  for (const std::string& a : axes) name += (name.empty() ? "" : " x ") + a;
+  more.push_back(make_group(mesh->group(rank, axes), rank, name));
+  return by_axes[axes] = more.back().get();
+}
+
 ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model,
                                   const StageMap& stages) {
   ProcessGroups g;
+  g.mesh = &mesh;
+  g.rank = rank;
   g.world = make_group(mesh, rank, {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp,
                                     Axis::tp}, "world");
   g.dp = make_group(mesh, rank, {Axis::dp_replicate, Axis::dp_shard}, "dp");
@@ -17,6 +27,12 @@ ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model
   g.replicate = make_group(mesh, rank, {Axis::dp_replicate}, "dp_replicate");
   g.tp = make_group(mesh, rank, {Axis::tp}, "tp");
   g.pp = make_group(mesh, rank, {Axis::pp}, "pp");
+  g.by_axes = {{{"pp", "dp_replicate", "dp_shard", "cp", "tp"}, g.world.get()},
+               {{"dp_replicate", "dp_shard"}, g.dp.get()},
+               {{"dp_shard"}, g.shard.get()},
+               {{"dp_replicate"}, g.replicate.get()},
+               {{"tp"}, g.tp.get()},
+               {{"pp"}, g.pp.get()}};
 
   const int tp = mesh.degree(Axis::tp);
   if (tp > 1) {

@@ -2,6 +2,7 @@
 // step runs on, every one a group of the mesh (whole or carved axes), so every rank builds the
 // same groups in the same order (docs/architecture.md, Mesh).
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,10 @@
 namespace cleave {
 
 struct ProcessGroups {
+  // The group along `axes` (names of whole or carved axes, in mesh order): one of those below, or
+  // made at its first request, which every rank must make alike (in the same order).
+  Group* along(const std::vector<std::string>& axes);
+
   std::unique_ptr<Group> world;
   std::unique_ptr<Group> dp;         // dp_replicate x dp_shard: the batch's data-parallel ranks
   std::unique_ptr<Group> shard;      // dp_shard
@@ -27,6 +32,11 @@ struct ProcessGroups {
   // and tied embeddings): null on the ranks between them.
   std::unique_ptr<Group> tied;
   std::unique_ptr<GroupTpComm> tp_comm, kv_comm;  // tp > 1; kv_comm with kv_replicas
+
+  const Mesh* mesh = nullptr;
+  int rank = 0;
+  std::map<std::vector<std::string>, Group*> by_axes;
+  std::vector<std::unique_ptr<Group>> more;  // the groups along() made
 };
 
 // Collective over MPI_COMM_WORLD. Carves kv_replicas out of tp in `mesh` when the model needs it.

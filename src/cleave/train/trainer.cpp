@@ -77,21 +77,23 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   TensorParallelOptions tp;
   if (process_.tp_comm)
     tp = {process_.tp_comm.get(), cfg_.parallel.sequence_parallel, cfg_.parallel.check_placements};
-  model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed, 16 * process_.shard->size(),
-                                         cfg_.parallel.zero_stage < 3, tp,
-                                         stage_chunks(*layout, process_.pp->rank()));
+  model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed,
+                                         16 * process_.shard->size(), cfg_.parallel.zero_stage < 3,
+                                         tp, stage_chunks(*layout, process_.pp->rank()));
   if (process_.tp_comm)
-    tp_grads_ = std::make_unique<TensorParallelGrads>(model_->params(), *process_.tp_comm, *process_.tp,
-                                                      process_.kv_comm.get());
-  // Each parameter group's gradients are reduced and sharded over its axes: "dense" over
-  // dp_replicate x dp_shard, sharded over dp_shard (tp's pending sums come first, by placement).
+    tp_grads_ = std::make_unique<TensorParallelGrads>(model_->params(), *process_.tp_comm,
+                                                      *process_.tp, process_.kv_comm.get());
+  // Each parameter group's gradients are reduced and sharded over the axes the table gives it
+  // (tp's pending sums come first, by placement).
   ParamStore& params = model_->params();
+  axes_ = axis_table(params);
   for (int g = 0; g < params.n_groups(); ++g) {
-    CLEAVE_CHECK(params.group_name(g) == "dense",
-                 "parameter group " << params.group_name(g) << " maps to no mesh axes");
+    const GroupAxes& a = axes_.groups[size_t(g)];
     GroupParallel part;
+    part.shard = process_.along(a.shard);
     part.dp = std::make_unique<DataParallel>(
-        params, DataParallelGroups{process_.dp.get(), process_.shard.get(), process_.replicate.get()},
+        params, DataParallelGroups{process_.along(a.reduce), part.shard,
+                                   process_.along(a.replicate())},
         cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb, params.unit_bounds(g), t.seed);
     part.optim = std::make_unique<AdamW>(params, cfg_.optim, part.dp->ranges(),
                                          cfg_.parallel.zero_stage == 0);
@@ -166,9 +168,9 @@ void Trainer::make_pipeline(const Layout& layout) {
                "the pp_tied group and the model disagree on where the tied embedding is");
   StepEndParts end;
   end.params = &model_->params();
-  for (GroupParallel& part : groups_) end.groups.push_back({part.dp.get(), part.optim.get()});
-  end.dp = process_.dp.get();
-  end.shard = process_.shard.get();
+  for (GroupParallel& part : groups_)
+    end.groups.push_back({part.dp.get(), part.optim.get(), part.shard});
+  end.batch = process_.along(axes_.batch);
   end.pp = pp > 1 ? process_.pp.get() : nullptr;
   end.tp_grads = tp_grads_.get();
   end.zero_stage = cfg_.parallel.zero_stage;
@@ -251,8 +253,9 @@ double Trainer::validate() {
     val_loader_->fill(batch, uint64_t(b), dp_rank_ * local_batch_, local_batch_);
   };
   const StepTimes v = executor_->run(val_program_, run);
-  double sum = sum_of_doubles(*process_.dp, v.loss_sum);
-  double tokens = sum_of_doubles(*process_.dp, double(v.loss_tokens));
+  Group& batch = *process_.along(axes_.batch);
+  double sum = sum_of_doubles(batch, v.loss_sum);
+  double tokens = sum_of_doubles(batch, double(v.loss_tokens));
   if (process_.pp->size() > 1) {
     sum = sum_of_doubles(*process_.pp, sum);
     tokens = sum_of_doubles(*process_.pp, tokens);

@@ -19,6 +19,7 @@
 #include "cleave/parallel/data_parallel.h"
 #include "cleave/parallel/step_executor.h"
 #include "cleave/parallel/tensor_parallel.h"
+#include "cleave/train/axis_table.h"
 #include "cleave/train/config.h"
 #include "cleave/train/layout.h"
 #include "cleave/train/peak.h"
@@ -74,7 +75,9 @@ class Trainer {
   struct GroupParallel {
     std::unique_ptr<DataParallel> dp;
     std::unique_ptr<AdamW> optim;
+    Group* shard = nullptr;  // the ranks its ZeRO shards are spread over
   };
+  AxisTable axes_;  // per parameter group, the axes of its reduction and sharding
   std::vector<GroupParallel> groups_;
   std::unique_ptr<StepEnd> step_end_;
   // The step as instructions (pipeline/program.h), and validation's forward-only program.

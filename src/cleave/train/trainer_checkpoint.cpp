@@ -28,17 +28,18 @@ void Trainer::save_checkpoint() {
   const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
   if (rank_ == 0) begin_checkpoint_folder(dir, job_tag_);
   process_.world->barrier().wait();
-  // Files: per pipeline stage and tp rank, each group's data-parallel files one after the other.
-  int files_per_tp = 0;
-  for (GroupParallel& part : groups_) files_per_tp += part.dp->checkpoint_files();
+  // Files: a block per place on the model axes (pipeline stage, tp rank), in it each group's
+  // data-parallel files one after the other.
+  int files_per_block = 0;
+  for (GroupParallel& part : groups_) files_per_block += part.dp->checkpoint_files();
+  const int block = flat_coordinate(*mesh_, rank_, axes_.model);
   std::map<int, std::string> checksums;  // of the files this rank wrote
   nlohmann::json entries = nlohmann::json::array();
   int group_first = 0;
   for (GroupParallel& part : groups_) {
     const int own = part.dp->checkpoint_file();
     if (own >= 0) {
-      const int file = (process_.pp->rank() * process_.tp->size() + process_.tp->rank()) * files_per_tp +
-                       group_first + own;
+      const int file = block * files_per_block + group_first + own;
       const StateSlices state{part.dp->ranges(), part.dp->values(),
                               {part.optim->m().data(), true}, {part.optim->v().data(), true},
                               tp_grads_ ? tp_grads_->copy() : TpCopy{}};
@@ -50,7 +51,7 @@ void Trainer::save_checkpoint() {
   const std::vector<std::string> listed = gather_strings(entries.dump(), rank_, world_);
   if (rank_ == 0) {
     std::vector<nlohmann::json> entries_of_file(
-        size_t(files_per_tp * process_.tp->size() * process_.pp->size()));
+        size_t(files_per_block * flat_size(*mesh_, axes_.model)));
     for (const std::string& e : listed)
       for (const nlohmann::json& j : nlohmann::json::parse(e))
         entries_of_file[j["file"].get<size_t>()] = j["tensors"];

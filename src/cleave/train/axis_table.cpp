@@ -1,0 +1,39 @@
+#include "cleave/train/axis_table.h"
+
+#include <algorithm>
+
+#include "cleave/base/check.h"
+
+namespace cleave {
+
+std::vector<std::string> GroupAxes::replicate() const {
+  std::vector<std::string> out;
+  for (const std::string& a : reduce)
+    if (std::find(shard.begin(), shard.end(), a) == shard.end()) out.push_back(a);
+  return out;
+}
+
+AxisTable axis_table(const ParamStore& params) {
+  AxisTable t;
+  t.batch = {"dp_replicate", "dp_shard"};
+  t.model = {"pp", "tp"};
+  for (int g = 0; g < params.n_groups(); ++g) {
+    const std::string& name = params.group_name(g);
+    // Dense parameters: every data-parallel rank holds a replica of its tp share and stage;
+    // tp's pending sums are per tensor, in its placement, and come first.
+    CLEAVE_CHECK(name == "dense", "parameter group " << name << " maps to no mesh axes");
+    t.groups.push_back({name, {"dp_replicate", "dp_shard"}, {"dp_shard"}});
+  }
+  return t;
+}
+
+int flat_coordinate(const Mesh& mesh, int rank, const std::vector<std::string>& axes) {
+  const std::vector<int> ranks = mesh.group(rank, axes);
+  return int(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
+}
+
+int flat_size(const Mesh& mesh, const std::vector<std::string>& axes) {
+  return int(mesh.group(0, axes).size());
+}
+
+}  // namespace cleave
