@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "cleave/model/layers.h"
 #include "cleave/model/params.h"
+#include "cleave/model/transformer.h"
 #include "test_util.h"
 
 namespace cleave {
@@ -49,6 +52,40 @@ TEST(Placement, EachRankInitialisesExactlyItsSliceOfTheOneTensor) {
     for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(part.value(0)[i], whole.value(0)[rank * 12 + i]);
     for (int64_t i = 12; i < 16; ++i) EXPECT_EQ(part.value(0)[i], 0.0f) << "padding " << i;
   }
+}
+
+// Every mesh axis a tensor is split on or its gradient is a pending sum over is in its
+// placement: tp for the split linears and the vocabulary, kv_replicas for a replicated kv head's
+// rows, tp for the norms whose rows sequence parallelism splits; nothing at tp = 1.
+TEST(Placement, RecordsEveryAxisOfEachTensor) {
+  ModelConfig c;
+  c.family = Family::llama;
+  c.vocab_size = 64;
+  c.d_model = 32;
+  c.n_layers = 1;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_hidden = 64;
+  c.max_seq_len = 16;
+  c.tie_embeddings = false;
+  using Axes = std::vector<std::string>;
+  auto axes_of = [](const Transformer& m, const std::string& name) {
+    return m.params().tensor(m.params().find(name)).placement.axes();
+  };
+  const auto sp = Transformer::planned(c, 4, true);
+  EXPECT_EQ(axes_of(*sp, "blocks.0.attn.qkv.weight"), (Axes{"tp", "kv_replicas"}));
+  EXPECT_EQ(axes_of(*sp, "blocks.0.attn.out.weight"), (Axes{"tp"}));
+  EXPECT_EQ(axes_of(*sp, "blocks.0.mlp.fc.weight"), (Axes{"tp"}));
+  EXPECT_EQ(axes_of(*sp, "blocks.0.norm1.weight"), (Axes{"tp"}));
+  EXPECT_EQ(axes_of(*sp, "final_norm.weight"), (Axes{"tp"}));
+  EXPECT_EQ(axes_of(*sp, "embed.wte"), (Axes{"tp"}));
+  EXPECT_EQ(axes_of(*sp, "lm_head.weight"), (Axes{"tp"}));
+  const auto split_kv = Transformer::planned(c, 2, false);
+  EXPECT_EQ(axes_of(*split_kv, "blocks.0.attn.qkv.weight"), (Axes{"tp"}));
+  EXPECT_EQ(axes_of(*split_kv, "blocks.0.norm1.weight"), Axes{});
+  const auto whole = Transformer::planned(c, 1, false);
+  for (const ParamTensor& t : whole->params().tensors())
+    EXPECT_EQ(t.placement.axes(), Axes{}) << t.name;
 }
 
 TEST(ParamStore, GroupsAndUnitsHaveTheirOwnPaddedRegions) {

@@ -51,10 +51,10 @@ void Linear::backward_weight(const float* dy, const float* x, int64_t N,
 }
 
 Norm::Norm(ParamStore& store, const std::string& name, int dim, bool layernorm, float eps,
-           GradSum grad_sum)
+           const std::string& pending)
     : dim_(dim), layernorm_(layernorm), eps_(eps),
-      w_(store.add(name + ".weight", {dim}, Init::ones, 0.0f, {{}, -1, {}, grad_sum})) {
-  if (layernorm) b_ = store.add(name + ".bias", {dim}, Init::zeros, 0.0f, {{}, -1, {}, grad_sum});
+      w_(store.add(name + ".weight", {dim}, Init::ones, 0.0f, pending_sum(pending))) {
+  if (layernorm) b_ = store.add(name + ".bias", {dim}, Init::zeros, 0.0f, pending_sum(pending));
 }
 
 void Norm::bind(ParamStore& store) {

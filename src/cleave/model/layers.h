@@ -48,9 +48,9 @@ struct NormStats {
 // LayerNorm (weight and bias) for GPT-2, RMSNorm (weight only) for Llama.
 class Norm {
  public:
-  // grad_sum: GradSum::tp under sequence parallelism, where each tp rank norms its own rows.
+  // pending: kTpAxis under sequence parallelism, where each tp rank norms its own rows.
   Norm(ParamStore& store, const std::string& name, int dim, bool layernorm, float eps,
-       GradSum grad_sum = GradSum::none);
+       const std::string& pending = "");
   void bind(ParamStore& store);
 
   void forward(float* y, const float* x, int64_t N, NormStats& stats);

@@ -13,8 +13,8 @@ namespace {
 Placement fc_placement(const ModelConfig& c, const TpShare& s) {
   if (s.tp == 1) return {};
   const int64_t f = s.ffn;
-  std::vector<Segment> segments = {{0, s.rank * f, f, GradSum::none}};
-  if (c.family == Family::llama) segments.push_back({f, c.ffn_hidden + s.rank * f, f, GradSum::none});
+  std::vector<Segment> segments = {{0, s.rank * f, f, ""}};
+  if (c.family == Family::llama) segments.push_back({f, c.ffn_hidden + s.rank * f, f, ""});
   return shard_rows({c.mlp_in_dim(), c.d_model}, std::move(segments));
 }
 

@@ -7,11 +7,38 @@
 namespace cleave {
 
 Placement shard_rows(std::vector<int64_t> global_shape, std::vector<Segment> segments) {
-  return {std::move(global_shape), 0, std::move(segments), GradSum::none};
+  Placement p;
+  p.global_shape = std::move(global_shape);
+  p.shard_axis = kTpAxis;
+  p.shard_dim = 0;
+  p.segments = std::move(segments);
+  return p;
 }
 
 Placement shard_cols(std::vector<int64_t> global_shape, int64_t begin, int64_t length) {
-  return {std::move(global_shape), 1, {{0, begin, length, GradSum::none}}, GradSum::none};
+  Placement p;
+  p.global_shape = std::move(global_shape);
+  p.shard_axis = kTpAxis;
+  p.shard_dim = 1;
+  p.segments = {{0, begin, length, ""}};
+  return p;
+}
+
+Placement pending_sum(const std::string& axis) {
+  Placement p;
+  p.pending = axis;
+  return p;
+}
+
+std::vector<std::string> Placement::axes() const {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& axis) {
+    if (!axis.empty() && std::find(out.begin(), out.end(), axis) == out.end()) out.push_back(axis);
+  };
+  add(shard_axis);
+  add(pending);
+  for (const Segment& s : segments) add(s.pending);
+  return out;
 }
 
 namespace {
@@ -43,7 +70,7 @@ std::vector<GlobalBox> global_boxes(const Placement& p, const std::vector<int64_
   std::vector<GlobalBox> out;
   const std::vector<int64_t> zeros(shape.size(), 0);
   if (p.shard_dim < 0) {
-    if (begin < end) out.push_back({zeros, shape, begin, end, begin, p.grad_sum});
+    if (begin < end) out.push_back({zeros, shape, begin, end, begin, p.pending});
     return out;
   }
   const int64_t cols = row_size(shape);
@@ -51,14 +78,14 @@ std::vector<GlobalBox> global_boxes(const Placement& p, const std::vector<int64_
     const Segment& s = p.segments.front();
     std::vector<int64_t> offset = zeros;
     offset[1] = s.global;
-    if (begin < end) out.push_back({offset, shape, begin, end, begin, s.grad_sum});
+    if (begin < end) out.push_back({offset, shape, begin, end, begin, s.pending});
     return out;
   }
   for (const Segment& s : p.segments) {
     const int64_t lo = std::max(begin, s.local * cols);
     const int64_t hi = std::min(end, (s.local + s.length) * cols);
     if (lo >= hi) continue;
-    GlobalBox b{zeros, shape, lo - s.local * cols, hi - s.local * cols, lo, s.grad_sum};
+    GlobalBox b{zeros, shape, lo - s.local * cols, hi - s.local * cols, lo, s.pending};
     b.offset[0] = s.global;
     b.shape[0] = s.length;
     out.push_back(std::move(b));

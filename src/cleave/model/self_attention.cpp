@@ -13,10 +13,10 @@ namespace {
 Placement qkv_placement(const ModelConfig& c, const TpShare& s) {
   if (s.tp == 1) return {};
   const int64_t hd = c.head_dim(), q = int64_t(s.heads) * hd, kv = int64_t(s.kv_heads) * hd;
-  const GradSum kv_sum = s.kv_replicated ? GradSum::kv_replicas : GradSum::none;
+  const std::string kv_sum = s.kv_replicated ? kKvReplicasAxis : "";
   const int64_t k0 = int64_t(c.n_heads) * hd, v0 = k0 + int64_t(c.n_kv_heads) * hd;
   return shard_rows({c.qkv_dim(), c.d_model},
-                    {{0, s.rank * q, q, GradSum::none},
+                    {{0, s.rank * q, q, ""},
                      {q, k0 + s.first_kv_head * hd, kv, kv_sum},
                      {q + kv, v0 + s.first_kv_head * hd, kv, kv_sum}});
 }

@@ -16,7 +16,7 @@ namespace {
 Placement vocab_placement(const ModelConfig& c, const TpShare& s) {
   if (s.tp == 1) return {};
   std::vector<Segment> rows;
-  if (s.vocab_real > 0) rows.push_back({0, s.vocab_begin, s.vocab_real, GradSum::none});
+  if (s.vocab_real > 0) rows.push_back({0, s.vocab_begin, s.vocab_real, ""});
   return shard_rows({c.vocab_size, c.d_model}, std::move(rows));
 }
 
@@ -28,7 +28,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
     : cfg_(c), precision_(precision), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())),
       chunks_(std::move(chunks)) {
   if (chunks_.empty()) chunks_.push_back({0, c.n_layers, true, true});
-  const GradSum sp_sum = tp.sequence_parallel ? GradSum::tp : GradSum::none;
+  const std::string sp_sum = tp.sequence_parallel ? kTpAxis : "";
   auto new_unit = [&](UnitKind kind, int layer, int chunk) {
     store_.begin_unit();
     units_.push_back({kind, layer, chunk, {n_units()}});
@@ -46,7 +46,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
                         vocab_placement(c, share_));
       if (c.family == Family::gpt2)
         wpe_ = store_.add("embed.wpe", {c.max_seq_len, c.d_model}, Init::normal, c.init_std,
-                          {{}, -1, {}, sp_sum});
+                          pending_sum(sp_sum));
     }
     if (c.family == Family::llama && !rope_) rope_.emplace(c.head_dim(), c.max_seq_len, c.rope_theta);
     // Units (embeddings, each block, the head) start at multiples of pad_multiple, so each can

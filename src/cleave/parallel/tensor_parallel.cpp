@@ -63,9 +63,10 @@ void TensorParallelGrads::reduce_partial(int64_t begin, int64_t end) {
     const ParamTensor& t = store_.tensor(i);
     if (t.offset < begin || t.offset >= end) continue;
     const Placement& p = t.placement;
-    if (p.shard_dim < 0 && p.grad_sum == GradSum::tp) pending.push_back(tp_.all_reduce(store_.grad(i), t.numel));
+    if (p.shard_dim < 0 && p.pending == kTpAxis)
+      pending.push_back(tp_.all_reduce(store_.grad(i), t.numel));
     for (const Segment& s : p.segments) {
-      if (s.grad_sum != GradSum::kv_replicas) continue;
+      if (s.pending != kKvReplicasAxis) continue;
       CLEAVE_CHECK(kv_ && p.shard_dim == 0, t.name << ": replicated kv rows without a kv group");
       const int64_t cols = t.numel / t.shape[0];
       pending.push_back(kv_->all_reduce(store_.grad(i) + s.local * cols, s.length * cols));

@@ -34,9 +34,9 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   double partial = 0;  // floats of gradients summed over tp (sequence parallelism's norms)
   double kv = 0;       // and over the ranks sharing a kv head
   for (const ParamTensor& p : store.tensors()) {
-    if (p.placement.shard_dim < 0 && p.placement.grad_sum == GradSum::tp) partial += double(p.numel);
+    if (p.placement.shard_dim < 0 && p.placement.pending == kTpAxis) partial += double(p.numel);
     for (const Segment& s : p.placement.segments)
-      if (s.grad_sum == GradSum::kv_replicas) kv += double(s.length * (p.numel / p.shape[0]));
+      if (s.pending == kKvReplicasAxis) kv += double(s.length * (p.numel / p.shape[0]));
   }
   const int kv_replicas = tp > m.n_kv_heads ? tp / m.n_kv_heads : 1;
   std::vector<AxisVolume> out;

@@ -39,8 +39,8 @@ ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model
     g.tp_comm = std::make_unique<GroupTpComm>(*g.tp);
     if (tp_share(model, tp, g.tp->rank()).kv_replicated) {
       // Rank r's kv head is r / (tp / n_kv_heads): consecutive tp ranks share one.
-      mesh.carve("kv_replicas", tp / model.n_kv_heads, {Axis::tp}, "kv_heads");
-      g.kv = make_group(mesh.group(rank, {"kv_replicas"}), rank, "tp_kv");
+      mesh.carve(kKvReplicasAxis, tp / model.n_kv_heads, {Axis::tp}, "kv_heads");
+      g.kv = make_group(mesh.group(rank, {kKvReplicasAxis}), rank, "tp_kv");
       g.kv_comm = std::make_unique<GroupTpComm>(*g.kv);
     }
   }
