@@ -152,3 +152,35 @@ TEST_F(LoaderTest, ShardTooShortForSeqLen) {
     EXPECT_NE(msg.find("seq_len 8"), std::string::npos) << msg;
   }
 }
+
+// Documents from separators: token i is i % 7, so separator 3 ends a document every 7 tokens.
+// The separator belongs to the document it ends; positions restart right after it; the batch's
+// other fields are those of whole windows.
+TEST_F(LoaderTest, DocumentsAndPositionsFromSeparators) {
+  const std::string p = make_shard("docs.bin", 3000, 7);
+  cleave::TokenShard shard(p, 7);
+  const int64_t T = 24, B = 4;
+  for (const bool reset : {false, true}) {
+    cleave::BatchLoader loader(shard, T, 5, 0, {true, reset, 3});
+    cleave::Batch b;
+    loader.fill(b, 2, 0, B);
+    ASSERT_EQ(b.documents.size(), size_t(B * T));
+    EXPECT_EQ(b.valid_tokens, B * T);
+    for (int64_t r = 0; r < B; ++r) {
+      int32_t document = 0, start = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        const size_t i = size_t(r * T + t);
+        EXPECT_EQ(b.documents[i], document) << "row " << r << " token " << t;
+        EXPECT_EQ(b.positions[i], reset ? int32_t(t) - start : int32_t(t)) << "row " << r;
+        if (b.tokens[i] == 3) ++document, start = int32_t(t) + 1;
+      }
+      EXPECT_GE(document, 3) << "a window of 24 tokens holds at least 3 separators";
+    }
+  }
+  // Without document options: one document, positions 0 .. T-1.
+  cleave::BatchLoader plain(shard, T, 5, 0);
+  cleave::Batch b;
+  plain.fill(b, 2, 0, B);
+  EXPECT_TRUE(b.documents.empty());
+  for (int64_t i = 0; i < B * T; ++i) EXPECT_EQ(b.positions[size_t(i)], int32_t(i % T));
+}

@@ -262,6 +262,35 @@ void check_masked(Family f) {
 TEST(ModelGradients, MaskedAndRestartingGpt2) { check_masked(Family::gpt2); }
 TEST(ModelGradients, MaskedAndRestartingLlama) { check_masked(Family::llama); }
 
+// Document masking: with the batch's documents, a token's logits do not depend on the tokens of an
+// earlier document, bit for bit; without them they do.
+void check_document_isolation(Family f) {
+  const ModelConfig c = tiny(f, 2, false);
+  Transformer model(c, Precision::fp32, 7);
+  const int64_t T = 12, first = 5;  // document 0: tokens 0 .. 4, document 1: 5 .. 11
+  Batch batch;
+  batch.whole_sequences(1, T);
+  for (int64_t i = 0; i < T; ++i) {
+    batch.tokens[size_t(i)] = int32_t((i * 3 + 1) % c.vocab_size);
+    batch.targets[size_t(i)] = int32_t((i * 5 + 2) % c.vocab_size);
+  }
+  const int64_t V = c.vocab_size;
+  auto second_document = [&](bool documents) {
+    batch.documents.clear();
+    if (documents)
+      for (int64_t i = 0; i < T; ++i) batch.documents.push_back(i < first ? 0 : 1);
+    model.forward(batch, 0.0f);
+    return std::vector<float>(model.logits() + first * V, model.logits() + T * V);
+  };
+  const std::vector<float> masked = second_document(true), unmasked = second_document(false);
+  for (int64_t i = 0; i < first; ++i) batch.tokens[size_t(i)] = int32_t((i * 7 + 4) % c.vocab_size);
+  EXPECT_EQ(second_document(true), masked);
+  EXPECT_NE(second_document(false), unmasked);
+}
+
+TEST(ModelDocuments, LaterDocumentIgnoresEarlierGpt2) { check_document_isolation(Family::gpt2); }
+TEST(ModelDocuments, LaterDocumentIgnoresEarlierLlama) { check_document_isolation(Family::llama); }
+
 TEST(ModelGradients, Gpt2TransformerTied) { check_transformer(Family::gpt2, 4, true); }
 TEST(ModelGradients, Gpt2TransformerUntied) { check_transformer(Family::gpt2, 4, false); }
 TEST(ModelGradients, LlamaTransformerGqaUntied) { check_transformer(Family::llama, 2, false); }

@@ -28,8 +28,8 @@ uint64_t sample_offset(uint64_t seed, uint64_t split_id, uint64_t step, uint64_t
 }  // namespace
 
 BatchLoader::BatchLoader(const TokenShard& shard, int64_t seq_len, uint64_t seed,
-                         uint64_t split_id)
-    : shard_(shard), seq_len_(seq_len), seed_(seed), split_id_(split_id) {
+                         uint64_t split_id, DocumentOptions documents)
+    : shard_(shard), seq_len_(seq_len), seed_(seed), split_id_(split_id), documents_(documents) {
   CLEAVE_CHECK(seq_len > 0, "seq_len=" << seq_len << " must be positive");
   CLEAVE_CHECK(split_id <= std::numeric_limits<uint32_t>::max(),
                "split_id=" << split_id << " must fit in 32 bits");
@@ -68,6 +68,18 @@ void BatchLoader::fill(int32_t* inputs, int32_t* targets, uint64_t step, int64_t
 void BatchLoader::fill(Batch& batch, uint64_t step, int64_t first_sample, int64_t count) const {
   batch.whole_sequences(count, seq_len_);
   fill(batch.tokens.data(), batch.targets.data(), step, first_sample, count);
+  if (!documents_.mask && !documents_.reset_positions) return;
+  const int64_t T = seq_len_;
+  if (documents_.mask) batch.documents.resize(size_t(count * T));
+  for (int64_t r = 0; r < count; ++r) {
+    int32_t document = 0, start = 0;  // of the token at t: its document, where that begins
+    for (int64_t t = 0; t < T; ++t) {
+      const size_t i = size_t(r * T + t);
+      if (documents_.mask) batch.documents[i] = document;
+      if (documents_.reset_positions) batch.positions[i] = int32_t(t) - start;
+      if (batch.tokens[i] == documents_.separator) ++document, start = int32_t(t) + 1;
+    }
+  }
 }
 
 }  // namespace cleave

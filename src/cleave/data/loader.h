@@ -10,22 +10,35 @@
 
 namespace cleave {
 
+// Documents inside a window: token files hold documents one after the other, each ended by a
+// separator (the end-of-text id `cleave tokenize` writes, 2). With mask, the batch says which
+// document each token is in (the separator belongs to the one it ends), and attention stays
+// inside it; with reset_positions, positions restart at 0 after each separator.
+struct DocumentOptions {
+  bool mask = false;
+  bool reset_positions = false;
+  int32_t separator = 2;
+};
+
 class BatchLoader {
  public:
   // split_id separates the train and validation streams (0 = train, 1 = validation).
-  BatchLoader(const TokenShard& shard, int64_t seq_len, uint64_t seed, uint64_t split_id);
+  BatchLoader(const TokenShard& shard, int64_t seq_len, uint64_t seed, uint64_t split_id,
+              DocumentOptions documents = {});
   // Fills inputs and targets ([count, seq_len] each, int32) with global samples
   // [first_sample, first_sample + count) of step `step`.
   void fill(int32_t* inputs, int32_t* targets, uint64_t step, int64_t first_sample,
             int64_t count) const;
-  // The same samples as a batch descriptor: each window is one sequence (positions 0 .. seq_len-1,
-  // one document), and every target counts.
+  // The same samples as a batch descriptor: each window is one sequence, its documents and
+  // positions as the DocumentOptions say (by default one document, positions 0 .. seq_len-1),
+  // and every target counts.
   void fill(Batch& batch, uint64_t step, int64_t first_sample, int64_t count) const;
 
  private:
   const TokenShard& shard_;
   int64_t seq_len_;
   uint64_t seed_, split_id_;
+  DocumentOptions documents_;
 };
 
 }  // namespace cleave

@@ -138,6 +138,14 @@ const std::vector<Key>& schema() {
     k.push_back(string_key("data.dir", &C::data, &DataConfig::dir));
     k.push_back(string_key("data.corpus", &C::data, &DataConfig::corpus));
     k.push_back(real_key("data.val_fraction", &C::data, &DataConfig::val_fraction, 0.0, 0.5));
+    k.push_back({"data.document_mask", Kind::boolean, 0, 0, {},
+                 [](C& c, const toml::node& n) { c.data.document_mask = *n.value<bool>(); },
+                 [](const C& c) { return std::string(c.data.document_mask ? "true" : "false"); }});
+    k.push_back({"data.reset_positions", Kind::boolean, 0, 0, {},
+                 [](C& c, const toml::node& n) { c.data.reset_positions = *n.value<bool>(); },
+                 [](const C& c) { return std::string(c.data.reset_positions ? "true" : "false"); }});
+    k.push_back(integer_key("data.document_separator", &C::data, &DataConfig::document_separator,
+                            0, (1 << 24) - 1));
 
     k.push_back(integer_key("train.seed", &C::train, &TrainConfig::seed, 0, 9.2e18));
     k.push_back(integer_key("train.seq_len", &C::train, &TrainConfig::seq_len, 1, 1 << 20));
@@ -335,6 +343,9 @@ void validate_and_resolve(Config& c, const std::set<std::string>& given, const s
   if (m.family == Family::llama && m.head_dim() % 2 != 0)
     fail("head dimension model.d_model / model.n_heads = " + std::to_string(m.head_dim()) +
          " must be even for rotary embeddings");
+  if (c.data.document_separator >= m.vocab_size)
+    fail("data.document_separator = " + std::to_string(c.data.document_separator) +
+         " is no token id of model.vocab_size = " + std::to_string(m.vocab_size));
   if (c.train.seq_len > m.max_seq_len)
     fail("train.seq_len = " + std::to_string(c.train.seq_len) + " exceeds model.max_seq_len = " +
          std::to_string(m.max_seq_len));

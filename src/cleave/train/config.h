@@ -16,6 +16,9 @@ struct DataConfig {
   std::string dir = "data/fortunes";  // tokenizer.model, train.bin, val.bin
   std::string corpus;                 // text file `cleave tokenize` reads
   double val_fraction = 0.05;
+  bool document_mask = false;    // attention stays inside each document of a window
+  bool reset_positions = false;  // positions restart at each document
+  int document_separator = 2;    // the id that ends a document (cleave tokenize's end of text)
 };
 
 // What MFU is quoted against when train.peak_gflops is 0: the GEMM peak measured on this machine

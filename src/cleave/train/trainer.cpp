@@ -63,8 +63,10 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     const std::string dir = cfg_.data.dir;
     train_shard_ = std::make_unique<TokenShard>(dir + "/train.bin", cfg_.model.vocab_size);
     val_shard_ = std::make_unique<TokenShard>(dir + "/val.bin", cfg_.model.vocab_size);
-    train_loader_ = std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0);
-    val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1);
+    const DocumentOptions documents{cfg_.data.document_mask, cfg_.data.reset_positions,
+                                    int32_t(cfg_.data.document_separator)};
+    train_loader_ = std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0, documents);
+    val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1, documents);
     from = checkpoint_to_resume(resume, t.out_dir);
   });
   process_ = make_process_groups(*mesh_, rank_, cfg_.model, layout->check.stages);
