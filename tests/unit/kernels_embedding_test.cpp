@@ -22,25 +22,6 @@ namespace {
 
 using namespace cleave::test_util;
 
-// Position pos_offset + t for token t of each of B sequences of T tokens.
-std::vector<int32_t> sequence_positions(int64_t B, int64_t T, int64_t pos_offset = 0) {
-  std::vector<int32_t> p(B * T);
-  for (int64_t r = 0; r < B * T; r++) p[r] = int32_t(pos_offset + r % T);
-  return p;
-}
-
-// Two sequences of 16 rows: documents restarting at 0 mid-sequence, then a context-parallel
-// rank's zigzag pieces [0..7] ++ [24..31].
-std::vector<int32_t> restart_and_zigzag_positions() {
-  std::vector<int32_t> p;
-  for (int t = 0; t < 5; t++) p.push_back(t);
-  for (int t = 0; t < 8; t++) p.push_back(t);
-  for (int t = 0; t < 3; t++) p.push_back(t);
-  for (int t = 0; t < 8; t++) p.push_back(t);
-  for (int t = 24; t < 32; t++) p.push_back(t);
-  return p;
-}
-
 // The sequential scatter the kernels promise to reproduce exactly.
 void ref_scatter(std::vector<float>& table, const std::vector<float>& dout,
                  const std::vector<int32_t>& rows, int C) {

@@ -24,12 +24,6 @@ using namespace cleave::test_util;
 
 constexpr float kTheta = 10000.0f;
 
-// Position off + t for token t of each of B sequences of T tokens.
-std::vector<int32_t> sequence_positions(int64_t B, int64_t T, int64_t off) {
-  std::vector<int32_t> p(B * T);
-  for (int64_t r = 0; r < B * T; r++) p[r] = int32_t(off + r % T);
-  return p;
-}
 
 // Double reference of the forward on the same layout; untouched columns are copied through.
 std::vector<double> ref_rope(const std::vector<double>& x, int hd, const std::vector<int32_t>& pos,
@@ -135,14 +129,7 @@ TEST(Rope, PositionOffsetMatchesSliceOfLongerSequence) {
 }
 
 TEST(Rope, EachRowTakesItsOwnPosition) {
-  // Documents restarting at 0 mid-sequence (5, 8 and 3 tokens), then a context-parallel rank's
-  // zigzag pieces [0..7] ++ [24..31].
-  std::vector<int32_t> pos;
-  for (int t = 0; t < 5; t++) pos.push_back(t);
-  for (int t = 0; t < 8; t++) pos.push_back(t);
-  for (int t = 0; t < 3; t++) pos.push_back(t);
-  for (int t = 0; t < 8; t++) pos.push_back(t);
-  for (int t = 24; t < 32; t++) pos.push_back(t);
+  const std::vector<int32_t> pos = restart_and_zigzag_positions();
   const int hd = 16, H = 3;
   const int64_t rows = int64_t(pos.size()), stride = H * hd + 5;
   k::RopeTable tab(hd, 32, kTheta);

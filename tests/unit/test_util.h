@@ -1,5 +1,5 @@
-// Helpers shared by the unit tests: seeded random inputs, bitwise comparison, and a scoped
-// OpenMP thread count (results must not depend on it).
+// Helpers shared by the unit tests: seeded random inputs, bitwise comparison, a scoped OpenMP
+// thread count (results must not depend on it), and token positions.
 #pragma once
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -62,5 +62,24 @@ class TestDir {
  private:
   std::filesystem::path path_;
 };
+
+// Position pos_offset + t for token t of each of B sequences of T tokens.
+inline std::vector<int32_t> sequence_positions(int64_t B, int64_t T, int64_t pos_offset = 0) {
+  std::vector<int32_t> p(size_t(B * T));
+  for (int64_t r = 0; r < B * T; r++) p[size_t(r)] = int32_t(pos_offset + r % T);
+  return p;
+}
+
+// Two sequences of 16 rows: documents restarting at 0 mid-sequence (5, 8 and 3 tokens), then a
+// context-parallel rank's zigzag pieces [0..7] ++ [24..31].
+inline std::vector<int32_t> restart_and_zigzag_positions() {
+  std::vector<int32_t> p;
+  for (int t = 0; t < 5; t++) p.push_back(t);
+  for (int t = 0; t < 8; t++) p.push_back(t);
+  for (int t = 0; t < 3; t++) p.push_back(t);
+  for (int t = 0; t < 8; t++) p.push_back(t);
+  for (int t = 24; t < 32; t++) p.push_back(t);
+  return p;
+}
 
 }  // namespace cleave::test_util

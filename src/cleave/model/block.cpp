@@ -72,8 +72,10 @@ void Block::leave_row(float* partial, float* out, int64_t N) {
   else tp_pairs::reduce_forward(*tp_.comm, out, N * d)();
 }
 
-void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batch,
-                    BlockGrads& g) {
+void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batch, BlockGrads& g,
+                    KVCache* cache) {
+  CLEAVE_CHECK(!cache || share_.tp == 1,
+               "generation runs at tp = 1 (the model has tp " << share_.tp << ")");
   const int64_t B = batch.B, T = batch.T, N = B * T, n = local_rows(N), d = cfg_.d_model;
   if (N != s.B * s.T || B != s.B) {
     s.h1.resize(n * d);
@@ -89,7 +91,7 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
 
   norm1_.forward(s.h1.data(), x_in, n, s.norm1);
   const float* h1 = enter_column(s.h1.data(), g.gathered.data(), N, "attn.qkv");
-  attn_.forward(s.attn, sp ? partial : s.x_mid.data(), h1, batch, !sp);
+  attn_.forward(s.attn, sp ? partial : s.x_mid.data(), h1, batch, !sp, cache);
   leave_row(partial, s.x_mid.data(), N);
   attn_.add_bias(s.x_mid.data(), n);
   kernels::add_inplace(s.x_mid.data(), x_in, n * d);
@@ -100,25 +102,6 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
   leave_row(partial, x_out, N);
   mlp_.add_bias(x_out, n);
   kernels::add_inplace(x_out, s.x_mid.data(), n * d);
-}
-
-void Block::forward_cached(Saved& s, float* x_out, const float* x_in, int64_t T, KVCache& cache) {
-  CLEAVE_CHECK(share_.tp == 1, "generation runs at tp = 1 (the model has tp " << share_.tp << ")");
-  const int64_t d = cfg_.d_model;
-  if (T != s.B * s.T || s.B != 1) {
-    s.h1.resize(T * d);
-    s.x_mid.resize(T * d);
-    s.h2.resize(T * d);
-  }
-  s.B = 1, s.T = T;
-  norm1_.forward(s.h1.data(), x_in, T, s.norm1);
-  attn_.forward_cached(s.attn, s.x_mid.data(), s.h1.data(), T, cache);
-  attn_.add_bias(s.x_mid.data(), T);
-  kernels::add_inplace(s.x_mid.data(), x_in, T * d);
-  norm2_.forward(s.h2.data(), s.x_mid.data(), T, s.norm2);
-  mlp_.forward(s.mlp, x_out, s.h2.data(), T, false);
-  mlp_.add_bias(x_out, T);
-  kernels::add_inplace(x_out, s.x_mid.data(), T * d);
 }
 
 void start_gather_rows(TpComm& comm, BlockGrads& g, const float* local, int64_t n) {

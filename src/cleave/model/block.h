@@ -74,10 +74,10 @@ class Block {
 
   // x_in and x_out hold the rank's rows of the batch's B sequences of T tokens (all of them, or
   // 1/tp under sequence parallelism). x_in and the batch must stay unchanged until the backward
-  // of s.
-  void forward(Saved& s, float* x_out, const float* x_in, const Batch& batch, BlockGrads& g);
-  // Generation (tp = 1): one sequence of T new tokens following the cache's contents.
-  void forward_cached(Saved& s, float* x_out, const float* x_in, int64_t T, KVCache& cache);
+  // of s. With a cache (generation, tp = 1): one sequence of T new tokens following the cache's
+  // contents.
+  void forward(Saved& s, float* x_out, const float* x_in, const Batch& batch, BlockGrads& g,
+               KVCache* cache = nullptr);
   // dx_in (=) from dx_out, and the weight gradients (+=), of s's micro-batch. With both, each
   // column-parallel linear's input gradient is reduced over tp while its and its row-parallel
   // partner's weight gradients run. part weight ignores dx_in and dx_out.

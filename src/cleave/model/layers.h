@@ -39,6 +39,16 @@ class Linear {
   float *weight_ = nullptr, *bias_ = nullptr, *dweight_ = nullptr, *dbias_ = nullptr;
 };
 
+// What a module's backward_input leaves its backward_weight: its output's gradient and the gradient
+// inside it (the input of its first linear's product), with their bf16 copies where one whole
+// backward keeps them (null: converted when the weight gradients need them).
+struct WeightGradInputs {
+  const float* dy = nullptr;
+  const float* inner = nullptr;
+  const OperandCopy* dy_copy = nullptr;
+  const OperandCopy* inner_copy = nullptr;
+};
+
 // The per-row statistics a norm's forward saves for its backward. The caller keeps them, one per
 // micro-batch in flight.
 struct NormStats {

@@ -74,15 +74,15 @@ void Mlp::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
     kernels::swiglu_backward(d_fc, g.d_act.data(), s.fc.data(), N, ffn_);
   fc_.backward_input(dx, d_fc, N, false, defer ? nullptr : &g.dfc_copy);
   if (defer) std::memcpy(s.dy.data(), dy, N * d * sizeof(float));
-  s.w_dy = defer ? s.dy.data() : dy;
-  s.w_dfc = d_fc;
-  s.w_dy_copy = defer ? nullptr : &g.dy_copy;
-  s.w_dfc_copy = defer ? nullptr : &g.dfc_copy;
+  // The output gradients' bf16 copies serve the weight gradients of a whole backward only.
+  if (defer) s.weight = {s.dy.data(), d_fc, nullptr, nullptr};
+  else s.weight = {dy, d_fc, &g.dy_copy, &g.dfc_copy};
 }
 
 void Mlp::backward_weight(Saved& s, const float* x) {
-  proj_.backward_weight(s.w_dy, s.act.data(), s.N, s.w_dy_copy, &s.act_copy);
-  fc_.backward_weight(s.w_dfc, x, s.N, s.w_dfc_copy, s.x_kept ? &s.x_copy : nullptr);
+  const WeightGradInputs& w = s.weight;
+  proj_.backward_weight(w.dy, s.act.data(), s.N, w.dy_copy, &s.act_copy);
+  fc_.backward_weight(w.inner, x, s.N, w.inner_copy, s.x_kept ? &s.x_copy : nullptr);
 }
 
 }  // namespace cleave

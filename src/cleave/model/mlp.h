@@ -22,9 +22,7 @@ class Mlp {
     OperandCopy x_copy, act_copy;  // bf16 copies of the linears' inputs (x's when kept)
     bool x_kept = false;
     Buffer<float> dy, d_fc;       // kept by a deferred input half
-    const float* w_dy = nullptr;  // for the weight half: the output and fc gradients
-    const float* w_dfc = nullptr;
-    const OperandCopy *w_dy_copy = nullptr, *w_dfc_copy = nullptr;
+    WeightGradInputs weight;      // for the weight half: the output and fc gradients
     void release();
   };
   struct Scratch {  // shared by every block: the gradients inside one whole backward

@@ -64,11 +64,13 @@ void SelfAttention::rotate(Saved& s, const int32_t* positions) {
                           positions);
 }
 
-void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& batch, bool keep_x) {
+void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& batch, bool keep_x,
+                            KVCache* cache) {
   const int64_t B = batch.B, T = batch.T, N = B * T, hd = cfg_.head_dim();
   const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
+  const int64_t qkv_dim = share_.qkv_dim(int(hd));
   if (N != s.B * s.T || B != s.B) {
-    s.qkv.resize(N * share_.qkv_dim(int(hd)));
+    s.qkv.resize(N * qkv_dim);
     s.o.resize(N * q_dim);
     s.lse.resize(N * share_.heads);
   }
@@ -79,40 +81,29 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
   qkv_.forward(s.qkv.data(), x, N, keep_x ? &s.x_copy : nullptr);
   rotate(s, s.positions);
   const float* q = s.qkv.data();
-  kernels::attention_forward(s.o.data(), s.lse.data(), q, q + q_dim, q + q_dim + kv_dim, shape(s));
+  if (!cache) {
+    kernels::attention_forward(s.o.data(), s.lse.data(), q, q + q_dim, q + q_dim + kv_dim,
+                               shape(s));
+  } else {
+    CLEAVE_CHECK(B == 1, "generation runs one sequence, not " << B);
+    const int64_t pos0 = cache->length;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = q + t * qkv_dim;
+      std::memcpy(cache->k.data() + (pos0 + t) * kv_dim, row + q_dim, kv_dim * sizeof(float));
+      std::memcpy(cache->v.data() + (pos0 + t) * kv_dim, row + q_dim + kv_dim,
+                  kv_dim * sizeof(float));
+    }
+    kernels::attention_cached(s.o.data(), q, qkv_dim, cache->k.data(), cache->v.data(), T, pos0,
+                              share_.heads, share_.kv_heads, int(hd));
+    cache->length += T;
+  }
   out_.forward(y, s.o.data(), N, &s.o_copy);
-}
-
-void SelfAttention::forward_cached(Saved& s, float* y, const float* x, int64_t T, KVCache& cache) {
-  const int64_t hd = cfg_.head_dim(), pos0 = cache.length;
-  const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
-  const int64_t qkv_dim = share_.qkv_dim(int(hd));
-  if (T != s.B * s.T || s.B != 1) {
-    s.qkv.resize(T * qkv_dim);
-    s.o.resize(T * q_dim);
-  }
-  s.B = 1, s.T = T;
-  s.documents = nullptr;
-  positions_.resize(size_t(T));
-  for (int64_t t = 0; t < T; ++t) positions_[size_t(t)] = int32_t(pos0 + t);
-  qkv_.forward(s.qkv.data(), x, T);
-  rotate(s, positions_.data());
-  for (int64_t t = 0; t < T; ++t) {
-    const float* row = s.qkv.data() + t * qkv_dim;
-    std::memcpy(cache.k.data() + (pos0 + t) * kv_dim, row + q_dim, kv_dim * sizeof(float));
-    std::memcpy(cache.v.data() + (pos0 + t) * kv_dim, row + q_dim + kv_dim, kv_dim * sizeof(float));
-  }
-  kernels::attention_cached(s.o.data(), s.qkv.data(), qkv_dim, cache.k.data(), cache.v.data(), T,
-                            pos0, share_.heads, share_.kv_heads, int(hd));
-  cache.length += T;
-  out_.forward(y, s.o.data(), T);
 }
 
 void SelfAttention::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer) {
   const int64_t N = s.B * s.T, hd = cfg_.head_dim(), d = cfg_.d_model;
   const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
   const int64_t qkv_dim = share_.qkv_dim(int(hd));
-  // The output gradients' bf16 copies serve the weight gradients of a whole backward only.
   if (defer && s.d_qkv.size() != N * qkv_dim) {  // sized once per slot: a resize returns pages
     s.dy.resize(N * d);
     s.d_qkv.resize(N * qkv_dim);
@@ -127,16 +118,16 @@ void SelfAttention::backward_input(Saved& s, Scratch& g, float* dx, const float*
                            s.positions);
   qkv_.backward_input(dx, d_qkv, N, false, defer ? nullptr : &g.dqkv_copy);
   if (defer) std::memcpy(s.dy.data(), dy, N * d * sizeof(float));
-  s.w_dy = defer ? s.dy.data() : dy;
-  s.w_dqkv = d_qkv;
-  s.w_dy_copy = defer ? nullptr : &g.dy_copy;
-  s.w_dqkv_copy = defer ? nullptr : &g.dqkv_copy;
+  // The output gradients' bf16 copies serve the weight gradients of a whole backward only.
+  if (defer) s.weight = {s.dy.data(), d_qkv, nullptr, nullptr};
+  else s.weight = {dy, d_qkv, &g.dy_copy, &g.dqkv_copy};
 }
 
 void SelfAttention::backward_weight(Saved& s, const float* x) {
   const int64_t N = s.B * s.T;
-  out_.backward_weight(s.w_dy, s.o.data(), N, s.w_dy_copy, &s.o_copy);
-  qkv_.backward_weight(s.w_dqkv, x, N, s.w_dqkv_copy, s.x_kept ? &s.x_copy : nullptr);
+  const WeightGradInputs& w = s.weight;
+  out_.backward_weight(w.dy, s.o.data(), N, w.dy_copy, &s.o_copy);
+  qkv_.backward_weight(w.inner, x, N, w.inner_copy, s.x_kept ? &s.x_copy : nullptr);
 }
 
 }  // namespace cleave

@@ -7,7 +7,6 @@
 // owns (docs/architecture.md, Modules).
 #pragma once
 #include <cstdint>
-#include <vector>
 
 #include "cleave/base/batch.h"
 #include "cleave/base/buffer.h"
@@ -31,10 +30,7 @@ class SelfAttention {
     OperandCopy x_copy, o_copy;  // bf16 copies of the linears' inputs (x's when kept)
     bool x_kept = false;
     Buffer<float> dy, d_qkv;     // kept by a deferred input half
-    // For the weight half: the output and qkv gradients, and their bf16 copies (null: convert).
-    const float* w_dy = nullptr;
-    const float* w_dqkv = nullptr;
-    const OperandCopy *w_dy_copy = nullptr, *w_dqkv_copy = nullptr;
+    WeightGradInputs weight;     // for the weight half: the output and qkv gradients
     void release();
   };
   // Shared by every block: the gradients inside one whole backward.
@@ -51,10 +47,11 @@ class SelfAttention {
   // y (=) for the batch's B sequences of T tokens, each token attending to the earlier tokens of
   // its document and rotated by its position; y holds the out projection without its bias
   // (add_bias, once the partial sums are complete). keep_x: keep x's bf16 copy for the weight
-  // gradient (else x is given again, e.g. gathered again, and converted then).
-  void forward(Saved& s, float* y, const float* x, const Batch& batch, bool keep_x);
-  // Generation: one sequence of T new tokens after the cache's contents.
-  void forward_cached(Saved& s, float* y, const float* x, int64_t T, KVCache& cache);
+  // gradient (else x is given again, e.g. gathered again, and converted then). With a cache
+  // (generation: one sequence, the batch's positions following the cache's contents), the keys
+  // and values are appended to it and the tokens attend to all of it.
+  void forward(Saved& s, float* y, const float* x, const Batch& batch, bool keep_x,
+               KVCache* cache = nullptr);
   void add_bias(float* y, int64_t rows) const { out_.add_bias(y, rows); }
   // dx (=) from dy; defer keeps dy and the internal gradients in s for a later backward_weight
   // (else they live in g until this backward's backward_weight).
@@ -71,7 +68,6 @@ class SelfAttention {
   TpShare share_;
   const kernels::RopeTable* rope_;  // null for GPT-2
   Linear qkv_, out_;
-  std::vector<int32_t> positions_;  // forward_cached's
 };
 
 }  // namespace cleave

@@ -352,15 +352,16 @@ const float* Transformer::forward_cached(const int32_t* tokens, int64_t T,
   prepare(1, T, {1});
   Slot& s = slot_of(0, 0);
   const int64_t d = cfg_.d_model;
-  cached_positions_.resize(size_t(T));
-  for (int64_t t = 0; t < T; ++t) cached_positions_[size_t(t)] = int32_t(pos0 + t);
-  embed(s.stream[0].data(), tokens, cached_positions_.data(), T);
+  whole_.whole_sequences(1, T);
+  std::copy(tokens, tokens + T, whole_.tokens.begin());
+  for (int32_t& p : whole_.positions) p += int32_t(pos0);
+  embed(s.stream[0].data(), tokens, whole_.positions.data(), T);
   for (int u = 0; u < n_units(); ++u) {
     const int l = units_[size_t(u)].layer;
     if (units_[size_t(u)].kind == UnitKind::block)
-      blocks_[size_t(block_of_unit_[size_t(u)])]->forward_cached(
-          saved_[size_t(u)].front(), s.stream[size_t(l) + 1].data(), s.stream[size_t(l)].data(), T,
-          cache[size_t(l)]);
+      blocks_[size_t(block_of_unit_[size_t(u)])]->forward(
+          saved_[size_t(u)].front(), s.stream[size_t(l) + 1].data(), s.stream[size_t(l)].data(),
+          whole_, grads_, &cache[size_t(l)]);
   }
   const float* last = s.stream.back().data() + (T - 1) * d;
   final_norm_->forward(s.hf.data(), last, 1, s.final_norm);

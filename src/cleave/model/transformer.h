@@ -162,8 +162,7 @@ class Transformer {
   OperandCopy d_logits_;                  // bf16 mode: the head's output gradient, likewise
   Buffer<float> stats_, all_stats_;       // tp > 1
   Buffer<float> embed_full_, d_full_;     // sequence parallelism
-  Batch whole_;                           // forward's batch of whole sequences
-  std::vector<int32_t> cached_positions_;  // forward_cached's
+  Batch whole_;  // the batch of forward's whole sequences, and of forward_cached's new tokens
 };
 
 }  // namespace cleave

@@ -17,18 +17,22 @@ void StepEnd::finish_gradients() {
   for (size_t g = 0; g < p_.groups.size(); ++g) shards_[g] = p_.groups[g].dp->finish_gradients();
 }
 
-void StepEnd::sum_loss(double loss_sum, double tokens, double expected) {
-  // Only the last stage computes losses: the pipeline's sum carries them to every rank.
-  double loss = sum_of_doubles(*p_.batch, loss_sum);
-  tokens = sum_of_doubles(*p_.batch, tokens);
-  if (p_.pp) {
-    loss = sum_of_doubles(*p_.pp, loss, &r_.exposed_pp);
-    tokens = sum_of_doubles(*p_.pp, tokens, &r_.exposed_pp);
+LossSum sum_losses(Group& batch, Group* pp, double loss_sum, double tokens, double* waited_pp) {
+  LossSum s{sum_of_doubles(batch, loss_sum), sum_of_doubles(batch, tokens)};
+  if (pp) {
+    s.loss = sum_of_doubles(*pp, s.loss, waited_pp);
+    s.tokens = sum_of_doubles(*pp, s.tokens, waited_pp);
   }
-  CLEAVE_CHECK(tokens == expected, "step " << step_ + 1 << ": the ranks' batches hold " << tokens
-                                           << " valid tokens; the gradients were scaled for "
-                                           << expected);
-  r_.loss = loss / tokens;
+  return s;
+}
+
+void StepEnd::sum_loss(double loss_sum, double tokens, double expected) {
+  const LossSum s = sum_losses(*p_.batch, p_.pp, loss_sum, tokens, &r_.exposed_pp);
+  CLEAVE_CHECK(s.tokens == expected, "step " << step_ + 1 << ": the ranks' batches hold "
+                                             << s.tokens
+                                             << " valid tokens; the gradients were scaled for "
+                                             << expected);
+  r_.loss = s.mean();
 }
 
 void StepEnd::grad_norm() {

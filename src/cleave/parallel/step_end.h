@@ -17,6 +17,16 @@
 
 namespace cleave {
 
+// The mean token loss of a batch held in pieces: each rank's summed losses and valid tokens,
+// summed over `batch` and then over the pipeline `pp` (null: none; only its last stage has
+// losses), in that order, the seconds waited on pp added to *waited_pp when given.
+struct LossSum {
+  double loss = 0, tokens = 0;
+  double mean() const { return loss / tokens; }
+};
+LossSum sum_losses(Group& batch, Group* pp, double loss_sum, double tokens,
+                   double* waited_pp = nullptr);
+
 struct StepEndGroup {
   DataParallel* dp = nullptr;
   AdamW* optim = nullptr;

@@ -8,11 +8,12 @@
 namespace cleave {
 
 Group* ProcessGroups::along(const std::vector<std::string>& axes) {
-  if (Group*& known = by_axes[axes]) return known;
+  Group*& group = by_axes[axes];
+  if (group) return group;
   std::string name;
   for (const std::string& a : axes) name += (name.empty() ? "" : " x ") + a;
   more.push_back(make_group(mesh->group(rank, axes), rank, name));
-  return by_axes[axes] = more.back().get();
+  return group = more.back().get();
 }
 
 ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model,

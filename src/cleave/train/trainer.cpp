@@ -255,14 +255,8 @@ double Trainer::validate() {
     val_loader_->fill(batch, uint64_t(b), dp_rank_ * local_batch_, local_batch_);
   };
   const StepTimes v = executor_->run(val_program_, run);
-  Group& batch = *process_.along(axes_.batch);
-  double sum = sum_of_doubles(batch, v.loss_sum);
-  double tokens = sum_of_doubles(batch, double(v.loss_tokens));
-  if (process_.pp->size() > 1) {
-    sum = sum_of_doubles(*process_.pp, sum);
-    tokens = sum_of_doubles(*process_.pp, tokens);
-  }
-  return sum / tokens;
+  Group* pp = process_.pp->size() > 1 ? process_.pp.get() : nullptr;
+  return sum_losses(*process_.along(axes_.batch), pp, v.loss_sum, double(v.loss_tokens)).mean();
 }
 
 void Trainer::write_trace(int64_t step, const std::vector<TraceEvent>& mine) {
