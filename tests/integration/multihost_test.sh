@@ -311,6 +311,8 @@ for rank in 2 3; do
   report_has "^  rank $rank: on host2, status UNKNOWN: no status file in $work/status/host1/cleave-" \
     "cut-per-host: rank $rank (host2, status not visible) is not reported as unknown"
 done
+# In the analysis of the group the reporting rank waits in or, when that group is within host1,
+# of the crossing group the host1 rank behind it waits in (the analysis follows it there).
 report_has "^    UNKNOWN \(other host\): +rank [23] \(on host2" \
   "cut-per-host: the group analysis does not mark host2's rank unknown"
 if judges_host2 "$work/$r"; then

@@ -145,6 +145,48 @@ TEST(CommReport, RankOnAnotherHostWithoutStatusIsUnknown) {
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
+// The reporting rank times out in a group within its host, behind a rank of its host that waits in
+// a group crossing to another host: the analysis follows that rank into the group it waits in
+// (which the reporting rank is not in) and finds its members there by their status pages.
+TEST(CommReport, FollowsABehindRankIntoTheGroupItWaitsIn) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("cleave-comm-report-chain-" + std::to_string(getpid()));
+  char me[64] = {};
+  gethostname(me, sizeof(me) - 1);
+  const std::vector<std::string> hosts = {me, me, "far-away-host", "far-away-host"};
+  {
+    StatusBoard r0(dir, 0, 4, hosts), r1(dir, 1, 4, hosts);
+    const std::vector<int> shard = {0, 1}, replicate = {1, 3};
+    const int a0 = r0.add_group("dp_shard", shard, 0), a1 = r1.add_group("dp_shard", shard, 1);
+    const int b1 = r1.add_group("dp_replicate", replicate, 0);
+    auto first0 = op(Op::reduce_scatter, "dp_shard", a0, 1, 4096);
+    auto first1 = op(Op::reduce_scatter, "dp_shard", a1, 1, 4096);
+    r0.started(*first0);
+    r0.completed(*first0);
+    r1.started(*first1);
+    r1.completed(*first1);
+    r0.started(*op(Op::reduce_scatter, "dp_shard", a0, 2, 4096));
+    r1.started(*op(Op::all_reduce, "dp_replicate", b1, 5, 8192));
+    std::string report;
+    {
+      SafeText out(SafeText::string_sink, &report);
+      r0.write_report(out, a0, 2, Op::reduce_scatter);
+    }
+    EXPECT_NE(report.find("BEHIND (not started it): rank 1 (at #1 reduce_scatter"), std::string::npos)
+        << report;
+    const size_t chain = report.find(
+        "cleave comm: rank 1, behind, waits in group \"dp_replicate\" (2 ranks) at collective #5 "
+        "all_reduce:\n    waiting in it:           rank 1\n"
+        "    UNKNOWN (other host):    rank 2 (on far-away-host, status not visible here), rank 3 ");
+    EXPECT_NE(chain, std::string::npos) << report;
+    EXPECT_NE(report.find("    (1 member(s) among those 2 ranks without a status here)\n", chain),
+              std::string::npos) << report;
+    // Rank 0 is not in dp_replicate: it must not be listed there.
+    EXPECT_EQ(report.find("rank 0", chain), std::string::npos) << report;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
 // A rank that failed with an error is seen as such by the others (their SIGTERM handlers then stay
 // quiet), and its file stays until the last rank leaves, which removes the whole folder.
 TEST(CommReport, FailedRankIsSeenAndTheLastToLeaveRemovesTheFolder) {

@@ -334,48 +334,65 @@ void StatusBoard::write_report(SafeText& out, int focus_slot, uint64_t focus_seq
 // seq 0: the furthest sequence number any member started.
 void StatusBoard::write_group_analysis(SafeText& out, int slot, uint64_t seq, int op) const {
   const StatusSlot& mine = page_->slots[slot];
-  const uint64_t key = mine.key;
   const std::vector<int>& members = members_[slot];
   StatusPage page;
   if (seq == 0) {
     for (int m : members)
       if (read_page(m, page))
-        if (const StatusSlot* s = find_slot(page, key); s && s->started > seq) {
+        if (const StatusSlot* s = find_slot(page, mine.key); s && s->started > seq) {
           seq = s->started;
           if (op < 0 || m == world_rank_) op = s->op;
         }
     if (seq == 0) return;
   }
-  out.str("cleave comm: group \"").str(mine.name, sizeof(mine.name)).str("\" (").num(int64_t(members.size()))
-      .str(" ranks) at collective #").unum(seq);
+  out.str("cleave comm: group \"").str(mine.name, sizeof(mine.name)).str("\" (")
+      .num(int64_t(members.size())).str(" ranks) at collective #").unum(seq);
   if (op >= 0) out.chr(' ').str(op_name(Op(op)));
   out.str(":\n");
-  // One line per category, listing the world ranks in it.
+  const GroupAt group{mine.key, int(members.size()), seq, op};
+  uint64_t followed[kMaxFollowed] = {mine.key};
+  int n_followed = 1;
+  write_members(out, group, members.data(), int(members.size()), followed, n_followed);
+}
+
+// A member behind in the group may itself wait in a collective of another group, one this rank is
+// not in (a host1 rank stuck in a group crossing to host2, say): that group is the one to look
+// at, so the analysis follows it. Its members are those whose status page has its key; the ones
+// whose page cannot be read here are candidates, named as such.
+void StatusBoard::write_members(SafeText& out, const GroupAt& group, const int* members,
+                                int n_members, uint64_t* followed, int& n_followed) const {
   enum { waiting, done, behind, stopped, dead, missing, unknown, mismatch, ncat };
   static const char* const labels[ncat] = {
       "    waiting in it:           ", "    done with it:            ",
       "    BEHIND (not started it): ", "    STOPPED (not running):   ",
       "    DEAD:                    ", "    MISSING (no status):     ",
       "    UNKNOWN (other host):    ", "    MISMATCH (another op):   "};
+  // Without a member list every world rank is looked at: readable pages without the group's key
+  // are not members, unreadable ones may be.
+  const int n = members ? n_members : world_size_;
+  int seen = 0, unseen = 0;  // without a member list: members found, and candidates not readable
+  StatusPage page;
   for (int cat = 0; cat < ncat; ++cat) {
     bool any = false;
-    for (size_t g = 0; g < members.size(); ++g) {
-      const int m = members[g];
+    for (int g = 0; g < n; ++g) {
+      const int m = members ? members[g] : g;
       int c = on_other_host(m) ? unknown : missing;  // unless its file is readable
       const StatusSlot* s = nullptr;
       int alive = 1;
       const bool readable = read_page(m, page);  // if not, `page` still holds another rank's
       if (readable) {
-        s = find_slot(page, key);
+        s = find_slot(page, group.key);
+        if (!members && !s) continue;
         alive = liveness(page, host_);
         if (alive == 0) c = dead;
         else if (!s) c = missing;
         else if (alive == 2) c = stopped;
-        else if (s->started < seq) c = behind;
-        else if (s->started == seq && op >= 0 && s->op != op) c = mismatch;
-        else if (s->completed >= seq) c = done;
+        else if (s->started < group.seq) c = behind;
+        else if (s->started == group.seq && group.op >= 0 && s->op != group.op) c = mismatch;
+        else if (s->completed >= group.seq) c = done;
         else c = waiting;
       }
+      if (cat == 0) (readable ? seen : unseen) += 1;
       if (c != cat) continue;
       out.str(any ? ", " : labels[cat]);
       any = true;
@@ -393,6 +410,30 @@ void StatusBoard::write_group_analysis(SafeText& out, int slot, uint64_t seq, in
       }
     }
     if (any) out.chr('\n');
+  }
+  if (!members && unseen > 0)
+    out.str("    (").num(group.size - seen).str(" member(s) among those ").num(unseen)
+        .str(" ranks without a status here)\n");
+  // Then, once per group, where each live member behind is stuck instead.
+  for (int g = 0; g < n; ++g) {
+    const int m = members ? members[g] : g;
+    if (!read_page(m, page) || liveness(page, host_) != 1) continue;
+    const StatusSlot* s = find_slot(page, group.key);
+    if (!s || s->started >= group.seq) continue;
+    for (const StatusSlot& other : page.slots) {
+      if (other.key == 0 || other.completed >= other.started || n_followed == kMaxFollowed) continue;
+      bool done_before = false;
+      for (int i = 0; i < n_followed; ++i) done_before |= followed[i] == other.key;
+      if (done_before) continue;
+      followed[n_followed++] = other.key;
+      const GroupAt next{other.key, other.size, other.started, other.op};
+      out.str("cleave comm: rank ").num(m).str(", behind, waits in group \"")
+          .str(other.name, sizeof(other.name)).str("\" (").num(other.size)
+          .str(" ranks) at collective #").unum(other.started).chr(' ').str(op_name(Op(other.op)))
+          .str(":\n");
+      write_members(out, next, nullptr, 0, followed, n_followed);
+      break;
+    }
   }
 }
 

@@ -89,6 +89,17 @@ class StatusBoard {
   bool read_page(int rank, StatusPage& page) const;
   bool on_other_host(int rank) const;  // known to run on another host than this rank
   void write_group_analysis(SafeText& out, int slot, uint64_t seq, int op) const;
+  struct GroupAt {
+    uint64_t key;
+    int size;
+    uint64_t seq;  // the collective looked at
+    int op;        // its op, or -1
+  };
+  static constexpr int kMaxFollowed = 8;  // groups one analysis looks at, the first included
+  // members == nullptr: not known here (a group of another rank); found by key in every page.
+  // `followed`: keys of the groups already analysed (kMaxFollowed at most).
+  void write_members(SafeText& out, const GroupAt& group, const int* members, int n_members,
+                     uint64_t* followed, int& n_followed) const;
 
   std::string dir_;
   std::vector<std::string> paths_;  // status file of every world rank (built once: no allocation later)
