@@ -16,6 +16,10 @@ struct Batch {
   // [B * T]: the document the token belongs to, non-decreasing along a sequence; attention never
   // crosses documents. Empty: each sequence is one document.
   std::vector<int32_t> documents;
+  // Under context parallelism (docs/context_parallel.md) each sequence of T * cp tokens is cut
+  // into 2 x cp chunks and a rank holds two of them (T tokens): attention reads the documents of
+  // every chunk from here, [B * T * cp]. Empty when documents is, and at cp 1.
+  std::vector<int32_t> sequence_documents;
   std::vector<uint8_t> loss_mask;  // [B * T]: 1 where the token's loss counts
   int64_t valid_tokens = 0;        // tokens whose loss counts
 
@@ -33,6 +37,7 @@ struct Batch {
     resize(b, t);
     for (int64_t i = 0; i < b * t; ++i) positions[size_t(i)] = int32_t(i % t);
     documents.clear();
+    sequence_documents.clear();
     std::fill(loss_mask.begin(), loss_mask.end(), uint8_t(1));
     valid_tokens = b * t;
   }

@@ -28,8 +28,14 @@ uint64_t sample_offset(uint64_t seed, uint64_t split_id, uint64_t step, uint64_t
 }  // namespace
 
 BatchLoader::BatchLoader(const TokenShard& shard, int64_t seq_len, uint64_t seed,
-                         uint64_t split_id, DocumentOptions documents)
-    : shard_(shard), seq_len_(seq_len), seed_(seed), split_id_(split_id), documents_(documents) {
+                         uint64_t split_id, DocumentOptions documents, ContextSplit split)
+    : shard_(shard), seq_len_(seq_len), seed_(seed), split_id_(split_id), documents_(documents),
+      split_(split) {
+  CLEAVE_CHECK(split.cp >= 1 && split.rank >= 0 && split.rank < split.cp,
+               "context split: rank " << split.rank << " of cp " << split.cp);
+  if (seq_len % (2 * split.cp) != 0)
+    CLEAVE_FAIL("train.seq_len = " << seq_len << " cannot be cut into 2 x parallel.cp = "
+                                   << 2 * split.cp << " equal chunks");
   CLEAVE_CHECK(seq_len > 0, "seq_len=" << seq_len << " must be positive");
   CLEAVE_CHECK(split_id <= std::numeric_limits<uint32_t>::max(),
                "split_id=" << split_id << " must fit in 32 bits");
@@ -66,6 +72,33 @@ void BatchLoader::fill(int32_t* inputs, int32_t* targets, uint64_t step, int64_t
 }
 
 void BatchLoader::fill(Batch& batch, uint64_t step, int64_t first_sample, int64_t count) const {
+  if (split_.cp == 1) return fill_whole(batch, step, first_sample, count);
+  fill_whole(whole_, step, first_sample, count);
+  const int cp = split_.cp;
+  const int64_t c = seq_len_ / (2 * cp), T = 2 * c;
+  batch.resize(count, T);
+  batch.documents.clear();
+  batch.sequence_documents = whole_.documents;
+  if (!whole_.documents.empty()) batch.documents.resize(size_t(count * T));
+  batch.valid_tokens = 0;
+  for (int64_t r = 0; r < count; ++r)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t from = r * seq_len_ + (h == 0 ? split_.rank : 2 * cp - 1 - split_.rank) * c;
+      const int64_t to = r * T + h * c;
+      for (int64_t t = 0; t < c; ++t) {
+        const size_t i = size_t(to + t), j = size_t(from + t);
+        batch.tokens[i] = whole_.tokens[j];
+        batch.targets[i] = whole_.targets[j];
+        batch.positions[i] = whole_.positions[j];
+        batch.loss_mask[i] = whole_.loss_mask[j];
+        if (!whole_.documents.empty()) batch.documents[i] = whole_.documents[j];
+        batch.valid_tokens += whole_.loss_mask[j];
+      }
+    }
+}
+
+void BatchLoader::fill_whole(Batch& batch, uint64_t step, int64_t first_sample,
+                             int64_t count) const {
   batch.whole_sequences(count, seq_len_);
   fill(batch.tokens.data(), batch.targets.data(), step, first_sample, count);
   if (!documents_.mask && !documents_.reset_positions) return;

@@ -18,14 +18,15 @@ void Block::Saved::release() {
 }
 
 Block::Block(ParamStore& store, int layer, const ModelConfig& c, Precision p,
-             const kernels::RopeTable* rope, const TensorParallelOptions& tp)
+             const kernels::RopeTable* rope, const TensorParallelOptions& tp,
+             const ContextParallelOptions& cp)
     : cfg_(c), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())),
       name_("blocks." + std::to_string(layer)),
       norm1_(store, name_ + ".norm1", c.d_model, c.family == Family::gpt2, c.norm_eps,
              tp.sequence_parallel ? kTpAxis : ""),
       norm2_(store, name_ + ".norm2", c.d_model, c.family == Family::gpt2, c.norm_eps,
              tp.sequence_parallel ? kTpAxis : ""),
-      attn_(store, name_ + ".attn", c, share_, p, rope),
+      attn_(store, name_ + ".attn", c, share_, p, rope, cp),
       mlp_(store, name_ + ".mlp", c, share_, p) {}
 
 void Block::bind(ParamStore& store) {

@@ -68,7 +68,8 @@ class Block {
   };
 
   Block(ParamStore& store, int layer, const ModelConfig& cfg, Precision precision,
-        const kernels::RopeTable* rope, const TensorParallelOptions& tp = {});
+        const kernels::RopeTable* rope, const TensorParallelOptions& tp = {},
+        const ContextParallelOptions& cp = {});
   void bind(ParamStore& store);
   void reserve_grads(BlockGrads& g, int64_t N) const;
 

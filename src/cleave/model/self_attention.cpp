@@ -25,19 +25,23 @@ Placement qkv_placement(const ModelConfig& c, const TpShare& s) {
 
 void SelfAttention::Saved::release() {
   for (Buffer<float>* b : {&qkv, &o, &lse, &dy, &d_qkv}) *b = Buffer<float>();
+  cp.release();
   x_copy = OperandCopy();
   o_copy = OperandCopy();
   B = T = 0;
 }
 
 SelfAttention::SelfAttention(ParamStore& store, const std::string& name, const ModelConfig& c,
-                             const TpShare& share, Precision p, const kernels::RopeTable* rope)
+                             const TpShare& share, Precision p, const kernels::RopeTable* rope,
+                             const ContextParallelOptions& cp)
     : cfg_(c), share_(share), rope_(rope),
       qkv_(store, name + ".qkv", c.d_model, share.qkv_dim(c.head_dim()), c.family == Family::gpt2,
            c.init_std, p, qkv_placement(c, share)),
       out_(store, name + ".out", share.heads * c.head_dim(), c.d_model, c.family == Family::gpt2,
            c.residual_init_std(), p,
-           row_parallel(share, c.d_model, c.n_heads * c.head_dim(), share.heads * c.head_dim())) {}
+           row_parallel(share, c.d_model, c.n_heads * c.head_dim(), share.heads * c.head_dim())) {
+  if (cp.enabled()) context_.emplace(cp, share.heads, share.kv_heads, c.head_dim());
+}
 
 void SelfAttention::bind(ParamStore& store) {
   qkv_.bind(store);
@@ -77,11 +81,16 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
   s.B = B, s.T = T;
   s.positions = batch.positions.data();
   s.documents = batch.documents.empty() ? nullptr : batch.documents.data();
+  s.sequence_documents =
+      batch.sequence_documents.empty() ? nullptr : batch.sequence_documents.data();
   s.x_kept = keep_x;
   qkv_.forward(s.qkv.data(), x, N, keep_x ? &s.x_copy : nullptr);
   rotate(s, s.positions);
   const float* q = s.qkv.data();
-  if (!cache) {
+  if (context_) {
+    CLEAVE_CHECK(!cache, "generation does not run under context parallelism");
+    context_->forward(s.cp, s.o.data(), q, B, T, s.sequence_documents);
+  } else if (!cache) {
     kernels::attention_forward(s.o.data(), s.lse.data(), q, q + q_dim, q + q_dim + kv_dim,
                                shape(s));
   } else {
@@ -111,8 +120,12 @@ void SelfAttention::backward_input(Saved& s, Scratch& g, float* dx, const float*
   float* d_qkv = defer ? s.d_qkv.data() : g.d_qkv.data();
   out_.backward_input(g.d_o.data(), dy, N, false, defer ? nullptr : &g.dy_copy);
   const float* q = s.qkv.data();
-  kernels::attention_backward(d_qkv, d_qkv + q_dim, d_qkv + q_dim + kv_dim, g.d_o.data(), q,
-                              q + q_dim, q + q_dim + kv_dim, s.o.data(), s.lse.data(), shape(s));
+  if (context_)
+    context_->backward(s.cp, d_qkv, g.d_o.data(), q, s.o.data(), s.B, s.T, s.sequence_documents);
+  else
+    kernels::attention_backward(d_qkv, d_qkv + q_dim, d_qkv + q_dim + kv_dim, g.d_o.data(), q,
+                                q + q_dim, q + q_dim + kv_dim, s.o.data(), s.lse.data(),
+                                shape(s));
   if (rope_)
     kernels::rope_backward(d_qkv, *rope_, N, share_.heads + share_.kv_heads, qkv_dim,
                            s.positions);

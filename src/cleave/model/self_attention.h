@@ -7,11 +7,13 @@
 // owns (docs/architecture.md, Modules).
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "cleave/base/batch.h"
 #include "cleave/base/buffer.h"
 #include "cleave/kernels/attention.h"
 #include "cleave/kernels/rope.h"
+#include "cleave/model/context_attention.h"
 #include "cleave/model/kv_cache.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/model_config.h"
@@ -26,6 +28,8 @@ class SelfAttention {
     int64_t B = 0, T = 0;
     const int32_t* positions = nullptr;  // the batch's, [B * T] (RoPE's backward)
     const int32_t* documents = nullptr;  // the batch's, or null: one document per sequence
+    const int32_t* sequence_documents = nullptr;  // under cp: the whole sequences' (or null)
+    ContextAttention::Saved cp;                   // under cp
     Buffer<float> qkv, o, lse;  // projections (after RoPE), attention output, log-sum-exp
     OperandCopy x_copy, o_copy;  // bf16 copies of the linears' inputs (x's when kept)
     bool x_kept = false;
@@ -40,7 +44,8 @@ class SelfAttention {
   };
 
   SelfAttention(ParamStore& store, const std::string& name, const ModelConfig& c,
-                const TpShare& share, Precision precision, const kernels::RopeTable* rope);
+                const TpShare& share, Precision precision, const kernels::RopeTable* rope,
+                const ContextParallelOptions& cp = {});
   void bind(ParamStore& store);
   void reserve(Scratch& g, int64_t N) const;
 
@@ -68,6 +73,7 @@ class SelfAttention {
   TpShare share_;
   const kernels::RopeTable* rope_;  // null for GPT-2
   Linear qkv_, out_;
+  std::optional<ContextAttention> context_;  // cp > 1
 };
 
 }  // namespace cleave

@@ -24,7 +24,7 @@ Placement vocab_placement(const ModelConfig& c, const TpShare& s) {
 
 Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t seed,
                          int64_t pad_multiple, bool materialise, const TensorParallelOptions& tp,
-                         std::vector<ModelChunk> chunks)
+                         std::vector<ModelChunk> chunks, const ContextParallelOptions& cp)
     : cfg_(c), precision_(precision), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())),
       chunks_(std::move(chunks)) {
   if (chunks_.empty()) chunks_.push_back({0, c.n_layers, true, true});
@@ -55,7 +55,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
       new_unit(UnitKind::block, l, ch);
       block_of_unit_.back() = int(blocks_.size());
       blocks_.push_back(
-          std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, tp));
+          std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, tp, cp));
     }
     if (k.head) {
       new_unit(UnitKind::head, -1, ch);
@@ -391,7 +391,7 @@ class PlannedTp final : public TpComm {
 
 std::unique_ptr<Transformer> Transformer::planned(const ModelConfig& cfg, int tp,
                                                   bool sequence_parallel,
-                                                  std::vector<ModelChunk> chunks) {
+                                                  std::vector<ModelChunk> chunks, const ContextParallelOptions& cp) {
   auto group = std::make_unique<PlannedTp>(tp);
   TensorParallelOptions options;
   if (tp > 1) options = {group.get(), sequence_parallel, false};

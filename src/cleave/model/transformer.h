@@ -33,11 +33,13 @@ class Transformer {
   // hidden units in every block, and its rows of the vocabulary in the embedding, the LM head and
   // the loss.
   // chunks: the stages this rank holds, in increasing layer order (empty: the whole model).
+  // cp: the rank's place in context parallelism (docs/context_parallel.md): its batches hold two
+  // zigzag chunks of each sequence, and attention exchanges keys and values with the cp ranks.
   // GPT-2's tied LM head on a rank without the embeddings holds a copy of embed.wte
   // (Placement::tied_copy) whose gradient the trainer sums with the first stage's.
   Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed, int64_t pad_multiple = 1,
               bool materialise = true, const TensorParallelOptions& tp = {},
-              std::vector<ModelChunk> chunks = {});
+              std::vector<ModelChunk> chunks = {}, const ContextParallelOptions& cp = {});
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }
@@ -108,7 +110,7 @@ class Transformer {
   // For planning: what tp rank 0 of tp ranks holds of `chunks`, built without communication and
   // without touching the parameter buffers (mapped, never written). It cannot run.
   static std::unique_ptr<Transformer> planned(const ModelConfig& cfg, int tp, bool sequence_parallel,
-                                              std::vector<ModelChunk> chunks = {});
+                                              std::vector<ModelChunk> chunks = {}, const ContextParallelOptions& cp = {});
 
   // Parameters that take part in matrix products (LM head included) of the whole model: the
   // 6 * P of MFU.

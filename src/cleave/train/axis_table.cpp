@@ -13,16 +13,19 @@ std::vector<std::string> GroupAxes::replicate() const {
   return out;
 }
 
-AxisTable axis_table(const ParamStore& params) {
+AxisTable axis_table(const ParamStore& params, const Mesh& mesh) {
   AxisTable t;
-  t.batch = {"dp_replicate", "dp_shard"};
+  const bool cp = mesh.degree(Axis::cp) > 1;
+  std::vector<std::string> data = {"dp_replicate", "dp_shard"}, shard = {"dp_shard"};
+  if (cp) data.push_back("cp"), shard.push_back("cp");
+  t.batch = data;
   t.model = {"pp", "tp"};
   for (int g = 0; g < params.n_groups(); ++g) {
     const std::string& name = params.group_name(g);
     // Dense parameters: every data-parallel rank holds a replica of its tp share and stage;
     // tp's pending sums are per tensor, in its placement, and come first.
     CLEAVE_CHECK(name == "dense", "parameter group " << name << " maps to no mesh axes");
-    t.groups.push_back({name, {"dp_replicate", "dp_shard"}, {"dp_shard"}});
+    t.groups.push_back({name, data, shard});
   }
   return t;
 }

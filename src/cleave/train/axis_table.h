@@ -27,8 +27,11 @@ struct AxisTable {
   std::vector<GroupAxes> groups;   // per parameter group, in the store's order
 };
 
-// Every group of `params` with its axes; an error names a group no axes are known for.
-AxisTable axis_table(const ParamStore& params);
+// Every group of `params` with its axes on `mesh`; an error names a group no axes are known for.
+// cp ranks hold pieces of one batch and the same weights: with cp > 1 the data axes are
+// dp_replicate x dp_shard x cp, sharded over dp_shard x cp (torchtitan's layout); at cp 1 they
+// are the groups of dp alone (the same ranks, without a third name).
+AxisTable axis_table(const ParamStore& params, const Mesh& mesh);
 
 // The rank's place among the ranks of its group along `axes` (outer axis first), and how many
 // there are.

@@ -64,6 +64,10 @@ struct ParallelConfig {
   int pp_virtual = 0;
   std::vector<int> pp_layers;
   std::string pp_schedule_csv;
+  // Context parallelism (docs/context_parallel.md): ring, allgather, ulysses or hybrid (Ulysses
+  // over groups of cp_ulysses ranks inside a ring over cp / cp_ulysses of them).
+  std::string cp_mode = "ring";
+  int cp_ulysses = 0;
   bool sequence_parallel = false;
   bool check_placements = false;
   double bucket_mb = 25;         // DDP gradient buckets, MiB

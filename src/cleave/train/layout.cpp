@@ -7,19 +7,59 @@
 
 namespace cleave {
 
+namespace {
+
+// The cp mode and the size of its Ulysses groups, or an error naming the keys and numbers.
+std::pair<CpMode, int> plan_context(const Config& cfg, int cp, int tp) {
+  const ParallelConfig& p = cfg.parallel;
+  const CpMode mode = parse_cp_mode(p.cp_mode);
+  if (p.cp_ulysses != 0 && mode != CpMode::hybrid)
+    throw Error("parallel.cp_ulysses = " + std::to_string(p.cp_ulysses) +
+                " is for parallel.cp_mode = \"hybrid\" only (the mode is \"" + p.cp_mode + "\")");
+  if (cp == 1) return {mode, 1};
+  const int64_t seq = cfg.train.seq_len;
+  if (seq % (2 * cp) != 0)
+    throw Error("train.seq_len = " + std::to_string(seq) + " cannot be cut into 2 x parallel.cp = " +
+                std::to_string(2 * cp) + " equal chunks (the zigzag split of context parallelism)");
+  int U = 1;
+  if (mode == CpMode::ulysses) U = cp;
+  if (mode == CpMode::hybrid) {
+    U = p.cp_ulysses;
+    if (U < 2 || U >= cp || cp % U != 0)
+      throw Error("parallel.cp_mode = \"hybrid\" needs parallel.cp_ulysses to divide parallel.cp = " +
+                  std::to_string(cp) + " and lie between 2 and " + std::to_string(cp / 2) +
+                  " (Ulysses groups inside a ring of at least two), not " + std::to_string(U));
+  }
+  if (U > 1) {
+    const TpShare share = tp_share(cfg.model, tp, 0);
+    const std::string what = "parallel.cp_mode = \"" + p.cp_mode + "\" with " + std::to_string(U) +
+                             " Ulysses ranks: ";
+    if (share.heads % U != 0)
+      throw Error(what + "model.n_heads = " + std::to_string(cfg.model.n_heads) + " (" +
+                  std::to_string(share.heads) + " per tp rank at parallel.tp = " +
+                  std::to_string(tp) + ") do not divide by " + std::to_string(U));
+    if (share.kv_heads % U != 0 && U % share.kv_heads != 0)
+      throw Error(what + "model.n_kv_heads = " + std::to_string(cfg.model.n_kv_heads) + " (" +
+                  std::to_string(share.kv_heads) + " per tp rank at parallel.tp = " +
+                  std::to_string(tp) + ") neither divide by " + std::to_string(U) +
+                  " nor divide it (to be replicated)");
+  }
+  return {mode, U};
+}
+
+}  // namespace
+
 Layout plan_layout(const Config& cfg, int world) {
   const ParallelConfig& p = cfg.parallel;
-  if (p.cp != 1)
-    throw Error("parallel.cp = " + std::to_string(p.cp) +
-                ": cp (context) parallelism is not built yet; data (dp_replicate, dp_shard), "
-                "tensor (tp) and pipeline (pp) parallelism are");
   MeshDegrees d;
   d.pp = p.pp;
   d.dp_replicate = p.dp_replicate;
   d.dp_shard = p.dp_shard;
+  d.cp = p.cp;
   d.tp = p.tp;
   Mesh mesh(world, d);
   const int tp = mesh.degree(Axis::tp);
+  const auto [cp_mode, cp_ulysses] = plan_context(cfg, mesh.degree(Axis::cp), tp);
   if (p.sequence_parallel && tp == 1)
     throw Error("parallel.sequence_parallel = true needs parallel.tp > 1: it splits the rows "
                 "between the tensor-parallel linears over the tp ranks");
@@ -37,7 +77,7 @@ Layout plan_layout(const Config& cfg, int world) {
     throw Error("train.micro_batch_size = " + std::to_string(micro) +
                 " is not divisible by the data-parallel degree " + std::to_string(dp) +
                 " (dp_replicate x dp_shard): every rank takes an equal slice of each micro-batch");
-  const int64_t tokens = int64_t(micro / dp) * cfg.train.seq_len;
+  const int64_t tokens = int64_t(micro / dp) * cfg.train.seq_len / mesh.degree(Axis::cp);
   if (p.sequence_parallel && tokens % tp != 0)
     throw Error("parallel.sequence_parallel: a rank's " + std::to_string(micro / dp) + " x " +
                 std::to_string(cfg.train.seq_len) + " = " + std::to_string(tokens) +
@@ -48,7 +88,7 @@ Layout plan_layout(const Config& cfg, int world) {
   std::vector<int> layers = stage_layers(p, schedule, cfg.model.n_layers);
   ScheduleCheck check = check_schedule(schedule);
   return Layout{std::move(mesh), micro / dp, std::move(schedule), std::move(check),
-                std::move(layers)};
+                std::move(layers), cp_mode, cp_ulysses};
 }
 
 std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank) {

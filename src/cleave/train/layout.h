@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cleave/mesh/mesh.h"
+#include "cleave/model/context_parallel.h"
 #include "cleave/model/transformer.h"
 #include "cleave/pipeline/schedule.h"
 #include "cleave/train/config.h"
@@ -20,6 +21,10 @@ struct Layout {
   Schedule schedule;
   ScheduleCheck check;
   std::vector<int> stage_layers;
+  // Context parallelism: its mode and the ranks of a Ulysses all-to-all (cp in ulysses mode,
+  // parallel.cp_ulysses in hybrid mode, else 1).
+  CpMode cp_mode = CpMode::ring;
+  int cp_ulysses = 1;
 };
 
 // Throws cleave::Error naming the keys and numbers when the config cannot run on `world` ranks:

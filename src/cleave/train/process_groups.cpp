@@ -17,7 +17,7 @@ Group* ProcessGroups::along(const std::vector<std::string>& axes) {
 }
 
 ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model,
-                                  const StageMap& stages) {
+                                  const StageMap& stages, CpMode cp_mode, int cp_ulysses) {
   ProcessGroups g;
   g.mesh = &mesh;
   g.rank = rank;
@@ -44,6 +44,26 @@ ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model
       g.kv = make_group(mesh.group(rank, {kKvReplicasAxis}), rank, "tp_kv");
       g.kv_comm = std::make_unique<GroupTpComm>(*g.kv);
     }
+  }
+  const int cp = mesh.degree(Axis::cp);
+  if (cp > 1) {
+    g.cp = make_group(mesh, rank, {Axis::cp}, "cp");
+    g.by_axes[{"cp"}] = g.cp.get();
+    ContextParallelOptions& c = g.context;
+    c.mode = cp_mode;
+    c.cp = cp;
+    c.cp_rank = g.cp->rank();
+    if (cp_mode == CpMode::hybrid) {
+      mesh.carve(kCpUlyssesAxis, cp_ulysses, {Axis::cp}, kCpRingAxis);
+      g.cp_ring = std::make_unique<GroupCpComm>(*g.along({kCpRingAxis}));
+      g.cp_ulysses = std::make_unique<GroupCpComm>(*g.along({kCpUlyssesAxis}));
+    } else if (cp_mode == CpMode::ulysses) {
+      g.cp_ulysses = std::make_unique<GroupCpComm>(*g.cp);
+    } else {
+      g.cp_ring = std::make_unique<GroupCpComm>(*g.cp);
+    }
+    c.ring = g.cp_ring.get();
+    c.ulysses = g.cp_ulysses.get();
   }
   const int pp = mesh.degree(Axis::pp);
   if (pp > 1 && model.tie_embeddings) {

@@ -10,6 +10,7 @@
 #include "cleave/comm/group.h"
 #include "cleave/mesh/mesh.h"
 #include "cleave/model/model_config.h"
+#include "cleave/parallel/context_parallel.h"
 #include "cleave/parallel/tensor_parallel.h"
 #include "cleave/pipeline/schedule.h"
 
@@ -32,6 +33,12 @@ struct ProcessGroups {
   // and tied embeddings): null on the ranks between them.
   std::unique_ptr<Group> tied;
   std::unique_ptr<GroupTpComm> tp_comm, kv_comm;  // tp > 1; kv_comm with kv_replicas
+  // Context parallelism (cp > 1): the cp group, and the groups attention exchanges over: the
+  // ring (or all-gather) and the Ulysses all-to-all, the whole cp group or, in hybrid mode, the
+  // carved cp_ring (outer) and cp_ulysses (inner) parts of it.
+  std::unique_ptr<Group> cp;
+  std::unique_ptr<GroupCpComm> cp_ring, cp_ulysses;
+  ContextParallelOptions context;
 
   const Mesh* mesh = nullptr;
   int rank = 0;
@@ -39,9 +46,11 @@ struct ProcessGroups {
   std::vector<std::unique_ptr<Group>> more;  // the groups along() made
 };
 
-// Collective over MPI_COMM_WORLD. Carves kv_replicas out of tp in `mesh` when the model needs it.
+// Collective over MPI_COMM_WORLD. Carves kv_replicas out of tp in `mesh` when the model needs it,
+// and cp_ulysses out of cp in hybrid mode (cp_ulysses ranks).
 ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model,
-                                  const StageMap& stages);
+                                  const StageMap& stages, CpMode cp_mode = CpMode::ring,
+                                  int cp_ulysses = 1);
 
 // Every rank's string at rank 0 of the world (the others get nothing): what each checkpoint
 // writer lists in meta.json, each rank's traced spans.

@@ -65,11 +65,16 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     val_shard_ = std::make_unique<TokenShard>(dir + "/val.bin", cfg_.model.vocab_size);
     const DocumentOptions documents{cfg_.data.document_mask, cfg_.data.reset_positions,
                                     int32_t(cfg_.data.document_separator)};
-    train_loader_ = std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0, documents);
-    val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1, documents);
+    // Each cp rank takes its two chunks of every window (the cp coordinate is the mesh's).
+    const ContextSplit split{mesh_->degree(Axis::cp), mesh_->coords(rank_)[size_t(Axis::cp)]};
+    train_loader_ =
+        std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0, documents, split);
+    val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1, documents, split);
     from = checkpoint_to_resume(resume, t.out_dir);
   });
-  process_ = make_process_groups(*mesh_, rank_, cfg_.model, layout->check.stages);
+  process_ = make_process_groups(*mesh_, rank_, cfg_.model, layout->check.stages,
+                                 layout->cp_mode, layout->cp_ulysses);
+  cp_ = mesh_->degree(Axis::cp);
   dp_size_ = process_.dp->size();
   dp_rank_ = process_.dp->rank();
   long pid = long(getpid());
@@ -79,16 +84,19 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   TensorParallelOptions tp;
   if (process_.tp_comm)
     tp = {process_.tp_comm.get(), cfg_.parallel.sequence_parallel, cfg_.parallel.check_placements};
+  // Units are padded to equal ZeRO shards over dp_shard x cp (the dense group's shard axes).
   model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed,
-                                         16 * process_.shard->size(), cfg_.parallel.zero_stage < 3,
-                                         tp, stage_chunks(*layout, process_.pp->rank()));
+                                         16 * process_.shard->size() * cp_,
+                                         cfg_.parallel.zero_stage < 3, tp,
+                                         stage_chunks(*layout, process_.pp->rank()),
+                                         process_.context);
   if (process_.tp_comm)
     tp_grads_ = std::make_unique<TensorParallelGrads>(model_->params(), *process_.tp_comm,
                                                       *process_.tp, process_.kv_comm.get());
   // Each parameter group's gradients are reduced and sharded over the axes the table gives it
   // (tp's pending sums come first, by placement).
   ParamStore& params = model_->params();
-  axes_ = axis_table(params);
+  axes_ = axis_table(params, *mesh_);
   for (int g = 0; g < params.n_groups(); ++g) {
     const GroupAxes& a = axes_.groups[size_t(g)];
     GroupParallel part;
@@ -212,10 +220,12 @@ StepResult Trainer::train_step(int64_t step) {
   for (GroupParallel& part : groups_) part.dp->take_exposed_seconds();
   for (GroupTpComm* c : {process_.tp_comm.get(), process_.kv_comm.get()})
     if (c) c->take_exposed_seconds(), c->take_bytes();
+  for (GroupCpComm* c : {process_.cp_ring.get(), process_.cp_ulysses.get()})
+    if (c) c->take_exposed_seconds(), c->take_bytes();
   for (GroupParallel& part : groups_) part.dp->zero_gradients();
   StepRun run;
   run.B = local_batch_;
-  run.T = T;
+  run.T = T / cp_;
   run.grad_scale = grad_scale;
   run.trace = t.trace_step == step + 1;
   run.fill = [this, step, mb](int micro, Batch& batch) {
@@ -240,6 +250,11 @@ StepResult Trainer::train_step(int64_t step) {
       r.exposed_tp_s += c->take_exposed_seconds();
       r.tp_bytes += c->take_bytes();
     }
+  for (GroupCpComm* c : {process_.cp_ring.get(), process_.cp_ulysses.get()})
+    if (c) {
+      r.exposed_cp_s += c->take_exposed_seconds();
+      r.cp_bytes += c->take_bytes();
+    }
   r.pp_bytes = times.pp_bytes;
   r.busy_s = times.busy_seconds;
   r.program_s = times.seconds;
@@ -250,7 +265,7 @@ StepResult Trainer::train_step(int64_t step) {
 double Trainer::validate() {
   StepRun run;
   run.B = local_batch_;
-  run.T = cfg_.train.seq_len;
+  run.T = cfg_.train.seq_len / cp_;
   run.fill = [this](int b, Batch& batch) {
     val_loader_->fill(batch, uint64_t(b), dp_rank_ * local_batch_, local_batch_);
   };
@@ -289,7 +304,11 @@ void Trainer::run(int64_t exit_after) {
               << global_params_ << " parameters, "
               << (t.dtype == Precision::bf16 ? "bf16" : "fp32") << ", " << world_ << " rank"
               << (world_ > 1 ? "s" : "") << " (dp_replicate " << process_.replicate->size()
-              << " x dp_shard " << process_.shard->size() << " x tp " << process_.tp->size()
+              << " x dp_shard " << process_.shard->size()
+              << (cp_ > 1 ? " x cp " + std::to_string(cp_) + " (" +
+                                cp_mode_name(process_.context.mode) + ")"
+                          : "")
+              << " x tp " << process_.tp->size()
               << pipeline_description()
               << (cfg_.parallel.sequence_parallel ? " with sequence parallelism" : "")
               << ", ZeRO-" << cfg_.parallel.zero_stage << ") x " << omp_get_max_threads() << " threads, global batch "
@@ -322,6 +341,8 @@ void Trainer::run(int64_t exit_after) {
     interval.exposed_dp_s += r.exposed_dp_s;
     interval.exposed_tp_s += r.exposed_tp_s;
     interval.exposed_pp_s += r.exposed_pp_s;
+    interval.exposed_cp_s += r.exposed_cp_s;
+    interval.cp_bytes += r.cp_bytes;
     interval.busy_s += r.busy_s;
     interval.program_s += r.program_s;
     interval.tp_bytes += r.tp_bytes;

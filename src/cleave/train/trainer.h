@@ -29,8 +29,10 @@ namespace cleave {
 
 struct StepResult {
   double loss = 0, lr = 0, grad_norm = 0;
-  double exposed_dp_s = 0, exposed_tp_s = 0, exposed_pp_s = 0;  // seconds waited on each axis
+  double exposed_dp_s = 0, exposed_tp_s = 0, exposed_pp_s = 0, exposed_cp_s = 0;  // seconds
+                                                                                   // waited on each axis
   int64_t tp_bytes = 0;       // bytes this rank sent into tp collectives
+  int64_t cp_bytes = 0;       // bytes this rank sent into attention's cp exchanges
   int64_t pp_bytes = 0;       // bytes this rank sent to other stages and into the tied sum
   double busy_s = 0, program_s = 0;  // in compute instructions, in the whole step program
 };
@@ -62,6 +64,7 @@ class Trainer {
 
   Config cfg_;
   int world_ = 1, rank_ = 0;
+  int cp_ = 1;  // context-parallel degree: each rank holds seq_len / cp_ tokens of a sequence
   std::unique_ptr<Mesh> mesh_;
   ProcessGroups process_;
   std::unique_ptr<TensorParallelGrads> tp_grads_;  // tp > 1

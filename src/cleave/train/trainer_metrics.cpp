@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cstring>
+#include <tuple>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -66,19 +68,31 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   const double dp_ms = 1e3 * interval.exposed_dp_s / double(steps);
   const double tp_ms = 1e3 * interval.exposed_tp_s / double(steps);
   const double pp_ms = 1e3 * interval.exposed_pp_s / double(steps);
-  const double comm_ms = dp_ms + tp_ms + pp_ms;
-  char comm[128];
+  const double cp_ms = 1e3 * interval.exposed_cp_s / double(steps);
+  const double comm_ms = dp_ms + tp_ms + pp_ms + cp_ms;
   const bool pp = process_.pp->size() > 1;
   double idle = 0;
   for (float f : idle_of) idle += f;
   idle /= double(world_);
-  if (pp)
-    std::snprintf(comm, sizeof comm, "comm %.0f ms/step (dp %.0f, tp %.0f, pp %.0f) | idle %.1f%%",
-                  comm_ms, dp_ms, tp_ms, pp_ms, 100 * idle);
-  else if (process_.tp_comm)
-    std::snprintf(comm, sizeof comm, "comm %.0f ms/step (dp %.0f, tp %.0f)", comm_ms, dp_ms, tp_ms);
-  else
+  // Each axis the layout has, beside dp.
+  std::string axes;
+  char part[48];
+  for (const auto& [name, ms, present] :
+       {std::tuple{"tp", tp_ms, bool(process_.tp_comm)}, std::tuple{"cp", cp_ms, cp_ > 1},
+        std::tuple{"pp", pp_ms, pp}})
+    if (present) {
+      std::snprintf(part, sizeof part, ", %s %.0f", name, ms);
+      axes += part;
+    }
+  char comm[160];
+  if (axes.empty())
     std::snprintf(comm, sizeof comm, "comm %.0f ms/step", comm_ms);
+  else
+    std::snprintf(comm, sizeof comm, "comm %.0f ms/step (dp %.0f%s)", comm_ms, dp_ms, axes.c_str());
+  if (pp) {
+    std::snprintf(part, sizeof part, " | idle %.1f%%", 100 * idle);
+    std::strncat(comm, part, sizeof comm - std::strlen(comm) - 1);
+  }
   const double eta = double(t.steps - step_) * elapsed_ / double(steps_timed_);
   const double rss_max = *std::max_element(rss_of.begin(), rss_of.end());
   std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% of %.0f GF/s %s (hw %.0f) | %s | RSS %.0f MiB%s | ETA %s\n",
@@ -102,9 +116,11 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                              {"exposed_comm_ms_dp", dp_ms},
                              {"exposed_comm_ms_tp", tp_ms},
                              {"exposed_comm_ms_pp", pp_ms},
+                             {"exposed_comm_ms_cp", cp_ms},
                              {"idle_fraction_per_rank", idle_of},
                              {"tp_bytes_per_step", double(interval.tp_bytes) / double(steps)},
                              {"pp_bytes_per_step", double(interval.pp_bytes) / double(steps)},
+                             {"cp_bytes_per_step", double(interval.cp_bytes) / double(steps)},
                              {"eta_s", eta}}
                   .dump()
            << "\n"

@@ -1,0 +1,72 @@
+// Attention over a sequence cut across the cp ranks (docs/context_parallel.md), the part of
+// SelfAttention that context parallelism replaces: given this rank's q, k and v rows (its two
+// zigzag chunks of each sequence, after RoPE), the attention output of those rows over the whole
+// sequence. Computed chunk pair by chunk pair with the blockwise kernel: a query chunk meets only
+// the key chunks at or before it (causal blocks only), and the partial results merge by their
+// log-sum-exp, so no T x T matrix exists in any mode.
+//
+// With Ulysses (ulysses and hybrid modes) an all-to-all first turns the rows of every head into
+// the rows of the Ulysses group for a share of the heads; the ring (or the all-gather) then runs
+// over the ranks holding the same heads, and the output goes back by the reverse all-to-all.
+#pragma once
+#include <cstdint>
+
+#include "cleave/base/buffer.h"
+#include "cleave/kernels/attention.h"
+#include "cleave/model/context_parallel.h"
+
+namespace cleave {
+
+class ContextAttention {
+ public:
+  // One micro-batch's, kept from forward for backward.
+  struct Saved {
+    Buffer<float> qkv_u, o_u;  // Ulysses: this rank's heads over its group's rows
+    Buffer<float> lse;         // per (group member, sequence, chunk): [heads, chunk rows]
+    Buffer<float> kv_all;      // allgather: every ring rank's K|V rows
+    void release();
+  };
+
+  // heads, kv_heads: this rank's (its tp share). Throws Error naming the numbers when Ulysses
+  // cannot split them.
+  ContextAttention(const ContextParallelOptions& options, int heads, int kv_heads, int head_dim);
+
+  // o [B*T, heads*head_dim] (=) from qkv [B*T, (heads + 2 kv_heads) * head_dim] (q | k | v per
+  // row), this rank's T = 2 chunks of each of B sequences. documents: the whole sequences'
+  // document ids [B * T * cp], or null (one document per sequence).
+  void forward(Saved& s, float* o, const float* qkv, int64_t B, int64_t T,
+               const int32_t* documents);
+  // d_qkv (=) from d_o, given what forward kept and its qkv and o.
+  void backward(Saved& s, float* d_qkv, const float* d_o, const float* qkv, const float* o,
+                int64_t B, int64_t T, const int32_t* documents);
+
+ private:
+  struct Geometry;
+  Geometry geometry(int64_t B, int64_t T) const;
+  // The attention of every query chunk of this rank's rows A over the key chunks of the K|V rows
+  // kv held by ring position `owner` (`sets` consecutive positions from it: allgather's all),
+  // merged into O and lse; or, in backward, their gradients (+=) into dA and dkv.
+  void pairs_forward(const Geometry& g, const float* A, float* O, float* lse, const float* kv,
+                     int owner, int sets, const int32_t* documents);
+  void pairs_backward(const Geometry& g, const float* A, float* dA, const float* O,
+                      const float* lse, const float* dO, const float* kv, float* dkv, int owner,
+                      int sets, const int32_t* documents);
+  void pack_kv(const Geometry& g, float* kv, const float* A) const;     // A's K|V columns
+  void unpack_kv(const Geometry& g, float* dA, const float* dkv) const;  // into dA's K|V columns
+  // Ulysses' all-to-all: qkv rows of every head -> the group's rows of this rank's heads; back.
+  void scatter_heads(const Geometry& g, float* A, const float* qkv, int64_t cols_q, int64_t cols_kv);
+  void gather_heads(const Geometry& g, float* qkv, const float* A, int64_t cols_q, int64_t cols_kv,
+                    bool sum_kv);
+  int kv_first(int member) const;  // the first kv head a Ulysses member computes with
+
+  ContextParallelOptions opt_;
+  int heads_, kv_heads_, head_dim_;
+  int U_, R_;                 // Ulysses group size, ring size (R_ * U_ = cp)
+  int heads_u_, kv_heads_u_;  // per Ulysses member
+  bool kv_split_;             // kv heads split over the Ulysses group (else replicated)
+  // Work buffers of this layer's exchanges (the kept ones are in Saved).
+  Buffer<float> kv_cur_, kv_next_, dkv_cur_, dkv_next_, out_tmp_, lse_tmp_;
+  Buffer<float> send_, recv_, d_o_u_, d_a_;
+};
+
+}  // namespace cleave

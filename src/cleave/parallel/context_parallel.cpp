@@ -1,0 +1,46 @@
+#include "cleave/parallel/context_parallel.h"
+
+#include <memory>
+
+namespace cleave {
+
+CpComm::Wait GroupCpComm::all_gather(const float* send, float* recv, int64_t n) {
+  bytes_ += n * 4 * (size() - 1);
+  auto work = std::make_shared<Work>(group_.all_gather(send, recv, n, CommType::f32, CommAlgo::ours));
+  return [this, work] { exposed_ += work->wait(); };
+}
+
+CpComm::Wait GroupCpComm::reduce_scatter(const float* send, float* recv, int64_t n) {
+  bytes_ += n * 4 * (size() - 1);
+  auto work =
+      std::make_shared<Work>(group_.reduce_scatter(send, recv, n, CommType::f32, CommAlgo::ours));
+  return [this, work] { exposed_ += work->wait(); };
+}
+
+CpComm::Wait GroupCpComm::all_to_all(const float* send, float* recv, int64_t n) {
+  bytes_ += n * 4 * (size() - 1);
+  auto work = std::make_shared<Work>(group_.all_to_all(send, recv, n, CommType::f32));
+  return [this, work] { exposed_ += work->wait(); };
+}
+
+CpComm::Wait GroupCpComm::ring_shift(const float* send, float* recv, int64_t n) {
+  bytes_ += n * 4;
+  const int tag = shifts_++ % 32768, p = size();
+  auto out = std::make_shared<Work>(group_.send(send, n, CommType::f32, (rank() + 1) % p, tag));
+  auto in = std::make_shared<Work>(group_.recv(recv, n, CommType::f32, (rank() + p - 1) % p, tag));
+  return [this, out, in] { exposed_ += out->wait() + in->wait(); };
+}
+
+double GroupCpComm::take_exposed_seconds() {
+  const double e = exposed_;
+  exposed_ = 0;
+  return e;
+}
+
+int64_t GroupCpComm::take_bytes() {
+  const int64_t b = bytes_;
+  bytes_ = 0;
+  return b;
+}
+
+}  // namespace cleave

@@ -1,0 +1,31 @@
+// Context parallelism's communication outside the model (docs/context_parallel.md): the model's
+// CpComm over a Group of cp ranks (the ring's, the all-gather's or the Ulysses all-to-all's),
+// counting the bytes this rank sends and the seconds it waits, cp's exposed communication.
+#pragma once
+#include <cstdint>
+
+#include "cleave/comm/group.h"
+#include "cleave/model/context_parallel.h"
+
+namespace cleave {
+
+class GroupCpComm final : public CpComm {
+ public:
+  explicit GroupCpComm(Group& group) : group_(group) {}
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.size(); }
+  Wait all_gather(const float* send, float* recv, int64_t n) override;
+  Wait reduce_scatter(const float* send, float* recv, int64_t n) override;
+  Wait all_to_all(const float* send, float* recv, int64_t n) override;
+  Wait ring_shift(const float* send, float* recv, int64_t n) override;
+  double take_exposed_seconds();
+  int64_t take_bytes();  // bytes this rank sent into the group since the last call
+
+ private:
+  Group& group_;
+  double exposed_ = 0;
+  int64_t bytes_ = 0;
+  int shifts_ = 0;  // ring shifts issued: each its own tag, the same on every rank
+};
+
+}  // namespace cleave
