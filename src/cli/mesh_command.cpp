@@ -67,7 +67,8 @@ int mesh(int argc, char** argv) {
   std::fputs(describe_mesh(layout.mesh, per_host).c_str(), stdout);
   std::printf("\nbytes rank 0 sends per step (%d x %d tokens per micro-batch, %d micro-batches, "
               "fp32%s):\n",
-              int(layout.local_batch), cfg.train.seq_len, cfg.train.grad_accum_steps,
+              int(layout.local_batch), cfg.train.seq_len / layout.mesh.degree(Axis::cp),
+              cfg.train.grad_accum_steps,
               layout.mesh.degree(Axis::pp) > 1 ? "; its pipeline stages" : "");
   const std::vector<AxisVolume> volumes = comm_volume(cfg, layout);
   if (volumes.empty()) std::printf("  none: a single rank\n");

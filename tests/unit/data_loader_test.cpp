@@ -184,3 +184,47 @@ TEST_F(LoaderTest, DocumentsAndPositionsFromSeparators) {
   EXPECT_TRUE(b.documents.empty());
   for (int64_t i = 0; i < B * T; ++i) EXPECT_EQ(b.positions[size_t(i)], int32_t(i % T));
 }
+
+// Context parallelism's deal: cp rank r holds chunks r and 2cp-1-r of each window (T / (2 cp)
+// tokens each), with the whole window's positions, documents and targets there, and every rank
+// has the whole windows' documents; together the ranks hold every token once.
+TEST_F(LoaderTest, ContextSplitDealsZigzagChunks) {
+  const std::string p = make_shard("docs.bin", 3000, 7);
+  cleave::TokenShard shard(p, 7);
+  const int64_t T = 24, B = 3;
+  cleave::BatchLoader whole_loader(shard, T, 5, 0, {true, true, 3});
+  cleave::Batch whole;
+  whole_loader.fill(whole, 4, 1, B);
+  for (const int cp : {2, 3}) {
+    const int64_t c = T / (2 * cp);
+    std::vector<int> seen(size_t(B * T), 0);
+    for (int r = 0; r < cp; ++r) {
+      cleave::BatchLoader loader(shard, T, 5, 0, {true, true, 3}, {cp, r});
+      cleave::Batch b;
+      loader.fill(b, 4, 1, B);
+      ASSERT_EQ(b.T, 2 * c);
+      ASSERT_EQ(b.B, B);
+      EXPECT_EQ(b.valid_tokens, B * 2 * c);
+      EXPECT_EQ(b.sequence_documents, whole.documents);
+      for (int64_t s = 0; s < B; ++s)
+        for (int h = 0; h < 2; ++h)
+          for (int64_t t = 0; t < c; ++t) {
+            const int64_t chunk = h == 0 ? r : 2 * cp - 1 - r;
+            const size_t i = size_t(s * 2 * c + h * c + t), j = size_t(s * T + chunk * c + t);
+            EXPECT_EQ(b.tokens[i], whole.tokens[j]) << "cp " << cp << " rank " << r;
+            EXPECT_EQ(b.targets[i], whole.targets[j]);
+            EXPECT_EQ(b.positions[i], whole.positions[j]);
+            EXPECT_EQ(b.documents[i], whole.documents[j]);
+            ++seen[j];
+          }
+    }
+    for (int n : seen) EXPECT_EQ(n, 1) << "cp " << cp;
+  }
+  try {
+    cleave::BatchLoader bad(shard, 20, 5, 0, {}, {3, 0});
+    FAIL() << "a window of 20 tokens was cut into 6 chunks";
+  } catch (const cleave::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.seq_len = 20 cannot be cut into 2 x parallel.cp = 6"),
+              std::string::npos) << e.what();
+  }
+}

@@ -33,7 +33,7 @@ BatchLoader::BatchLoader(const TokenShard& shard, int64_t seq_len, uint64_t seed
       split_(split) {
   CLEAVE_CHECK(split.cp >= 1 && split.rank >= 0 && split.rank < split.cp,
                "context split: rank " << split.rank << " of cp " << split.cp);
-  if (seq_len % (2 * split.cp) != 0)
+  if (split.cp > 1 && seq_len % (2 * split.cp) != 0)
     CLEAVE_FAIL("train.seq_len = " << seq_len << " cannot be cut into 2 x parallel.cp = "
                                    << 2 * split.cp << " equal chunks");
   CLEAVE_CHECK(seq_len > 0, "seq_len=" << seq_len << " must be positive");

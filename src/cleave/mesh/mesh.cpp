@@ -309,7 +309,9 @@ const char* what_it_communicates(Axis a) {
     case Axis::dp_replicate: return "gradient all-reduce";
     case Axis::dp_shard:
       return "parameter all-gather and gradient reduce-scatter (ZeRO/FSDP)";
-    case Axis::cp: return "K/V ring (ring attention) or all-to-all (Ulysses)";
+    case Axis::cp:
+      return "attention's K/V ring (ring, hybrid), all-gather / reduce-scatter (allgather) or "
+             "all-to-all (ulysses), and with the data axes the gradient reduction";
     case Axis::tp: return "all-reduce / all-gather / reduce-scatter of activations within each block";
   }
   return "?";
@@ -319,6 +321,8 @@ const char* what_it_communicates(const std::string& carved) {
   if (carved == kEp) return "token all-to-all to and from the experts (dispatch and combine)";
   if (carved == kEfsdp)
     return "expert parameter all-gather and gradient reduce-scatter (ZeRO/FSDP of the experts)";
+  if (carved == kCpUlyssesAxis) return "all-to-all of q, k, v and the output (hybrid's Ulysses)";
+  if (carved == kCpRingAxis) return "K/V and their gradients around the ring (hybrid's ring)";
   return "a carved axis: no collective of cleave runs on it";
 }
 

@@ -90,6 +90,11 @@ inline constexpr char kEp[] = "ep";
 inline constexpr char kEfsdp[] = "efsdp";
 void carve_ep(Mesh& mesh, int ep);
 
+// Context parallelism's hybrid mode: Ulysses all-to-alls over cp_ulysses groups of consecutive
+// cp ranks (inner), ring attention over cp_ring (outer), the ranks holding the same heads.
+inline constexpr char kCpUlyssesAxis[] = "cp_ulysses";
+inline constexpr char kCpRingAxis[] = "cp_ring";
+
 // `cleave mesh`: every group of every axis (carved ones too), whether it stays within one host
 // when ranks_per_host consecutive ranks share a host, and what each axis communicates.
 std::string describe_mesh(const Mesh& mesh, int ranks_per_host);

@@ -47,10 +47,6 @@ struct ContextParallelOptions {
   bool enabled() const { return cp > 1; }
 };
 
-// The mesh axes carved out of cp in hybrid mode: Ulysses groups (inner) inside a ring (outer).
-inline constexpr char kCpUlyssesAxis[] = "cp_ulysses";
-inline constexpr char kCpRingAxis[] = "cp_ring";
-
 // The zigzag deal: chunk `half` (0 or 1) of cp rank r.
 inline int64_t zigzag_chunk(int cp, int r, int half) { return half == 0 ? r : 2 * cp - 1 - r; }
 

@@ -1,5 +1,6 @@
 #include "cleave/train/comm_volume.h"
 
+#include "cleave/model/tensor_parallel.h"
 #include "cleave/model/transformer.h"
 
 namespace cleave {
@@ -9,16 +10,54 @@ namespace {
 double ring_all_reduce(double n, int p) { return p > 1 ? 2.0 * (p - 1) / p * n * 4 : 0; }
 double ring_gather(double n, int p) { return p > 1 ? double(p - 1) / p * n * 4 : 0; }
 
+// Attention's exchanges per step (model/context_attention.cpp), per layer and micro-batch: the
+// ring sends its K|V rows on cp - 1 steps forward and again backward, and their gradients on cp
+// steps; the all-gather gathers them (forward) and reduce-scatters their gradients; Ulysses'
+// all-to-alls move q|k|v and the output gradient one way, the output and the q|k|v gradients back.
+AxisVolume context_volume(const Config& cfg, const Layout& layout, double tokens, double layers) {
+  const ModelConfig& m = cfg.model;
+  const int cp = layout.mesh.degree(Axis::cp), U = layout.cp_ulysses, R = cp / U;
+  const TpShare share = tp_share(m, layout.mesh.degree(Axis::tp), 0);
+  const double hd = m.head_dim();
+  const double heads_u = share.heads / U;
+  const double kv_heads_u = share.kv_heads % U == 0 ? share.kv_heads / U : 1;
+  // K|V rows of one ring position: its Ulysses group's tokens.
+  const double kv = U * tokens * 2 * kv_heads_u * hd * 4;
+  double per_layer = 0;
+  std::string how;
+  if (layout.cp_mode == CpMode::allgather) {
+    per_layer = 2 * (R - 1) * kv;
+    how = "K|V all-gathered and their gradients reduce-scattered per layer and micro-batch";
+  } else if (R > 1) {
+    per_layer = (3.0 * R - 2) * kv;
+    how = "K|V around a ring of " + std::to_string(R) + " on " + std::to_string(R - 1) +
+          " steps forward and backward, their gradients on " + std::to_string(R) + " steps";
+  }
+  if (U > 1) {
+    const double qkv = tokens * (heads_u + 2 * kv_heads_u) * hd * 4, o = tokens * heads_u * hd * 4;
+    per_layer += 2 * (U - 1) * (qkv + o);
+    how += std::string(how.empty() ? "" : "; ") + "all-to-alls over " + std::to_string(U) +
+           " Ulysses ranks: q|k|v and the output gradient to the heads, output and q|k|v " +
+           "gradients back";
+  }
+  return {"cp", cfg.train.grad_accum_steps * layers * per_layer, how};
+}
+
 }  // namespace
 
 std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   const Mesh& mesh = layout.mesh;
   const int tp = mesh.degree(Axis::tp), R = mesh.degree(Axis::dp_replicate);
-  const int S = mesh.degree(Axis::dp_shard), dp = R * S;
+  const int cp = mesh.degree(Axis::cp);
+  // cp ranks hold the same weights: the data axes are dp_replicate x dp_shard x cp, sharded over
+  // dp_shard x cp (train/axis_table.h).
+  const int S = mesh.degree(Axis::dp_shard) * cp, dp = R * S;
+  const std::string shard_axes = cp > 1 ? "dp_shard x cp" : "dp_shard";
   const ModelConfig& m = cfg.model;
   const TrainConfig& t = cfg.train;
   const double accum = t.grad_accum_steps;
-  const double tokens = double(t.micro_batch_size / dp) * t.seq_len;  // one rank's micro-batch
+  // One rank's micro-batch: its samples' seq_len / cp tokens each.
+  const double tokens = double(t.micro_batch_size / (dp / cp)) * t.seq_len / cp;
   const double rows = tokens * m.d_model;
   // This rank's parameters: its tp share of its pipeline stages, as the trainer builds it.
   const std::vector<ModelChunk> chunks = stage_chunks(layout, 0);
@@ -66,12 +105,13 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
     const int zero = cfg.parallel.zero_stage;
     if (zero <= 1) {
       out.push_back({"dp", ring_all_reduce(P, dp),
-                     "gradient all-reduce in buckets over dp_replicate x dp_shard"});
+                     std::string("gradient all-reduce in buckets over dp_replicate x dp_shard") +
+                         (cp > 1 ? " x cp" : "")});
       if (zero == 1)
-        out.push_back({"dp_shard", ring_gather(P, S), "all-gather of the updated shards"});
+        out.push_back({shard_axes, ring_gather(P, S), "all-gather of the updated shards"});
     } else {
       const double gathers = zero == 2 ? 1 : 2 * accum;
-      out.push_back({"dp_shard", ring_gather(P, S) * (1 + gathers),
+      out.push_back({shard_axes, ring_gather(P, S) * (1 + gathers),
                      std::string("gradient reduce-scatter, ") +
                          (zero == 2 ? "all-gather of the updated shards"
                                     : "parameter all-gathers before each forward and backward")});
@@ -79,6 +119,7 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
         out.push_back({"dp_replicate", ring_all_reduce(P / S, R), "all-reduce of the gradient shards"});
     }
   }
+  if (cp > 1) out.push_back(context_volume(cfg, layout, tokens, layers));
   const int pp = mesh.degree(Axis::pp);
   if (pp > 1) {
     // Per micro-batch, each stage's output to the next stage's rank and its input's gradient to

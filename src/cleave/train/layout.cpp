@@ -60,6 +60,8 @@ Layout plan_layout(const Config& cfg, int world) {
   Mesh mesh(world, d);
   const int tp = mesh.degree(Axis::tp);
   const auto [cp_mode, cp_ulysses] = plan_context(cfg, mesh.degree(Axis::cp), tp);
+  if (cp_mode == CpMode::hybrid && mesh.degree(Axis::cp) > 1)
+    mesh.carve(kCpUlyssesAxis, cp_ulysses, {Axis::cp}, kCpRingAxis);
   if (p.sequence_parallel && tp == 1)
     throw Error("parallel.sequence_parallel = true needs parallel.tp > 1: it splits the rows "
                 "between the tensor-parallel linears over the tp ranks");

@@ -17,7 +17,7 @@ Group* ProcessGroups::along(const std::vector<std::string>& axes) {
 }
 
 ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model,
-                                  const StageMap& stages, CpMode cp_mode, int cp_ulysses) {
+                                  const StageMap& stages, CpMode cp_mode) {
   ProcessGroups g;
   g.mesh = &mesh;
   g.rank = rank;
@@ -54,7 +54,6 @@ ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model
     c.cp = cp;
     c.cp_rank = g.cp->rank();
     if (cp_mode == CpMode::hybrid) {
-      mesh.carve(kCpUlyssesAxis, cp_ulysses, {Axis::cp}, kCpRingAxis);
       g.cp_ring = std::make_unique<GroupCpComm>(*g.along({kCpRingAxis}));
       g.cp_ulysses = std::make_unique<GroupCpComm>(*g.along({kCpUlyssesAxis}));
     } else if (cp_mode == CpMode::ulysses) {

@@ -46,11 +46,10 @@ struct ProcessGroups {
   std::vector<std::unique_ptr<Group>> more;  // the groups along() made
 };
 
-// Collective over MPI_COMM_WORLD. Carves kv_replicas out of tp in `mesh` when the model needs it,
-// and cp_ulysses out of cp in hybrid mode (cp_ulysses ranks).
+// Collective over MPI_COMM_WORLD. Carves kv_replicas out of tp in `mesh` when the model needs it;
+// in hybrid mode the mesh has cp_ulysses and cp_ring carved out of cp (plan_layout does it).
 ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model,
-                                  const StageMap& stages, CpMode cp_mode = CpMode::ring,
-                                  int cp_ulysses = 1);
+                                  const StageMap& stages, CpMode cp_mode = CpMode::ring);
 
 // Every rank's string at rank 0 of the world (the others get nothing): what each checkpoint
 // writer lists in meta.json, each rank's traced spans.

@@ -73,7 +73,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     from = checkpoint_to_resume(resume, t.out_dir);
   });
   process_ = make_process_groups(*mesh_, rank_, cfg_.model, layout->check.stages,
-                                 layout->cp_mode, layout->cp_ulysses);
+                                 layout->cp_mode);
   cp_ = mesh_->degree(Axis::cp);
   dp_size_ = process_.dp->size();
   dp_rank_ = process_.dp->rank();
