@@ -246,25 +246,41 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
                    documents);
     opt_.ring->reduce_scatter(dkv_next_.data(), dkv_cur_.data(), kv_floats)();
   } else {
-    // K|V travel the ring again, each with the sum of the gradients of the ranks it has met;
-    // after R steps that sum arrives back at its owner.
+    // K|V travel the ring again, and behind them an accumulator of their gradients per owner:
+    // at step t this rank computes its part for the K|V in hand while the accumulator for them
+    // (from the rank before, which finished its part a step ago) and the next K|V arrive, then
+    // adds its part and passes the accumulator on. After R steps each is back at its owner.
     kv_cur_.resize(kv_floats);
     kv_next_.resize(kv_floats);
     dkv_next_.resize(kv_floats);
+    dkv_part_.resize(R_ > 1 ? kv_floats : 0);
     pack_kv(g, kv_cur_.data(), A);
     std::fill_n(dkv_cur_.data(), kv_floats, 0.0f);
     for (int t = 0; t < R_; ++t) {
-      CpComm::Wait arrived;
-      if (t + 1 < R_) arrived = opt_.ring->ring_shift(kv_cur_.data(), kv_next_.data(), kv_floats);
-      pairs_backward(g, A, dA, O, s.lse.data(), dO, kv_cur_.data(), dkv_cur_.data(),
-                     (g.pos - t + R_) % R_, 1, documents);
-      if (R_ == 1) break;
-      opt_.ring->ring_shift(dkv_cur_.data(), dkv_next_.data(), kv_floats)();
-      std::swap(dkv_cur_, dkv_next_);
-      if (arrived) {
-        arrived();
+      CpComm::Wait kv_arrived, acc_arrived;
+      if (t + 1 < R_)
+        kv_arrived = opt_.ring->ring_shift(kv_cur_.data(), kv_next_.data(), kv_floats);
+      if (t > 0) {
+        acc_arrived = opt_.ring->ring_shift(dkv_cur_.data(), dkv_next_.data(), kv_floats);
+        std::fill_n(dkv_part_.data(), kv_floats, 0.0f);
+      }
+      float* part = t > 0 ? dkv_part_.data() : dkv_cur_.data();
+      pairs_backward(g, A, dA, O, s.lse.data(), dO, kv_cur_.data(), part, (g.pos - t + R_) % R_,
+                     1, documents);
+      if (acc_arrived) {
+        acc_arrived();
+        float* acc = dkv_next_.data();
+        for (int64_t i = 0; i < kv_floats; ++i) acc[i] += part[i];
+        std::swap(dkv_cur_, dkv_next_);
+      }
+      if (kv_arrived) {
+        kv_arrived();
         std::swap(kv_cur_, kv_next_);
       }
+    }
+    if (R_ > 1) {  // the last accumulator goes home
+      opt_.ring->ring_shift(dkv_cur_.data(), dkv_next_.data(), kv_floats)();
+      std::swap(dkv_cur_, dkv_next_);
     }
   }
   unpack_kv(g, dA, dkv_cur_.data());

@@ -65,7 +65,7 @@ class ContextAttention {
   int heads_u_, kv_heads_u_;  // per Ulysses member
   bool kv_split_;             // kv heads split over the Ulysses group (else replicated)
   // Work buffers of this layer's exchanges (the kept ones are in Saved).
-  Buffer<float> kv_cur_, kv_next_, dkv_cur_, dkv_next_, out_tmp_, lse_tmp_;
+  Buffer<float> kv_cur_, kv_next_, dkv_cur_, dkv_next_, dkv_part_, out_tmp_, lse_tmp_;
   Buffer<float> send_, recv_, d_o_u_, d_a_;
 };
 
