@@ -9,6 +9,19 @@
 
 namespace cleave {
 
+namespace {
+
+// Work buffers only grow (a resize maps fresh pages, which every layer would fault in again);
+// what a micro-batch keeps is sized exactly, once per slot.
+void grow(Buffer<float>& b, int64_t n) {
+  if (b.size() < n) b.resize(n);
+}
+void size_to(Buffer<float>& b, int64_t n) {
+  if (b.size() != n) b.resize(n);
+}
+
+}  // namespace
+
 struct ContextAttention::Geometry {
   int64_t B, T, c;     // sequences, this rank's rows per sequence, rows per chunk (T / 2)
   int64_t T_full;      // tokens per whole sequence
@@ -17,17 +30,20 @@ struct ContextAttention::Geometry {
   int64_t q_cols, kv_cols;  // per row of A: this rank's q heads' and kv heads' floats
   int64_t dim;         // A's row: q_cols + 2 kv_cols
   int pos;             // this rank's ring position
-  // Row of member i's sequence b, chunk half h, in A (and in a ring position's K|V rows).
+  // Row of member i's sequence b, chunk half h, in A (and in a ring position's K|V rows), and
+  // the index of that chunk's [heads, c] block of log-sum-exps.
   int64_t row(int i, int64_t b, int h) const { return (i * B + b) * T + h * c; }
+  int64_t entry(int i, int64_t b, int h) const { return (i * B + b) * 2 + h; }
 };
 
 void ContextAttention::Saved::release() {
-  for (Buffer<float>* b : {&qkv_u, &o_u, &lse, &kv_all}) *b = Buffer<float>();
+  for (Buffer<float>* b : {&qkv_u, &o_u, &lse}) *b = Buffer<float>();
 }
 
 ContextAttention::ContextAttention(const ContextParallelOptions& o, int heads, int kv_heads,
                                    int head_dim)
     : opt_(o), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim) {
+  if (!opt_.work) opt_.work = std::make_shared<ContextWork>();
   U_ = o.ulysses ? o.ulysses->size() : 1;
   R_ = o.ring ? o.ring->size() : 1;
   CLEAVE_CHECK(U_ * R_ == o.cp, "context parallelism: a Ulysses group of " << U_ << " x a ring of "
@@ -72,66 +88,14 @@ void ContextAttention::unpack_kv(const Geometry& g, float* dA, const float* dkv)
     std::memcpy(dA + r * g.dim + g.q_cols, dkv + r * 2 * g.kv_cols, 2 * g.kv_cols * sizeof(float));
 }
 
-void ContextAttention::pairs_forward(const Geometry& g, const float* A, float* O, float* lse,
-                                     const float* kv, int owner, int sets,
-                                     const int32_t* documents) {
-  kernels::AttentionShape shape{1, g.c, heads_u_, kv_heads_u_, head_dim_, g.dim, 2 * g.kv_cols};
-  shape.Tk = g.c;
-  for (int i = 0; i < U_; ++i)
+void ContextAttention::permute(const Geometry& g, float* dst, const float* src, int64_t cols,
+                               int members, bool to_global) const {
+  for (int m = 0; m < members; ++m)
     for (int64_t b = 0; b < g.B; ++b)
       for (int h = 0; h < 2; ++h) {
-        const int64_t qc = zigzag_chunk(opt_.cp, g.pos * U_ + i, h), q_row = g.row(i, b, h);
-        float* o = O + q_row * g.q_cols;
-        float* l = lse + ((i * g.B + b) * 2 + h) * heads_u_ * g.c;
-        shape.q_begin = qc * g.c;
-        shape.q_seq = documents ? documents + b * g.T_full + qc * g.c : nullptr;
-        for (int s = 0; s < sets; ++s) {
-          const int at = (owner + s) % R_;
-          const float* set = kv + s * g.set_rows * 2 * g.kv_cols;
-          for (int ik = 0; ik < U_; ++ik)
-            for (int hk = 0; hk < 2; ++hk) {
-              const int64_t kc = zigzag_chunk(opt_.cp, at * U_ + ik, hk);
-              if (kc > qc) continue;  // wholly in the future of every query of the chunk
-              const float* k = set + g.row(ik, b, hk) * 2 * g.kv_cols;
-              shape.k_begin = kc * g.c;
-              shape.k_seq = documents ? documents + b * g.T_full + kc * g.c : nullptr;
-              kernels::attention_forward(out_tmp_.data(), lse_tmp_.data(), A + q_row * g.dim, k,
-                                         k + g.kv_cols, shape);
-              kernels::attention_merge(o, l, out_tmp_.data(), lse_tmp_.data(), shape);
-            }
-        }
-      }
-}
-
-void ContextAttention::pairs_backward(const Geometry& g, const float* A, float* dA, const float* O,
-                                      const float* lse, const float* dO, const float* kv,
-                                      float* dkv, int owner, int sets,
-                                      const int32_t* documents) {
-  kernels::AttentionShape shape{1, g.c, heads_u_, kv_heads_u_, head_dim_, g.dim, 2 * g.kv_cols};
-  shape.Tk = g.c;
-  for (int i = 0; i < U_; ++i)
-    for (int64_t b = 0; b < g.B; ++b)
-      for (int h = 0; h < 2; ++h) {
-        const int64_t qc = zigzag_chunk(opt_.cp, g.pos * U_ + i, h), q_row = g.row(i, b, h);
-        const float* l = lse + ((i * g.B + b) * 2 + h) * heads_u_ * g.c;
-        shape.q_begin = qc * g.c;
-        shape.q_seq = documents ? documents + b * g.T_full + qc * g.c : nullptr;
-        for (int s = 0; s < sets; ++s) {
-          const int at = (owner + s) % R_;
-          const int64_t set = s * g.set_rows * 2 * g.kv_cols;
-          for (int ik = 0; ik < U_; ++ik)
-            for (int hk = 0; hk < 2; ++hk) {
-              const int64_t kc = zigzag_chunk(opt_.cp, at * U_ + ik, hk);
-              if (kc > qc) continue;
-              const int64_t k_at = set + g.row(ik, b, hk) * 2 * g.kv_cols;
-              shape.k_begin = kc * g.c;
-              shape.k_seq = documents ? documents + b * g.T_full + kc * g.c : nullptr;
-              kernels::attention_backward(dA + q_row * g.dim, dkv + k_at, dkv + k_at + g.kv_cols,
-                                          dO + q_row * g.q_cols, A + q_row * g.dim, kv + k_at,
-                                          kv + k_at + g.kv_cols, O + q_row * g.q_cols, l, shape,
-                                          true);
-            }
-        }
+        const int64_t mine = g.row(m, b, h), global = b * g.T_full + zigzag_chunk(opt_.cp, m, h) * g.c;
+        const int64_t from = to_global ? mine : global, to = to_global ? global : mine;
+        std::memcpy(dst + to * cols, src + from * cols, g.c * cols * sizeof(float));
       }
 }
 
@@ -140,18 +104,19 @@ void ContextAttention::scatter_heads(const Geometry& g, float* A, const float* q
   const int64_t hd = head_dim_, src_dim = int64_t(heads_ + 2 * kv_heads_) * hd;
   const int64_t src_row = cols_kv ? src_dim : int64_t(heads_) * hd;
   const int64_t dim = cols_q + 2 * cols_kv;
-  send_.resize(U_ * g.rows * dim);
+  Buffer<float>& send = opt_.work->send;
+  grow(send, U_ * g.rows * dim);
   for (int j = 0; j < U_; ++j)
     for (int64_t r = 0; r < g.rows; ++r) {
       const float* src = qkv + r * src_row;
-      float* dst = send_.data() + (j * g.rows + r) * dim;
+      float* dst = send.data() + (j * g.rows + r) * dim;
       std::memcpy(dst, src + j * cols_q, cols_q * sizeof(float));
       if (!cols_kv) continue;
       const int64_t k0 = int64_t(heads_) * hd + kv_first(j) * hd;
       std::memcpy(dst + cols_q, src + k0, cols_kv * sizeof(float));
       std::memcpy(dst + cols_q + cols_kv, src + k0 + int64_t(kv_heads_) * hd, cols_kv * sizeof(float));
     }
-  opt_.ulysses->all_to_all(send_.data(), A, g.rows * dim)();
+  opt_.ulysses->all_to_all(send.data(), A, g.rows * dim)();
 }
 
 void ContextAttention::gather_heads(const Geometry& g, float* qkv, const float* A, int64_t cols_q,
@@ -159,14 +124,15 @@ void ContextAttention::gather_heads(const Geometry& g, float* qkv, const float* 
   const int64_t hd = head_dim_, dst_dim = int64_t(heads_ + 2 * kv_heads_) * hd;
   const int64_t dst_row = cols_kv ? dst_dim : int64_t(heads_) * hd;
   const int64_t dim = cols_q + 2 * cols_kv;
-  recv_.resize(U_ * g.rows * dim);
-  opt_.ulysses->all_to_all(A, recv_.data(), g.rows * dim)();
+  Buffer<float>& recv = opt_.work->recv;
+  grow(recv, U_ * g.rows * dim);
+  opt_.ulysses->all_to_all(A, recv.data(), g.rows * dim)();
   if (sum_kv)
     for (int64_t r = 0; r < g.rows; ++r)
       std::fill_n(qkv + r * dst_row + int64_t(heads_) * hd, 2 * int64_t(kv_heads_) * hd, 0.0f);
   for (int j = 0; j < U_; ++j)
     for (int64_t r = 0; r < g.rows; ++r) {
-      const float* src = recv_.data() + (j * g.rows + r) * dim;
+      const float* src = recv.data() + (j * g.rows + r) * dim;
       float* dst = qkv + r * dst_row;
       std::memcpy(dst + j * cols_q, src, cols_q * sizeof(float));
       if (!cols_kv) continue;
@@ -182,41 +148,148 @@ void ContextAttention::gather_heads(const Geometry& g, float* qkv, const float* 
     }
 }
 
+kernels::AttentionShape ContextAttention::chunk_shape(const Geometry& g, int64_t kv_stride) const {
+  kernels::AttentionShape shape{1, g.c, heads_u_, kv_heads_u_, head_dim_, g.dim, kv_stride};
+  shape.Tk = g.c;
+  return shape;
+}
+
+void ContextAttention::pairs_forward(const Geometry& g, const float* A, float* O, float* lse,
+                                     const float* kv, int owner, const int32_t* documents) {
+  ContextWork& w = *opt_.work;
+  kernels::AttentionShape shape = chunk_shape(g, 2 * g.kv_cols);
+  for (int i = 0; i < U_; ++i)
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t qc = zigzag_chunk(opt_.cp, g.pos * U_ + i, h), q_row = g.row(i, b, h);
+        float* o = O + q_row * g.q_cols;
+        float* l = lse + g.entry(i, b, h) * heads_u_ * g.c;
+        shape.q_begin = qc * g.c;
+        shape.q_seq = documents ? documents + b * g.T_full + qc * g.c : nullptr;
+        for (int ik = 0; ik < U_; ++ik)
+          for (int hk = 0; hk < 2; ++hk) {
+            const int64_t kc = zigzag_chunk(opt_.cp, owner * U_ + ik, hk);
+            if (kc > qc) continue;  // wholly in the future of every query of the chunk
+            const float* k = kv + g.row(ik, b, hk) * 2 * g.kv_cols;
+            shape.k_begin = kc * g.c;
+            shape.k_seq = documents ? documents + b * g.T_full + kc * g.c : nullptr;
+            kernels::attention_forward(w.out_part.data(), w.lse_part.data(), A + q_row * g.dim, k,
+                                       k + g.kv_cols, shape);
+            kernels::attention_merge(o, l, w.out_part.data(), w.lse_part.data(), shape);
+          }
+      }
+}
+
+void ContextAttention::pairs_backward(const Geometry& g, const float* A, float* dA, const float* O,
+                                      const float* lse, const float* dO, const float* kv,
+                                      float* dkv, int owner, const int32_t* documents) {
+  kernels::AttentionShape shape = chunk_shape(g, 2 * g.kv_cols);
+  for (int i = 0; i < U_; ++i)
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t qc = zigzag_chunk(opt_.cp, g.pos * U_ + i, h), q_row = g.row(i, b, h);
+        const float* l = lse + g.entry(i, b, h) * heads_u_ * g.c;
+        shape.q_begin = qc * g.c;
+        shape.q_seq = documents ? documents + b * g.T_full + qc * g.c : nullptr;
+        for (int ik = 0; ik < U_; ++ik)
+          for (int hk = 0; hk < 2; ++hk) {
+            const int64_t kc = zigzag_chunk(opt_.cp, owner * U_ + ik, hk);
+            if (kc > qc) continue;
+            const int64_t k_at = g.row(ik, b, hk) * 2 * g.kv_cols;
+            shape.k_begin = kc * g.c;
+            shape.k_seq = documents ? documents + b * g.T_full + kc * g.c : nullptr;
+            kernels::attention_backward(dA + q_row * g.dim, dkv + k_at, dkv + k_at + g.kv_cols,
+                                        dO + q_row * g.q_cols, A + q_row * g.dim, kv + k_at,
+                                        kv + k_at + g.kv_cols, O + q_row * g.q_cols, l, shape,
+                                        true);
+          }
+      }
+}
+
+// The rank's query chunks over the whole sequence's K|V rows in order (allgather): one call per
+// chunk over every key before its end, no merge.
+kernels::AttentionShape ContextAttention::prefix_shape(const Geometry& g, int64_t qc,
+                                                       int64_t b, const int32_t* documents) const {
+  kernels::AttentionShape shape = chunk_shape(g, 2 * g.kv_cols);
+  shape.Tk = (qc + 1) * g.c;
+  shape.q_begin = qc * g.c;
+  shape.k_begin = 0;
+  shape.q_seq = documents ? documents + b * g.T_full + qc * g.c : nullptr;
+  shape.k_seq = documents ? documents + b * g.T_full : nullptr;
+  return shape;
+}
+
+void ContextAttention::gather_kv(const Geometry& g, const float* A) {
+  ContextWork& w = *opt_.work;
+  const int64_t kv_floats = g.set_rows * 2 * g.kv_cols;
+  grow(w.kv, kv_floats);
+  grow(w.kv_next, R_ * kv_floats);
+  grow(w.rows, R_ * kv_floats);
+  pack_kv(g, w.kv.data(), A);
+  opt_.ring->all_gather(w.kv.data(), w.kv_next.data(), kv_floats)();
+  permute(g, w.rows.data(), w.kv_next.data(), 2 * g.kv_cols, R_, true);
+}
+
 void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, int64_t T,
                                const int32_t* documents) {
   const Geometry g = geometry(B, T);
+  ContextWork& w = *opt_.work;
+  size_to(s.lse, g.set_rows * heads_u_);
+  if (opt_.mode == CpMode::ulysses) {
+    // The whole sequence of this rank's heads, in order: one causal attention, as one process.
+    grow(w.rows, g.set_rows * g.dim);
+    scatter_heads(g, w.rows.data(), qkv, g.q_cols, g.kv_cols);
+    size_to(s.qkv_u, g.set_rows * g.dim);
+    size_to(s.o_u, g.set_rows * g.q_cols);
+    permute(g, s.qkv_u.data(), w.rows.data(), g.dim, U_, true);
+    const float* A = s.qkv_u.data();
+    kernels::AttentionShape shape{g.B, g.T_full, heads_u_, kv_heads_u_, head_dim_, g.dim, g.dim};
+    shape.q_seq = shape.k_seq = documents;
+    kernels::attention_forward(s.o_u.data(), s.lse.data(), A, A + g.q_cols,
+                               A + g.q_cols + g.kv_cols, shape);
+    grow(w.rows, g.set_rows * g.q_cols);
+    permute(g, w.rows.data(), s.o_u.data(), g.q_cols, U_, false);
+    gather_heads(g, o, w.rows.data(), g.q_cols, 0, false);
+    return;
+  }
+  if (opt_.mode == CpMode::allgather) {
+    gather_kv(g, qkv);
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t qc = zigzag_chunk(opt_.cp, g.pos, h), row = g.row(0, b, h);
+        const float* k = w.rows.data() + b * g.T_full * 2 * g.kv_cols;
+        kernels::attention_forward(o + row * g.q_cols, s.lse.data() + g.entry(0, b, h) * heads_u_ * g.c,
+                                   qkv + row * g.dim, k, k + g.kv_cols,
+                                   prefix_shape(g, qc, b, documents));
+      }
+    return;
+  }
+  // ring and hybrid: at step t this rank holds ring position pos - t's K|V rows (its Ulysses
+  // group's); the next ones travel meanwhile.
   const float* A = qkv;
   float* O = o;
   if (U_ > 1) {
-    s.qkv_u.resize(g.set_rows * g.dim);
-    s.o_u.resize(g.set_rows * g.q_cols);
+    size_to(s.qkv_u, g.set_rows * g.dim);
+    size_to(s.o_u, g.set_rows * g.q_cols);
     scatter_heads(g, s.qkv_u.data(), qkv, g.q_cols, g.kv_cols);
     A = s.qkv_u.data();
     O = s.o_u.data();
   }
-  s.lse.resize(g.set_rows * heads_u_);
   std::fill_n(O, g.set_rows * g.q_cols, 0.0f);
   std::fill_n(s.lse.data(), s.lse.size(), -std::numeric_limits<float>::infinity());
-  out_tmp_.resize(g.c * g.q_cols);
-  lse_tmp_.resize(g.c * heads_u_);
+  grow(w.out_part, g.c * g.q_cols);
+  grow(w.lse_part, g.c * heads_u_);
   const int64_t kv_floats = g.set_rows * 2 * g.kv_cols;
-  kv_cur_.resize(kv_floats);
-  pack_kv(g, kv_cur_.data(), A);
-  if (opt_.mode == CpMode::allgather) {
-    s.kv_all.resize(R_ * kv_floats);
-    opt_.ring->all_gather(kv_cur_.data(), s.kv_all.data(), kv_floats)();
-    pairs_forward(g, A, O, s.lse.data(), s.kv_all.data(), 0, R_, documents);
-  } else {
-    // At step t this rank holds ring position pos - t's K|V; the next one travels meanwhile.
-    kv_next_.resize(kv_floats);
-    for (int t = 0; t < R_; ++t) {
-      CpComm::Wait arrived;
-      if (t + 1 < R_) arrived = opt_.ring->ring_shift(kv_cur_.data(), kv_next_.data(), kv_floats);
-      pairs_forward(g, A, O, s.lse.data(), kv_cur_.data(), (g.pos - t + R_) % R_, 1, documents);
-      if (arrived) {
-        arrived();
-        std::swap(kv_cur_, kv_next_);
-      }
+  grow(w.kv, kv_floats);
+  grow(w.kv_next, kv_floats);
+  pack_kv(g, w.kv.data(), A);
+  for (int t = 0; t < R_; ++t) {
+    CpComm::Wait arrived;
+    if (t + 1 < R_) arrived = opt_.ring->ring_shift(w.kv.data(), w.kv_next.data(), kv_floats);
+    pairs_forward(g, A, O, s.lse.data(), w.kv.data(), (g.pos - t + R_) % R_, documents);
+    if (arrived) {
+      arrived();
+      std::swap(w.kv, w.kv_next);
     }
   }
   if (U_ > 1) gather_heads(g, o, O, g.q_cols, 0, false);
@@ -225,65 +298,99 @@ void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, 
 void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const float* qkv,
                                 const float* o, int64_t B, int64_t T, const int32_t* documents) {
   const Geometry g = geometry(B, T);
+  ContextWork& w = *opt_.work;
+  if (opt_.mode == CpMode::ulysses) {
+    grow(w.rows, g.set_rows * g.q_cols);
+    scatter_heads(g, w.rows.data(), d_o, g.q_cols, 0);
+    grow(w.grads, g.set_rows * g.q_cols);
+    permute(g, w.grads.data(), w.rows.data(), g.q_cols, U_, true);
+    grow(w.rows, g.set_rows * g.dim);
+    const float* A = s.qkv_u.data();
+    float* dA = w.rows.data();
+    kernels::AttentionShape shape{g.B, g.T_full, heads_u_, kv_heads_u_, head_dim_, g.dim, g.dim};
+    shape.q_seq = shape.k_seq = documents;
+    kernels::attention_backward(dA, dA + g.q_cols, dA + g.q_cols + g.kv_cols, w.grads.data(), A,
+                                A + g.q_cols, A + g.q_cols + g.kv_cols, s.o_u.data(),
+                                s.lse.data(), shape);
+    grow(w.grads, g.set_rows * g.dim);
+    permute(g, w.grads.data(), dA, g.dim, U_, false);
+    gather_heads(g, d_qkv, w.grads.data(), g.q_cols, g.kv_cols, !kv_split_);
+    return;
+  }
+  const int64_t kv_floats = g.set_rows * 2 * g.kv_cols;
+  if (opt_.mode == CpMode::allgather) {
+    // K|V gathered again (kept by no layer: cp x their rows would be), their gradients summed
+    // over the query chunks of every rank and reduce-scattered back to their owners.
+    gather_kv(g, qkv);
+    std::fill_n(d_qkv, g.set_rows * g.dim, 0.0f);
+    grow(w.grads, R_ * kv_floats);
+    std::fill_n(w.grads.data(), R_ * kv_floats, 0.0f);
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t qc = zigzag_chunk(opt_.cp, g.pos, h), row = g.row(0, b, h);
+        const int64_t k_at = b * g.T_full * 2 * g.kv_cols;
+        const float* k = w.rows.data() + k_at;
+        float* dk = w.grads.data() + k_at;
+        kernels::attention_backward(d_qkv + row * g.dim, dk, dk + g.kv_cols, d_o + row * g.q_cols,
+                                    qkv + row * g.dim, k, k + g.kv_cols, o + row * g.q_cols,
+                                    s.lse.data() + g.entry(0, b, h) * heads_u_ * g.c,
+                                    prefix_shape(g, qc, b, documents), true);
+      }
+    permute(g, w.kv_next.data(), w.grads.data(), 2 * g.kv_cols, R_, false);
+    grow(w.dkv, kv_floats);
+    opt_.ring->reduce_scatter(w.kv_next.data(), w.dkv.data(), kv_floats)();
+    unpack_kv(g, d_qkv, w.dkv.data());
+    return;
+  }
   const float* A = U_ > 1 ? s.qkv_u.data() : qkv;
   const float* O = U_ > 1 ? s.o_u.data() : o;
   const float* dO = d_o;
   float* dA = d_qkv;
   if (U_ > 1) {
-    d_o_u_.resize(g.set_rows * g.q_cols);
-    scatter_heads(g, d_o_u_.data(), d_o, g.q_cols, 0);
-    dO = d_o_u_.data();
-    d_a_.resize(g.set_rows * g.dim);
-    dA = d_a_.data();
+    grow(w.grads, g.set_rows * g.q_cols);
+    scatter_heads(g, w.grads.data(), d_o, g.q_cols, 0);
+    dO = w.grads.data();
+    grow(w.rows, g.set_rows * g.dim);
+    dA = w.rows.data();
   }
   std::fill_n(dA, g.set_rows * g.dim, 0.0f);
-  const int64_t kv_floats = g.set_rows * 2 * g.kv_cols;
-  dkv_cur_.resize(kv_floats);
-  if (opt_.mode == CpMode::allgather) {
-    dkv_next_.resize(R_ * kv_floats);
-    std::fill_n(dkv_next_.data(), dkv_next_.size(), 0.0f);
-    pairs_backward(g, A, dA, O, s.lse.data(), dO, s.kv_all.data(), dkv_next_.data(), 0, R_,
-                   documents);
-    opt_.ring->reduce_scatter(dkv_next_.data(), dkv_cur_.data(), kv_floats)();
-  } else {
-    // K|V travel the ring again, and behind them an accumulator of their gradients per owner:
-    // at step t this rank computes its part for the K|V in hand while the accumulator for them
-    // (from the rank before, which finished its part a step ago) and the next K|V arrive, then
-    // adds its part and passes the accumulator on. After R steps each is back at its owner.
-    kv_cur_.resize(kv_floats);
-    kv_next_.resize(kv_floats);
-    dkv_next_.resize(kv_floats);
-    dkv_part_.resize(R_ > 1 ? kv_floats : 0);
-    pack_kv(g, kv_cur_.data(), A);
-    std::fill_n(dkv_cur_.data(), kv_floats, 0.0f);
-    for (int t = 0; t < R_; ++t) {
-      CpComm::Wait kv_arrived, acc_arrived;
-      if (t + 1 < R_)
-        kv_arrived = opt_.ring->ring_shift(kv_cur_.data(), kv_next_.data(), kv_floats);
-      if (t > 0) {
-        acc_arrived = opt_.ring->ring_shift(dkv_cur_.data(), dkv_next_.data(), kv_floats);
-        std::fill_n(dkv_part_.data(), kv_floats, 0.0f);
-      }
-      float* part = t > 0 ? dkv_part_.data() : dkv_cur_.data();
-      pairs_backward(g, A, dA, O, s.lse.data(), dO, kv_cur_.data(), part, (g.pos - t + R_) % R_,
-                     1, documents);
-      if (acc_arrived) {
-        acc_arrived();
-        float* acc = dkv_next_.data();
-        for (int64_t i = 0; i < kv_floats; ++i) acc[i] += part[i];
-        std::swap(dkv_cur_, dkv_next_);
-      }
-      if (kv_arrived) {
-        kv_arrived();
-        std::swap(kv_cur_, kv_next_);
-      }
+  // K|V travel the ring again, and behind them an accumulator of their gradients per owner:
+  // at step t this rank computes its part for the K|V in hand while the accumulator for them
+  // (from the rank before, which finished its part a step ago) and the next K|V arrive, then
+  // adds its part and passes the accumulator on. After R steps each is back at its owner.
+  grow(w.kv, kv_floats);
+  grow(w.kv_next, kv_floats);
+  grow(w.dkv, kv_floats);
+  grow(w.dkv_next, kv_floats);
+  grow(w.dkv_part, R_ > 1 ? kv_floats : 0);
+  pack_kv(g, w.kv.data(), A);
+  std::fill_n(w.dkv.data(), kv_floats, 0.0f);
+  for (int t = 0; t < R_; ++t) {
+    CpComm::Wait kv_arrived, acc_arrived;
+    if (t + 1 < R_) kv_arrived = opt_.ring->ring_shift(w.kv.data(), w.kv_next.data(), kv_floats);
+    if (t > 0) {
+      acc_arrived = opt_.ring->ring_shift(w.dkv.data(), w.dkv_next.data(), kv_floats);
+      std::fill_n(w.dkv_part.data(), kv_floats, 0.0f);
     }
-    if (R_ > 1) {  // the last accumulator goes home
-      opt_.ring->ring_shift(dkv_cur_.data(), dkv_next_.data(), kv_floats)();
-      std::swap(dkv_cur_, dkv_next_);
+    float* part = t > 0 ? w.dkv_part.data() : w.dkv.data();
+    pairs_backward(g, A, dA, O, s.lse.data(), dO, w.kv.data(), part, (g.pos - t + R_) % R_,
+                   documents);
+    if (acc_arrived) {
+      acc_arrived();
+      float* acc = w.dkv_next.data();
+      for (int64_t i = 0; i < kv_floats; ++i) acc[i] += part[i];
+      std::swap(w.dkv, w.dkv_next);
+    }
+    if (kv_arrived) {
+      kv_arrived();
+      std::swap(w.kv, w.kv_next);
     }
   }
-  unpack_kv(g, dA, dkv_cur_.data());
+  if (R_ > 1) {  // the last accumulator goes home
+    opt_.ring->ring_shift(w.dkv.data(), w.dkv_next.data(), kv_floats)();
+    std::swap(w.dkv, w.dkv_next);
+  }
+  unpack_kv(g, dA, w.dkv.data());
   if (U_ > 1) gather_heads(g, d_qkv, dA, g.q_cols, g.kv_cols, !kv_split_);
 }
 

@@ -10,6 +10,7 @@
 // over the ranks holding the same heads, and the output goes back by the reverse all-to-all.
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "cleave/base/buffer.h"
 #include "cleave/kernels/attention.h"
@@ -17,18 +18,28 @@
 
 namespace cleave {
 
+// The exchanges' work buffers, alive within one call: one set for every layer of a model.
+struct ContextWork {
+  Buffer<float> kv, kv_next, dkv, dkv_next, dkv_part;  // K|V rows and their gradients in flight
+  Buffer<float> out_part, lse_part;                    // one chunk pair's result, to merge
+  Buffer<float> send, recv;                            // all-to-all staging
+  Buffer<float> rows, grads;                           // rows reordered (Ulysses, allgather)
+};
+
 class ContextAttention {
  public:
   // One micro-batch's, kept from forward for backward.
   struct Saved {
-    Buffer<float> qkv_u, o_u;  // Ulysses: this rank's heads over its group's rows
-    Buffer<float> lse;         // per (group member, sequence, chunk): [heads, chunk rows]
-    Buffer<float> kv_all;      // allgather: every ring rank's K|V rows
+    // Ulysses and hybrid: this rank's heads over its group's rows (in sequence order under
+    // ulysses); their output.
+    Buffer<float> qkv_u, o_u;
+    // Per (group member, sequence, chunk): [heads, chunk rows]; under ulysses [B, heads, T x cp].
+    Buffer<float> lse;
     void release();
   };
 
   // heads, kv_heads: this rank's (its tp share). Throws Error naming the numbers when Ulysses
-  // cannot split them.
+  // cannot split them. The work buffers are options.work's (made here when null).
   ContextAttention(const ContextParallelOptions& options, int heads, int kv_heads, int head_dim);
 
   // o [B*T, heads*head_dim] (=) from qkv [B*T, (heads + 2 kv_heads) * head_dim] (q | k | v per
@@ -36,6 +47,8 @@ class ContextAttention {
   // document ids [B * T * cp], or null (one document per sequence).
   void forward(Saved& s, float* o, const float* qkv, int64_t B, int64_t T,
                const int32_t* documents);
+  // Whether backward reads the qkv given to forward (under ulysses and hybrid it keeps its own).
+  bool reads_qkv() const { return U_ == 1; }
   // d_qkv (=) from d_o, given what forward kept and its qkv and o.
   void backward(Saved& s, float* d_qkv, const float* d_o, const float* qkv, const float* o,
                 int64_t B, int64_t T, const int32_t* documents);
@@ -43,16 +56,26 @@ class ContextAttention {
  private:
   struct Geometry;
   Geometry geometry(int64_t B, int64_t T) const;
-  // The attention of every query chunk of this rank's rows A over the key chunks of the K|V rows
-  // kv held by ring position `owner` (`sets` consecutive positions from it: allgather's all),
-  // merged into O and lse; or, in backward, their gradients (+=) into dA and dkv.
+  kernels::AttentionShape chunk_shape(const Geometry& g, int64_t kv_stride) const;
+  // Query chunk qc of sequence b over every key before its end, the K|V rows in sequence order.
+  kernels::AttentionShape prefix_shape(const Geometry& g, int64_t qc, int64_t b,
+                                       const int32_t* documents) const;
+  // Ring (and hybrid): the attention of every query chunk of this rank's rows A over the key
+  // chunks of the K|V rows kv of ring position `owner`, merged into O and lse; or, in backward,
+  // their gradients (+=) into dA and dkv.
   void pairs_forward(const Geometry& g, const float* A, float* O, float* lse, const float* kv,
-                     int owner, int sets, const int32_t* documents);
+                     int owner, const int32_t* documents);
   void pairs_backward(const Geometry& g, const float* A, float* dA, const float* O,
                       const float* lse, const float* dO, const float* kv, float* dkv, int owner,
-                      int sets, const int32_t* documents);
+                      const int32_t* documents);
+  // Allgather: every rank's K|V rows, in sequence order, into work->rows.
+  void gather_kv(const Geometry& g, const float* A);
   void pack_kv(const Geometry& g, float* kv, const float* A) const;     // A's K|V columns
   void unpack_kv(const Geometry& g, float* dA, const float* dkv) const;  // into dA's K|V columns
+  // Rows of `members` cp ranks (member m is cp rank m: ulysses, allgather), member by member,
+  // into sequence order, or back.
+  void permute(const Geometry& g, float* dst, const float* src, int64_t cols, int members,
+               bool to_global) const;
   // Ulysses' all-to-all: qkv rows of every head -> the group's rows of this rank's heads; back.
   void scatter_heads(const Geometry& g, float* A, const float* qkv, int64_t cols_q, int64_t cols_kv);
   void gather_heads(const Geometry& g, float* qkv, const float* A, int64_t cols_q, int64_t cols_kv,
@@ -64,9 +87,6 @@ class ContextAttention {
   int U_, R_;                 // Ulysses group size, ring size (R_ * U_ = cp)
   int heads_u_, kv_heads_u_;  // per Ulysses member
   bool kv_split_;             // kv heads split over the Ulysses group (else replicated)
-  // Work buffers of this layer's exchanges (the kept ones are in Saved).
-  Buffer<float> kv_cur_, kv_next_, dkv_cur_, dkv_next_, dkv_part_, out_tmp_, lse_tmp_;
-  Buffer<float> send_, recv_, d_o_u_, d_a_;
 };
 
 }  // namespace cleave

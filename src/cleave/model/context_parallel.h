@@ -5,12 +5,15 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace cleave {
 
 // Collectives over a group of cp ranks on fp32 rows. Each starts the operation and returns what
 // to call to wait for it; the rank's other work runs meanwhile.
+struct ContextWork;  // context_attention.h
+
 class CpComm {
  public:
   using Wait = std::function<void()>;
@@ -44,6 +47,8 @@ struct ContextParallelOptions {
   // when the mode has no such stage.
   CpComm* ring = nullptr;
   CpComm* ulysses = nullptr;
+  // The exchanges' work buffers, shared by every layer of a model (the Transformer makes them).
+  std::shared_ptr<ContextWork> work;
   bool enabled() const { return cp > 1; }
 };
 

@@ -73,11 +73,10 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
   const int64_t B = batch.B, T = batch.T, N = B * T, hd = cfg_.head_dim();
   const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
   const int64_t qkv_dim = share_.qkv_dim(int(hd));
-  if (N != s.B * s.T || B != s.B) {
-    s.qkv.resize(N * qkv_dim);
-    s.o.resize(N * q_dim);
-    s.lse.resize(N * share_.heads);
-  }
+  // Sized once per slot (a resize maps fresh pages); the log-sum-exps of cp's attention are its own.
+  if (s.qkv.size() != N * qkv_dim) s.qkv.resize(N * qkv_dim);
+  if (s.o.size() != N * q_dim) s.o.resize(N * q_dim);
+  if (!context_ && s.lse.size() != N * share_.heads) s.lse.resize(N * share_.heads);
   s.B = B, s.T = T;
   s.positions = batch.positions.data();
   s.documents = batch.documents.empty() ? nullptr : batch.documents.data();
@@ -90,6 +89,8 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
   if (context_) {
     CLEAVE_CHECK(!cache, "generation does not run under context parallelism");
     context_->forward(s.cp, s.o.data(), q, B, T, s.sequence_documents);
+    // Under Ulysses attention keeps its own copy of q, k and v (its heads over the sequence).
+    if (!context_->reads_qkv()) s.qkv = Buffer<float>();
   } else if (!cache) {
     kernels::attention_forward(s.o.data(), s.lse.data(), q, q + q_dim, q + q_dim + kv_dim,
                                shape(s));

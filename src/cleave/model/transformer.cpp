@@ -29,6 +29,8 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
       chunks_(std::move(chunks)) {
   if (chunks_.empty()) chunks_.push_back({0, c.n_layers, true, true});
   const std::string sp_sum = tp.sequence_parallel ? kTpAxis : "";
+  ContextParallelOptions context = cp;
+  if (context.enabled() && !context.work) context.work = std::make_shared<ContextWork>();
   auto new_unit = [&](UnitKind kind, int layer, int chunk) {
     store_.begin_unit();
     units_.push_back({kind, layer, chunk, {n_units()}});
@@ -55,7 +57,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
       new_unit(UnitKind::block, l, ch);
       block_of_unit_.back() = int(blocks_.size());
       blocks_.push_back(
-          std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, tp, cp));
+          std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, tp, context));
     }
     if (k.head) {
       new_unit(UnitKind::head, -1, ch);

@@ -12,7 +12,8 @@ double ring_gather(double n, int p) { return p > 1 ? double(p - 1) / p * n * 4 :
 
 // Attention's exchanges per step (model/context_attention.cpp), per layer and micro-batch: the
 // ring sends its K|V rows on cp - 1 steps forward and again backward, and their gradients on cp
-// steps; the all-gather gathers them (forward) and reduce-scatters their gradients; Ulysses'
+// steps; the all-gather gathers them in forward and again in backward (no layer keeps every
+// rank's) and reduce-scatters their gradients; Ulysses'
 // all-to-alls move q|k|v and the output gradient one way, the output and the q|k|v gradients back.
 AxisVolume context_volume(const Config& cfg, const Layout& layout, double tokens, double layers) {
   const ModelConfig& m = cfg.model;
@@ -26,8 +27,9 @@ AxisVolume context_volume(const Config& cfg, const Layout& layout, double tokens
   double per_layer = 0;
   std::string how;
   if (layout.cp_mode == CpMode::allgather) {
-    per_layer = 2 * (R - 1) * kv;
-    how = "K|V all-gathered and their gradients reduce-scattered per layer and micro-batch";
+    per_layer = 3 * (R - 1) * kv;
+    how = "K|V all-gathered in forward and again in backward, their gradients reduce-scattered, "
+          "per layer and micro-batch";
   } else if (R > 1) {
     per_layer = (3.0 * R - 2) * kv;
     how = "K|V around a ring of " + std::to_string(R) + " on " + std::to_string(R - 1) +
