@@ -20,6 +20,12 @@ void size_to(Buffer<float>& b, int64_t n) {
   if (b.size() != n) b.resize(n);
 }
 
+// A key chunk wholly in documents before the query chunk's first (ids do not decrease along a
+// sequence): the mask empties the pair, which is skipped whole, merge and all.
+bool apart(const kernels::AttentionShape& s, int64_t c) {
+  return s.q_seq && s.k_begin < s.q_begin && s.k_seq[c - 1] < s.q_seq[0];
+}
+
 }  // namespace
 
 struct ContextAttention::Geometry {
@@ -170,9 +176,10 @@ void ContextAttention::pairs_forward(const Geometry& g, const float* A, float* O
           for (int hk = 0; hk < 2; ++hk) {
             const int64_t kc = zigzag_chunk(opt_.cp, owner * U_ + ik, hk);
             if (kc > qc) continue;  // wholly in the future of every query of the chunk
-            const float* k = kv + g.row(ik, b, hk) * 2 * g.kv_cols;
             shape.k_begin = kc * g.c;
             shape.k_seq = documents ? documents + b * g.T_full + kc * g.c : nullptr;
+            if (apart(shape, g.c)) continue;
+            const float* k = kv + g.row(ik, b, hk) * 2 * g.kv_cols;
             kernels::attention_forward(w.out_part.data(), w.lse_part.data(), A + q_row * g.dim, k,
                                        k + g.kv_cols, shape);
             kernels::attention_merge(o, l, w.out_part.data(), w.lse_part.data(), shape);
@@ -198,6 +205,7 @@ void ContextAttention::pairs_backward(const Geometry& g, const float* A, float* 
             const int64_t k_at = g.row(ik, b, hk) * 2 * g.kv_cols;
             shape.k_begin = kc * g.c;
             shape.k_seq = documents ? documents + b * g.T_full + kc * g.c : nullptr;
+            if (apart(shape, g.c)) continue;
             kernels::attention_backward(dA + q_row * g.dim, dkv + k_at, dkv + k_at + g.kv_cols,
                                         dO + q_row * g.q_cols, A + q_row * g.dim, kv + k_at,
                                         kv + k_at + g.kv_cols, O + q_row * g.q_cols, l, shape,
