@@ -4,7 +4,7 @@
 # layout reproduces the single process within compare_runs.py's bounds for 20 steps and its rerun
 # is bitwise: cp 2 and 4 in each mode for GPT-2 (learned positions) and Llama (RoPE, GQA: 2 kv
 # heads, split over 2 Ulysses ranks and replicated over 4), hybrid at cp 4 with 2 Ulysses ranks;
-# cp with tp + SP, ZeRO-3, pp and HSDP; bf16; document masking in each mode. A cp 2 checkpoint
+# cp with tp (with and without SP), DDP, ZeRO-1, ZeRO-3, pp and HSDP; bf16; document masking in each mode. A cp 2 checkpoint
 # resumes at cp 4 in another mode and in one process; the cp bytes the trainer measures are what
 # `cleave mesh` predicts; bad input is an error naming the numbers.
 # The model is the 2-layer one compare_runs.py's bounds were measured on: at 4 layers GPT-2's
@@ -43,6 +43,10 @@ layout ref-llama llama-cp2-tp2-sp 4 "${llama[@]}" $(cp 2 ring) --set parallel.tp
 # shellcheck disable=SC2046
 layout ref-llama llama-cp2-ulysses-tp2 4 "${llama[@]}" $(cp 2 ulysses) --set parallel.tp=2
 # shellcheck disable=SC2046
+layout ref cp2-ddp2 4 $(cp 2 ulysses) --set parallel.dp_shard=2 --set parallel.zero_stage=0
+# shellcheck disable=SC2046
+layout ref cp2-zero1-2 4 $(cp 2 ring) --set parallel.dp_shard=2 --set parallel.zero_stage=1
+# shellcheck disable=SC2046
 layout ref cp2-zero3-2 4 $(cp 2 allgather) --set parallel.dp_shard=2 --set parallel.zero_stage=3
 # shellcheck disable=SC2046
 layout ref-llama llama-cp2-pp2 4 "${llama[@]}" $(cp 2 ring) --set parallel.pp=2 \
@@ -55,7 +59,7 @@ run ref-bf16 1 --set train.dtype=bf16
 layout ref-bf16 cp2-bf16 2 --set train.dtype=bf16 $(cp 2 ring)
 # shellcheck disable=SC2046
 layout ref-bf16 cp2-ulysses-bf16 2 --set train.dtype=bf16 $(cp 2 ulysses)
-echo "cp composes with tp + SP, ZeRO-3, pp and HSDP, and runs in bf16"
+echo "cp composes with tp (+ SP), DDP, ZeRO-1, ZeRO-3, pp and HSDP, and runs in bf16"
 
 # Document masking: attention stays inside each document in every mode.
 run ref-docs 1 "${docs[@]}"

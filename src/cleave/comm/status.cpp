@@ -417,7 +417,9 @@ void StatusBoard::write_members(SafeText& out, const GroupAt& group, const int* 
   // Then, once per group, where each live member behind is stuck instead.
   for (int g = 0; g < n; ++g) {
     const int m = members ? members[g] : g;
-    if (!read_page(m, page) || liveness(page, host_) != 1) continue;
+    // Alive, or on another host (its page readable through a shared folder): not dead or stopped.
+    if (!read_page(m, page)) continue;
+    if (const int alive = liveness(page, host_); alive == 0 || alive == 2) continue;
     const StatusSlot* s = find_slot(page, group.key);
     if (!s || s->started >= group.seq) continue;
     for (const StatusSlot& other : page.slots) {

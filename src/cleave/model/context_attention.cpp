@@ -386,6 +386,7 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
     if (acc_arrived) {
       acc_arrived();
       float* acc = w.dkv_next.data();
+#pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < kv_floats; ++i) acc[i] += part[i];
       std::swap(w.dkv, w.dkv_next);
     }

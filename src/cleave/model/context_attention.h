@@ -1,13 +1,15 @@
 // Attention over a sequence cut across the cp ranks (docs/context_parallel.md), the part of
 // SelfAttention that context parallelism replaces: given this rank's q, k and v rows (its two
 // zigzag chunks of each sequence, after RoPE), the attention output of those rows over the whole
-// sequence. Computed chunk pair by chunk pair with the blockwise kernel: a query chunk meets only
-// the key chunks at or before it (causal blocks only), and the partial results merge by their
-// log-sum-exp, so no T x T matrix exists in any mode.
-//
-// With Ulysses (ulysses and hybrid modes) an all-to-all first turns the rows of every head into
-// the rows of the Ulysses group for a share of the heads; the ring (or the all-gather) then runs
-// over the ranks holding the same heads, and the output goes back by the reverse all-to-all.
+// sequence, always through the blockwise kernel (no T x T matrix in any mode).
+//   ring: chunk pair by chunk pair as K|V rows arrive, a query chunk meeting only the key chunks
+//     at or before it, the partial results merged by their log-sum-exp.
+//   allgather: every rank's K|V rows in sequence order; each query chunk one kernel call over
+//     every key before its end.
+//   ulysses: an all-to-all turns the rank's rows of every head into the whole sequence of a
+//     share of the heads, one causal attention as in one process, and the output goes back.
+//   hybrid: that all-to-all over a Ulysses group, then the ring over the ranks holding the same
+//     heads (their Ulysses groups' chunks), and back.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -31,7 +31,8 @@ class CpComm {
 };
 
 // ring: K/V travel around the cp group by send/recv, overlapped with the attention of the block
-// in hand. allgather: K/V gathered once per layer (reduce-scattered in backward). ulysses:
+// in hand. allgather: K/V gathered per layer (again in backward, where their gradients are
+// reduce-scattered). ulysses:
 // all-to-all from a sequence shard of every head to the whole sequence of a share of the heads.
 // hybrid: Ulysses over groups of cp_ulysses ranks inside a ring over cp / cp_ulysses groups.
 enum class CpMode { ring, allgather, ulysses, hybrid };

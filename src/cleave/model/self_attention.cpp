@@ -73,7 +73,8 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
   const int64_t B = batch.B, T = batch.T, N = B * T, hd = cfg_.head_dim();
   const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
   const int64_t qkv_dim = share_.qkv_dim(int(hd));
-  // Sized once per slot (a resize maps fresh pages); the log-sum-exps of cp's attention are its own.
+  // Sized once per slot (a resize maps fresh pages; under Ulysses qkv is freed after each
+  // forward); the log-sum-exps of cp's attention are its own.
   if (s.qkv.size() != N * qkv_dim) s.qkv.resize(N * qkv_dim);
   if (s.o.size() != N * q_dim) s.o.resize(N * q_dim);
   if (!context_ && s.lse.size() != N * share_.heads) s.lse.resize(N * share_.heads);
@@ -89,7 +90,8 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
   if (context_) {
     CLEAVE_CHECK(!cache, "generation does not run under context parallelism");
     context_->forward(s.cp, s.o.data(), q, B, T, s.sequence_documents);
-    // Under Ulysses attention keeps its own copy of q, k and v (its heads over the sequence).
+    // Under Ulysses attention keeps its own copy of q, k and v (its heads over the sequence):
+    // the rank's is freed, a page-fault per forward traded for a q|k|v per layer and micro-batch.
     if (!context_->reads_qkv()) s.qkv = Buffer<float>();
   } else if (!cache) {
     kernels::attention_forward(s.o.data(), s.lse.data(), q, q + q_dim, q + q_dim + kv_dim,

@@ -393,7 +393,7 @@ class PlannedTp final : public TpComm {
 
 std::unique_ptr<Transformer> Transformer::planned(const ModelConfig& cfg, int tp,
                                                   bool sequence_parallel,
-                                                  std::vector<ModelChunk> chunks, const ContextParallelOptions& cp) {
+                                                  std::vector<ModelChunk> chunks) {
   auto group = std::make_unique<PlannedTp>(tp);
   TensorParallelOptions options;
   if (tp > 1) options = {group.get(), sequence_parallel, false};

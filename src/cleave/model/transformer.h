@@ -110,7 +110,7 @@ class Transformer {
   // For planning: what tp rank 0 of tp ranks holds of `chunks`, built without communication and
   // without touching the parameter buffers (mapped, never written). It cannot run.
   static std::unique_ptr<Transformer> planned(const ModelConfig& cfg, int tp, bool sequence_parallel,
-                                              std::vector<ModelChunk> chunks = {}, const ContextParallelOptions& cp = {});
+                                              std::vector<ModelChunk> chunks = {});
 
   // Parameters that take part in matrix products (LM head included) of the whole model: the
   // 6 * P of MFU.

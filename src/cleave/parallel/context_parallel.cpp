@@ -25,7 +25,8 @@ CpComm::Wait GroupCpComm::all_to_all(const float* send, float* recv, int64_t n) 
 
 CpComm::Wait GroupCpComm::ring_shift(const float* send, float* recv, int64_t n) {
   bytes_ += n * 4;
-  const int tag = shifts_++ % 32768, p = size();
+  const int tag = next_tag_, p = size();
+  next_tag_ = (next_tag_ + 1) % 32768;
   auto out = std::make_shared<Work>(group_.send(send, n, CommType::f32, (rank() + 1) % p, tag));
   auto in = std::make_shared<Work>(group_.recv(recv, n, CommType::f32, (rank() + p - 1) % p, tag));
   return [this, out, in] { exposed_ += out->wait() + in->wait(); };

@@ -25,7 +25,7 @@ class GroupCpComm final : public CpComm {
   Group& group_;
   double exposed_ = 0;
   int64_t bytes_ = 0;
-  int shifts_ = 0;  // ring shifts issued: each its own tag, the same on every rank
+  int next_tag_ = 0;  // of the next ring shift: they count up (mod MPI's 32768), alike on every rank
 };
 
 }  // namespace cleave

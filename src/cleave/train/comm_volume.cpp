@@ -10,9 +10,9 @@ namespace {
 double ring_all_reduce(double n, int p) { return p > 1 ? 2.0 * (p - 1) / p * n * 4 : 0; }
 double ring_gather(double n, int p) { return p > 1 ? double(p - 1) / p * n * 4 : 0; }
 
-// Attention's exchanges per step (model/context_attention.cpp), per layer and micro-batch: the
-// ring sends its K|V rows on cp - 1 steps forward and again backward, and their gradients on cp
-// steps; the all-gather gathers them in forward and again in backward (no layer keeps every
+// Attention's exchanges per step (model/context_attention.cpp), per layer and micro-batch: a
+// ring of R ranks sends its K|V rows on R - 1 steps forward and again backward, and their
+// gradients on R steps; the all-gather gathers them in forward and again in backward (no layer keeps every
 // rank's) and reduce-scatters their gradients; Ulysses'
 // all-to-alls move q|k|v and the output gradient one way, the output and the q|k|v gradients back.
 AxisVolume context_volume(const Config& cfg, const Layout& layout, double tokens, double layers) {

@@ -82,7 +82,8 @@ Layout plan_layout(const Config& cfg, int world) {
   const int64_t tokens = int64_t(micro / dp) * cfg.train.seq_len / mesh.degree(Axis::cp);
   if (p.sequence_parallel && tokens % tp != 0)
     throw Error("parallel.sequence_parallel: a rank's " + std::to_string(micro / dp) + " x " +
-                std::to_string(cfg.train.seq_len) + " = " + std::to_string(tokens) +
+                std::to_string(cfg.train.seq_len / mesh.degree(Axis::cp)) + " = " +
+                std::to_string(tokens) +
                 " tokens per micro-batch cannot be split into parallel.tp = " +
                 std::to_string(tp) + " equal parts");
   const int pp = mesh.degree(Axis::pp);
