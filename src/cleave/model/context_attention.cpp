@@ -106,11 +106,10 @@ void ContextAttention::permute(const Geometry& g, float* dst, const float* src, 
 }
 
 void ContextAttention::scatter_heads(const Geometry& g, float* A, const float* qkv, int64_t cols_q,
-                                     int64_t cols_kv) {
+                                     int64_t cols_kv, Buffer<float>& send) {
   const int64_t hd = head_dim_, src_dim = int64_t(heads_ + 2 * kv_heads_) * hd;
   const int64_t src_row = cols_kv ? src_dim : int64_t(heads_) * hd;
   const int64_t dim = cols_q + 2 * cols_kv;
-  Buffer<float>& send = opt_.work->send;
   grow(send, U_ * g.rows * dim);
   for (int j = 0; j < U_; ++j)
     for (int64_t r = 0; r < g.rows; ++r) {
@@ -126,11 +125,10 @@ void ContextAttention::scatter_heads(const Geometry& g, float* A, const float* q
 }
 
 void ContextAttention::gather_heads(const Geometry& g, float* qkv, const float* A, int64_t cols_q,
-                                    int64_t cols_kv, bool sum_kv) {
+                                    int64_t cols_kv, bool sum_kv, Buffer<float>& recv) {
   const int64_t hd = head_dim_, dst_dim = int64_t(heads_ + 2 * kv_heads_) * hd;
   const int64_t dst_row = cols_kv ? dst_dim : int64_t(heads_) * hd;
   const int64_t dim = cols_q + 2 * cols_kv;
-  Buffer<float>& recv = opt_.work->recv;
   grow(recv, U_ * g.rows * dim);
   opt_.ulysses->all_to_all(A, recv.data(), g.rows * dim)();
   if (sum_kv)
@@ -231,11 +229,11 @@ void ContextAttention::gather_kv(const Geometry& g, const float* A) {
   ContextWork& w = *opt_.work;
   const int64_t kv_floats = g.set_rows * 2 * g.kv_cols;
   grow(w.kv, kv_floats);
-  grow(w.kv_next, R_ * kv_floats);
+  grow(w.grads, R_ * kv_floats);  // the gathered rows, rank by rank, until they are in order
   grow(w.rows, R_ * kv_floats);
   pack_kv(g, w.kv.data(), A);
-  opt_.ring->all_gather(w.kv.data(), w.kv_next.data(), kv_floats)();
-  permute(g, w.rows.data(), w.kv_next.data(), 2 * g.kv_cols, R_, true);
+  opt_.ring->all_gather(w.kv.data(), w.grads.data(), kv_floats)();
+  permute(g, w.rows.data(), w.grads.data(), 2 * g.kv_cols, R_, true);
 }
 
 void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, int64_t T,
@@ -246,7 +244,7 @@ void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, 
   if (opt_.mode == CpMode::ulysses) {
     // The whole sequence of this rank's heads, in order: one causal attention, as one process.
     grow(w.rows, g.set_rows * g.dim);
-    scatter_heads(g, w.rows.data(), qkv, g.q_cols, g.kv_cols);
+    scatter_heads(g, w.rows.data(), qkv, g.q_cols, g.kv_cols, w.grads);
     size_to(s.qkv_u, g.set_rows * g.dim);
     size_to(s.o_u, g.set_rows * g.q_cols);
     permute(g, s.qkv_u.data(), w.rows.data(), g.dim, U_, true);
@@ -257,7 +255,7 @@ void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, 
                                A + g.q_cols + g.kv_cols, shape);
     grow(w.rows, g.set_rows * g.q_cols);
     permute(g, w.rows.data(), s.o_u.data(), g.q_cols, U_, false);
-    gather_heads(g, o, w.rows.data(), g.q_cols, 0, false);
+    gather_heads(g, o, w.rows.data(), g.q_cols, 0, false, w.grads);
     return;
   }
   if (opt_.mode == CpMode::allgather) {
@@ -279,7 +277,7 @@ void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, 
   if (U_ > 1) {
     size_to(s.qkv_u, g.set_rows * g.dim);
     size_to(s.o_u, g.set_rows * g.q_cols);
-    scatter_heads(g, s.qkv_u.data(), qkv, g.q_cols, g.kv_cols);
+    scatter_heads(g, s.qkv_u.data(), qkv, g.q_cols, g.kv_cols, w.rows);
     A = s.qkv_u.data();
     O = s.o_u.data();
   }
@@ -300,7 +298,7 @@ void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, 
       std::swap(w.kv, w.kv_next);
     }
   }
-  if (U_ > 1) gather_heads(g, o, O, g.q_cols, 0, false);
+  if (U_ > 1) gather_heads(g, o, O, g.q_cols, 0, false, w.rows);
 }
 
 void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const float* qkv,
@@ -309,7 +307,7 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
   ContextWork& w = *opt_.work;
   if (opt_.mode == CpMode::ulysses) {
     grow(w.rows, g.set_rows * g.q_cols);
-    scatter_heads(g, w.rows.data(), d_o, g.q_cols, 0);
+    scatter_heads(g, w.rows.data(), d_o, g.q_cols, 0, w.grads);
     grow(w.grads, g.set_rows * g.q_cols);
     permute(g, w.grads.data(), w.rows.data(), g.q_cols, U_, true);
     grow(w.rows, g.set_rows * g.dim);
@@ -322,7 +320,7 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
                                 s.lse.data(), shape);
     grow(w.grads, g.set_rows * g.dim);
     permute(g, w.grads.data(), dA, g.dim, U_, false);
-    gather_heads(g, d_qkv, w.grads.data(), g.q_cols, g.kv_cols, !kv_split_);
+    gather_heads(g, d_qkv, w.grads.data(), g.q_cols, g.kv_cols, !kv_split_, w.rows);
     return;
   }
   const int64_t kv_floats = g.set_rows * 2 * g.kv_cols;
@@ -331,7 +329,6 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
     // over the query chunks of every rank and reduce-scattered back to their owners.
     gather_kv(g, qkv);
     std::fill_n(d_qkv, g.set_rows * g.dim, 0.0f);
-    grow(w.grads, R_ * kv_floats);
     std::fill_n(w.grads.data(), R_ * kv_floats, 0.0f);
     for (int64_t b = 0; b < g.B; ++b)
       for (int h = 0; h < 2; ++h) {
@@ -344,9 +341,10 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
                                     s.lse.data() + g.entry(0, b, h) * heads_u_ * g.c,
                                     prefix_shape(g, qc, b, documents), true);
       }
-    permute(g, w.kv_next.data(), w.grads.data(), 2 * g.kv_cols, R_, false);
+    // Rank by rank again, into the K|V rows' buffer (they are done with), for the reduce-scatter.
+    permute(g, w.rows.data(), w.grads.data(), 2 * g.kv_cols, R_, false);
     grow(w.dkv, kv_floats);
-    opt_.ring->reduce_scatter(w.kv_next.data(), w.dkv.data(), kv_floats)();
+    opt_.ring->reduce_scatter(w.rows.data(), w.dkv.data(), kv_floats)();
     unpack_kv(g, d_qkv, w.dkv.data());
     return;
   }
@@ -356,7 +354,7 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
   float* dA = d_qkv;
   if (U_ > 1) {
     grow(w.grads, g.set_rows * g.q_cols);
-    scatter_heads(g, w.grads.data(), d_o, g.q_cols, 0);
+    scatter_heads(g, w.grads.data(), d_o, g.q_cols, 0, w.rows);
     dO = w.grads.data();
     grow(w.rows, g.set_rows * g.dim);
     dA = w.rows.data();
@@ -400,7 +398,7 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
     std::swap(w.dkv, w.dkv_next);
   }
   unpack_kv(g, dA, w.dkv.data());
-  if (U_ > 1) gather_heads(g, d_qkv, dA, g.q_cols, g.kv_cols, !kv_split_);
+  if (U_ > 1) gather_heads(g, d_qkv, dA, g.q_cols, g.kv_cols, !kv_split_, w.grads);
 }
 
 CpMode parse_cp_mode(const std::string& name) {

@@ -24,8 +24,8 @@ namespace cleave {
 struct ContextWork {
   Buffer<float> kv, kv_next, dkv, dkv_next, dkv_part;  // K|V rows and their gradients in flight
   Buffer<float> out_part, lse_part;                    // one chunk pair's result, to merge
-  Buffer<float> send, recv;                            // all-to-all staging
-  Buffer<float> rows, grads;                           // rows reordered (Ulysses, allgather)
+  // Rows reordered (Ulysses, allgather), gradients, and the all-to-alls' staging, by turns.
+  Buffer<float> rows, grads;
 };
 
 class ContextAttention {
@@ -79,9 +79,11 @@ class ContextAttention {
   void permute(const Geometry& g, float* dst, const float* src, int64_t cols, int members,
                bool to_global) const;
   // Ulysses' all-to-all: qkv rows of every head -> the group's rows of this rank's heads; back.
-  void scatter_heads(const Geometry& g, float* A, const float* qkv, int64_t cols_q, int64_t cols_kv);
+  // The staging buffer is one of the work buffers the caller is not using at that point.
+  void scatter_heads(const Geometry& g, float* A, const float* qkv, int64_t cols_q, int64_t cols_kv,
+                     Buffer<float>& send);
   void gather_heads(const Geometry& g, float* qkv, const float* A, int64_t cols_q, int64_t cols_kv,
-                    bool sum_kv);
+                    bool sum_kv, Buffer<float>& recv);
   int kv_first(int member) const;  // the first kv head a Ulysses member computes with
 
   ContextParallelOptions opt_;
