@@ -43,7 +43,7 @@ struct ContextAttention::Geometry {
 };
 
 void ContextAttention::Saved::release() {
-  for (Buffer<float>* b : {&qkv_u, &o_u, &lse}) *b = Buffer<float>();
+  for (Buffer<float>* b : {&qkv_u, &lse}) *b = Buffer<float>();
 }
 
 ContextAttention::ContextAttention(const ContextParallelOptions& o, int heads, int kv_heads,
@@ -246,15 +246,15 @@ void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, 
     grow(w.rows, g.set_rows * g.dim);
     scatter_heads(g, w.rows.data(), qkv, g.q_cols, g.kv_cols, w.grads);
     size_to(s.qkv_u, g.set_rows * g.dim);
-    size_to(s.o_u, g.set_rows * g.q_cols);
+    grow(w.out, g.set_rows * g.q_cols);
     permute(g, s.qkv_u.data(), w.rows.data(), g.dim, U_, true);
     const float* A = s.qkv_u.data();
     kernels::AttentionShape shape{g.B, g.T_full, heads_u_, kv_heads_u_, head_dim_, g.dim, g.dim};
     shape.q_seq = shape.k_seq = documents;
-    kernels::attention_forward(s.o_u.data(), s.lse.data(), A, A + g.q_cols,
+    kernels::attention_forward(w.out.data(), s.lse.data(), A, A + g.q_cols,
                                A + g.q_cols + g.kv_cols, shape);
     grow(w.rows, g.set_rows * g.q_cols);
-    permute(g, w.rows.data(), s.o_u.data(), g.q_cols, U_, false);
+    permute(g, w.rows.data(), w.out.data(), g.q_cols, U_, false);
     gather_heads(g, o, w.rows.data(), g.q_cols, 0, false, w.grads);
     return;
   }
@@ -276,10 +276,10 @@ void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, 
   float* O = o;
   if (U_ > 1) {
     size_to(s.qkv_u, g.set_rows * g.dim);
-    size_to(s.o_u, g.set_rows * g.q_cols);
+    grow(w.out, g.set_rows * g.q_cols);
     scatter_heads(g, s.qkv_u.data(), qkv, g.q_cols, g.kv_cols, w.rows);
     A = s.qkv_u.data();
-    O = s.o_u.data();
+    O = w.out.data();
   }
   std::fill_n(O, g.set_rows * g.q_cols, 0.0f);
   std::fill_n(s.lse.data(), s.lse.size(), -std::numeric_limits<float>::infinity());
@@ -306,7 +306,11 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
   const Geometry g = geometry(B, T);
   ContextWork& w = *opt_.work;
   if (opt_.mode == CpMode::ulysses) {
+    // The output in attention's layout again (kept by no layer: the rank's rows of it are).
     grow(w.rows, g.set_rows * g.q_cols);
+    scatter_heads(g, w.rows.data(), o, g.q_cols, 0, w.grads);
+    grow(w.out, g.set_rows * g.q_cols);
+    permute(g, w.out.data(), w.rows.data(), g.q_cols, U_, true);
     scatter_heads(g, w.rows.data(), d_o, g.q_cols, 0, w.grads);
     grow(w.grads, g.set_rows * g.q_cols);
     permute(g, w.grads.data(), w.rows.data(), g.q_cols, U_, true);
@@ -316,7 +320,7 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
     kernels::AttentionShape shape{g.B, g.T_full, heads_u_, kv_heads_u_, head_dim_, g.dim, g.dim};
     shape.q_seq = shape.k_seq = documents;
     kernels::attention_backward(dA, dA + g.q_cols, dA + g.q_cols + g.kv_cols, w.grads.data(), A,
-                                A + g.q_cols, A + g.q_cols + g.kv_cols, s.o_u.data(),
+                                A + g.q_cols, A + g.q_cols + g.kv_cols, w.out.data(),
                                 s.lse.data(), shape);
     grow(w.grads, g.set_rows * g.dim);
     permute(g, w.grads.data(), dA, g.dim, U_, false);
@@ -349,10 +353,13 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
     return;
   }
   const float* A = U_ > 1 ? s.qkv_u.data() : qkv;
-  const float* O = U_ > 1 ? s.o_u.data() : o;
+  const float* O = o;
   const float* dO = d_o;
   float* dA = d_qkv;
   if (U_ > 1) {
+    grow(w.out, g.set_rows * g.q_cols);  // the output in attention's layout again
+    scatter_heads(g, w.out.data(), o, g.q_cols, 0, w.rows);
+    O = w.out.data();
     grow(w.grads, g.set_rows * g.q_cols);
     scatter_heads(g, w.grads.data(), d_o, g.q_cols, 0, w.rows);
     dO = w.grads.data();

@@ -24,6 +24,7 @@ namespace cleave {
 struct ContextWork {
   Buffer<float> kv, kv_next, dkv, dkv_next, dkv_part;  // K|V rows and their gradients in flight
   Buffer<float> out_part, lse_part;                    // one chunk pair's result, to merge
+  Buffer<float> out;  // Ulysses and hybrid: the output in attention's layout
   // Rows reordered (Ulysses, allgather), gradients, and the all-to-alls' staging, by turns.
   Buffer<float> rows, grads;
 };
@@ -32,9 +33,9 @@ class ContextAttention {
  public:
   // One micro-batch's, kept from forward for backward.
   struct Saved {
-    // Ulysses and hybrid: this rank's heads over its group's rows (in sequence order under
-    // ulysses); their output.
-    Buffer<float> qkv_u, o_u;
+    // Ulysses and hybrid: q|k|v of this rank's heads over its group's rows (in sequence order
+    // under ulysses). Their output is not kept: backward gets it again from the rank's rows.
+    Buffer<float> qkv_u;
     // Per (group member, sequence, chunk): [heads, chunk rows]; under ulysses [B, heads, T x cp].
     Buffer<float> lse;
     void release();

@@ -14,7 +14,8 @@ double ring_gather(double n, int p) { return p > 1 ? double(p - 1) / p * n * 4 :
 // ring of R ranks sends its K|V rows on R - 1 steps forward and again backward, and their
 // gradients on R steps; the all-gather gathers them in forward and again in backward (no layer keeps every
 // rank's) and reduce-scatters their gradients; Ulysses'
-// all-to-alls move q|k|v and the output gradient one way, the output and the q|k|v gradients back.
+// all-to-alls move q|k|v, and in backward the output (kept in the rank's rows only) and its
+// gradient, one way, the output and the q|k|v gradients back.
 AxisVolume context_volume(const Config& cfg, const Layout& layout, double tokens, double layers) {
   const ModelConfig& m = cfg.model;
   const int cp = layout.mesh.degree(Axis::cp), U = layout.cp_ulysses, R = cp / U;
@@ -37,10 +38,10 @@ AxisVolume context_volume(const Config& cfg, const Layout& layout, double tokens
   }
   if (U > 1) {
     const double qkv = tokens * (heads_u + 2 * kv_heads_u) * hd * 4, o = tokens * heads_u * hd * 4;
-    per_layer += 2 * (U - 1) * (qkv + o);
+    per_layer += 2 * (U - 1) * (qkv + o) + (U - 1) * o;
     how += std::string(how.empty() ? "" : "; ") + "all-to-alls over " + std::to_string(U) +
-           " Ulysses ranks: q|k|v and the output gradient to the heads, output and q|k|v " +
-           "gradients back";
+           " Ulysses ranks: q|k|v, and in backward the output and its gradient, to the heads; " +
+           "the output and the q|k|v gradients back";
   }
   return {"cp", cfg.train.grad_accum_steps * layers * per_layer, how};
 }
