@@ -83,13 +83,6 @@ axis_bytes cp llama-cp4-ulysses 4 "${llama[@]}" $(cp 4 ulysses)
 echo "the cp bytes measured are those cleave mesh predicts"
 
 # Resume across cp degrees and modes.
-resume() {  # name ranks-first "first layout" ranks-second "second layout"
-  local name=$1 np1=$2 np2=$4; read -r -a first <<<"$3"; read -r -a second <<<"$5"
-  run "$name" "$np1" "${first[@]}" --exit-after 10
-  run "$name" "$np2" "${second[@]}" --resume latest
-  grep -q "resumed at step 10" "$work/$name.log" || { echo "FAIL: $name did not resume"; exit 1; }
-  $compare "$work/ref" "$work/$name" --from-step 11
-}
 resume cp2-ring-to-cp4-ulysses 2 "$(cp 2 ring)" 4 "$(cp 4 ulysses)"
 resume cp2-ring-to-one 2 "$(cp 2 ring)" 1 ""
 echo "a cp 2 ring checkpoint resumes at cp 4 ulysses and in one process"

@@ -33,6 +33,16 @@ layout() {
   done
 }
 
+# resume NAME RANKS1 "FIRST LAYOUT" RANKS2 "SECOND LAYOUT": the first layout stops at step 10, the
+# second resumes its checkpoint and matches the reference run $work/ref from step 11.
+resume() {
+  local name=$1 np1=$2 np2=$4; read -r -a first <<<"$3"; read -r -a second <<<"$5"
+  run "$name" "$np1" "${first[@]}" --exit-after 10
+  run "$name" "$np2" "${second[@]}" --resume latest
+  grep -q "resumed at step 10" "$work/$name.log" || { echo "FAIL: $name did not resume"; exit 1; }
+  $compare "$work/ref" "$work/$name" --from-step 11
+}
+
 expect_error() {  # ranks message [--set ...]: the run fails with exactly this message
   local np=$1 message=$2; shift 2
   if mpirun --oversubscribe -np "$np" "$cleave" train "$cfg" --set data.dir="$data" "${common[@]}" \

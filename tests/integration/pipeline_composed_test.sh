@@ -74,13 +74,6 @@ EOF
 
 # Resume: pp 4 with 1f1b stops at step 10, pp 2 x dp 2 interleaved resumes; pp 2 stops and one
 # process resumes.
-resume() {  # name ranks-first "first layout" ranks-second "second layout"
-  local name=$1 np1=$2 np2=$4; read -r -a first <<<"$3"; read -r -a second <<<"$5"
-  run "$name" "$np1" "${first[@]}" --exit-after 10
-  run "$name" "$np2" "${second[@]}" --resume latest
-  grep -q "resumed at step 10" "$work/$name.log" || { echo "FAIL: $name did not resume"; exit 1; }
-  $compare "$work/ref" "$work/$name" --from-step 11
-}
 resume pp4-to-pp2dp2 4 "--set parallel.pp=4" 4 \
   "--set parallel.pp=2 --set parallel.dp_shard=2 --set parallel.pp_schedule=interleaved"
 resume pp2-to-one 2 "--set parallel.pp=2 --set parallel.pp_schedule=zbv" 1 ""

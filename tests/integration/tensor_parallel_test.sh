@@ -65,16 +65,11 @@ layout ref-bf16 bf16-tp2-sp 2 "${one_micro[@]}" --set train.dtype=bf16 --set par
 
 # Resume across layouts: tp 2 x ZeRO-3 x 2 stops at step 10 and tp 1 x DDP 4 resumes; the reverse;
 # tp 4 stops and tp 2 with sequence parallelism resumes.
-resume() {  # name "first layout" "second layout"
-  local name=$1; read -r -a first <<<"$2"; read -r -a second <<<"$3"
-  run "$name" 4 "${one_micro[@]}" "${first[@]}" --exit-after 10
-  run "$name" 4 "${one_micro[@]}" "${second[@]}" --resume latest
-  grep -q "resumed at step 10" "$work/$name.log" || { echo "FAIL: $name did not resume"; exit 1; }
-  $compare "$work/ref" "$work/$name" --from-step 11
-}
-resume tp2zero3-to-ddp4 "--set parallel.tp=2 --set parallel.zero_stage=3" "--set parallel.zero_stage=0"
-resume ddp4-to-tp2zero3 "--set parallel.zero_stage=0" "--set parallel.tp=2 --set parallel.zero_stage=3"
-resume tp4-to-tp2sp "--set parallel.tp=4" "--set parallel.tp=2 --set parallel.dp_shard=2 --set parallel.sequence_parallel=true"
+om="${one_micro[*]}"
+resume tp2zero3-to-ddp4 4 "$om --set parallel.tp=2 --set parallel.zero_stage=3" 4 "$om --set parallel.zero_stage=0"
+resume ddp4-to-tp2zero3 4 "$om --set parallel.zero_stage=0" 4 "$om --set parallel.tp=2 --set parallel.zero_stage=3"
+resume tp4-to-tp2sp 4 "$om --set parallel.tp=4" 4 \
+  "$om --set parallel.tp=2 --set parallel.dp_shard=2 --set parallel.sequence_parallel=true"
 
 # export and generate read a tp checkpoint (as tp 1).
 "$cleave" export "$work/tp2-zero3x2" "$work/hf" > /dev/null

@@ -32,16 +32,4 @@ CpComm::Wait GroupCpComm::ring_shift(const float* send, float* recv, int64_t n) 
   return [this, out, in] { exposed_ += out->wait() + in->wait(); };
 }
 
-double GroupCpComm::take_exposed_seconds() {
-  const double e = exposed_;
-  exposed_ = 0;
-  return e;
-}
-
-int64_t GroupCpComm::take_bytes() {
-  const int64_t b = bytes_;
-  bytes_ = 0;
-  return b;
-}
-
 }  // namespace cleave

@@ -3,6 +3,7 @@
 // counting the bytes this rank sends and the seconds it waits, cp's exposed communication.
 #pragma once
 #include <cstdint>
+#include <utility>
 
 #include "cleave/comm/group.h"
 #include "cleave/model/context_parallel.h"
@@ -18,8 +19,9 @@ class GroupCpComm final : public CpComm {
   Wait reduce_scatter(const float* send, float* recv, int64_t n) override;
   Wait all_to_all(const float* send, float* recv, int64_t n) override;
   Wait ring_shift(const float* send, float* recv, int64_t n) override;
-  double take_exposed_seconds();
-  int64_t take_bytes();  // bytes this rank sent into the group since the last call
+  double take_exposed_seconds() { return std::exchange(exposed_, 0.0); }
+  // bytes this rank sent into the group since the last call
+  int64_t take_bytes() { return std::exchange(bytes_, int64_t(0)); }
 
  private:
   Group& group_;

@@ -215,10 +215,4 @@ std::vector<FlatRange> DataParallel::ranges_of(int shard_rank) const {
   return out;
 }
 
-double DataParallel::take_exposed_seconds() {
-  const double e = exposed_;
-  exposed_ = 0;
-  return e;
-}
-
 }  // namespace cleave

@@ -20,6 +20,7 @@
 // A shard is the rank's 1/dp_shard slice of every unit (embeddings, each block, the head).
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "cleave/base/buffer.h"
@@ -81,7 +82,7 @@ class DataParallel {
   std::vector<FlatRange> ranges_of(int shard_rank) const;
 
   // Seconds this rank waited on collectives since the last call (exposed communication).
-  double take_exposed_seconds();
+  double take_exposed_seconds() { return std::exchange(exposed_, 0.0); }
 
  private:
   struct Bucket {

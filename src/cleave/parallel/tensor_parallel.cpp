@@ -41,18 +41,6 @@ void GroupTpComm::check_replicated(const float* buf, int64_t n, const std::strin
                   " holds other values than tp rank 0, so it is not replicated");
 }
 
-double GroupTpComm::take_exposed_seconds() {
-  const double e = exposed_;
-  exposed_ = 0;
-  return e;
-}
-
-int64_t GroupTpComm::take_bytes() {
-  const int64_t b = bytes_;
-  bytes_ = 0;
-  return b;
-}
-
 TensorParallelGrads::TensorParallelGrads(ParamStore& store, GroupTpComm& tp, Group& tp_group,
                                          GroupTpComm* kv_replicas)
     : store_(store), tp_(tp), tp_group_(tp_group), kv_(kv_replicas) {}

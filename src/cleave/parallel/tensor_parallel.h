@@ -4,6 +4,7 @@
 // tensors are split over, or replicated on, the tp ranks.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <memory>
 #include <vector>
 
@@ -24,8 +25,9 @@ class GroupTpComm final : public TpComm {
   Wait all_gather(const float* send, float* recv, int64_t n) override;
   Wait reduce_scatter(const float* send, float* recv, int64_t n) override;
   void check_replicated(const float* buf, int64_t n, const std::string& what) override;
-  double take_exposed_seconds();
-  int64_t take_bytes();  // bytes this rank sent into the tp collectives since the last call
+  double take_exposed_seconds() { return std::exchange(exposed_, 0.0); }
+  // bytes this rank sent into the tp collectives since the last call
+  int64_t take_bytes() { return std::exchange(bytes_, int64_t(0)); }
 
  private:
   Wait waiter(Work work);
