@@ -112,8 +112,9 @@ void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
       s.d_b.resize(n * d);
       if (k.head) {
         s.hf.resize(n * d);
-        s.logits.resize(N * share_.vocab_rows);
+        s.logits.resize(head_chunk(N) * share_.vocab_rows);
         s.losses.resize(N);
+        if (head_chunk(N) < N) s.d_head_in.resize(N * d);
         if (tp_.sequence_parallel) s.hf_full.resize(N * d);
       }
     }
@@ -124,8 +125,8 @@ void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
   if (same_shape) return;
   d_hf_.resize(N * d);
   if (tp_.comm) {
-    stats_.resize(3 * N);
-    all_stats_.resize(3 * N * tp_.size());
+    stats_.resize(3 * head_chunk(N));
+    all_stats_.resize(3 * head_chunk(N) * tp_.size());
   }
   if (tp_.sequence_parallel) {
     embed_full_.resize(N * d);
@@ -167,21 +168,31 @@ void Transformer::embed(float* out, const int32_t* tokens, const int32_t* positi
                           int(d));
 }
 
-void Transformer::loss(Slot& s, const Batch& batch, float grad_scale) {
-  const int64_t N = batch.B * batch.T;
+int64_t Transformer::head_chunk(int64_t N) const {
+  return loss_chunk_ > 0 && loss_chunk_ < N ? loss_chunk_ : N;
+}
+
+const float* Transformer::logits() const {
+  CLEAVE_CHECK(head_chunk(B_ * T_) == B_ * T_, "the logits of a chunked loss (train.loss_chunk = "
+                                            << loss_chunk_ << ") never exist whole");
+  return head_slot(0).logits.data();
+}
+
+void Transformer::loss(Slot& s, const Batch& batch, int64_t r0, int64_t rows, float grad_scale) {
+  const int32_t* targets = batch.targets.data() + r0;
+  float* losses = s.losses.data() + r0;
   if (!tp_.comm)
-    kernels::cross_entropy_forward_backward(s.logits.data(), s.losses.data(),
-                                            batch.targets.data(), N, cfg_.vocab_size, grad_scale);
+    kernels::cross_entropy_forward_backward(s.logits.data(), losses, targets, rows,
+                                            cfg_.vocab_size, grad_scale);
   else
-    vocab_parallel_cross_entropy(tp_, share_, cfg_.vocab_size, s.logits.data(), s.losses.data(),
-                                 batch.targets.data(), N, grad_scale, stats_.data(),
-                                 all_stats_.data());
-  if (batch.valid_tokens == N) return;
+    vocab_parallel_cross_entropy(tp_, share_, cfg_.vocab_size, s.logits.data(), losses, targets,
+                                 rows, grad_scale, stats_.data(), all_stats_.data());
+  if (batch.valid_tokens == batch.B * batch.T) return;
   // A masked token's loss is no part of the sum, and its logits get no gradient.
   const int64_t columns = share_.vocab_rows;
-  for (int64_t i = 0; i < N; ++i)
-    if (!batch.loss_mask[size_t(i)]) {
-      s.losses[i] = 0;
+  for (int64_t i = 0; i < rows; ++i)
+    if (!batch.loss_mask[size_t(r0 + i)]) {
+      losses[i] = 0;
       if (grad_scale != 0)
         std::fill(s.logits.data() + i * columns, s.logits.data() + (i + 1) * columns, 0.0f);
     }
@@ -223,8 +234,24 @@ void Transformer::head_forward(Slot& s, const Batch& batch, float grad_scale) {
     if (tp_.check_placements)
       tp_.comm->check_replicated(hf, N * cfg_.d_model, "lm_head input (Replicate on tp)");
   }
-  head_gemm_->forward(s.logits.data(), hf, N, nullptr, &s.head_x);
-  loss(s, batch, grad_scale);
+  const int64_t C = head_chunk(N), d = cfg_.d_model;
+  if (C == N) {
+    head_gemm_->forward(s.logits.data(), hf, N, nullptr, &s.head_x);
+    loss(s, batch, 0, N, grad_scale);
+    return;
+  }
+  // Chunk by chunk: logits, loss and dlogits, then at once the head's input gradient and its
+  // weight gradient (+=) from them, while the chunk's logits are at hand.
+  for (int64_t r0 = 0; r0 < N; r0 += C) {
+    const int64_t rows = std::min(C, N - r0);
+    head_gemm_->forward(s.logits.data(), hf + r0 * d, rows, nullptr, &s.head_x);
+    loss(s, batch, r0, rows, grad_scale);
+    if (grad_scale == 0) continue;
+    head_gemm_->backward_input(s.d_head_in.data() + r0 * d, s.logits.data(), rows, false,
+                               &d_logits_);
+    head_gemm_->backward_weight(store_.grad(head_), nullptr, s.logits.data(), hf + r0 * d, rows,
+                                &d_logits_, &s.head_x);
+  }
 }
 
 void Transformer::backward_unit(int unit, int slot, BackwardPart part) {
@@ -277,19 +304,23 @@ void Transformer::head_backward(Slot& s) {
   const bool sp = tp_.sequence_parallel;
   // logits hold dlogits now (the loss kernel overwrote them). The head's input gradient is a
   // partial sum over the vocabulary shards: reduced over tp while the head's weight gradient runs.
-  head_gemm_->backward_input(sp ? d_full_.data() : d_hf_.data(), s.logits.data(), N, false,
-                             &d_logits_);
+  // A chunked loss computed both in the head's forward.
+  const bool chunked = head_chunk(N) < N;
+  float* d_in = chunked ? s.d_head_in.data() : sp ? d_full_.data() : d_hf_.data();
+  if (!chunked) head_gemm_->backward_input(d_in, s.logits.data(), N, false, &d_logits_);
   TpComm::Wait reduced = [] {};
-  if (sp) reduced = tp_pairs::gather_backward(*tp_.comm, d_full_.data(), d_hf_.data(), n * d);
-  else if (tp_.comm) reduced = tp_pairs::copy_backward(*tp_.comm, d_hf_.data(), N * d);
-  head_gemm_->backward_weight(store_.grad(head_), nullptr, s.logits.data(),
-                              sp ? s.hf_full.data() : s.hf.data(), N, &d_logits_, &s.head_x);
+  if (sp) reduced = tp_pairs::gather_backward(*tp_.comm, d_in, d_hf_.data(), n * d);
+  else if (tp_.comm) reduced = tp_pairs::copy_backward(*tp_.comm, d_in, N * d);
+  if (!chunked)
+    head_gemm_->backward_weight(store_.grad(head_), nullptr, s.logits.data(),
+                                sp ? s.hf_full.data() : s.hf.data(), N, &d_logits_, &s.head_x);
   reduced();
+  const float* d_hf = sp ? d_hf_.data() : d_in;  // the final norm's output gradient
   float* d_out = s.d_a.data();
   std::memset(d_out, 0, n * d * sizeof(float));
-  final_norm_->backward_input(d_out, d_hf_.data(), s.stream.back().data(), n, s.final_norm);
+  final_norm_->backward_input(d_out, d_hf, s.stream.back().data(), n, s.final_norm);
   if (sp) start_gather_rows(*tp_.comm, grads_, d_out, n * d);  // for the last block
-  final_norm_->backward_weight(d_hf_.data(), s.stream.back().data(), n, s.final_norm);
+  final_norm_->backward_weight(d_hf, s.stream.back().data(), n, s.final_norm);
   s.d_stream = d_out;
 }
 

@@ -89,6 +89,11 @@ class Transformer {
   // stream), recompute runs its forward again on the same input and rebuilds it, bitwise.
   void release_saved(int unit, int slot);
   void recompute(int unit, int slot);
+  // Chunked loss (Liger's fused linear cross-entropy): the head's forward runs `tokens` rows at a
+  // time and, when it prepares a backward, the head's gradients too, so the logits exist for one
+  // chunk only; the head's backward then only passes the input gradient on. 0 (or at least the
+  // micro-batch's tokens): one chunk. Call before prepare.
+  void set_loss_chunk(int64_t tokens) { loss_chunk_ = tokens; }
   // After the head's forward: losses(slot)[i] is the loss of token i (the same on every tp rank).
   const float* losses(int slot) const { return head_slot(slot).losses.data(); }
 
@@ -99,8 +104,9 @@ class Transformer {
                float grad_scale);
   void backward();
   const float* losses() const { return losses(0); }
-  // Valid after a forward with grad_scale 0: [N, vocab] at tp = 1, else the rank's columns.
-  const float* logits() const { return head_slot(0).logits.data(); }
+  // Valid after a forward with grad_scale 0 and an unchunked loss: [N, vocab] at tp = 1, else the
+  // rank's columns.
+  const float* logits() const;
 
   // Generation: caches for one sequence of up to max_pos positions; forward_cached appends T
   // tokens and returns the logits of the last one ([vocab_size]).
@@ -125,7 +131,8 @@ class Transformer {
     Buffer<float> d_a, d_b;             // the gradient between units, alternating
     const float* d_stream = nullptr;    // where it is now
     const Batch* batch = nullptr;
-    Buffer<float> hf, hf_full, logits, losses;  // the head
+    Buffer<float> hf, hf_full, logits, losses;  // the head (logits: one chunk's when chunked)
+    Buffer<float> d_head_in;  // chunked loss: the head input's gradient, from its forward
     OperandCopy head_x;                         // the head's input in bf16 (bf16 mode)
     NormStats final_norm;
   };
@@ -133,7 +140,9 @@ class Transformer {
   const Slot& head_slot(int slot) const { return slots_.back().at(size_t(slot)); }
   void embed(float* out, const int32_t* tokens, const int32_t* positions, int64_t N);
   int64_t local_rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.size() : N; }
-  void loss(Slot& s, const Batch& batch, float grad_scale);
+  // The loss of rows [r0, r0 + rows) from their logits (in s.logits), dlogits in place.
+  void loss(Slot& s, const Batch& batch, int64_t r0, int64_t rows, float grad_scale);
+  int64_t head_chunk(int64_t N) const;  // rows of logits at a time, of N
   void head_forward(Slot& s, const Batch& batch, float grad_scale);
   void head_backward(Slot& s);
   void embedding_backward(Slot& s, const float* d_stream);
@@ -161,6 +170,7 @@ class Transformer {
   int64_t B_ = 0, T_ = 0;
   std::vector<std::vector<Slot>> slots_;  // per chunk
   Buffer<float> d_hf_;                    // the head's input gradient, within its backward
+  int64_t loss_chunk_ = 0;
   OperandCopy d_logits_;                  // bf16 mode: the head's output gradient, likewise
   Buffer<float> stats_, all_stats_;       // tp > 1
   Buffer<float> embed_full_, d_full_;     // sequence parallelism

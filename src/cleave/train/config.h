@@ -45,6 +45,9 @@ struct TrainConfig {
   // Writes a Chrome trace of step N's instructions on every rank to out_dir/trace_step_N.json
   // (0: none).
   int64_t trace_step = 0;
+  // The LM head and the loss run this many tokens at a time, forward and backward together, so
+  // the [tokens, vocab] logits never exist whole (0: all of a micro-batch's at once).
+  int64_t loss_chunk = 0;
 };
 
 // The device mesh degrees (-1: the rest of the world) and how data parallelism shards state.

@@ -90,6 +90,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
                                          cfg_.parallel.zero_stage < 3, tp,
                                          stage_chunks(*layout, process_.pp->rank()),
                                          process_.context);
+  model_->set_loss_chunk(t.loss_chunk);
   if (process_.tp_comm)
     tp_grads_ = std::make_unique<TensorParallelGrads>(model_->params(), *process_.tp_comm,
                                                       *process_.tp, process_.kv_comm.get());
