@@ -77,7 +77,7 @@ Residency one_step(int zero_stage) {
   // One step as the trainer runs it: the one-stage schedule lowered to a step program.
   const Schedule schedule = generate_schedule("1f1b", 1, 1, 1);
   const Program program = lower_schedule(schedule, check_schedule(schedule).stages, 0,
-                                         unit_layout(model), {zero_stage == 3, true});
+                                         unit_layout(model), {zero_stage == 3, true, 1, {}});
   Group pp(MPI_COMM_SELF, "pp");
   AdamW optim(store, OptimConfig{}, dp.ranges(), zero_stage == 0);
   StepEnd end({&store, {{&dp, &optim, &world}}, &world, nullptr, nullptr, zero_stage, 0});

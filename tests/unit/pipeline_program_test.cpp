@@ -60,7 +60,7 @@ TEST(PipelineProgram, EveryGeneratedScheduleLowers) {
         for (bool zero3 : {false, true})
           for (int r = 0; r < pp; ++r) {
             const UnitLayout l = layout_of(c.stages, r, true);
-            const Program p = lower_schedule(s, c.stages, r, l, {zero3, true});
+            const Program p = lower_schedule(s, c.stages, r, l, {zero3, true, 1, {}});
             SCOPED_TRACE(name + " pp " + std::to_string(pp) + " m " + std::to_string(m) +
                          " rank " + std::to_string(r));
             std::map<std::tuple<int, int, int>, int> computed;  // (op, unit, mb)

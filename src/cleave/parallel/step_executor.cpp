@@ -17,6 +17,7 @@ char action_letter(Op op) {
     case Op::forward: return 'F';
     case Op::backward: return 'B';
     case Op::backward_input: return 'I';
+    case Op::recompute: return 'R';
     default: return 'W';
   }
 }
@@ -109,6 +110,12 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
         model.backward_unit(i.unit, i.slot, part_of(i.op));
         break;
       }
+      case Op::drop_activations:
+        model.release_saved(i.unit, i.slot);
+        break;
+      case Op::recompute:
+        model.recompute(i.unit, i.slot);
+        break;
       case Op::send_forward:
       case Op::send_backward: {
         const bool fwd = i.op == Op::send_forward;

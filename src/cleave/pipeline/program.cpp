@@ -13,6 +13,7 @@ const char* op_name(Op op) {
       "forward",       "backward",      "backward_input", "backward_weight", "send_forward",
       "recv_forward",  "send_backward", "recv_backward",  "copy_forward",    "copy_backward",
       "gather",        "prefetch",      "release",        "tied_sum",        "reduce_grads",
+      "drop_activations", "recompute",
       "finish_grads",  "sum_loss",      "grad_norm",      "clip",            "update",
       "gather_params"};
   return names[int(op)];
@@ -93,6 +94,9 @@ Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
   auto tag = [&](int dir, int stage, int mb) { return (dir * s.n_stages + stage) * m + mb; };
   auto local = [&](int stage) { return stages.rank_of_stage[size_t(stage)] == rank; };
   auto chunk = [&](int stage) { return stages.chunk_of_stage[size_t(stage)]; };
+  auto checkpointed = [&](int unit) {
+    return options.training && !options.checkpoint.empty() && options.checkpoint[size_t(unit)];
+  };
   Slots slots(chunks, m);
   std::vector<Instruction> seq;
   // A micro-batch's slot of a chunk is given back after the last action naming the two.
@@ -113,7 +117,10 @@ Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
         break;
       case ActionType::forward: {
         const int slot = slots.take(c, a.mb);
-        for (int u : units) seq.push_back({Op::forward, u, c, slot, a.mb, -1, -1, -1, -1, a.stage});
+        for (int u : units) {
+          seq.push_back({Op::forward, u, c, slot, a.mb, -1, -1, -1, -1, a.stage});
+          if (checkpointed(u)) seq.push_back({Op::drop_activations, u, c, slot, a.mb});
+        }
         if (a.stage < last && local(a.stage + 1)) {
           const int next = chunk(a.stage + 1);
           seq.push_back({Op::copy_forward, -1, next, slots.take(next, a.mb), a.mb, -1, -1, c, slot});
@@ -132,8 +139,11 @@ Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
       case ActionType::backward_input: {
         const int slot = slots.of(c, a.mb);
         const Op op = a.type == ActionType::backward ? Op::backward : Op::backward_input;
-        for (auto u = units.rbegin(); u != units.rend(); ++u)
+        for (auto u = units.rbegin(); u != units.rend(); ++u) {
+          if (checkpointed(*u))
+            seq.push_back({Op::recompute, *u, c, slot, a.mb, -1, -1, -1, -1, a.stage});
           seq.push_back({op, *u, c, slot, a.mb, -1, -1, -1, -1, a.stage});
+        }
         if (a.stage > 0 && local(a.stage - 1)) {
           const int previous = chunk(a.stage - 1);
           seq.push_back({Op::copy_backward, -1, previous, slots.of(previous, a.mb), a.mb, -1, -1,

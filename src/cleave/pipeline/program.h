@@ -30,6 +30,10 @@ enum class Op {
   release,          // unit: its parameters freed
   tied_sum,         // the tied embedding's gradient summed with the other stage's copy
   reduce_grads,     // unit: its gradients are final in this step
+  // Activation checkpointing: a block's saved activations freed after its forward, and rebuilt
+  // by running its forward again just before its backward needs them.
+  drop_activations,  // unit, chunk, slot, mb
+  recompute,         // unit, chunk, slot, mb
   // The step's end (parallel/step_end.h), after every other instruction of a training program:
   finish_grads,     // every group's data-parallel reductions complete
   sum_loss,         // the step's loss over every rank holding a piece of the batch
@@ -41,7 +45,7 @@ enum class Op {
 const char* op_name(Op op);
 inline bool is_compute(Op op) {
   return op == Op::forward || op == Op::backward || op == Op::backward_input ||
-         op == Op::backward_weight;
+         op == Op::backward_weight || op == Op::recompute;
 }
 inline bool is_step_end(Op op) { return op >= Op::finish_grads; }
 
@@ -66,6 +70,9 @@ struct LoweringOptions {
   bool shard_parameters = false;  // ZeRO-3: gather before use, release after
   bool training = true;           // false: forward-only (validation), no gradient work
   int parameter_groups = 1;       // training: each updated and gathered at the step's end
+  // training: per unit, whether its activations are checkpointed (dropped after its forward,
+  // recomputed before its backward); empty: none.
+  std::vector<bool> checkpoint;
 };
 
 struct Program {

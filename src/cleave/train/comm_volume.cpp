@@ -16,7 +16,10 @@ double ring_gather(double n, int p) { return p > 1 ? double(p - 1) / p * n * 4 :
 // rank's) and reduce-scatters their gradients; Ulysses'
 // all-to-alls move q|k|v, and in backward the output (kept in the rank's rows only) and its
 // gradient, one way, the output and the q|k|v gradients back.
-AxisVolume context_volume(const Config& cfg, const Layout& layout, double tokens, double layers) {
+// A recomputed layer's forward exchanges again: K|V around the ring or gathered, or Ulysses'
+// q|k|v there and output back.
+AxisVolume context_volume(const Config& cfg, const Layout& layout, double tokens, double layers,
+                          double recomputed) {
   const ModelConfig& m = cfg.model;
   const int cp = layout.mesh.degree(Axis::cp), U = layout.cp_ulysses, R = cp / U;
   const TpShare share = tp_share(m, layout.mesh.degree(Axis::tp), 0);
@@ -25,25 +28,29 @@ AxisVolume context_volume(const Config& cfg, const Layout& layout, double tokens
   const double kv_heads_u = share.kv_heads % U == 0 ? share.kv_heads / U : 1;
   // K|V rows of one ring position: its Ulysses group's tokens.
   const double kv = U * tokens * 2 * kv_heads_u * hd * 4;
-  double per_layer = 0;
+  double per_layer = 0, forward = 0;  // per layer: all, and the forward's part
   std::string how;
   if (layout.cp_mode == CpMode::allgather) {
     per_layer = 3 * (R - 1) * kv;
+    forward = (R - 1) * kv;
     how = "K|V all-gathered in forward and again in backward, their gradients reduce-scattered, "
           "per layer and micro-batch";
   } else if (R > 1) {
     per_layer = (3.0 * R - 2) * kv;
+    forward = (R - 1) * kv;
     how = "K|V around a ring of " + std::to_string(R) + " on " + std::to_string(R - 1) +
           " steps forward and backward, their gradients on " + std::to_string(R) + " steps";
   }
   if (U > 1) {
     const double qkv = tokens * (heads_u + 2 * kv_heads_u) * hd * 4, o = tokens * heads_u * hd * 4;
     per_layer += 2 * (U - 1) * (qkv + o) + (U - 1) * o;
+    forward += (U - 1) * (qkv + o);
     how += std::string(how.empty() ? "" : "; ") + "all-to-alls over " + std::to_string(U) +
            " Ulysses ranks: q|k|v, and in backward the output and its gradient, to the heads; " +
            "the output and the q|k|v gradients back";
   }
-  return {"cp", cfg.train.grad_accum_steps * layers * per_layer, how};
+  if (recomputed > 0) how += "; the forward's again for each recomputed layer";
+  return {"cp", cfg.train.grad_accum_steps * (layers * per_layer + recomputed * forward), how};
 }
 
 }  // namespace
@@ -65,10 +72,13 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   // This rank's parameters: its tp share of its pipeline stages, as the trainer builds it.
   const std::vector<ModelChunk> chunks = stage_chunks(layout, 0);
   double layers = 0, embedding = 0, head = 0;
+  double recomputed = 0;  // activation checkpointing: blocks whose forward runs twice
   for (const ModelChunk& c : chunks) {
     layers += c.end_layer - c.first_layer;
     embedding += c.embedding;
     head += c.head;
+    if (t.activation_checkpointing == "full")
+      for (int l = c.first_layer; l < c.end_layer; ++l) recomputed += l % t.ac_every == 0;
   }
   const std::unique_ptr<Transformer> model =
       Transformer::planned(m, tp, cfg.parallel.sequence_parallel, chunks);
@@ -88,8 +98,10 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
     // parallelism each all-reduce is an all-gather plus a reduce-scatter, the same volume, and
     // backward gathers each block's two column-parallel inputs again (none is kept).
     const bool sp = cfg.parallel.sequence_parallel;
-    const double activations = (4 * layers + embedding + head) * ring_all_reduce(rows, tp) +
-                               (sp ? 2 * layers * ring_gather(rows, tp) : 0);
+    // A recomputed block's forward communicates again (2 all-reduces, or their SP pairs).
+    const double activations =
+        (4 * layers + 2 * recomputed + embedding + head) * ring_all_reduce(rows, tp) +
+        (sp ? 2 * layers * ring_gather(rows, tp) : 0);
     const double loss = head * 3 * tokens * 4 * (tp - 1);
     out.push_back({"tp", accum * (activations + loss) + ring_all_reduce(partial, tp) +
                              ring_all_reduce(kv, kv_replicas),
@@ -122,7 +134,7 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
         out.push_back({"dp_replicate", ring_all_reduce(P / S, R), "all-reduce of the gradient shards"});
     }
   }
-  if (cp > 1) out.push_back(context_volume(cfg, layout, tokens, layers));
+  if (cp > 1) out.push_back(context_volume(cfg, layout, tokens, layers, recomputed));
   const int pp = mesh.degree(Axis::pp);
   if (pp > 1) {
     // Per micro-batch, each stage's output to the next stage's rank and its input's gradient to

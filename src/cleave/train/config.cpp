@@ -162,6 +162,9 @@ const std::vector<Key>& schema() {
     k.push_back(integer_key("train.val_interval", &C::train, &TrainConfig::val_interval, 0, 1e12));
     k.push_back(integer_key("train.val_batches", &C::train, &TrainConfig::val_batches, 1, 1e9));
     k.push_back(integer_key("train.loss_chunk", &C::train, &TrainConfig::loss_chunk, 0, 1e9));
+    k.push_back(string_key("train.activation_checkpointing", &C::train,
+                           &TrainConfig::activation_checkpointing));
+    k.push_back(integer_key("train.ac_every", &C::train, &TrainConfig::ac_every, 1, 1 << 20));
     k.push_back(integer_key("train.checkpoint_interval", &C::train,
                             &TrainConfig::checkpoint_interval, -1, 1e12));
     k.push_back(integer_key("train.keep_checkpoints", &C::train, &TrainConfig::keep_checkpoints,

@@ -48,6 +48,10 @@ struct TrainConfig {
   // The LM head and the loss run this many tokens at a time, forward and backward together, so
   // the [tokens, vocab] logits never exist whole (0: all of a micro-batch's at once).
   int64_t loss_chunk = 0;
+  // Activation checkpointing: "none", or "full" (a checkpointed block keeps only its input and
+  // runs its forward again before its backward), on every ac_every-th block (layers 0, N, 2N...).
+  std::string activation_checkpointing = "none";
+  int ac_every = 1;
 };
 
 // The device mesh degrees (-1: the rest of the world) and how data parallelism shards state.

@@ -172,9 +172,19 @@ void Trainer::make_pipeline(const Layout& layout) {
   const UnitLayout units = unit_layout(*model_);
   const bool zero3 = cfg_.parallel.zero_stage == 3;
   const int n_groups = int(groups_.size());
-  train_program_ = lower_schedule(layout.schedule, stages, pp_rank, units, {zero3, true, n_groups});
+  // Activation checkpointing: every ac_every-th block (by its global layer) drops what it saved
+  // after its forward and runs it again just before its backward.
+  std::vector<bool> checkpoint(size_t(model_->n_units()), false);
+  if (cfg_.train.activation_checkpointing == "full")
+    for (int u = 0; u < model_->n_units(); ++u) {
+      const Transformer::Unit& unit = model_->units()[size_t(u)];
+      checkpoint[size_t(u)] = unit.kind == Transformer::UnitKind::block &&
+                              unit.layer % cfg_.train.ac_every == 0;
+    }
+  train_program_ = lower_schedule(layout.schedule, stages, pp_rank, units,
+                                  {zero3, true, n_groups, checkpoint});
   val_program_ = lower_schedule(forward_only_schedule(stages, pp, int(cfg_.train.val_batches)),
-                                stages, pp_rank, units, {zero3, false, n_groups});
+                                stages, pp_rank, units, {zero3, false, n_groups, {}});
   CLEAVE_CHECK((model_->pipeline_tied_tensor() >= 0) == bool(process_.tied),
                "the pp_tied group and the model disagree on where the tied embedding is");
   StepEndParts end;

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Activation checkpointing (train.activation_checkpointing = "full", train.ac_every): a
+# checkpointed block drops what it saved after its forward and runs its forward again just before
+# its backward (instructions of the step program). In fp32 every run is bitwise the run without
+# it, losses, gradient norms and checkpoint files: one process (GPT-2 and Llama, every block and
+# every second one), tp 2 with and without SP, pp 2 under 1f1b and zb1p (recompute before the
+# input half), ZeRO-3 (the recompute gathers the block's parameters). "selective" and unknown
+# modes are errors.
+set -euo pipefail
+cleave=$1 src=$2 data=$3
+source "$src/tests/integration/layouts.sh"
+common=(--set train.steps=12 --set train.log_interval=1 --set train.val_interval=6
+        --set train.checkpoint_interval=12 --set train.threads=1 --set parallel.comm_timeout_s=60
+        --set model.n_layers=4 --set train.micro_batch_size=4 --set train.grad_accum_steps=2)
+llama=(--set model.family=llama --set model.n_kv_heads=2)
+full=(--set train.activation_checkpointing=full)
+
+same_bits() {  # A B: the same losses, norms and step-12 checkpoint files, bit for bit
+  diff <(numbers "$work/$1") <(numbers "$work/$2") > /dev/null \
+    || { echo "FAIL: $2 logged other losses than $1"; exit 1; }
+  for f in "$work/$1"/step_00000012/*.safetensors; do
+    cmp -s "$f" "$work/$2/step_00000012/$(basename "$f")" \
+      || { echo "FAIL: $2 wrote another $(basename "$f") than $1"; exit 1; }
+  done
+}
+pair() {  # name ranks [--set ...]: the layout without and with checkpointing, bitwise the same
+  local name=$1 np=$2; shift 2
+  run "$name" "$np" "$@"
+  run "$name-ac" "$np" "$@" "${full[@]}"
+  same_bits "$name" "$name-ac"
+  grep -q '"tokens_per_s"' "$work/$name-ac/metrics.jsonl" || { echo "FAIL: $name-ac logged nothing"; exit 1; }
+}
+
+pair one 1
+run one-ac2 1 "${full[@]}" --set train.ac_every=2
+same_bits one one-ac2
+# The recomputes ran: a traced step has a span per recompute ("<stage>R<micro-batch>"), 4 blocks
+# x 2 micro-batches of them at ac_every 1 and half as many at 2, none without checkpointing.
+recomputes() { grep -o '"name": *"0R[0-9]*"' "$work/$1/trace_step_3.json" | wc -l; }
+for n in one one-ac one-ac2; do
+  run "$n-trace" 1 --set train.trace_step=3 --set train.steps=3 \
+    $( [ "$n" = one ] || echo "${full[@]}" ) $( [ "$n" = one-ac2 ] && echo --set train.ac_every=2 )
+done
+[ "$(recomputes one-trace)" -eq 0 ] && [ "$(recomputes one-ac-trace)" -eq 8 ] \
+  && [ "$(recomputes one-ac2-trace)" -eq 4 ] \
+  || { echo "FAIL: recompute spans: none $(recomputes one-trace), full $(recomputes one-ac-trace), every 2nd $(recomputes one-ac2-trace)"; exit 1; }
+pair llama 1 "${llama[@]}"
+pair tp2 2 --set parallel.tp=2 --set parallel.dp_shard=1
+pair tp2-sp 2 --set parallel.tp=2 --set parallel.dp_shard=1 --set parallel.sequence_parallel=true
+pair pp2-1f1b 2 --set parallel.pp=2
+pair pp2-zb1p 2 "${llama[@]}" --set parallel.pp=2 --set parallel.pp_schedule=zb1p
+pair zero3-2 2 --set parallel.dp_shard=2 --set parallel.zero_stage=3
+pair cp2-ring 2 --set parallel.cp=2 --set parallel.dp_shard=1
+pair cp2-ulysses 2 --set parallel.cp=2 --set parallel.dp_shard=1 --set parallel.cp_mode=ulysses
+echo "activation checkpointing is bitwise the run without it in every layout"
+# A recomputed block communicates its forward again: cleave mesh counts it.
+axis_bytes tp tp2-ac 2 --set parallel.tp=2 --set parallel.dp_shard=1 "${full[@]}"
+axis_bytes tp tp2-sp-ac 2 --set parallel.tp=2 --set parallel.dp_shard=1 --set parallel.sequence_parallel=true "${full[@]}"
+axis_bytes cp cp2-ring-ac 2 --set parallel.cp=2 --set parallel.dp_shard=1 "${full[@]}"
+axis_bytes cp cp2-ulysses-ac 2 --set parallel.cp=2 --set parallel.dp_shard=1 --set parallel.cp_mode=ulysses "${full[@]}"
+
+expect_error 1 'train.activation_checkpointing = "selective" is not built yet ("none" and "full" are)' \
+  --set train.activation_checkpointing=selective
+expect_error 1 'train.activation_checkpointing = "some" is not a mode (none, full)' \
+  --set train.activation_checkpointing=some
+echo "cleave mesh counts the recomputed forwards' tp and cp bytes; bad modes are errors"
