@@ -113,9 +113,14 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
       case Op::drop_activations:
         model.release_saved(i.unit, i.slot);
         break;
-      case Op::recompute:
+      case Op::recompute: {
+        // The chunk's last block writes the chunk's output again: bitwise the same values, but
+        // not under a send still reading them.
+        if (i.unit == model.chunk_units(i.chunk).back())
+          wait(flight[size_t(i.chunk)][size_t(i.slot)].send_forward);
         model.recompute(i.unit, i.slot);
         break;
+      }
       case Op::send_forward:
       case Op::send_backward: {
         const bool fwd = i.op == Op::send_forward;

@@ -143,6 +143,10 @@ Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
           if (checkpointed(*u))
             seq.push_back({Op::recompute, *u, c, slot, a.mb, -1, -1, -1, -1, a.stage});
           seq.push_back({op, *u, c, slot, a.mb, -1, -1, -1, -1, a.stage});
+          // What the recompute rebuilt goes once backward is done with it (after the weight
+          // half when the backward is split).
+          if (checkpointed(*u) && op == Op::backward)
+            seq.push_back({Op::drop_activations, *u, c, slot, a.mb});
         }
         if (a.stage > 0 && local(a.stage - 1)) {
           const int previous = chunk(a.stage - 1);
@@ -157,9 +161,11 @@ Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
         break;
       case ActionType::backward_weight: {
         const int slot = slots.of(c, a.mb);
-        for (auto u = units.rbegin(); u != units.rend(); ++u)
+        for (auto u = units.rbegin(); u != units.rend(); ++u) {
           if (layout.has_weight_part[size_t(*u)])
             seq.push_back({Op::backward_weight, *u, c, slot, a.mb, -1, -1, -1, -1, a.stage});
+          if (checkpointed(*u)) seq.push_back({Op::drop_activations, *u, c, slot, a.mb});
+        }
         break;
       }
     }
