@@ -25,11 +25,19 @@ layout() {
   run "$name" "$np" "$@"
   run "$name-again" "$np" "$@"
   $compare "$work/$ref" "$work/$name"
-  diff <(numbers "$work/$name") <(numbers "$work/$name-again") > /dev/null \
-    || { echo "FAIL: rerun of $name gave other losses"; exit 1; }
-  for f in "$work/$name"/step_00000020/*.safetensors; do
-    cmp -s "$f" "$work/$name-again/step_00000020/$(basename "$f")" \
-      || { echo "FAIL: rerun of $name gave another $(basename "$f")"; exit 1; }
+  same_bits "$name" "$name-again" 20
+}
+
+# same_bits A B STEP: runs A and B logged the same losses and norms and wrote the same step STEP
+# checkpoint files, bit for bit.
+same_bits() {
+  local a=$1 b=$2 step
+  step=$(printf "step_%08d" "$3")
+  diff <(numbers "$work/$a") <(numbers "$work/$b") > /dev/null \
+    || { echo "FAIL: $b logged other losses than $a"; exit 1; }
+  for f in "$work/$a/$step"/*.safetensors; do
+    cmp -s "$f" "$work/$b/$step/$(basename "$f")" \
+      || { echo "FAIL: $b wrote another $(basename "$f") than $a"; exit 1; }
   done
 }
 
