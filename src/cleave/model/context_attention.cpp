@@ -54,15 +54,11 @@ ContextAttention::ContextAttention(const ContextParallelOptions& o, int heads, i
   R_ = o.ring ? o.ring->size() : 1;
   CLEAVE_CHECK(U_ * R_ == o.cp, "context parallelism: a Ulysses group of " << U_ << " x a ring of "
                                     << R_ << " ranks is not parallel.cp = " << o.cp);
-  if (U_ > 1 && heads % U_ != 0)
-    throw Error("parallel.cp_mode = " + std::string(cp_mode_name(o.mode)) + ": the " +
-                std::to_string(heads) + " query heads of a rank (after tp) do not divide over " +
-                std::to_string(U_) + " Ulysses ranks");
-  if (U_ > 1 && kv_heads % U_ != 0 && U_ % kv_heads != 0)
-    throw Error("parallel.cp_mode = " + std::string(cp_mode_name(o.mode)) + ": the " +
-                std::to_string(kv_heads) + " kv heads of a rank (after tp) neither divide over " +
-                std::to_string(U_) + " Ulysses ranks nor divide " + std::to_string(U_) +
-                " (to be replicated)");
+  // plan_layout (train/layout.cpp) reports these to the user, naming the config keys.
+  CLEAVE_CHECK(heads % U_ == 0, heads << " query heads do not divide over " << U_
+                                      << " Ulysses ranks");
+  CLEAVE_CHECK(kv_heads % U_ == 0 || U_ % kv_heads == 0,
+               kv_heads << " kv heads neither divide over " << U_ << " Ulysses ranks nor divide it");
   kv_split_ = kv_heads % U_ == 0;
   heads_u_ = heads / U_;
   kv_heads_u_ = kv_split_ ? kv_heads / U_ : 1;
@@ -152,22 +148,24 @@ void ContextAttention::gather_heads(const Geometry& g, float* qkv, const float* 
     }
 }
 
-kernels::AttentionShape ContextAttention::chunk_shape(const Geometry& g, int64_t kv_stride) const {
-  kernels::AttentionShape shape{1, g.c, heads_u_, kv_heads_u_, head_dim_, g.dim, kv_stride};
+kernels::AttentionShape ContextAttention::chunk_shape(const Geometry& g) const {
+  kernels::AttentionShape shape{1, g.c, heads_u_, kv_heads_u_, head_dim_, g.dim, 2 * g.kv_cols};
   shape.Tk = g.c;
   return shape;
 }
 
-void ContextAttention::pairs_forward(const Geometry& g, const float* A, float* O, float* lse,
-                                     const float* kv, int owner, const int32_t* documents) {
-  ContextWork& w = *opt_.work;
-  kernels::AttentionShape shape = chunk_shape(g, 2 * g.kv_cols);
+// Every pair of a query chunk of this rank's rows with a key chunk of ring position owner's
+// K|V rows that attention computes: key chunks at or before the query chunk, and not emptied
+// whole by the document mask. f(q_row, lse_at, k_at, shape): the query chunk's first row in A,
+// its log-sum-exps' offset, the key chunk's first float in the K|V rows, the pair's shape.
+template <class F>
+void ContextAttention::for_each_pair(const Geometry& g, int owner, const int32_t* documents,
+                                     F&& f) const {
+  kernels::AttentionShape shape = chunk_shape(g);
   for (int i = 0; i < U_; ++i)
     for (int64_t b = 0; b < g.B; ++b)
       for (int h = 0; h < 2; ++h) {
-        const int64_t qc = zigzag_chunk(opt_.cp, g.pos * U_ + i, h), q_row = g.row(i, b, h);
-        float* o = O + q_row * g.q_cols;
-        float* l = lse + g.entry(i, b, h) * heads_u_ * g.c;
+        const int64_t qc = zigzag_chunk(opt_.cp, g.pos * U_ + i, h);
         shape.q_begin = qc * g.c;
         shape.q_seq = documents ? documents + b * g.T_full + qc * g.c : nullptr;
         for (int ik = 0; ik < U_; ++ik)
@@ -177,46 +175,44 @@ void ContextAttention::pairs_forward(const Geometry& g, const float* A, float* O
             shape.k_begin = kc * g.c;
             shape.k_seq = documents ? documents + b * g.T_full + kc * g.c : nullptr;
             if (apart(shape, g.c)) continue;
-            const float* k = kv + g.row(ik, b, hk) * 2 * g.kv_cols;
-            kernels::attention_forward(w.out_part.data(), w.lse_part.data(), A + q_row * g.dim, k,
-                                       k + g.kv_cols, shape);
-            kernels::attention_merge(o, l, w.out_part.data(), w.lse_part.data(), shape);
+            f(g.row(i, b, h), g.entry(i, b, h) * heads_u_ * g.c,
+              g.row(ik, b, hk) * 2 * g.kv_cols, shape);
           }
       }
+}
+
+void ContextAttention::pairs_forward(const Geometry& g, const float* A, float* O, float* lse,
+                                     const float* kv, int owner, const int32_t* documents) {
+  ContextWork& w = *opt_.work;
+  for_each_pair(g, owner, documents,
+                [&](int64_t q_row, int64_t lse_at, int64_t k_at,
+                    const kernels::AttentionShape& shape) {
+                  kernels::attention_forward(w.out_part.data(), w.lse_part.data(),
+                                             A + q_row * g.dim, kv + k_at, kv + k_at + g.kv_cols,
+                                             shape);
+                  kernels::attention_merge(O + q_row * g.q_cols, lse + lse_at, w.out_part.data(),
+                                           w.lse_part.data(), shape);
+                });
 }
 
 void ContextAttention::pairs_backward(const Geometry& g, const float* A, float* dA, const float* O,
                                       const float* lse, const float* dO, const float* kv,
                                       float* dkv, int owner, const int32_t* documents) {
-  kernels::AttentionShape shape = chunk_shape(g, 2 * g.kv_cols);
-  for (int i = 0; i < U_; ++i)
-    for (int64_t b = 0; b < g.B; ++b)
-      for (int h = 0; h < 2; ++h) {
-        const int64_t qc = zigzag_chunk(opt_.cp, g.pos * U_ + i, h), q_row = g.row(i, b, h);
-        const float* l = lse + g.entry(i, b, h) * heads_u_ * g.c;
-        shape.q_begin = qc * g.c;
-        shape.q_seq = documents ? documents + b * g.T_full + qc * g.c : nullptr;
-        for (int ik = 0; ik < U_; ++ik)
-          for (int hk = 0; hk < 2; ++hk) {
-            const int64_t kc = zigzag_chunk(opt_.cp, owner * U_ + ik, hk);
-            if (kc > qc) continue;
-            const int64_t k_at = g.row(ik, b, hk) * 2 * g.kv_cols;
-            shape.k_begin = kc * g.c;
-            shape.k_seq = documents ? documents + b * g.T_full + kc * g.c : nullptr;
-            if (apart(shape, g.c)) continue;
-            kernels::attention_backward(dA + q_row * g.dim, dkv + k_at, dkv + k_at + g.kv_cols,
-                                        dO + q_row * g.q_cols, A + q_row * g.dim, kv + k_at,
-                                        kv + k_at + g.kv_cols, O + q_row * g.q_cols, l, shape,
-                                        true);
-          }
-      }
+  for_each_pair(g, owner, documents,
+                [&](int64_t q_row, int64_t lse_at, int64_t k_at,
+                    const kernels::AttentionShape& shape) {
+                  kernels::attention_backward(dA + q_row * g.dim, dkv + k_at,
+                                              dkv + k_at + g.kv_cols, dO + q_row * g.q_cols,
+                                              A + q_row * g.dim, kv + k_at, kv + k_at + g.kv_cols,
+                                              O + q_row * g.q_cols, lse + lse_at, shape, true);
+                });
 }
 
 // The rank's query chunks over the whole sequence's K|V rows in order (allgather): one call per
 // chunk over every key before its end, no merge.
 kernels::AttentionShape ContextAttention::prefix_shape(const Geometry& g, int64_t qc,
                                                        int64_t b, const int32_t* documents) const {
-  kernels::AttentionShape shape = chunk_shape(g, 2 * g.kv_cols);
+  kernels::AttentionShape shape = chunk_shape(g);
   shape.Tk = (qc + 1) * g.c;
   shape.q_begin = qc * g.c;
   shape.k_begin = 0;

@@ -41,8 +41,8 @@ class ContextAttention {
     void release();
   };
 
-  // heads, kv_heads: this rank's (its tp share). Throws Error naming the numbers when Ulysses
-  // cannot split them. The work buffers are options.work's (made here when null).
+  // heads, kv_heads: this rank's (its tp share), which Ulysses must be able to split (the layout
+  // checks it first). The work buffers are options.work's (made here when null).
   ContextAttention(const ContextParallelOptions& options, int heads, int kv_heads, int head_dim);
 
   // o [B*T, heads*head_dim] (=) from qkv [B*T, (heads + 2 kv_heads) * head_dim] (q | k | v per
@@ -59,10 +59,13 @@ class ContextAttention {
  private:
   struct Geometry;
   Geometry geometry(int64_t B, int64_t T) const;
-  kernels::AttentionShape chunk_shape(const Geometry& g, int64_t kv_stride) const;
+  // One chunk of query rows (in A) over one chunk of K|V rows (K then V in each row).
+  kernels::AttentionShape chunk_shape(const Geometry& g) const;
   // Query chunk qc of sequence b over every key before its end, the K|V rows in sequence order.
   kernels::AttentionShape prefix_shape(const Geometry& g, int64_t qc, int64_t b,
                                        const int32_t* documents) const;
+  template <class F>
+  void for_each_pair(const Geometry& g, int owner, const int32_t* documents, F&& f) const;
   // Ring (and hybrid): the attention of every query chunk of this rank's rows A over the key
   // chunks of the K|V rows kv of ring position `owner`, merged into O and lse; or, in backward,
   // their gradients (+=) into dA and dkv.
