@@ -3,8 +3,10 @@
 # "Equivalence bounds"): runs that differ from the single-process reference only in the order of
 # their reductions, compared with `compare_runs.py --report`, which prints every tensor's largest
 # error over the runs. Not a ctest test (about 2 minutes on 2 cores).
-#   bash tests/integration/equivalence_spread.sh build/cleave . build/testdata [WORK_DIR] [depth]
-# With "depth": bf16 instead, at 2, 4 and 8 layers and seeds 1234, 1 and 2, global batch 16 (the
+#   bash tests/integration/equivalence_spread.sh build/cleave . build/testdata [WORK_DIR] [DTYPE...]
+#   bash tests/integration/equivalence_spread.sh build/cleave . build/testdata WORK_DIR depth [DTYPE]
+# DTYPEs: fp32, bf16 and fp16 unless given. With "depth": DTYPE (bf16 unless given) instead, at 2, 4
+# and 8 layers and seeds 1234, 1 and 2, global batch 16 (the
 # pipeline tests' 2 x 8 micro-batches), DDP 2 and 4, ZeRO-3 x 2, pp 2, tp 2 and one process
 # accumulating 4 or 1, each against its own depth and seed's reference (docs/data_parallel.md,
 # "bf16 and depth"; about a minute).
@@ -32,7 +34,7 @@ if [ "${5:-}" = depth ]; then
   b16() { echo --set train.micro_batch_size="$1" --set train.grad_accum_steps=$((16 / $1)); }
   for seed in 1234 1 2; do
     for L in 2 4 8; do
-      at=(--set train.dtype=bf16 --set train.seed=$seed --set model.n_layers=$L)
+      at=(--set train.dtype="${6:-bf16}" --set train.seed=$seed --set model.n_layers=$L)
       run s$seed-L$L-ref 1 "${at[@]}" $(b16 2)
       run s$seed-L$L-ddp2 2 "${at[@]}" $(b16 2)
       run s$seed-L$L-ddp4 4 "${at[@]}" $(b16 4)
@@ -48,7 +50,9 @@ if [ "${5:-}" = depth ]; then
   exit 0
 fi
 
-for dtype in fp32 bf16; do
+dtypes=("${@:5}")
+[ ${#dtypes[@]} -gt 0 ] || dtypes=(fp32 bf16 fp16)
+for dtype in "${dtypes[@]}"; do
   # Global batch 8 against the one-process run without accumulation: data_parallel_test.sh's
   # layouts with accumulation 1 and 2, 8 ranks, small buckets, one process accumulating 2 and 4,
   # one process on 2 threads.

@@ -2,6 +2,8 @@
 // the error names the step and the first tensor whose gradient is non-finite, the parameters are
 // those of the step before, and no checkpoint of the poisoned step is written. For DDP (the
 // all-reduce spreads the NaN to every rank's copy) and ZeRO-2 (it lands in one rank's shard).
+// In fp16 the same overflow skips the step on every rank instead: parameters and optimizer state
+// stay those of the step before, the loss scale falls, and it grows again after its interval.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -9,12 +11,16 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "comm_test_util.h"
 #include "cleave/data/tokens.h"
+#include <nlohmann/json.hpp>
+
 #include "cleave/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -92,9 +98,64 @@ void expect_stop_before_update(int zero_stage) {
   }
 }
 
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void expect_fp16_skip(int zero_stage) {
+  const std::string dir = shared_folder();
+  Config cfg = tiny_config(dir, zero_stage);
+  cfg.train.steps = 7;
+  cfg.train.dtype = Precision::fp16;
+  cfg.train.loss_scale.initial = 1024;
+  cfg.train.loss_scale.hysteresis = 1;
+  cfg.train.loss_scale.growth_interval = 3;
+  Trainer trainer(cfg, "");
+  trainer.inject_gradient_fault([&](int64_t step, int unit, ParamStore& params) {
+    if (step == 2 && unit == 2 && test::world().rank() == 1)
+      params.grad(params.find("blocks.1.mlp.fc.weight"))[5] =
+          std::numeric_limits<float>::infinity();
+  });
+  trainer.run();
+  EXPECT_EQ(trainer.step(), 7);
+  test::world().barrier().wait();
+  if (test::world().rank() != 0) return;
+  // Step 3 was skipped: the scale halves; three good steps later (4, 5, 6) it doubles.
+  std::vector<double> scales;
+  std::vector<int64_t> skipped;
+  for (std::ifstream in(cfg.train.out_dir + "/metrics.jsonl"); in;) {
+    std::string line;
+    if (!std::getline(in, line) || line.empty()) continue;
+    const nlohmann::json m = nlohmann::json::parse(line);
+    if (!m.contains("loss_scale")) continue;
+    scales.push_back(m["loss_scale"].get<double>());
+    skipped.push_back(m["skipped_steps"].get<int64_t>());
+  }
+  EXPECT_EQ(scales, (std::vector<double>{1024, 1024, 1024, 512, 512, 512, 1024}));
+  EXPECT_EQ(skipped, (std::vector<int64_t>{0, 0, 1, 1, 1, 1, 1}));
+  // Every rank's state after the skipped step is that of the step before, bit for bit.
+  int files = 0;
+  for (const auto& f : fs::directory_iterator(cfg.train.out_dir + "/step_00000003")) {
+    const std::string name = f.path().filename().string();
+    if (name == "meta.json") continue;
+    ++files;
+    EXPECT_EQ(file_bytes(f.path().string()),
+              file_bytes(cfg.train.out_dir + "/step_00000002/" + name)) << name;
+    EXPECT_NE(file_bytes(f.path().string()),
+              file_bytes(cfg.train.out_dir + "/step_00000004/" + name)) << name;
+  }
+  EXPECT_GT(files, 0);
+  fs::remove_all(dir);
+}
+
 TEST(TrainNonFinite, DdpStopsEveryRankBeforeTheUpdate) { expect_stop_before_update(0); }
 
 TEST(TrainNonFinite, Zero2StopsEveryRankBeforeTheUpdate) { expect_stop_before_update(2); }
+
+TEST(TrainNonFinite, Fp16DdpSkipsTheStepOnEveryRank) { expect_fp16_skip(0); }
+
+TEST(TrainNonFinite, Fp16Zero2SkipsTheStepOnEveryRank) { expect_fp16_skip(2); }
 
 }  // namespace
 }  // namespace cleave

@@ -1,4 +1,4 @@
-// fp32 <-> bf16 (round to nearest even; NaN stays NaN).
+// fp32 <-> bf16 (round to nearest even; NaN stays NaN), and fp32 rounded to fp16's values.
 #pragma once
 #include <cstdint>
 
@@ -10,5 +10,11 @@ using cleave::bf16;
 
 void f32_to_bf16(bf16* out, const float* in, int64_t n);
 void bf16_to_f32(float* out, const bf16* in, int64_t n);
+
+// Each value rounded to the nearest fp16 (ties to even), kept as fp32: beyond fp16's largest
+// (65504) it becomes +-inf, below its smallest subnormal (2^-24) 0, as a cast to fp16 would. The
+// operands of an fp16 product with fp32 accumulation, every one exact in fp32, for a CPU whose
+// oneDNN has no fp16 matmul.
+void round_to_fp16(float* out, const float* in, int64_t n);
 
 }  // namespace cleave::kernels

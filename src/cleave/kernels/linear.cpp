@@ -19,6 +19,10 @@
 // OperandCopy when it keeps one for backward_weight, else into a per-thread scratch buffer.
 // oneDNN accumulates in fp32; dst is fp32.
 //
+// fp16 mode: fp32 products of operands rounded to fp16. The weight is rounded once per version
+// into `rounded` and packed (or used) from there; x and dy are rounded into per-thread scratch
+// for each product, forward's and backward_weight's alike, so nothing is kept between products.
+//
 // Determinism: oneDNN's CPU matmul uses a static partition of the work for a given thread count,
 // so a product is bitwise reproducible run to run. The bias gradient is a column sum where each
 // column is summed over rows in a fixed order by one thread, so it does not depend on the thread
@@ -114,6 +118,8 @@ struct LinearGemm::Impl {
   dt cdt = dt::f32;  // compute (operand) data type
 
   const float* weight = nullptr;
+  Buffer<float> rounded;           // fp16 mode: the weight rounded to fp16, at `rounded_version`
+  uint64_t rounded_version = 0;
   uint64_t own_version = 0;                 // bumped by set_weight; 0 = no weight yet
   const uint64_t* version = &own_version;   // the owner's counter, when it keeps one
   uint64_t weight_version() const { return *version; }
@@ -125,6 +131,17 @@ struct LinearGemm::Impl {
   Impl(int in_features, int out_features, Precision p)
       : in(in_features), out(out_features), precision(p),
         cdt(p == Precision::bf16 ? dt::bf16 : dt::f32) {}
+
+  // What the products read as W: the weight itself, or (fp16 mode) its rounding to fp16.
+  const float* source() {
+    if (precision != Precision::fp16) return weight;
+    if (rounded_version != weight_version()) {
+      if (rounded.size() != int64_t(in) * out) rounded.resize(int64_t(in) * out);
+      kernels::round_to_fp16(rounded.data(), weight, int64_t(in) * out);
+      rounded_version = weight_version();
+    }
+    return rounded.data();
+  }
 
   Plan make_plan(const memory::desc& src, const memory::desc& wei, const memory::desc* bias,
                  const memory::desc& dst, bool accumulate) {
@@ -190,7 +207,7 @@ struct LinearGemm::Impl {
     auto& ctx = dnnl_context();
     memory::desc want = plan.pd.weights_desc();
     memory::desc user = kernels::user_weight_desc(out, in, role == Role::forward);
-    if (want == user) return memory(user, ctx.engine, const_cast<float*>(weight));
+    if (want == user) return memory(user, ctx.engine, const_cast<float*>(source()));
     Packed* entry = nullptr;
     for (auto& p : packed)
       if (p.role == role && p.md == want) entry = &p;
@@ -222,11 +239,11 @@ struct LinearGemm::Impl {
         continue;
       }
       memory src(kernels::user_weight_desc(out, in, p.role == Role::forward), ctx.engine,
-                 const_cast<float*>(weight));
+                 const_cast<float*>(source()));
       dnnl::reorder(src, p.mem).execute(ctx.stream, src, p.mem);
       ctx.stream.wait();
     }
-    if (!targets.empty()) kernels::pack_weight(weight, out, in, targets);
+    if (!targets.empty()) kernels::pack_weight(source(), out, in, targets);
   }
 
   // oneDNN's scratchpad, one per thread for every product: a product needs it only while it runs,
@@ -254,16 +271,21 @@ struct LinearGemm::Impl {
     ctx.stream.wait();
   }
 
-  // bf16 conversions nobody keeps, per thread and shared by every product: an operand and the
-  // other operand of the same product.
+  // Conversions nobody keeps, per thread and shared by every product: an operand and the other
+  // operand of the same product.
   static AlignedBuffer& scratch_operand(int which) {
     static thread_local AlignedBuffer buffers[2];
     return buffers[which];
   }
 
-  // Operand memory: the fp32 array itself, or its bf16 conversion into `keep` (when the caller
-  // keeps it) or into scratch operand `which`.
+  // Operand memory: the fp32 array itself, its fp16 rounding into scratch operand `which`, or its
+  // bf16 conversion into `keep` (when the caller keeps it) or into that scratch.
   void* operand(const float* a, int64_t count, OperandCopy* keep, int which) {
+    if (precision == Precision::fp16) {
+      float* r = static_cast<float*>(scratch_operand(which).reserve(size_t(count) * sizeof(float)));
+      kernels::round_to_fp16(r, a, count);
+      return r;
+    }
     if (cdt == dt::f32) return const_cast<float*>(a);
     bf16* b;
     if (keep) {
@@ -280,13 +302,22 @@ struct LinearGemm::Impl {
   // backward_weight's operand: the caller's copy, or a conversion into scratch.
   void* kept_operand(const float* a, int64_t count, const OperandCopy* copy, int which,
                      const char* what) {
-    if (cdt == dt::f32 || !copy) return operand(a, count, nullptr, which);
+    if (precision != Precision::bf16 || !copy) return operand(a, count, nullptr, which);
     CLEAVE_CHECK(copy->count == count, "LinearGemm::backward_weight: the kept bf16 copy of "
                                            << what << " holds " << copy->count << " elements, not "
                                            << count);
     return const_cast<bf16*>(copy->data.data());
   }
 };
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+  }
+  return "?";
+}
 
 LinearGemm::LinearGemm(int in_features, int out_features, Precision precision)
     : impl_(std::make_unique<Impl>(in_features, out_features, precision)) {
@@ -297,11 +328,17 @@ LinearGemm::~LinearGemm() = default;
 LinearGemm::LinearGemm(LinearGemm&&) noexcept = default;
 LinearGemm& LinearGemm::operator=(LinearGemm&&) noexcept = default;
 
-void LinearGemm::release_packed() { impl_->packed.clear(); }
+void LinearGemm::release_packed() {
+  impl_->packed.clear();
+  impl_->rounded = Buffer<float>();
+  impl_->rounded_version = 0;
+}
 
 int64_t LinearGemm::begin_row_packing() {
   auto& m = *impl_;
   m.row_targets.clear();
+  // The bands are packed from W as it is written; fp16 packs from W's rounding, made later.
+  if (m.precision == Precision::fp16) return 0;
   for (Packed& p : m.packed)
     if (p.layout) m.row_targets.push_back(Impl::target_of(p, true));
   if (m.row_targets.empty()) return 0;

@@ -2,7 +2,10 @@
 // y[N, out] = x[N, in] W^T + b. In bf16 mode the operands are converted to bf16 and oneDNN
 // accumulates in fp32; outputs and weight gradients stay fp32. Weights are reordered once per
 // update into the layout oneDNN prefers ("prepacked"), for forward and for backward_input.
-// Primitives are cached per token count N.
+// Primitives are cached per token count N. fp16 mode rounds every operand (x, dy, W) to fp16's
+// values and multiplies them in fp32: an fp16 product with fp32 accumulation, bit for bit, on
+// CPUs whose oneDNN (Debian 12's 2.6) has no fp16 matmul; it keeps no operand copies, and its
+// speed is fp32's.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -12,13 +15,19 @@
 
 namespace cleave {
 
-enum class Precision { fp32, bf16 };
+enum class Precision { fp32, bf16, fp16 };
+
+// "fp32", "bf16", "fp16".
+const char* precision_name(Precision p);
+// What the products run in, and so whose GEMM peak MFU is quoted against: fp16's are fp32
+// products of fp16-rounded operands.
+inline Precision product_precision(Precision p) { return p == Precision::fp16 ? Precision::fp32 : p; }
 
 // An operand of a product converted to bf16 (bf16 mode), kept by whoever keeps the activation it
 // copies, one per micro-batch in flight: forward's copy of x, or backward_input's copy of dy,
 // serves the weight gradient of the same micro-batch without converting again. The owner says
 // which copy belongs to which product; nothing is matched by address, so micro-batches in flight
-// can never share one. fp32 mode leaves it empty.
+// can never share one. fp32 and fp16 modes leave it empty.
 struct OperandCopy {
   Buffer<bf16> data;
   int64_t count = 0;  // elements converted by the latest product that filled it

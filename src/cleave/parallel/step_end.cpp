@@ -54,11 +54,20 @@ void StepEnd::grad_norm() {
   if (p_.tp_grads) squares = p_.tp_grads->sum_over_tp(squares, &r_.exposed_tp);
   if (p_.pp) squares = sum_of_doubles(*p_.pp, squares, &r_.exposed_pp);
   r_.grad_norm = std::sqrt(squares);
-  // Both are the same on every rank, so every rank stops here alike.
-  if (!std::isfinite(r_.loss) || !std::isfinite(r_.grad_norm)) stop_non_finite();
+  // Both are the same on every rank, so every rank stops (or skips) here alike. The loss is
+  // not scaled: a smaller scale cannot make a non-finite one finite.
+  if (!std::isfinite(r_.loss)) stop_non_finite();
+  if (p_.scaler) {
+    r_.loss_scale = p_.scaler->scale();
+    r_.skipped = !std::isfinite(r_.grad_norm);
+    if (!p_.scaler->update(r_.skipped)) stop_non_finite();
+    r_.grad_norm /= r_.loss_scale;
+  }
+  if (!std::isfinite(r_.grad_norm) && !r_.skipped) stop_non_finite();
 }
 
 void StepEnd::clip() {
+  if (r_.skipped) return;
   r_.clip = p_.grad_clip > 0 && r_.grad_norm > p_.grad_clip ? p_.grad_clip / r_.grad_norm : 1.0;
 }
 
@@ -66,11 +75,15 @@ void StepEnd::update(int group, double lr) {
   // With the whole update on every rank (DDP, or one process), AdamW has the store pack each
   // linear weight band by band as it writes it, from cache; under ZeRO the weights are packed at
   // their next product, once gathered.
+  if (r_.skipped) return;
   const DataParallel::OptimizerInputs& shard = shards_[size_t(group)];
-  p_.groups[size_t(group)].optim->step(shard.values, shard.grads, lr, float(r_.clip));
+  p_.groups[size_t(group)].optim->step(shard.values, shard.grads, lr,
+                                       float(r_.clip / r_.loss_scale));
 }
 
-void StepEnd::gather_parameters(int group) { p_.groups[size_t(group)].dp->after_optimizer_step(); }
+void StepEnd::gather_parameters(int group) {
+  if (!r_.skipped) p_.groups[size_t(group)].dp->after_optimizer_step();
+}
 
 void StepEnd::stop_non_finite() {
   // The first tensor (in the store's order) whose gradient this rank holds a non-finite value of;
@@ -90,9 +103,13 @@ void StepEnd::stop_non_finite() {
   std::vector<float> firsts(static_cast<size_t>(p_.batch->size()));
   p_.batch->all_gather(&first, firsts.data(), 1, CommType::f32, CommAlgo::ours).wait();
   const int tensor = int(*std::min_element(firsts.begin(), firsts.end()));
-  char numbers[96];
+  char numbers[160];
   std::snprintf(numbers, sizeof numbers, "loss %g, gradient norm %g", r_.loss, r_.grad_norm);
   std::string what = "step " + std::to_string(step_ + 1) + ": " + numbers;
+  if (p_.scaler && std::isfinite(r_.loss)) {
+    std::snprintf(numbers, sizeof numbers, " at the smallest loss scale, %g", r_.loss_scale);
+    what += numbers;
+  }
   if (float(tensor) < none)
     what += "; the first parameter with a non-finite gradient is " +
             p_.params->tensor(tensor).name;

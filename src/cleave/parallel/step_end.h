@@ -4,7 +4,9 @@
 // group's gradients finished (the data-parallel reductions waited for), the loss summed over
 // the ranks that hold pieces of the batch, the global gradient norm and its non-finite check,
 // the clip factor, each group's update, each group's parameters gathered (ZeRO-1/2). Every
-// number it computes is the same on every rank.
+// number it computes is the same on every rank. Under fp16's loss scaler the gradients hold
+// scale x their values: the norm is divided by the scale, the update multiplies the gradients by
+// clip / scale, and a step whose gradients overflowed updates nothing.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "cleave/comm/group.h"
 #include "cleave/model/params.h"
 #include "cleave/optim/adamw.h"
+#include "cleave/optim/loss_scaler.h"
 #include "cleave/parallel/data_parallel.h"
 #include "cleave/parallel/tensor_parallel.h"
 
@@ -41,11 +44,14 @@ struct StepEndParts {
   TensorParallelGrads* tp_grads = nullptr;  // tp > 1
   int zero_stage = 0;
   double grad_clip = 0;                     // 0: no clipping
+  DynamicLossScaler* scaler = nullptr;      // fp16: the scale the step's gradients were made at
 };
 
 // What one step's end found, and the seconds it waited on each axis.
 struct StepEndResult {
   double loss = 0, grad_norm = 0, clip = 1;
+  double loss_scale = 1;  // the scale this step's gradients were made at (1 without a scaler)
+  bool skipped = false;   // its gradients overflowed: nothing was updated
   double exposed_dp = 0, exposed_tp = 0, exposed_pp = 0;
 };
 
@@ -61,7 +67,9 @@ class StepEnd {
   // count the gradients were scaled by before the step.
   void sum_loss(double loss_sum, double tokens, double expected);
   // Every rank alike: a non-finite loss or norm stops the run before anything is applied, naming
-  // the step and the first tensor whose gradient holds a non-finite value.
+  // the step and the first tensor whose gradient holds a non-finite value. Under the loss scaler
+  // a non-finite norm skips the step instead (the scaler updated here), unless the scale is
+  // already its smallest.
   void grad_norm();
   void clip();
   void update(int group, double lr);

@@ -219,7 +219,8 @@ nlohmann::json state_file_entries(int index, const ParamStore& params, const Sta
 void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
                                 int64_t step, const std::vector<nlohmann::json>& entries_of_file,
                                 const std::map<int, std::string>& own_checksums,
-                                int64_t optimizer_steps, int world_size) {
+                                int64_t optimizer_steps, int world_size,
+                                const LossScalerState* loss_scaler) {
   nlohmann::json tensors = nlohmann::json::object();
   std::map<std::string, std::string> files;  // name -> checksum, "" where another rank wrote it
   for (size_t i = 0; i < entries_of_file.size(); ++i) {
@@ -232,13 +233,17 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag, 
       for (const nlohmann::json& piece : entry["pieces"]) merged["pieces"].push_back(piece);
     }
   }
-  const nlohmann::json meta = {
+  nlohmann::json meta = {
       {"step", step},
       {"config", to_toml(cfg)},
       {"data", {{"seed", cfg.train.seed}, {"next_step", step}}},
       {"optimizer", {{"name", "adamw"}, {"steps_taken", optimizer_steps}}},
       {"mesh", {{"world_size", world_size}, {"files", files.size()}}},
       {"tensors", tensors}};
+  if (loss_scaler)
+    meta["loss_scaler"] = {{"scale", loss_scaler->scale},
+                           {"good_steps", loss_scaler->good_steps},
+                           {"hysteresis_left", loss_scaler->hysteresis_left}};
   finish_checkpoint_folder(dir, tag, meta, files);
 }
 
@@ -347,6 +352,19 @@ std::unique_ptr<Transformer> load_model(const std::string& path, Precision preci
   read_state(ck, dir, params, "param", {{0, params.total()}}, {params.values().data()});
   params.wrote_all();
   return model;
+}
+
+std::optional<LossScalerState> checkpoint_loss_scaler(const LoadedCheckpoint& ck,
+                                                      const std::string& dir) {
+  if (!ck.meta.contains("loss_scaler")) return std::nullopt;
+  const nlohmann::json& s = ck.meta["loss_scaler"];
+  CLEAVE_CHECK(s.is_object() && s.contains("scale") && s["scale"].is_number() &&
+                   s.contains("good_steps") && s["good_steps"].is_number_integer() &&
+                   s.contains("hysteresis_left") && s["hysteresis_left"].is_number_integer(),
+               "checkpoint " << dir << "/meta.json: loss_scaler needs a number scale and integer "
+                                "good_steps and hysteresis_left");
+  return LossScalerState{s["scale"].get<double>(), s["good_steps"].get<int64_t>(),
+                         s["hysteresis_left"].get<int>()};
 }
 
 }  // namespace cleave

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,8 @@ nlohmann::json state_file_entries(int index, const ParamStore& params, const Sta
 void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
                                 int64_t step, const std::vector<nlohmann::json>& entries_of_file,
                                 const std::map<int, std::string>& own_checksums,
-                                int64_t optimizer_steps, int world_size);
+                                int64_t optimizer_steps, int world_size,
+                                const LossScalerState* loss_scaler = nullptr);
 
 // The config the checkpoint was written with.
 Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir);
@@ -58,6 +60,9 @@ int64_t checkpoint_step(const LoadedCheckpoint& ck, const std::string& dir, cons
 std::vector<std::string> resume_changes(const LoadedCheckpoint& ck, const std::string& dir,
                                         const Config& cfg);
 int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string& dir);
+// fp16's loss scaler as the checkpoint saved it; nullopt when the run had none (it was not fp16).
+std::optional<LossScalerState> checkpoint_loss_scaler(const LoadedCheckpoint& ck,
+                                                      const std::string& dir);
 
 // Reads the elements of `ranges` (in this model's flat layout) of the saved tensors
 // "<kind>/<name>" (kind: "param", "adam_m" or "adam_v") from whichever files hold them.

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include <toml++/toml.h>
 
@@ -39,7 +40,8 @@ struct Key {
   double min = 0, max = 0;
   std::vector<std::string> choices;
   std::function<void(Config&, const toml::node&)> set;
-  std::function<std::string(const Config&)> show;  // as a TOML literal
+  // As a TOML literal; "" for a key that does not apply to this config (to_toml leaves it out).
+  std::function<std::string(const Config&)> show;
 };
 
 // A TOML basic string: double quotes, with backslash, quote and control characters escaped.
@@ -93,6 +95,26 @@ Key string_key(std::string name, T Config::*section, std::string T::*field) {
   return {name, Kind::string, 0, 0, {},
           [=](Config& c, const toml::node& n) { (c.*section).*field = *n.value<std::string>(); },
           [=](const Config& c) { return quote((c.*section).*field); }};
+}
+
+// A key of the loss scaler's options, train.loss_scale_<suffix>.
+template <class V>
+Key loss_scale_key(const std::string& suffix, V LossScalerOptions::*field, double min, double max) {
+  constexpr bool integer = std::is_integral_v<V>;
+  return {"train.loss_scale_" + suffix, integer ? Kind::integer : Kind::real, min, max, {},
+          [=](Config& c, const toml::node& n) {
+            if constexpr (integer)
+              c.train.loss_scale.*field = V(*n.value<int64_t>());
+            else
+              c.train.loss_scale.*field = *n.value<double>();
+          },
+          [=](const Config& c) {
+            if (c.train.dtype != Precision::fp16) return std::string();
+            if constexpr (integer)
+              return std::to_string(c.train.loss_scale.*field);
+            else
+              return show_real(c.train.loss_scale.*field);
+          }};
 }
 
 // A string key that selects one of a fixed set of values of an enum.
@@ -156,7 +178,15 @@ const std::vector<Key>& schema() {
     k.push_back(integer_key("train.steps", &C::train, &TrainConfig::steps, 0, 1e12));
     k.push_back(choice_key("train.dtype", &C::train, &TrainConfig::dtype,
                            std::vector<std::pair<std::string, Precision>>{
-                               {"fp32", Precision::fp32}, {"bf16", Precision::bf16}}));
+                               {"fp32", Precision::fp32},
+                               {"bf16", Precision::bf16},
+                               {"fp16", Precision::fp16}}));
+    k.push_back(loss_scale_key("initial", &LossScalerOptions::initial, 1e-30, 1e30));
+    k.push_back(loss_scale_key("growth_factor", &LossScalerOptions::growth_factor, 1.0, 1e6));
+    k.push_back(loss_scale_key("growth_interval", &LossScalerOptions::growth_interval, 1, 1e12));
+    k.push_back(loss_scale_key("backoff_factor", &LossScalerOptions::backoff_factor, 1e-6, 1.0));
+    k.push_back(loss_scale_key("hysteresis", &LossScalerOptions::hysteresis, 1, 1e6));
+    k.push_back(loss_scale_key("min", &LossScalerOptions::min, 1e-30, 1e30));
     k.push_back(integer_key("train.threads", &C::train, &TrainConfig::threads, 0, 4096));
     k.push_back(integer_key("train.log_interval", &C::train, &TrainConfig::log_interval, 1, 1e12));
     k.push_back(integer_key("train.val_interval", &C::train, &TrainConfig::val_interval, 0, 1e12));
@@ -356,6 +386,13 @@ void validate_and_resolve(Config& c, const std::set<std::string>& given, const s
   if (c.train.seq_len > m.max_seq_len)
     fail("train.seq_len = " + std::to_string(c.train.seq_len) + " exceeds model.max_seq_len = " +
          std::to_string(m.max_seq_len));
+  for (const std::string& key : given)
+    if (key.rfind("train.loss_scale_", 0) == 0 && c.train.dtype != Precision::fp16)
+      fail(key + " is set but train.dtype = \"" + precision_name(c.train.dtype) +
+           "\": the loss scaler serves fp16 only");
+  if (c.train.loss_scale.min > c.train.loss_scale.initial)
+    fail("train.loss_scale_min = " + show_real(c.train.loss_scale.min) +
+         " exceeds train.loss_scale_initial = " + show_real(c.train.loss_scale.initial));
   if (c.optim.min_lr > c.optim.lr)
     fail("optim.min_lr = " + show_real(c.optim.min_lr) + " exceeds optim.lr = " +
          show_real(c.optim.lr));
@@ -438,7 +475,8 @@ std::string to_toml(const Config& c) {
   for (auto& k : schema()) {
     const std::string t = k.name.substr(0, k.name.find('.'));
     if (t != table) out += (table.empty() ? "[" : "\n[") + t + "]\n", table = t;
-    out += k.name.substr(t.size() + 1) + " = " + k.show(c) + "\n";
+    const std::string value = k.show(c);
+    if (!value.empty()) out += k.name.substr(t.size() + 1) + " = " + value + "\n";
   }
   return out;
 }

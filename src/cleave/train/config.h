@@ -8,6 +8,7 @@
 
 #include "cleave/kernels/linear.h"
 #include "cleave/model/model_config.h"
+#include "cleave/optim/loss_scaler.h"
 #include "cleave/optim/optim_config.h"
 
 namespace cleave {
@@ -52,6 +53,9 @@ struct TrainConfig {
   // runs its forward again before its backward), on every ac_every-th block (layers 0, N, 2N...).
   std::string activation_checkpointing = "none";
   int ac_every = 1;
+  // dtype "fp16" only: the dynamic loss scaler (train.loss_scale_initial, _growth_factor,
+  // _growth_interval, _backoff_factor, _hysteresis, _min).
+  LossScalerOptions loss_scale;
 };
 
 // The device mesh degrees (-1: the rest of the world) and how data parallelism shards state.

@@ -32,7 +32,7 @@ std::string cache_key(Precision precision, int threads) {
   const dnnl_version_t* v = dnnl_version();
   return "host=" + std::string(host) + ";cpu=" + cpu + ";onednn=" +
          std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-         std::to_string(v->patch) + ";dtype=" + (precision == Precision::bf16 ? "bf16" : "fp32") +
+         std::to_string(v->patch) + ";dtype=" + precision_name(precision) +
          ";threads=" + std::to_string(threads);
 }
 

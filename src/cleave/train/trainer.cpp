@@ -110,6 +110,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
                                          cfg_.parallel.zero_stage == 0);
     groups_.push_back(std::move(part));
   }
+  if (t.dtype == Precision::fp16) scaler_ = std::make_unique<DynamicLossScaler>(t.loss_scale);
   make_pipeline(*layout);
 
   // Each rank reads its own part of the checkpoint: a bad part may be seen by some ranks only.
@@ -135,7 +136,7 @@ void Trainer::resolve_peaks() {
   double figures[6] = {};
   if (host_rank == 0) {
     PeakRequest request;
-    request.precision = cfg_.train.dtype;
+    request.precision = product_precision(cfg_.train.dtype);
     request.threads = omp_get_max_threads();
     request.configured_gflops = cfg_.train.peak_gflops;
     request.hardware = cfg_.train.mfu_peak == MfuPeak::hardware;
@@ -196,6 +197,7 @@ void Trainer::make_pipeline(const Layout& layout) {
   end.tp_grads = tp_grads_.get();
   end.zero_stage = cfg_.parallel.zero_stage;
   end.grad_clip = cfg_.optim.grad_clip;
+  end.scaler = scaler_.get();
   step_end_ = std::make_unique<StepEnd>(std::move(end));
   StepParts parts;
   parts.model = model_.get();
@@ -226,7 +228,9 @@ std::string Trainer::pipeline_description() const {
 StepResult Trainer::train_step(int64_t step) {
   const TrainConfig& t = cfg_.train;
   const int64_t mb = t.micro_batch_size, T = t.seq_len, accum = t.grad_accum_steps;
-  const float grad_scale = 1.0f / float(mb * T * accum);  // the mean over the global batch
+  // The mean over the global batch, times fp16's loss scale.
+  const float grad_scale = scaler_ ? float(scaler_->scale() / double(mb * T * accum))
+                                   : 1.0f / float(mb * T * accum);
   // What validation waited on and sent belongs to no step.
   for (GroupParallel& part : groups_) part.dp->take_exposed_seconds();
   for (GroupTpComm* c : {process_.tp_comm.get(), process_.kv_comm.get()})
@@ -251,6 +255,11 @@ StepResult Trainer::train_step(int64_t step) {
   r.loss = times.end.loss;
   r.lr = run.lr;
   r.grad_norm = times.end.grad_norm;
+  r.loss_scale = times.end.loss_scale;
+  r.skipped = times.end.skipped;
+  if (r.skipped && rank_ == 0)
+    std::printf("step %lld | skipped: the gradients overflowed at loss scale %g; the scale is now "
+                "%g\n", (long long)(step + 1), r.loss_scale, scaler_->scale());
   r.exposed_dp_s = times.end.exposed_dp;
   r.exposed_tp_s = times.end.exposed_tp;
   r.exposed_pp_s = times.exposed_pp + times.end.exposed_pp;
@@ -313,7 +322,7 @@ void Trainer::run(int64_t exit_after) {
   if (rank_ == 0) {
     std::cout << "cleave: " << family_name(cfg_.model.family) << " model, "
               << global_params_ << " parameters, "
-              << (t.dtype == Precision::bf16 ? "bf16" : "fp32") << ", " << world_ << " rank"
+              << precision_name(t.dtype) << ", " << world_ << " rank"
               << (world_ > 1 ? "s" : "") << " (dp_replicate " << process_.replicate->size()
               << " x dp_shard " << process_.shard->size()
               << (cp_ > 1 ? " x cp " + std::to_string(cp_) + " (" +

@@ -35,6 +35,8 @@ struct StepResult {
   int64_t cp_bytes = 0;       // bytes this rank sent into attention's cp exchanges
   int64_t pp_bytes = 0;       // bytes this rank sent to other stages and into the tied sum
   double busy_s = 0, program_s = 0;  // in compute instructions, in the whole step program
+  double loss_scale = 1;  // fp16: the scale the step's gradients were made at
+  bool skipped = false;   // fp16: its gradients overflowed and nothing was updated
 };
 
 class Trainer {
@@ -82,6 +84,7 @@ class Trainer {
   };
   AxisTable axes_;  // per parameter group, the axes of its reduction and sharding
   std::vector<GroupParallel> groups_;
+  std::unique_ptr<DynamicLossScaler> scaler_;  // fp16
   std::unique_ptr<StepEnd> step_end_;
   // The step as instructions (pipeline/program.h), and validation's forward-only program.
   Program train_program_, val_program_;

@@ -56,7 +56,8 @@ void Trainer::save_checkpoint() {
       for (const nlohmann::json& j : nlohmann::json::parse(e))
         entries_of_file[j["file"].get<size_t>()] = j["tensors"];
     finish_training_checkpoint(dir, job_tag_, cfg_, step_, entries_of_file, checksums,
-                               groups_.front().optim->steps_taken(), world_);
+                               groups_.front().optim->steps_taken(), world_,
+                               scaler_ ? &scaler_->state() : nullptr);
     std::printf("saved checkpoint %s\n", dir.c_str());
     // Keep the newest keep_checkpoints folders.
     std::vector<int64_t> steps;
@@ -90,6 +91,9 @@ void Trainer::load_checkpoint(const std::string& dir) {
     part.optim->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
   }
   params.wrote_all();
+  // A run that was not fp16 leaves the scaler at its initial state.
+  if (scaler_)
+    if (const auto state = checkpoint_loss_scaler(ck, dir)) scaler_->restore(*state);
 }
 
 }  // namespace cleave

@@ -63,7 +63,7 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                  "cleave: warning: the step ran at %.0f GF/s, above the %s peak of %.0f GF/s: "
                  "that peak is wrong; run `cleave peak --refresh --dtype %s --threads %d`\n",
                  model_gflops, source_name(peak_.source), peak_sum_,
-                 t.dtype == Precision::bf16 ? "bf16" : "fp32", peak_.hardware.threads);
+                 precision_name(product_precision(t.dtype)), peak_.hardware.threads);
   }
   const double dp_ms = 1e3 * interval.exposed_dp_s / double(steps);
   const double tp_ms = 1e3 * interval.exposed_tp_s / double(steps);
@@ -95,36 +95,44 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   }
   const double eta = double(t.steps - step_) * elapsed_ / double(steps_timed_);
   const double rss_max = *std::max_element(rss_of.begin(), rss_of.end());
-  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% of %.0f GF/s %s (hw %.0f) | %s | RSS %.0f MiB%s | ETA %s\n",
-              (long long)step_, (long long)t.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu,
-              peak_.gflops, source_name(peak_.source), peak_.hardware.gflops, comm, rss_max,
-              world_ > 1 ? " (max rank)" : "", format_duration(eta).c_str());
+  // fp16: the scale the last step ran at, and the steps skipped for overflows so far (the updates
+  // AdamW did not take).
+  const int64_t skipped = scaler_ ? step_ - groups_.front().optim->steps_taken() : 0;
+  char scale[64] = "";
+  if (scaler_) std::snprintf(scale, sizeof scale, " | scale %g (%lld skipped)", r.loss_scale,
+                             (long long)skipped);
+  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f%s | %.0f tok/s | MFU %.1f%% of %.0f GF/s %s (hw %.0f) | %s | RSS %.0f MiB%s | ETA %s\n",
+              (long long)step_, (long long)t.steps, r.loss, r.lr, r.grad_norm, scale, tok_s,
+              100 * mfu, peak_.gflops, source_name(peak_.source), peak_.hardware.gflops, comm,
+              rss_max, world_ > 1 ? " (max rank)" : "", format_duration(eta).c_str());
   std::fflush(stdout);
-  metrics_ << nlohmann::json{{"step", step_},
-                             {"loss", r.loss},
-                             {"lr", r.lr},
-                             {"grad_norm", r.grad_norm},
-                             {"tokens_per_s", tok_s},
-                             {"mfu", mfu},
-                             {"peak_gflops", peak_.gflops},
-                             {"peak_source", source_name(peak_.source)},
-                             {"mfu_hardware", mfu_hardware},
-                             {"hardware_peak_gflops", peak_.hardware.gflops},
-                             {"peak_rss_mib", rss_max},
-                             {"peak_rss_mib_per_rank", rss_of},
-                             {"exposed_comm_ms", comm_ms},
-                             {"exposed_comm_ms_dp", dp_ms},
-                             {"exposed_comm_ms_tp", tp_ms},
-                             {"exposed_comm_ms_pp", pp_ms},
-                             {"exposed_comm_ms_cp", cp_ms},
-                             {"idle_fraction_per_rank", idle_of},
-                             {"tp_bytes_per_step", double(interval.tp_bytes) / double(steps)},
-                             {"pp_bytes_per_step", double(interval.pp_bytes) / double(steps)},
-                             {"cp_bytes_per_step", double(interval.cp_bytes) / double(steps)},
-                             {"eta_s", eta}}
-                  .dump()
-           << "\n"
-           << std::flush;
+  nlohmann::json record{{"step", step_},
+                        {"loss", r.loss},
+                        {"lr", r.lr},
+                        {"grad_norm", r.grad_norm},
+                        {"tokens_per_s", tok_s},
+                        {"mfu", mfu},
+                        {"peak_gflops", peak_.gflops},
+                        {"peak_source", source_name(peak_.source)},
+                        {"mfu_hardware", mfu_hardware},
+                        {"hardware_peak_gflops", peak_.hardware.gflops},
+                        {"peak_rss_mib", rss_max},
+                        {"peak_rss_mib_per_rank", rss_of},
+                        {"exposed_comm_ms", comm_ms},
+                        {"exposed_comm_ms_dp", dp_ms},
+                        {"exposed_comm_ms_tp", tp_ms},
+                        {"exposed_comm_ms_pp", pp_ms},
+                        {"exposed_comm_ms_cp", cp_ms},
+                        {"idle_fraction_per_rank", idle_of},
+                        {"tp_bytes_per_step", double(interval.tp_bytes) / double(steps)},
+                        {"pp_bytes_per_step", double(interval.pp_bytes) / double(steps)},
+                        {"cp_bytes_per_step", double(interval.cp_bytes) / double(steps)},
+                             {"eta_s", eta}};
+  if (scaler_) {
+    record["loss_scale"] = r.loss_scale;
+    record["skipped_steps"] = skipped;
+  }
+  metrics_ << record.dump() << "\n" << std::flush;
 }
 
 }  // namespace cleave
