@@ -118,3 +118,42 @@ TEST(Convert, IndependentOfThreadCountAndRejectsNegativeSize) {
   EXPECT_THROW(k::f32_to_bf16(&h, &f, -1), cleave::Error);
   EXPECT_THROW(k::bf16_to_f32(&f, &h, -1), cleave::Error);
 }
+
+// round_to_fp16 against an independent reference: the nearer of the two fp16 grid neighbours of
+// |f| (spacing 2^(e-10) for normals, 2^-24 below 2^-14), ties to the even mantissa, inf past the
+// midpoint between 65504 and 2^16. The vector lanes and the scalar tail must agree with it.
+namespace {
+
+double ref_fp16(float f) {
+  const double a = std::fabs(double(f));
+  if (a >= 65520.0) return std::copysign(INFINITY, f);  // 65504 + half a step
+  int e = 0;
+  std::frexp(a, &e);                                     // a = m 2^e, m in [0.5, 1)
+  const double step = std::ldexp(1.0, std::max(e - 11, -24));
+  const double q = a / step, lo = std::floor(q);
+  double k = q - lo > 0.5 ? lo + 1 : q - lo < 0.5 ? lo : (std::fmod(lo, 2.0) == 0 ? lo : lo + 1);
+  return std::copysign(k * step, f);
+}
+
+}  // namespace
+
+TEST(Convert, RoundsToFp16) {
+  std::vector<float> in = {1.0f, 65504.0f, 65519.0f, 65520.0f, -70000.0f, 1.00048828125f,
+                           1.00146484375f, 5.9604645e-8f, 2.98023224e-8f, 2.99e-8f, 1e-8f,
+                           6.1035156e-5f, 3.0517578e-5f, -0.0f};
+  std::mt19937 gen(2);
+  for (int i = 0; i < 100000; ++i) {
+    float f;
+    do f = std::ldexp(float(gen() % (1u << 24)) / float(1u << 24) + 0.5f, int(gen() % 50) - 30);
+    while (!std::isfinite(f));
+    in.push_back(gen() % 2 ? f : -f);
+  }
+  std::vector<float> out(in.size());
+  k::round_to_fp16(out.data(), in.data(), int64_t(in.size()));
+  for (size_t i = 0; i < in.size(); ++i)
+    ASSERT_EQ(double(out[i]), ref_fp16(in[i])) << "at " << i << ": " << in[i];
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float back;
+  k::round_to_fp16(&back, &nan, 1);
+  EXPECT_TRUE(std::isnan(back));
+}

@@ -211,6 +211,35 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearBf16Test,
                          ::testing::Values(Shape{7, 13, 5}, Shape{64, 96, 160}, Shape{33, 200, 17}),
                          [](const auto& info) { return shape_name(info.param); });
 
+// fp16 mode: exact fp32 accumulations of the fp16-rounded operands, the weight's rounding
+// renewed when the weight changes.
+TEST(LinearFp16Test, AccumulatesFp16RoundedOperandsInFp32) {
+  const int64_t N = 33, in = 200, out = 17;
+  auto w = random_vec(size_t(out) * in, 11, 0.5f);
+  auto x = random_vec(size_t(N) * in, 12);
+  auto dy = random_vec(size_t(N) * out, 13, 0.1f);
+  auto rounded = [](std::vector<float> v) {
+    kernels::round_to_fp16(v.data(), v.data(), int64_t(v.size()));
+    return v;
+  };
+  auto xr = rounded(x), dyr = rounded(dy);
+  LinearGemm g(in, out, Precision::fp16);
+  g.set_weight(w.data());
+  for (int version = 0; version < 2; ++version) {
+    auto wr = rounded(w);
+    std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f);
+    g.forward(y.data(), x.data(), N, nullptr);
+    g.backward_input(dx.data(), dy.data(), N, false);
+    g.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N);
+    expect_close(y, ref_forward(xr, wr, nullptr, N, in, out), 1e-5, nullptr, "forward");
+    expect_close(dx, ref_backward_input(dyr, wr, N, in, out), 1e-5, nullptr, "backward_input");
+    expect_close(dw, ref_backward_weight(dyr, xr, N, in, out), 1e-5, nullptr, "backward_weight");
+    EXPECT_NE(wr, w) << "the weight must hold values fp16 rounds";
+    for (float& v : w) v *= 1.37f;
+    g.set_weight(w.data());
+  }
+}
+
 class LinearPrecisionTest : public ::testing::TestWithParam<Precision> {};
 
 TEST_P(LinearPrecisionTest, SetWeightInvalidatesPackedWeights) {
