@@ -7,6 +7,8 @@ namespace cleave {
 
 // Elements per task of the plain update.
 constexpr int64_t kBlock = 1 << 14;
+// Offloaded moments: elements per span read ahead and dropped after (4 MiB of each moment).
+constexpr int64_t kSpan = 1 << 20;
 
 bool weight_decay_applies(const ParamTensor& t, const std::vector<std::string>& no_decay) {
   if (t.shape.size() < 2) return false;
@@ -38,8 +40,24 @@ AdamW::AdamW(ParamStore& store, const OptimConfig& cfg, std::vector<FlatRange> r
                   tensors.front().name + ", last: " + tensors.back().name +
                   "; docs/config.md lists them)");
   }
-  m_.resize(size);
-  v_.resize(size);
+  size_ = size;
+  if (cfg.offload == "file") {
+    m_file_ = MappedFloats(cfg.offload_dir, size, "adam_m");
+    v_file_ = MappedFloats(cfg.offload_dir, size, "adam_v");
+    m_ = m_file_.data();
+    v_ = v_file_.data();
+  } else {
+    CLEAVE_CHECK(cfg.offload == "none", "AdamW: offload \"" << cfg.offload << "\"");
+    m_memory_.resize(size);
+    v_memory_.resize(size);
+    m_ = m_memory_.data();
+    v_ = v_memory_.data();
+  }
+}
+
+void AdamW::drop_offloaded() {
+  m_file_.drop(0, m_file_.size());
+  v_file_.drop(0, v_file_.size());
 }
 
 namespace {
@@ -77,31 +95,64 @@ void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_sc
   c.step_size = float(lr) / float(1.0 - std::pow(cfg_.beta1, double(t_)));
   c.inv_sqrt_bc2 = 1.0f / std::sqrt(float(1.0 - std::pow(cfg_.beta2, double(t_))));
   c.grad_scale = grad_scale;
+  const bool offloaded = m_file_.data() != nullptr;
+  // Offloaded moments, in packed offsets: once [0, end) is updated, up to kSpan past `end` is read
+  // ahead, and what was finished is dropped from resident memory a kSpan at a time (the pieces
+  // come in packed order).
+  int64_t fetched = 0, dropped = 0;
+  auto reached = [&](int64_t end) {
+    if (!offloaded) return;
+    while (fetched < std::min(size_, end + kSpan)) {
+      const int64_t next = std::min(size_, fetched + kSpan);
+      m_file_.prefetch(fetched, next);
+      v_file_.prefetch(fetched, next);
+      fetched = next;
+    }
+    if (end - dropped >= kSpan) {
+      m_file_.drop(dropped, end);
+      v_file_.drop(dropped, end);
+      dropped = end;
+    }
+  };
+  reached(0);
   for (const TensorPiece& piece : pieces_) {
     float* p = piece.in(values);
     const float* g = piece.in(grads);
-    float* m = m_.data() + piece.packed;
-    float* v = v_.data() + piece.packed;
+    float* m = m_ + piece.packed;
+    float* v = v_ + piece.packed;
     c.decay = decay_[piece.tensor] ? 1.0f - float(lr * cfg_.weight_decay) : 1.0f;
     const std::vector<int64_t>& shape = shapes_[size_t(piece.tensor)];
     const int64_t n = piece.end - piece.begin;
     const bool whole = shape.size() == 2 && piece.begin == 0 && n == shape[0] * shape[1];
     const int64_t rows = in_store && last_write_ && whole ? store_.begin_band_writes(piece.tensor) : 0;
-    if (rows <= 0) {
-      if (in_store) store_.wrote(piece.flat, piece.flat + n);
-      const int64_t nblocks = (n + kBlock - 1) / kBlock;
+    // Spans of whole bands (or blocks) of at most kSpan elements when offloaded, else the piece:
+    // the update is elementwise, so any cut gives the same bits.
+    const int64_t unit = rows > 0 ? rows * shape[1] : kBlock;
+    const int64_t span = offloaded ? std::max<int64_t>(1, kSpan / unit) * unit : n;
+    if (rows <= 0 && in_store) store_.wrote(piece.flat, piece.flat + n);
+    for (int64_t s0 = 0; s0 < n; s0 += span) {
+      const int64_t s1 = std::min(n, s0 + span);
+      if (rows <= 0) {
+        const int64_t nblocks = (s1 - s0 + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
-      for (int64_t b = 0; b < nblocks; ++b)
-        update(p, g, m, v, b * kBlock, std::min(n, (b + 1) * kBlock), c);
-      continue;
-    }
-    const int64_t cols = shape[1], nchunks = (shape[0] + rows - 1) / rows;
+        for (int64_t b = 0; b < nblocks; ++b)
+          update(p, g, m, v, s0 + b * kBlock, std::min(s1, s0 + (b + 1) * kBlock), c);
+      } else {
+        const int64_t cols = shape[1], r_begin = s0 / cols, r_end = s1 / cols;
+        const int64_t nchunks = (r_end - r_begin + rows - 1) / rows;
 #pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < nchunks; ++k) {
-      const int64_t r0 = k * rows, r1 = std::min(shape[0], r0 + rows);
-      update(p, g, m, v, r0 * cols, r1 * cols, c);
-      store_.wrote_rows(piece.tensor, r0, r1);
+        for (int64_t k = 0; k < nchunks; ++k) {
+          const int64_t r0 = r_begin + k * rows, r1 = std::min(r_end, r0 + rows);
+          update(p, g, m, v, r0 * cols, r1 * cols, c);
+          store_.wrote_rows(piece.tensor, r0, r1);
+        }
+      }
+      reached(piece.packed + s1);
     }
+  }
+  if (offloaded) {
+    m_file_.drop(dropped, size_);
+    v_file_.drop(dropped, size_);
   }
   store_.end_band_writes();
 }

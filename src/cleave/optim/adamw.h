@@ -1,11 +1,15 @@
 // AdamW (Loshchilov & Hutter) with decoupled weight decay, fused in one pass over the flat
 // parameter, gradient and moment buffers: gradient clipping's scale is applied in the same pass.
+// With cfg.offload = "file" the moments live in memory-mapped files (base/mapped_floats.h): the
+// update walks them in spans, reading the next span ahead and dropping each finished one from
+// resident memory, bitwise the same update.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "cleave/base/buffer.h"
+#include "cleave/base/mapped_floats.h"
 #include "cleave/model/params.h"
 #include "cleave/optim/optim_config.h"
 
@@ -26,13 +30,16 @@ class AdamW {
   // take while each band is in cache.
   void step(RangeBuffer values, RangeBuffer grads, double lr, float grad_scale);
   const std::vector<FlatRange>& ranges() const { return ranges_; }
-  int64_t size() const { return m_.size(); }
+  int64_t size() const { return size_; }
 
   bool decays(int tensor) const { return decay_[tensor]; }
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
-  Buffer<float>& m() { return m_; }
-  Buffer<float>& v() { return v_; }
+  // The moments, size() floats each (for checkpoints; offloaded ones are paged in as read).
+  float* m() { return m_; }
+  float* v() { return v_; }
+  // Drops offloaded moments from resident memory after a pass over all of them (a checkpoint).
+  void drop_offloaded();
 
  private:
   ParamStore& store_;
@@ -42,7 +49,11 @@ class AdamW {
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<FlatRange> ranges_;
   std::vector<TensorPiece> pieces_;
-  Buffer<float> m_, v_;
+  int64_t size_ = 0;
+  Buffer<float> m_memory_, v_memory_;
+  MappedFloats m_file_, v_file_;  // offload = "file"
+  float* m_ = nullptr;
+  float* v_ = nullptr;
   int64_t t_ = 0;
 };
 

@@ -20,6 +20,10 @@ struct OptimConfig {
   // any whose name contains one of no_decay. Norm weights and biases never decay.
   std::vector<std::string> no_decay;
   double grad_clip = 1.0;  // 0 turns clipping off
+  // "file": AdamW's moments live in a memory-mapped file in offload_dir, streamed through memory
+  // in spans during the update, instead of in this process's memory.
+  std::string offload = "none";
+  std::string offload_dir;
 };
 
 }  // namespace cleave

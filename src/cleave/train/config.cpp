@@ -218,6 +218,12 @@ const std::vector<Key>& schema() {
     k.push_back(real_key("optim.beta2", &C::optim, &OptimConfig::beta2, 0.0, 0.999999999));
     k.push_back(real_key("optim.eps", &C::optim, &OptimConfig::eps, 0.0, 1.0));
     k.push_back(real_key("optim.weight_decay", &C::optim, &OptimConfig::weight_decay, 0.0, 10.0));
+    k.push_back(string_key("optim.offload", &C::optim, &OptimConfig::offload));
+    k.push_back({"optim.offload_dir", Kind::string, 0, 0, {},
+                 [](C& c, const toml::node& n) { c.optim.offload_dir = *n.value<std::string>(); },
+                 [](const C& c) {
+                   return c.optim.offload == "none" ? std::string() : quote(c.optim.offload_dir);
+                 }});
     k.push_back({"optim.no_decay", Kind::string_list, 0, 0, {},
                  [](C& c, const toml::node& n) {
                    c.optim.no_decay.clear();
@@ -393,6 +399,11 @@ void validate_and_resolve(Config& c, const std::set<std::string>& given, const s
   if (c.train.loss_scale.min > c.train.loss_scale.initial)
     fail("train.loss_scale_min = " + show_real(c.train.loss_scale.min) +
          " exceeds train.loss_scale_initial = " + show_real(c.train.loss_scale.initial));
+  if (c.optim.offload != "none" && c.optim.offload != "file")
+    fail("optim.offload = " + quote(c.optim.offload) + " is not one of \"none\", \"file\"");
+  if (c.optim.offload == "none" && given.count("optim.offload_dir"))
+    fail("optim.offload_dir is set but optim.offload = \"none\"");
+  if (c.optim.offload == "file" && c.optim.offload_dir.empty()) c.optim.offload_dir = c.train.out_dir;
   if (c.optim.min_lr > c.optim.lr)
     fail("optim.min_lr = " + show_real(c.optim.min_lr) + " exceeds optim.lr = " +
          show_real(c.optim.lr));

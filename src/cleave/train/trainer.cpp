@@ -98,6 +98,10 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   // (tp's pending sums come first, by placement).
   ParamStore& params = model_->params();
   axes_ = axis_table(params, *mesh_);
+  if (cfg_.optim.offload == "file") {
+    std::error_code ignored;  // another rank may make it first; AdamW's error names the folder
+    fs::create_directories(cfg_.optim.offload_dir, ignored);
+  }
   for (int g = 0; g < params.n_groups(); ++g) {
     const GroupAxes& a = axes_.groups[size_t(g)];
     GroupParallel part;

@@ -41,10 +41,11 @@ void Trainer::save_checkpoint() {
     if (own >= 0) {
       const int file = block * files_per_block + group_first + own;
       const StateSlices state{part.dp->ranges(), part.dp->values(),
-                              {part.optim->m().data(), true}, {part.optim->v().data(), true},
+                              {part.optim->m(), true}, {part.optim->v(), true},
                               tp_grads_ ? tp_grads_->copy() : TpCopy{}};
       checksums[file] = write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params, state);
       entries.push_back({{"file", file}, {"tensors", state_file_entries(file, params, state)}});
+      part.optim->drop_offloaded();
     }
     group_first += part.dp->checkpoint_files();
   }
@@ -86,8 +87,9 @@ void Trainer::load_checkpoint(const std::string& dir) {
     const std::vector<FlatRange> region = {{params.unit_bounds(g).front(), params.unit_bounds(g).back()}};
     const RangeBuffer values = part.dp->values();
     read_state(ck, dir, params, "param", values.packed ? part.dp->ranges() : region, values);
-    read_state(ck, dir, params, "adam_m", part.dp->ranges(), {part.optim->m().data(), true});
-    read_state(ck, dir, params, "adam_v", part.dp->ranges(), {part.optim->v().data(), true});
+    read_state(ck, dir, params, "adam_m", part.dp->ranges(), {part.optim->m(), true});
+    read_state(ck, dir, params, "adam_v", part.dp->ranges(), {part.optim->v(), true});
+    part.optim->drop_offloaded();
     part.optim->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
   }
   params.wrote_all();
