@@ -185,6 +185,21 @@ INSTANTIATE_TEST_SUITE_P(
       return shape_name(std::get<0>(info.param)) + (bf ? "_bf16" : "_fp32");
     });
 
+// g's three products on x and dy (its weight set) are exact fp32 accumulations of the rounded
+// operands wr, xr and dyr.
+void expect_rounded_products(LinearGemm& g, const std::vector<float>& x,
+                             const std::vector<float>& dy, const std::vector<float>& wr,
+                             const std::vector<float>& xr, const std::vector<float>& dyr, int64_t N,
+                             int64_t in, int64_t out) {
+  std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f);
+  g.forward(y.data(), x.data(), N, nullptr);
+  g.backward_input(dx.data(), dy.data(), N, false);
+  g.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N);
+  expect_close(y, ref_forward(xr, wr, nullptr, N, in, out), 1e-5, nullptr, "forward");
+  expect_close(dx, ref_backward_input(dyr, wr, N, in, out), 1e-5, nullptr, "backward_input");
+  expect_close(dw, ref_backward_weight(dyr, xr, N, in, out), 1e-5, nullptr, "backward_weight");
+}
+
 // In bf16 mode the products must be exact fp32 accumulations of the bf16-rounded operands.
 class LinearBf16Test : public ::testing::TestWithParam<Shape> {};
 
@@ -198,13 +213,7 @@ TEST_P(LinearBf16Test, AccumulatesInFp32) {
 
   LinearGemm g(in, out, precision);
   g.set_weight(w.data());
-  std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f);
-  g.forward(y.data(), x.data(), N, nullptr);
-  g.backward_input(dx.data(), dy.data(), N, false);
-  g.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N);
-  expect_close(y, ref_forward(xr, wr, nullptr, N, in, out), 1e-5, nullptr, "forward");
-  expect_close(dx, ref_backward_input(dyr, wr, N, in, out), 1e-5, nullptr, "backward_input");
-  expect_close(dw, ref_backward_weight(dyr, xr, N, in, out), 1e-5, nullptr, "backward_weight");
+  expect_rounded_products(g, x, dy, wr, xr, dyr, N, in, out);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearBf16Test,
@@ -227,13 +236,7 @@ TEST(LinearFp16Test, AccumulatesFp16RoundedOperandsInFp32) {
   g.set_weight(w.data());
   for (int version = 0; version < 2; ++version) {
     auto wr = rounded(w);
-    std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f);
-    g.forward(y.data(), x.data(), N, nullptr);
-    g.backward_input(dx.data(), dy.data(), N, false);
-    g.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N);
-    expect_close(y, ref_forward(xr, wr, nullptr, N, in, out), 1e-5, nullptr, "forward");
-    expect_close(dx, ref_backward_input(dyr, wr, N, in, out), 1e-5, nullptr, "backward_input");
-    expect_close(dw, ref_backward_weight(dyr, xr, N, in, out), 1e-5, nullptr, "backward_weight");
+    expect_rounded_products(g, x, dy, wr, xr, dyr, N, in, out);
     EXPECT_NE(wr, w) << "the weight must hold values fp16 rounds";
     for (float& v : w) v *= 1.37f;
     g.set_weight(w.data());

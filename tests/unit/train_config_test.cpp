@@ -42,7 +42,8 @@ TEST(Config, WrongTypeAndRange) {
   EXPECT_NE(error_of("[train]\nsteps = -1\n").find("train.steps = -1 is out of range"), std::string::npos);
   EXPECT_NE(error_of("[optim]\nno_decay = [1]\n").find("optim.no_decay must be an array of strings"),
             std::string::npos);
-  EXPECT_NE(error_of("[train]\ndtype = \"fp16\"\n").find("is not one of \"fp32\", \"bf16\""), std::string::npos);
+  EXPECT_NE(error_of("[train]\ndtype = \"fp64\"\n").find("is not one of \"fp32\", \"bf16\", \"fp16\""),
+            std::string::npos);
 }
 
 TEST(Config, CrossKeyRules) {
@@ -76,13 +77,35 @@ TEST(Config, Overrides) {
 }
 
 TEST(Config, ResolvedTomlRoundTrips) {
+  // fp16 and offloading, so that every key applies and is written.
   const Config c = parse_config("[model]\nfamily = \"llama\"\nd_model = 96\nn_heads = 6\nn_kv_heads = 2\n"
-                                "[optim]\nno_decay = [\"embed\"]\ndecay = \"linear\"\n",
+                                "[train]\ndtype = \"fp16\"\nout_dir = \"runs/x\"\n"
+                                "[optim]\nno_decay = [\"embed\"]\ndecay = \"linear\"\n"
+                                "offload = \"file\"\n",
                                 "t");
   const std::string once = to_toml(c);
   EXPECT_EQ(to_toml(parse_config(once, "resolved")), once);
   for (const std::string& key : config_keys())
     EXPECT_NE(once.find(key.substr(key.find('.') + 1) + " = "), std::string::npos) << key;
+  EXPECT_NE(once.find("offload_dir = \"runs/x\""), std::string::npos) << "the default folder";
+  // Keys that do not apply are left out, so the written config parses back.
+  const std::string plain = to_toml(parse_config("", "t"));
+  EXPECT_EQ(plain.find("loss_scale_"), std::string::npos);
+  EXPECT_EQ(plain.find("offload_dir"), std::string::npos);
+  EXPECT_EQ(to_toml(parse_config(plain, "resolved")), plain);
+}
+
+TEST(Config, PrecisionAndOffloadKeysNeedTheirMode) {
+  EXPECT_NE(error_of("[train]\nloss_scale_min = 2.0\n")
+                .find("train.loss_scale_min is set but train.dtype = \"fp32\": the loss scaler "
+                      "serves fp16 only"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\ndtype = \"fp16\"\nloss_scale_initial = 4.0\nloss_scale_min = 8.0\n")
+                .find("train.loss_scale_min = 8.0 exceeds train.loss_scale_initial = 4.0"),
+            std::string::npos);
+  EXPECT_NE(error_of("[optim]\noffload_dir = \"/x\"\n")
+                .find("optim.offload_dir is set but optim.offload = \"none\""),
+            std::string::npos);
 }
 
 }  // namespace
