@@ -398,6 +398,10 @@ void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accu
   m.execute(plan, src, wei, nullptr, dst);
 }
 
+void LinearGemm::copy_operand(const float* a, int64_t count, OperandCopy& keep) {
+  if (impl_->precision == Precision::bf16) impl_->operand(a, count, &keep, 0);
+}
+
 void LinearGemm::backward_weight(float* dweight, float* dbias, const float* dy, const float* x,
                                  int64_t N, const OperandCopy* dy_copy,
                                  const OperandCopy* x_copy) {

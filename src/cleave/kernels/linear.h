@@ -60,6 +60,9 @@ class LinearGemm {
   // products are bitwise reproducible for a fixed thread count.
   void backward_weight(float* dweight, float* dbias, const float* dy, const float* x, int64_t N,
                        const OperandCopy* dy_copy = nullptr, const OperandCopy* x_copy = nullptr);
+  // The copy of `count` floats at a that a product would keep (bf16 mode; nothing otherwise),
+  // made without the product: a recompute that kept the product's output rebuilds its input.
+  void copy_operand(const float* a, int64_t count, OperandCopy& keep);
 
   // For an optimizer that packs W while it writes it, after set_weight: the rows per band (0 when
   // no copy can be packed this way; they are then packed at the next product, as usual).

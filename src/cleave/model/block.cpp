@@ -78,11 +78,8 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
   CLEAVE_CHECK(!cache || share_.tp == 1,
                "generation runs at tp = 1 (the model has tp " << share_.tp << ")");
   const int64_t B = batch.B, T = batch.T, N = B * T, n = local_rows(N), d = cfg_.d_model;
-  if (N != s.B * s.T || B != s.B) {
-    s.h1.resize(n * d);
-    s.x_mid.resize(n * d);
-    s.h2.resize(n * d);
-  }
+  for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2})
+    if (b->size() != n * d) b->resize(n * d);
   s.B = B, s.T = T;
   s.x_in = x_in;
   // Under sequence parallelism a module's input is the shared gathered rows, gathered again for
@@ -103,6 +100,24 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
   leave_row(partial, x_out, N);
   mlp_.add_bias(x_out, n);
   kernels::add_inplace(x_out, s.x_mid.data(), n * d);
+}
+
+void Block::release_recomputable(Saved& s) const {
+  s.h1 = Buffer<float>();
+  s.h2 = Buffer<float>();
+  attn_.release_input_copy(s.attn);
+  mlp_.release_activation(s.mlp);
+}
+
+void Block::recompute_cheap(Saved& s) {
+  const int64_t n = local_rows(s.B * s.T), d = cfg_.d_model;
+  s.h1.resize(n * d);
+  s.h2.resize(n * d);
+  // The statistics come out as saved: the same kernel on the same input.
+  norm1_.forward(s.h1.data(), s.x_in, n, s.norm1);
+  norm2_.forward(s.h2.data(), s.x_mid.data(), n, s.norm2);
+  attn_.recompute_input_copy(s.attn, s.h1.data());
+  mlp_.recompute_activation(s.mlp, s.h2.data());
 }
 
 void start_gather_rows(TpComm& comm, BlockGrads& g, const float* local, int64_t n) {

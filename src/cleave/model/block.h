@@ -84,6 +84,11 @@ class Block {
   // partner's weight gradients run. part weight ignores dx_in and dx_out.
   void backward(Saved& s, float* dx_in, const float* dx_out, BlockGrads& g,
                 BackwardPart part = BackwardPart::both);
+  // Selective activation checkpointing: frees what s holds that is cheap to rebuild (the norms'
+  // outputs, the MLP's activation, the bf16 copies of them the products keep), keeping every
+  // product's output; recompute_cheap rebuilds it, bitwise, with no product and no collective.
+  void release_recomputable(Saved& s) const;
+  void recompute_cheap(Saved& s);
 
  private:
   void weight_gradients(Saved& s, BlockGrads& g);

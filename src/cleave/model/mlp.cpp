@@ -46,18 +46,33 @@ void Mlp::reserve(Scratch& g, int64_t N) const {
 }
 
 void Mlp::forward(Saved& s, float* y, const float* x, int64_t N, bool keep_x) {
-  if (N != s.N) {
-    s.fc.resize(N * fc_.gemm().out_features());
-    s.act.resize(N * ffn_);
-    s.N = N;
-  }
+  if (s.fc.size() != N * fc_.gemm().out_features()) s.fc.resize(N * fc_.gemm().out_features());
+  s.N = N;
   s.x_kept = keep_x;
   fc_.forward(s.fc.data(), x, N, keep_x ? &s.x_copy : nullptr);
+  activate(s);
+  proj_.forward(y, s.act.data(), N, &s.act_copy);
+}
+
+void Mlp::activate(Saved& s) const {
+  const int64_t N = s.N;
+  if (s.act.size() != N * ffn_) s.act.resize(N * ffn_);
   if (cfg_.family == Family::gpt2)
     kernels::gelu_forward(s.act.data(), s.fc.data(), N * ffn_);
   else
     kernels::swiglu_forward(s.act.data(), s.fc.data(), N, ffn_);
-  proj_.forward(y, s.act.data(), N, &s.act_copy);
+}
+
+void Mlp::release_activation(Saved& s) const {
+  s.act = Buffer<float>();
+  s.x_copy = OperandCopy();
+  s.act_copy = OperandCopy();
+}
+
+void Mlp::recompute_activation(Saved& s, const float* x) {
+  activate(s);
+  proj_.gemm().copy_operand(s.act.data(), s.N * ffn_, s.act_copy);
+  if (s.x_kept) fc_.gemm().copy_operand(x, s.N * fc_.gemm().in_features(), s.x_copy);
 }
 
 void Mlp::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer) {

@@ -40,10 +40,15 @@ class Mlp {
   void add_bias(float* y, int64_t rows) const { proj_.add_bias(y, rows); }
   void backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer);
   void backward_weight(Saved& s, const float* x);
+  // Selective activation checkpointing: frees the activation's output and the linears' kept
+  // input copies, and rebuilds them, bitwise, from fc's output and the input x (no product).
+  void release_activation(Saved& s) const;
+  void recompute_activation(Saved& s, const float* x);
 
  private:
   const ModelConfig& cfg_;
   int ffn_;  // hidden units held
+  void activate(Saved& s) const;  // act from fc
   Linear fc_, proj_;
 };
 

@@ -68,6 +68,10 @@ void SelfAttention::rotate(Saved& s, const int32_t* positions) {
                           positions);
 }
 
+void SelfAttention::recompute_input_copy(Saved& s, const float* x) {
+  if (s.x_kept) qkv_.gemm().copy_operand(x, s.B * s.T * qkv_.gemm().in_features(), s.x_copy);
+}
+
 void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& batch, bool keep_x,
                             KVCache* cache) {
   const int64_t B = batch.B, T = batch.T, N = B * T, hd = cfg_.head_dim();

@@ -64,6 +64,10 @@ class SelfAttention {
   // The weight gradients (+=) of the micro-batch whose backward_input ran last on s; x as given to
   // forward.
   void backward_weight(Saved& s, const float* x);
+  // Selective activation checkpointing: frees the qkv product's kept copy of its input x, and
+  // makes it again from x.
+  void release_input_copy(Saved& s) const { s.x_copy = OperandCopy(); }
+  void recompute_input_copy(Saved& s, const float* x);
 
  private:
   void rotate(Saved& s, const int32_t* positions);  // RoPE on q and k (Llama)

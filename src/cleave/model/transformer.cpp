@@ -291,12 +291,20 @@ void Transformer::backward_unit(int unit, int slot, BackwardPart part) {
 
 void Transformer::release_saved(int unit, int slot) {
   CLEAVE_CHECK(units_[size_t(unit)].kind == UnitKind::block, "unit " << unit << " is no block");
-  saved_[size_t(unit)].at(size_t(slot)).release();
+  Block::Saved& saved = saved_[size_t(unit)].at(size_t(slot));
+  if (selective_recompute_)
+    blocks_[size_t(block_of_unit_[size_t(unit)])]->release_recomputable(saved);
+  else
+    saved.release();
 }
 
 void Transformer::recompute(int unit, int slot) {
   CLEAVE_CHECK(units_[size_t(unit)].kind == UnitKind::block, "unit " << unit << " is no block");
-  forward_unit(unit, slot, *slot_of(units_[size_t(unit)].chunk, slot).batch, 0.0f);
+  if (selective_recompute_)
+    blocks_[size_t(block_of_unit_[size_t(unit)])]->recompute_cheap(
+        saved_[size_t(unit)].at(size_t(slot)));
+  else
+    forward_unit(unit, slot, *slot_of(units_[size_t(unit)].chunk, slot).batch, 0.0f);
 }
 
 void Transformer::head_backward(Slot& s) {

@@ -86,9 +86,11 @@ class Transformer {
   void backward_unit(int unit, int slot, BackwardPart part = BackwardPart::both);
   // Activation checkpointing's two halves, for a block's unit after its forward on the slot:
   // release_saved frees what the block saved for backward (its input stays in the chunk's
-  // stream), recompute runs its forward again on the same input and rebuilds it, bitwise.
+  // stream), recompute runs its forward again on the same input and rebuilds it, bitwise. With
+  // selective recompute they free and rebuild only what is cheap (Block::release_recomputable).
   void release_saved(int unit, int slot);
   void recompute(int unit, int slot);
+  void set_selective_recompute(bool selective) { selective_recompute_ = selective; }
   // Chunked loss (Liger's fused linear cross-entropy): the head's forward runs `tokens` rows at a
   // time and, when it prepares a backward, the head's gradients too, so the logits exist for one
   // chunk only; the head's backward then only passes the input gradient on. 0 (or at least the
@@ -171,6 +173,7 @@ class Transformer {
   std::vector<std::vector<Slot>> slots_;  // per chunk
   Buffer<float> d_hf_;                    // the head's input gradient, within its backward
   int64_t loss_chunk_ = 0;
+  bool selective_recompute_ = false;
   OperandCopy d_logits_;                  // bf16 mode: the head's output gradient, likewise
   Buffer<float> stats_, all_stats_;       // tp > 1
   Buffer<float> embed_full_, d_full_;     // sequence parallelism

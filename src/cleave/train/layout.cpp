@@ -52,11 +52,9 @@ std::pair<CpMode, int> plan_context(const Config& cfg, int cp, int tp) {
 Layout plan_layout(const Config& cfg, int world) {
   const ParallelConfig& p = cfg.parallel;
   const std::string& ac = cfg.train.activation_checkpointing;
-  if (ac == "selective")
-    throw Error("train.activation_checkpointing = \"selective\" is not built yet (\"none\" and "
-                "\"full\" are)");
-  if (ac != "none" && ac != "full")
-    throw Error("train.activation_checkpointing = \"" + ac + "\" is not a mode (none, full)");
+  if (ac != "none" && ac != "full" && ac != "selective")
+    throw Error("train.activation_checkpointing = \"" + ac +
+                "\" is not a mode (none, full, selective)");
   MeshDegrees d;
   d.pp = p.pp;
   d.dp_replicate = p.dp_replicate;

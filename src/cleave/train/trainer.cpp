@@ -180,7 +180,8 @@ void Trainer::make_pipeline(const Layout& layout) {
   // Activation checkpointing: every ac_every-th block (by its global layer) drops what it saved
   // after its forward and runs it again just before its backward.
   std::vector<bool> checkpoint(size_t(model_->n_units()), false);
-  if (cfg_.train.activation_checkpointing == "full")
+  model_->set_selective_recompute(cfg_.train.activation_checkpointing == "selective");
+  if (cfg_.train.activation_checkpointing != "none")
     for (int u = 0; u < model_->n_units(); ++u) {
       const Transformer::Unit& unit = model_->units()[size_t(u)];
       checkpoint[size_t(u)] = unit.kind == Transformer::UnitKind::block &&
