@@ -78,6 +78,7 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
   CLEAVE_CHECK(!cache || share_.tp == 1,
                "generation runs at tp = 1 (the model has tp " << share_.tp << ")");
   const int64_t B = batch.B, T = batch.T, N = B * T, n = local_rows(N), d = cfg_.d_model;
+  take_spares(s, N);
   for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2})
     if (b->size() != n * d) b->resize(n * d);
   s.B = B, s.T = T;
@@ -102,17 +103,26 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
   kernels::add_inplace(x_out, s.x_mid.data(), n * d);
 }
 
+void Block::take_spares(Saved& s, int64_t N) const {
+  if (!spares_) return;
+  const int64_t n = local_rows(N), d = cfg_.d_model;
+  spares_->floats.fill(s.h1, n * d);
+  spares_->floats.fill(s.h2, n * d);
+  attn_.take_spares(s.attn, *spares_, N);
+  mlp_.take_spares(s.mlp, *spares_, N);
+}
+
 void Block::release_recomputable(Saved& s) const {
-  s.h1 = Buffer<float>();
-  s.h2 = Buffer<float>();
-  attn_.release_input_copy(s.attn);
-  mlp_.release_activation(s.mlp);
+  CLEAVE_CHECK(spares_ != nullptr, name_ << ": selective recompute without spares");
+  spares_->floats.give(s.h1);
+  spares_->floats.give(s.h2);
+  attn_.release_input_copy(s.attn, *spares_);
+  mlp_.release_activation(s.mlp, *spares_);
 }
 
 void Block::recompute_cheap(Saved& s) {
-  const int64_t n = local_rows(s.B * s.T), d = cfg_.d_model;
-  s.h1.resize(n * d);
-  s.h2.resize(n * d);
+  const int64_t n = local_rows(s.B * s.T);
+  take_spares(s, s.B * s.T);
   // The statistics come out as saved: the same kernel on the same input.
   norm1_.forward(s.h1.data(), s.x_in, n, s.norm1);
   norm2_.forward(s.h2.data(), s.x_mid.data(), n, s.norm2);

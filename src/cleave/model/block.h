@@ -84,11 +84,13 @@ class Block {
   // partner's weight gradients run. part weight ignores dx_in and dx_out.
   void backward(Saved& s, float* dx_in, const float* dx_out, BlockGrads& g,
                 BackwardPart part = BackwardPart::both);
-  // Selective activation checkpointing: frees what s holds that is cheap to rebuild (the norms'
-  // outputs, the MLP's activation, the bf16 copies of them the products keep), keeping every
-  // product's output; recompute_cheap rebuilds it, bitwise, with no product and no collective.
+  // Selective activation checkpointing: gives what s holds that is cheap to rebuild (the norms'
+  // outputs, the MLP's activation, the bf16 copies of them the products keep) to the spares,
+  // keeping every product's output; recompute_cheap rebuilds it, bitwise, with no product and no
+  // collective. With spares set, forward and recompute_cheap take their buffers from them.
   void release_recomputable(Saved& s) const;
   void recompute_cheap(Saved& s);
+  void set_spares(RecomputeSpares* spares) { spares_ = spares; }
 
  private:
   void weight_gradients(Saved& s, BlockGrads& g);
@@ -104,6 +106,8 @@ class Block {
   TensorParallelOptions tp_;
   TpShare share_;
   std::string name_;
+  void take_spares(Saved& s, int64_t N) const;
+  RecomputeSpares* spares_ = nullptr;
   Norm norm1_, norm2_;
   SelfAttention attn_;
   Mlp mlp_;

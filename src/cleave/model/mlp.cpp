@@ -63,10 +63,17 @@ void Mlp::activate(Saved& s) const {
     kernels::swiglu_forward(s.act.data(), s.fc.data(), N, ffn_);
 }
 
-void Mlp::release_activation(Saved& s) const {
-  s.act = Buffer<float>();
-  s.x_copy = OperandCopy();
-  s.act_copy = OperandCopy();
+void Mlp::release_activation(Saved& s, RecomputeSpares& spares) const {
+  spares.floats.give(s.act);
+  spares.copies.give(s.x_copy.data);
+  spares.copies.give(s.act_copy.data);
+  s.x_copy.count = s.act_copy.count = 0;
+}
+
+void Mlp::take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
+  spares.floats.fill(s.act, N * ffn_);
+  spares.copies.reuse(s.x_copy.data, N * fc_.gemm().in_features());
+  spares.copies.reuse(s.act_copy.data, N * ffn_);
 }
 
 void Mlp::recompute_activation(Saved& s, const float* x) {

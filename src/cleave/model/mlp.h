@@ -10,6 +10,7 @@
 #include "cleave/base/buffer.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/model_config.h"
+#include "cleave/model/spare_buffers.h"
 #include "cleave/model/tensor_parallel.h"
 
 namespace cleave {
@@ -40,9 +41,11 @@ class Mlp {
   void add_bias(float* y, int64_t rows) const { proj_.add_bias(y, rows); }
   void backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer);
   void backward_weight(Saved& s, const float* x);
-  // Selective activation checkpointing: frees the activation's output and the linears' kept
-  // input copies, and rebuilds them, bitwise, from fc's output and the input x (no product).
-  void release_activation(Saved& s) const;
+  // Selective activation checkpointing: gives the activation's output and the linears' kept
+  // input copies to `spares`, and rebuilds them, bitwise, from fc's output and the input x (no
+  // product); take_spares gives s back spares for a forward or a rebuild of N rows.
+  void release_activation(Saved& s, RecomputeSpares& spares) const;
+  void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const;
   void recompute_activation(Saved& s, const float* x);
 
  private:

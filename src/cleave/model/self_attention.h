@@ -17,6 +17,7 @@
 #include "cleave/model/kv_cache.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/model_config.h"
+#include "cleave/model/spare_buffers.h"
 #include "cleave/model/tensor_parallel.h"
 
 namespace cleave {
@@ -64,9 +65,15 @@ class SelfAttention {
   // The weight gradients (+=) of the micro-batch whose backward_input ran last on s; x as given to
   // forward.
   void backward_weight(Saved& s, const float* x);
-  // Selective activation checkpointing: frees the qkv product's kept copy of its input x, and
-  // makes it again from x.
-  void release_input_copy(Saved& s) const { s.x_copy = OperandCopy(); }
+  // Selective activation checkpointing: gives the qkv product's kept copy of its input x to
+  // `spares` (take_spares gives one back), and makes it again from x.
+  void release_input_copy(Saved& s, RecomputeSpares& spares) const {
+    spares.copies.give(s.x_copy.data);
+    s.x_copy.count = 0;
+  }
+  void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
+    spares.copies.reuse(s.x_copy.data, N * qkv_.gemm().in_features());
+  }
   void recompute_input_copy(Saved& s, const float* x);
 
  private:

@@ -289,6 +289,11 @@ void Transformer::backward_unit(int unit, int slot, BackwardPart part) {
   }
 }
 
+void Transformer::set_selective_recompute(bool selective) {
+  selective_recompute_ = selective;
+  for (auto& b : blocks_) b->set_spares(selective ? &spares_ : nullptr);
+}
+
 void Transformer::release_saved(int unit, int slot) {
   CLEAVE_CHECK(units_[size_t(unit)].kind == UnitKind::block, "unit " << unit << " is no block");
   Block::Saved& saved = saved_[size_t(unit)].at(size_t(slot));
