@@ -95,22 +95,23 @@ void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_sc
   c.step_size = float(lr) / float(1.0 - std::pow(cfg_.beta1, double(t_)));
   c.inv_sqrt_bc2 = 1.0f / std::sqrt(float(1.0 - std::pow(cfg_.beta2, double(t_))));
   c.grad_scale = grad_scale;
-  const bool offloaded = m_file_.data() != nullptr;
-  // Offloaded moments, in packed offsets: once [0, end) is updated, up to kSpan past `end` is read
-  // ahead, and what was finished is dropped from resident memory a kSpan at a time (the pieces
-  // come in packed order).
+  // Offloaded moments (and values), in packed offsets: once [0, end) is updated, up to kSpan past
+  // `end` is read ahead, and what was finished is dropped from resident memory a kSpan at a time
+  // (the pieces come in packed order).
+  std::vector<const MappedFloats*> files;
+  if (m_file_.data()) files = {&m_file_, &v_file_};
+  if (values_file_ && values.packed) files.push_back(values_file_);
+  const bool offloaded = !files.empty();
   int64_t fetched = 0, dropped = 0;
   auto reached = [&](int64_t end) {
     if (!offloaded) return;
     while (fetched < std::min(size_, end + kSpan)) {
       const int64_t next = std::min(size_, fetched + kSpan);
-      m_file_.prefetch(fetched, next);
-      v_file_.prefetch(fetched, next);
+      for (const MappedFloats* f : files) f->prefetch(fetched, next);
       fetched = next;
     }
     if (end - dropped >= kSpan) {
-      m_file_.drop(dropped, end);
-      v_file_.drop(dropped, end);
+      for (const MappedFloats* f : files) f->drop(dropped, end);
       dropped = end;
     }
   };
@@ -150,10 +151,7 @@ void AdamW::step(RangeBuffer values, RangeBuffer grads, double lr, float grad_sc
       reached(piece.packed + s1);
     }
   }
-  if (offloaded) {
-    m_file_.drop(dropped, size_);
-    v_file_.drop(dropped, size_);
-  }
+  for (const MappedFloats* f : files) f->drop(dropped, size_);
   store_.end_band_writes();
 }
 

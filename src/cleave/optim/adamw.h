@@ -40,6 +40,9 @@ class AdamW {
   float* v() { return v_; }
   // Drops offloaded moments from resident memory after a pass over all of them (a checkpoint).
   void drop_offloaded();
+  // The packed values step() updates live in `file` (ZeRO-3's offloaded shard): they are read
+  // ahead and dropped span by span with the moments.
+  void stream_values(const MappedFloats* file) { values_file_ = file; }
 
  private:
   ParamStore& store_;
@@ -52,6 +55,7 @@ class AdamW {
   int64_t size_ = 0;
   Buffer<float> m_memory_, v_memory_;
   MappedFloats m_file_, v_file_;  // offload = "file"
+  const MappedFloats* values_file_ = nullptr;
   float* m_ = nullptr;
   float* v_ = nullptr;
   int64_t t_ = 0;

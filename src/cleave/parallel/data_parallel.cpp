@@ -32,7 +32,8 @@ void release_range(float* base, int64_t begin, int64_t end) {
 }  // namespace
 
 DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage,
-                           double bucket_mb, std::vector<int64_t> unit_bounds, uint64_t seed)
+                           double bucket_mb, std::vector<int64_t> unit_bounds, uint64_t seed,
+                           const std::string& offload_dir)
     : store_(store), g_(groups), zero_stage_(zero_stage), bounds_(std::move(unit_bounds)) {
   CLEAVE_CHECK(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage = " << zero_stage);
   const int64_t shards = g_.shard->size();
@@ -50,10 +51,17 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
       position_.push_back(at);
       at += slice(u);
     }
-    if (zero_stage == 3) {
+    if (zero_stage == 3 && !offload_dir.empty()) {
+      shard_file_ = MappedFloats(offload_dir, at, "params");
+      shard_ = shard_file_.data();
+    } else if (zero_stage == 3) {
       shard_values_.resize(at);
+      shard_ = shard_values_.data();
+    }
+    if (zero_stage == 3) {
       for (int u = 0; u < n_units(); ++u)
-        store.init_range(seed, ranges_[u].begin, ranges_[u].end, shard_values_.data() + position_[u]);
+        store.init_range(seed, ranges_[u].begin, ranges_[u].end, shard_ + position_[u]);
+      drop_offloaded();
     }
     if (zero_stage >= 2) shard_grads_.resize(at);
   }
@@ -162,20 +170,21 @@ void DataParallel::gather(int unit) {
   prefetch(unit);
   exposed_ += gather_work_[unit].wait();
   gather_work_[unit] = Work();
+  if (shard_file_.data()) shard_file_.drop(position_[unit], position_[unit] + slice(unit));
   store_.wrote(bounds_[unit], bounds_[unit + 1]);
   resident_[unit] = true;
 }
 
 void DataParallel::prefetch(int unit) {
   if (resident_[unit] || gather_work_[unit].valid()) return;
+  if (shard_file_.data()) shard_file_.prefetch(position_[unit], position_[unit] + slice(unit));
   gather_work_[unit] = g_.shard->all_gather(shard_source(unit), store_.values().data() + bounds_[unit],
                                             slice(unit), CommType::f32, CommAlgo::ours);
 }
 
 const float* DataParallel::shard_source(int unit) {
   // Below ZeRO-3 the rank's slice sits where all_gather puts it: the gather is in place.
-  return zero_stage_ == 3 ? shard_values_.data() + position_[unit]
-                          : store_.values().data() + ranges_[unit].begin;
+  return zero_stage_ == 3 ? shard_ + position_[unit] : store_.values().data() + ranges_[unit].begin;
 }
 
 void DataParallel::release(int unit) {
@@ -194,9 +203,14 @@ void DataParallel::gather_all_parameters() {
 }
 
 RangeBuffer DataParallel::values() {
-  return zero_stage_ == 3 ? RangeBuffer{shard_values_.data(), true}
-                          : RangeBuffer{store_.values().data(), false};
+  return zero_stage_ == 3 ? RangeBuffer{shard_, true} : RangeBuffer{store_.values().data(), false};
 }
+
+const MappedFloats* DataParallel::offloaded_values() const {
+  return shard_file_.data() ? &shard_file_ : nullptr;
+}
+
+void DataParallel::drop_offloaded() { shard_file_.drop(0, shard_file_.size()); }
 
 int DataParallel::checkpoint_files() const { return zero_stage_ == 0 ? 1 : g_.shard->size(); }
 

@@ -16,14 +16,19 @@
 //   3  ZeRO-3 / FSDP: as ZeRO-2, and the parameters too exist only as shards: each unit is
 //      all-gathered just before its forward and again before its backward (the next one
 //      prefetched), and released after use.
-//      With dp_replicate > 1 this is HSDP.
+//      With dp_replicate > 1 this is HSDP. With an offload folder the fp32 shards live in a
+//      memory-mapped file there (ZeRO-Infinity's parameter offload): a unit's slice is read in
+//      as its gather starts and dropped from resident memory once gathered; the update streams
+//      through them (AdamW::stream_values).
 // A shard is the rank's 1/dp_shard slice of every unit (embeddings, each block, the head).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "cleave/base/buffer.h"
+#include "cleave/base/mapped_floats.h"
 #include "cleave/comm/group.h"
 #include "cleave/model/params.h"
 #include "cleave/optim/adamw.h"
@@ -43,7 +48,8 @@ class DataParallel {
   // Gathering and releasing a unit's values is a write the store is told of (a release also
   // frees the unit's packed weights: ZeRO-3 keeps none between uses).
   DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage, double bucket_mb,
-               std::vector<int64_t> unit_bounds, uint64_t seed);
+               std::vector<int64_t> unit_bounds, uint64_t seed,
+               const std::string& offload_dir = "");
 
   // The flat ranges this rank updates; its shard buffers hold them one after the other.
   const std::vector<FlatRange>& ranges() const { return ranges_; }
@@ -73,6 +79,10 @@ class DataParallel {
 
   // The values of ranges(): the store's flat buffer, or ZeRO-3's packed shard.
   RangeBuffer values();
+  // ZeRO-3 with an offload folder: the file its shard lives in (else null); drop_offloaded takes
+  // all of it out of resident memory (after a checkpoint read or wrote it whole).
+  const MappedFloats* offloaded_values() const;
+  void drop_offloaded();
 
   // Checkpoints hold one file per distinct shard: DDP's whole state is one (written by rank 0),
   // ZeRO's one per dp_shard rank (written by the first replica). checkpoint_file() is the file
@@ -104,6 +114,8 @@ class DataParallel {
   std::vector<FlatRange> ranges_;
   std::vector<int64_t> position_;  // where each unit's slice starts in the shard buffers
   Buffer<float> shard_values_;  // ZeRO-3 (below it the shard lives in the store's buffer)
+  MappedFloats shard_file_;     // ZeRO-3 offloaded: the shard in a file instead
+  float* shard_ = nullptr;      // ZeRO-3: whichever of the two holds the shard
   Buffer<float> shard_grads_;   // ZeRO-2 and 3
   std::vector<Bucket> buckets_;
   std::vector<Work> grad_work_, replicate_work_, gather_work_;  // per unit

@@ -222,7 +222,9 @@ const std::vector<Key>& schema() {
     k.push_back({"optim.offload_dir", Kind::string, 0, 0, {},
                  [](C& c, const toml::node& n) { c.optim.offload_dir = *n.value<std::string>(); },
                  [](const C& c) {
-                   return c.optim.offload == "none" ? std::string() : quote(c.optim.offload_dir);
+                   const bool offloading =
+                       c.optim.offload == "file" || c.parallel.offload_params == "file";
+                   return offloading ? quote(c.optim.offload_dir) : std::string();
                  }});
     k.push_back({"optim.no_decay", Kind::string_list, 0, 0, {},
                  [](C& c, const toml::node& n) {
@@ -263,6 +265,7 @@ const std::vector<Key>& schema() {
                  }});
     k.push_back(string_key("parallel.pp_schedule_csv", &C::parallel, &ParallelConfig::pp_schedule_csv));
     k.push_back(real_key("parallel.bucket_mb", &C::parallel, &ParallelConfig::bucket_mb, 0.001, 1e6));
+    k.push_back(string_key("parallel.offload_params", &C::parallel, &ParallelConfig::offload_params));
     k.push_back(real_key("parallel.comm_timeout_s", &C::parallel, &ParallelConfig::comm_timeout_s,
                          0.1, 1e7));
     k.push_back(string_key("parallel.status_dir", &C::parallel, &ParallelConfig::status_dir));
@@ -401,9 +404,17 @@ void validate_and_resolve(Config& c, const std::set<std::string>& given, const s
          " exceeds train.loss_scale_initial = " + show_real(c.train.loss_scale.initial));
   if (c.optim.offload != "none" && c.optim.offload != "file")
     fail("optim.offload = " + quote(c.optim.offload) + " is not one of \"none\", \"file\"");
-  if (c.optim.offload == "none" && given.count("optim.offload_dir"))
-    fail("optim.offload_dir is set but optim.offload = \"none\"");
-  if (c.optim.offload == "file" && c.optim.offload_dir.empty()) c.optim.offload_dir = c.train.out_dir;
+  if (c.parallel.offload_params != "none" && c.parallel.offload_params != "file")
+    fail("parallel.offload_params = " + quote(c.parallel.offload_params) +
+         " is not one of \"none\", \"file\"");
+  if (c.parallel.offload_params == "file" && c.parallel.zero_stage != 3)
+    fail("parallel.offload_params = \"file\" needs parallel.zero_stage = 3 (it is " +
+         std::to_string(c.parallel.zero_stage) + "): below it every rank holds whole parameters");
+  const bool offloading = c.optim.offload == "file" || c.parallel.offload_params == "file";
+  if (!offloading && given.count("optim.offload_dir"))
+    fail("optim.offload_dir is set but neither optim.offload nor parallel.offload_params is "
+         "\"file\"");
+  if (offloading && c.optim.offload_dir.empty()) c.optim.offload_dir = c.train.out_dir;
   if (c.optim.min_lr > c.optim.lr)
     fail("optim.min_lr = " + show_real(c.optim.min_lr) + " exceeds optim.lr = " +
          show_real(c.optim.lr));

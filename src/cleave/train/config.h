@@ -82,6 +82,9 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   bool check_placements = false;
   double bucket_mb = 25;         // DDP gradient buckets, MiB
+  // "file" (ZeRO-3 only): the fp32 master shards live in a memory-mapped file in
+  // optim.offload_dir, read in before each unit's gather and update and dropped after.
+  std::string offload_params = "none";
   double comm_timeout_s = 300;   // a collective taking longer aborts the job with a report
   std::string status_dir;        // where ranks publish progress for that report ("" = /tmp);
                                  // a folder every host shares lets it show ranks on every host

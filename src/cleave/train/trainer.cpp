@@ -98,7 +98,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   // (tp's pending sums come first, by placement).
   ParamStore& params = model_->params();
   axes_ = axis_table(params, *mesh_);
-  if (cfg_.optim.offload == "file") {
+  if (cfg_.optim.offload == "file" || cfg_.parallel.offload_params == "file") {
     std::error_code ignored;  // another rank may make it first; AdamW's error names the folder
     fs::create_directories(cfg_.optim.offload_dir, ignored);
   }
@@ -109,9 +109,11 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     part.dp = std::make_unique<DataParallel>(
         params, DataParallelGroups{process_.along(a.reduce), part.shard,
                                    process_.along(a.replicate())},
-        cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb, params.unit_bounds(g), t.seed);
+        cfg_.parallel.zero_stage, cfg_.parallel.bucket_mb, params.unit_bounds(g), t.seed,
+        cfg_.parallel.offload_params == "file" ? cfg_.optim.offload_dir : "");
     part.optim = std::make_unique<AdamW>(params, cfg_.optim, part.dp->ranges(),
                                          cfg_.parallel.zero_stage == 0);
+    part.optim->stream_values(part.dp->offloaded_values());
     groups_.push_back(std::move(part));
   }
   if (t.dtype == Precision::fp16) scaler_ = std::make_unique<DynamicLossScaler>(t.loss_scale);

@@ -46,6 +46,7 @@ void Trainer::save_checkpoint() {
       checksums[file] = write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params, state);
       entries.push_back({{"file", file}, {"tensors", state_file_entries(file, params, state)}});
       part.optim->drop_offloaded();
+      part.dp->drop_offloaded();
     }
     group_first += part.dp->checkpoint_files();
   }
@@ -90,6 +91,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
     read_state(ck, dir, params, "adam_m", part.dp->ranges(), {part.optim->m(), true});
     read_state(ck, dir, params, "adam_v", part.dp->ranges(), {part.optim->v(), true});
     part.optim->drop_offloaded();
+    part.dp->drop_offloaded();
     part.optim->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
   }
   params.wrote_all();
