@@ -44,6 +44,9 @@ TEST(Config, WrongTypeAndRange) {
             std::string::npos);
   EXPECT_NE(error_of("[train]\ndtype = \"fp64\"\n").find("is not one of \"fp32\", \"bf16\", \"fp16\""),
             std::string::npos);
+  EXPECT_NE(error_of("[parallel]\noffload_params = \"file\"\nzero_stage = 2\n")
+                .find("parallel.offload_params = \"file\" needs parallel.zero_stage = 3 (it is 2)"),
+            std::string::npos);
 }
 
 TEST(Config, CrossKeyRules) {
@@ -104,7 +107,11 @@ TEST(Config, PrecisionAndOffloadKeysNeedTheirMode) {
                 .find("train.loss_scale_min = 8.0 exceeds train.loss_scale_initial = 4.0"),
             std::string::npos);
   EXPECT_NE(error_of("[optim]\noffload_dir = \"/x\"\n")
-                .find("optim.offload_dir is set but optim.offload = \"none\""),
+                .find("optim.offload_dir is set but neither optim.offload nor "
+                      "parallel.offload_params is \"file\""),
+            std::string::npos);
+  EXPECT_NE(error_of("[parallel]\noffload_params = \"file\"\nzero_stage = 2\n")
+                .find("parallel.offload_params = \"file\" needs parallel.zero_stage = 3 (it is 2)"),
             std::string::npos);
 }
 

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Precision and memory (issue 20), printed, not a CI gate. One process, 2 threads, one benchmark
+# at a time.
+#  1. Each dtype on GPT-2 124M's shape (configs/gpt2_124m.toml, vocab 8192, random tokens): median
+#     tokens/s and MFU of the steps after the first two, peak RSS.
+#  2. Loss parity on real text: configs/llama_small.toml on ../shared/data/tinyshakespeare.txt
+#     (its own 4096-piece tokenizer), STEPS steps per dtype from the same seed: the final training
+#     loss (the median of the last 5 logged) and validation loss, each against fp32's. Target: bf16
+#     within 2% of fp32.
+#  3. Activation memory on configs/llama_long.toml with 8 layers at 2048 tokens: peak RSS of each
+#     checkpointing mode and of the chunked loss, against what the saved buffers predict. Per
+#     token a Llama block keeps x_mid, h1, h2 and o (d each), q|k|v (d + 2 kv_dim), the
+#     log-sum-exps (heads), fc (2 ffn) and the activation (ffn); selective frees h1, h2 and the
+#     activation, full all of it (the block's input is the previous block's output, kept
+#     anyway), except in the block whose backward runs. The chunked loss keeps C of the T rows of
+#     logits (their gradient overwrites them). Target: within 10%.
+#  4. Offload on a 57M-parameter GPT-2 (d_model 768, 8 layers) at 512 tokens per step: peak RSS
+#     and step time of the moments offloaded, and of ZeRO-3's shards too, against in memory.
+# Usage: bench/precision.sh [STEPS=300]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-300}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/random" "$work/text"
+/usr/bin/python3 bench/random_tokens.py "$work/random" 8192 2000000
+
+median() { sort -g | awk '{a[NR]=$1} END {print (a[int((NR+1)/2)] + a[int((NR+2)/2)]) / 2}'; }
+field() { grep "\"$2\"" "$1/metrics.jsonl" | tail -n +3 | sed "s/.*\"$2\":\([^,}]*\).*/\1/" | median; }
+last() { grep "\"$2\"" "$1/metrics.jsonl" | tail -n "${3:-1}" | sed "s/.*\"$2\":\([^,}]*\).*/\1/" | median; }
+rss() { grep -o '"peak_rss_mib":[0-9.]*' "$1/metrics.jsonl" | tail -1 | cut -d: -f2; }
+train() {  # name config [--set ...]
+  local name=$1 cfg=$2; shift 2
+  OMP_NUM_THREADS=2 ./build/cleave train "$cfg" --set train.threads=2 --set train.out_dir="$work/$name" \
+    --set train.checkpoint_interval=-1 --set train.log_interval=1 "$@" > "$work/$name.log" 2>&1 \
+    || { tail -20 "$work/$name.log" >&2; return 1; }
+}
+
+echo "== 1. dtypes on GPT-2 124M's shape (vocab 8192, 4 x 256 tokens per step)"
+printf "%-6s %10s %8s %10s\n" dtype "tokens/s" MFU "peak RSS"
+for dtype in fp32 bf16 fp16; do
+  train "speed-$dtype" configs/gpt2_124m.toml --set data.dir="$work/random" --set train.dtype=$dtype \
+    --set train.steps=8 --set train.val_interval=0
+  printf "%-6s %10.0f %7.1f%% %6.0f MiB\n" $dtype "$(field "$work/speed-$dtype" tokens_per_s)" \
+    "$(field "$work/speed-$dtype" mfu | awk '{print 100 * $1}')" "$(rss "$work/speed-$dtype")"
+done
+
+echo "== 2. loss parity: llama_small on tinyshakespeare, $steps steps"
+text=../shared/data/tinyshakespeare.txt
+[ -f "$text" ] || { echo "needs $text"; exit 1; }
+./build/cleave tokenize configs/llama_small.toml --set data.corpus="$text" --set data.dir="$work/text" \
+  > "$work/tokenize.log" 2>&1
+printf "%-6s %11s %9s %9s %9s\n" dtype "train loss" "vs fp32" "val loss" "vs fp32"
+for dtype in fp32 bf16 fp16; do
+  train "loss-$dtype" configs/llama_small.toml --set data.dir="$work/text" --set train.dtype=$dtype \
+    --set train.steps="$steps" --set train.val_interval="$steps" --set optim.warmup_steps=30
+done
+for dtype in fp32 bf16 fp16; do
+  loss=$(last "$work/loss-$dtype" loss 5) val=$(last "$work/loss-$dtype" val_loss)
+  loss32=$(last "$work/loss-fp32" loss 5) val32=$(last "$work/loss-fp32" val_loss)
+  printf "%-6s %11.4f %+8.2f%% %9.4f %+8.2f%%\n" $dtype "$loss" \
+    "$(awk -v a="$loss" -v b="$loss32" 'BEGIN {print 100 * (a / b - 1)}')" "$val" \
+    "$(awk -v a="$val" -v b="$val32" 'BEGIN {print 100 * (a / b - 1)}')"
+done
+
+echo "== 3. activation memory: llama_long, 8 layers, 2048 tokens"
+# Floats per token of a block's saved buffers, from the config.
+read -r d heads kv ffn vocab <<<"$(/usr/bin/python3 - <<'PY'
+import tomllib
+m = tomllib.load(open("configs/llama_long.toml", "rb"))["model"]
+d, h = m["d_model"], m["n_heads"]
+ffn = m.get("ffn_hidden", (8 * d // 3 + 31) // 32 * 32)
+print(d, h, m["n_kv_heads"], ffn, m["vocab_size"])
+PY
+)"
+kv_dim=$((d / heads * kv))
+block=$((4 * d + d + 2 * kv_dim + heads + 3 * ffn)) selective=$((2 * d + ffn))
+long=(--set data.dir="$work/random" --set model.n_layers=8 --set train.seq_len=2048 --set train.steps=4
+      --set train.val_interval=0)
+train ac-none configs/llama_long.toml "${long[@]}"
+printf "%-22s %9s %9s %11s %9s\n" run "peak RSS" "less" "predicted" "tokens/s"
+none=$(rss "$work/ac-none")
+predict() { awk -v f="$1" 'BEGIN {printf "%.0f", 7 * 2048 * f * 4 / 1048576}'; }  # 7 of 8 blocks
+for row in "selective $(predict $selective) --set train.activation_checkpointing=selective" \
+           "full $(predict $block) --set train.activation_checkpointing=full" \
+           "loss_chunk-256 $(awk -v v="$vocab" 'BEGIN {printf "%.0f", (2048 - 256) * v * 4 / 1048576}') --set train.loss_chunk=256"; do
+  read -r name predicted settings <<<"$row"
+  read -r -a set_args <<<"$settings"
+  train "ac-$name" configs/llama_long.toml "${long[@]}" "${set_args[@]}"
+  printf "%-22s %5.0f MiB %5.0f MiB %7.0f MiB %9.0f\n" "$name" "$(rss "$work/ac-$name")" \
+    "$(awk -v a="$none" -v b="$(rss "$work/ac-$name")" 'BEGIN {print a - b}')" "$predicted" \
+    "$(field "$work/ac-$name" tokens_per_s)"
+done
+printf "%-22s %5.0f MiB %9s %11s %9.0f\n" none "$none" - - "$(field "$work/ac-none" tokens_per_s)"
+
+echo "== 4. offload: GPT-2, d_model 768, 8 layers, 512 tokens per step"
+wide=(--set data.dir="$work/random" --set model.n_layers=8 --set train.seq_len=64
+      --set train.micro_batch_size=8 --set train.steps=8 --set train.val_interval=0)
+printf "%-26s %9s %10s\n" run "peak RSS" "step (ms)"
+for row in "in-memory" "moments --set optim.offload=file" \
+           "zero3-in-memory --set parallel.zero_stage=3" \
+           "zero3-moments+shards --set parallel.zero_stage=3 --set optim.offload=file --set parallel.offload_params=file"; do
+  read -r name settings <<<"$row"
+  read -r -a set_args <<<"${settings:-}"
+  train "off-$name" configs/gpt2_124m.toml "${wide[@]}" "${set_args[@]}"
+  printf "%-26s %5.0f MiB %10.0f\n" "$name" "$(rss "$work/off-$name")" \
+    "$(field "$work/off-$name" tokens_per_s | awk '{print 512e3 / $1}')"
+done
