@@ -13,8 +13,7 @@
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 source "$src/tests/integration/layouts.sh"
-common=(--set train.steps=20 --set train.log_interval=1 --set train.val_interval=10
-        --set train.checkpoint_interval=10 --set train.threads=1 --set parallel.comm_timeout_s=60
+common=("${twenty_steps[@]}"
         --set train.micro_batch_size=4 --set train.grad_accum_steps=2)
 llama=(--set model.family=llama --set model.n_kv_heads=2)
 docs=(--set data.document_mask=true --set data.reset_positions=true)

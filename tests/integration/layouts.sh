@@ -6,6 +6,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cfg=$src/tests/configs/tiny_train.toml
 compare="/usr/bin/python3 $src/tests/integration/compare_runs.py"
+# The layout tests' run: 20 steps, each logged, validation and a checkpoint every 10, one thread.
+twenty_steps=(--set train.steps=20 --set train.log_interval=1 --set train.val_interval=10
+              --set train.checkpoint_interval=10 --set train.threads=1 --set parallel.comm_timeout_s=60)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 
 run() {  # name ranks [--set ...]: one training run into $work/name (log: $work/name.log)

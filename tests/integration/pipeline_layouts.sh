@@ -2,8 +2,7 @@
 # data: layouts.sh, the tests' common settings (8 micro-batches of 2 sequences a step: m = 8 for
 # every schedule), Llama's, and the single-process references ref (GPT-2) and ref-llama.
 source "$src/tests/integration/layouts.sh"
-common=(--set train.steps=20 --set train.log_interval=1 --set train.val_interval=10
-        --set train.checkpoint_interval=10 --set train.threads=1 --set parallel.comm_timeout_s=60
+common=("${twenty_steps[@]}"
         --set model.n_layers=8 --set train.micro_batch_size=2 --set train.grad_accum_steps=8)
 llama=(--set model.family=llama --set model.n_kv_heads=2)
 run ref 1
