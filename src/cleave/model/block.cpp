@@ -106,8 +106,7 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
 void Block::take_spares(Saved& s, int64_t N) const {
   if (!spares_) return;
   const int64_t n = local_rows(N), d = cfg_.d_model;
-  spares_->floats.fill(s.h1, n * d);
-  spares_->floats.fill(s.h2, n * d);
+  for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2}) spares_->floats.fill(*b, n * d);
   attn_.take_spares(s.attn, *spares_, N);
   mlp_.take_spares(s.mlp, *spares_, N);
 }
@@ -118,6 +117,14 @@ void Block::release_recomputable(Saved& s) const {
   spares_->floats.give(s.h2);
   attn_.release_input_copy(s.attn, *spares_);
   mlp_.release_activation(s.mlp, *spares_);
+}
+
+void Block::release_all(Saved& s) const {
+  CLEAVE_CHECK(spares_ != nullptr, name_ << ": recompute without spares");
+  for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2}) spares_->floats.give(*b);
+  attn_.give_all(s.attn, *spares_);
+  mlp_.give_all(s.mlp, *spares_);
+  s.release();
 }
 
 void Block::recompute_cheap(Saved& s) {

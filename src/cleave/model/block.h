@@ -87,8 +87,10 @@ class Block {
   // Selective activation checkpointing: gives what s holds that is cheap to rebuild (the norms'
   // outputs, the MLP's activation, the bf16 copies of them the products keep) to the spares,
   // keeping every product's output; recompute_cheap rebuilds it, bitwise, with no product and no
-  // collective. With spares set, forward and recompute_cheap take their buffers from them.
+  // collective. Full: release_all gives every buffer, and a forward on the same input rebuilds
+  // them. With spares set, forward and recompute_cheap take their buffers from them.
   void release_recomputable(Saved& s) const;
+  void release_all(Saved& s) const;
   void recompute_cheap(Saved& s);
   void set_spares(RecomputeSpares* spares) { spares_ = spares; }
 

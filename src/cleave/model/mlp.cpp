@@ -70,7 +70,14 @@ void Mlp::release_activation(Saved& s, RecomputeSpares& spares) const {
   s.x_copy.count = s.act_copy.count = 0;
 }
 
+void Mlp::give_all(Saved& s, RecomputeSpares& spares) const {
+  spares.floats.give(s.fc);
+  release_activation(s, spares);
+  s.release();
+}
+
 void Mlp::take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
+  spares.floats.fill(s.fc, N * fc_.gemm().out_features());
   spares.floats.fill(s.act, N * ffn_);
   spares.copies.reuse(s.x_copy.data, N * fc_.gemm().in_features());
   spares.copies.reuse(s.act_copy.data, N * ffn_);

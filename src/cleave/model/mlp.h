@@ -46,6 +46,7 @@ class Mlp {
   // product); take_spares gives s back spares for a forward or a rebuild of N rows.
   void release_activation(Saved& s, RecomputeSpares& spares) const;
   void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const;
+  void give_all(Saved& s, RecomputeSpares& spares) const;  // full recompute: every buffer
   void recompute_activation(Saved& s, const float* x);
 
  private:

@@ -68,6 +68,22 @@ void SelfAttention::rotate(Saved& s, const int32_t* positions) {
                           positions);
 }
 
+void SelfAttention::take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
+  const int64_t hd = cfg_.head_dim(), q_dim = int64_t(share_.heads) * hd;
+  spares.floats.fill(s.qkv, N * share_.qkv_dim(int(hd)));
+  spares.floats.fill(s.o, N * q_dim);
+  if (!context_) spares.floats.fill(s.lse, N * share_.heads);
+  spares.copies.reuse(s.x_copy.data, N * qkv_.gemm().in_features());
+  spares.copies.reuse(s.o_copy.data, N * q_dim);
+}
+
+void SelfAttention::give_all(Saved& s, RecomputeSpares& spares) const {
+  for (Buffer<float>* b : {&s.qkv, &s.o, &s.lse}) spares.floats.give(*b);
+  spares.copies.give(s.x_copy.data);
+  spares.copies.give(s.o_copy.data);
+  s.release();
+}
+
 void SelfAttention::recompute_input_copy(Saved& s, const float* x) {
   if (s.x_kept) qkv_.gemm().copy_operand(x, s.B * s.T * qkv_.gemm().in_features(), s.x_copy);
 }

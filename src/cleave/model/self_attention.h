@@ -71,9 +71,10 @@ class SelfAttention {
     spares.copies.give(s.x_copy.data);
     s.x_copy.count = 0;
   }
-  void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
-    spares.copies.reuse(s.x_copy.data, N * qkv_.gemm().in_features());
-  }
+  // Every buffer of s for N rows from the spares (a forward's), and all of them given back
+  // (full recompute).
+  void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const;
+  void give_all(Saved& s, RecomputeSpares& spares) const;
   void recompute_input_copy(Saved& s, const float* x);
 
  private:

@@ -289,18 +289,19 @@ void Transformer::backward_unit(int unit, int slot, BackwardPart part) {
   }
 }
 
-void Transformer::set_selective_recompute(bool selective) {
+void Transformer::set_recompute(bool selective) {
   selective_recompute_ = selective;
-  for (auto& b : blocks_) b->set_spares(selective ? &spares_ : nullptr);
+  for (auto& b : blocks_) b->set_spares(&spares_);
 }
 
 void Transformer::release_saved(int unit, int slot) {
   CLEAVE_CHECK(units_[size_t(unit)].kind == UnitKind::block, "unit " << unit << " is no block");
   Block::Saved& saved = saved_[size_t(unit)].at(size_t(slot));
+  const Block& block = *blocks_[size_t(block_of_unit_[size_t(unit)])];
   if (selective_recompute_)
-    blocks_[size_t(block_of_unit_[size_t(unit)])]->release_recomputable(saved);
+    block.release_recomputable(saved);
   else
-    saved.release();
+    block.release_all(saved);
 }
 
 void Transformer::recompute(int unit, int slot) {
