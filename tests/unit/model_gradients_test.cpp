@@ -148,9 +148,10 @@ void check_split_backward(Family f) {
 }
 
 // Activation checkpointing's building block: a block's saved activations freed after its forward
-// and recomputed before its backward give the same losses, input gradients and parameter
-// gradients, bit for bit, as keeping them; here on two micro-batches in flight, in fp32 and bf16.
-void check_recompute(Family f, Precision p) {
+// and recomputed before its backward (all of them, or with selective recompute the cheap ones)
+// give the same losses, input gradients and parameter gradients, bit for bit, as keeping them;
+// here on two micro-batches in flight, in fp32 and bf16.
+void check_recompute(Family f, Precision p, bool selective) {
   const ModelConfig c = tiny(f, 2, false);
   const int64_t B = 2, T = 6, N = B * T;
   Batch batch;
@@ -160,6 +161,7 @@ void check_recompute(Family f, Precision p) {
     batch.targets[size_t(i)] = int32_t((i * 3 + 1) % c.vocab_size);
   auto run = [&](bool recompute) {
     Transformer model(c, p, 11);
+    model.set_selective_recompute(selective);
     model.prepare(B, T, {2});
     model.params().grads().zero();
     const int head = model.n_units() - 1;
@@ -189,9 +191,13 @@ void check_recompute(Family f, Precision p) {
   EXPECT_GT(norm, 0.0);  // the gradients compared are not all zero
 }
 
-TEST(ModelRecompute, BitwiseGpt2) { check_recompute(Family::gpt2, Precision::fp32); }
-TEST(ModelRecompute, BitwiseLlama) { check_recompute(Family::llama, Precision::fp32); }
-TEST(ModelRecompute, BitwiseLlamaBf16) { check_recompute(Family::llama, Precision::bf16); }
+TEST(ModelRecompute, BitwiseGpt2) { check_recompute(Family::gpt2, Precision::fp32, false); }
+TEST(ModelRecompute, BitwiseLlama) { check_recompute(Family::llama, Precision::fp32, false); }
+TEST(ModelRecompute, BitwiseLlamaBf16) { check_recompute(Family::llama, Precision::bf16, false); }
+TEST(ModelRecompute, SelectiveBitwiseGpt2) { check_recompute(Family::gpt2, Precision::fp32, true); }
+TEST(ModelRecompute, SelectiveBitwiseLlamaBf16) {
+  check_recompute(Family::llama, Precision::bf16, true);
+}
 
 TEST(ModelGradients, SplitBackwardMatchesFusedGpt2) { check_split_backward(Family::gpt2); }
 TEST(ModelGradients, SplitBackwardMatchesFusedLlama) { check_split_backward(Family::llama); }

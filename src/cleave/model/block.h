@@ -88,7 +88,7 @@ class Block {
   // outputs, the MLP's activation, the bf16 copies of them the products keep) to the spares,
   // keeping every product's output; recompute_cheap rebuilds it, bitwise, with no product and no
   // collective. Full: release_all gives every buffer, and a forward on the same input rebuilds
-  // them. With spares set, forward and recompute_cheap take their buffers from them.
+  // them. Forward and recompute_cheap take their buffers from the spares when they have them.
   void release_recomputable(Saved& s) const;
   void release_all(Saved& s) const;
   void recompute_cheap(Saved& s);

@@ -58,6 +58,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
       block_of_unit_.back() = int(blocks_.size());
       blocks_.push_back(
           std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, tp, context));
+      blocks_.back()->set_spares(&spares_);
     }
     if (k.head) {
       new_unit(UnitKind::head, -1, ch);
@@ -287,11 +288,6 @@ void Transformer::backward_unit(int unit, int slot, BackwardPart part) {
       embedding_backward(s, s.d_stream);
       break;
   }
-}
-
-void Transformer::set_recompute(bool selective) {
-  selective_recompute_ = selective;
-  for (auto& b : blocks_) b->set_spares(&spares_);
 }
 
 void Transformer::release_saved(int unit, int slot) {

@@ -90,8 +90,7 @@ class Transformer {
   // selective recompute they free and rebuild only what is cheap (Block::release_recomputable).
   void release_saved(int unit, int slot);
   void recompute(int unit, int slot);
-  // Called once checkpointing is on: the blocks then reuse each other's freed buffers.
-  void set_recompute(bool selective);
+  void set_selective_recompute(bool selective) { selective_recompute_ = selective; }
   // Chunked loss (Liger's fused linear cross-entropy): the head's forward runs `tokens` rows at a
   // time and, when it prepares a backward, the head's gradients too, so the logits exist for one
   // chunk only; the head's backward then only passes the input gradient on. 0 (or at least the
@@ -175,7 +174,8 @@ class Transformer {
   Buffer<float> d_hf_;                    // the head's input gradient, within its backward
   int64_t loss_chunk_ = 0;
   bool selective_recompute_ = false;
-  RecomputeSpares spares_;  // activation checkpointing's, shared by every block
+  // What activation checkpointing frees, for the next block's forward or recompute to take.
+  RecomputeSpares spares_;
   OperandCopy d_logits_;                  // bf16 mode: the head's output gradient, likewise
   Buffer<float> stats_, all_stats_;       // tp > 1
   Buffer<float> embed_full_, d_full_;     // sequence parallelism

@@ -182,8 +182,7 @@ void Trainer::make_pipeline(const Layout& layout) {
   // Activation checkpointing: every ac_every-th block (by its global layer) drops what it saved
   // after its forward and runs it again just before its backward.
   std::vector<bool> checkpoint(size_t(model_->n_units()), false);
-  if (cfg_.train.activation_checkpointing != "none")
-    model_->set_recompute(cfg_.train.activation_checkpointing == "selective");
+  model_->set_selective_recompute(cfg_.train.activation_checkpointing == "selective");
   if (cfg_.train.activation_checkpointing != "none")
     for (int u = 0; u < model_->n_units(); ++u) {
       const Transformer::Unit& unit = model_->units()[size_t(u)];
