@@ -67,13 +67,14 @@ struct TestBlock {
       : rope(c.family == Family::llama ? std::optional<kernels::RopeTable>(std::in_place, c.head_dim(),
                                                                            c.max_seq_len, c.rope_theta)
                                        : std::nullopt),
-        block(store, 0, c, Precision::fp32, rope ? &*rope : nullptr) {
+        block(store, 0, c, Precision::fp32, rope ? &*rope : nullptr, spares) {
     store.allocate(1);
     randomise(store, 2);
     block.bind(store);
   }
   std::optional<kernels::RopeTable> rope;
   ParamStore store;
+  RecomputeSpares spares;
   Block block;
 };
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "cleave/base/check.h"
+#include "cleave/kernels/for_blocks.h"
 #include "cleave/kernels/vmath.h"
 
 namespace cleave::kernels {
@@ -18,21 +19,12 @@ constexpr int64_t kBlock = 4096;  // elements per task: 16 KiB, big enough to am
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 
-// Calls body(begin, end) on consecutive blocks of [0, n), in parallel.
-template <class Body>
-void for_blocks(int64_t n, Body body) {
-  CLEAVE_CHECK(n >= 0, "n=" << n << " must be >= 0");
-  const int64_t nblocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (nblocks > 1)
-  for (int64_t b = 0; b < nblocks; b++) body(b * kBlock, std::min(n, (b + 1) * kBlock));
-}
-
 }  // namespace
 
 // gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). Using 1 + tanh(u) =
 // 2 sigmoid(2u) gives gelu(x) = x / (1 + exp(-2u)): one exp, and no cancellation for x << 0.
 void gelu_forward(float* out, const float* x, int64_t n) {
-  for_blocks(n, [=](int64_t b, int64_t e) {
+  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) {
       const float v = x[i];
       const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
@@ -44,7 +36,7 @@ void gelu_forward(float* out, const float* x, int64_t n) {
 // d gelu / dx = s + 2 x s (1 - s) u' with s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 // 1 - s is computed as e * s (e = exp(-2u)) to keep its relative accuracy when s is near 1.
 void gelu_backward(float* dx, const float* dout, const float* x, int64_t n) {
-  for_blocks(n, [=](int64_t b, int64_t e) {
+  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) {
       const float v = x[i];
       const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
@@ -94,7 +86,7 @@ void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up, i
 }
 
 void add_inplace(float* y, const float* x, int64_t n) {
-  for_blocks(n, [=](int64_t b, int64_t e) {
+  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) y[i] += x[i];
   });
 }

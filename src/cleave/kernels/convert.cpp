@@ -3,9 +3,7 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
-
-#include "cleave/base/check.h"
+#include "cleave/kernels/for_blocks.h"
 
 namespace cleave::kernels {
 namespace {
@@ -15,33 +13,20 @@ constexpr int64_t kBlock = 1 << 14;  // elements per task
 }  // namespace
 
 void f32_to_bf16(bf16* out, const float* in, int64_t n) {
-  CLEAVE_CHECK(n >= 0, "f32_to_bf16 n=" << n << " must be >= 0");
-  const int64_t nblocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (nblocks > 1)
-  for (int64_t b = 0; b < nblocks; b++) {
-    const int64_t e = std::min(n, (b + 1) * kBlock);
-    for (int64_t i = b * kBlock; i < e; i++) out[i] = to_bf16(in[i]);
-  }
+  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) out[i] = to_bf16(in[i]);
+  });
 }
 
 void bf16_to_f32(float* out, const bf16* in, int64_t n) {
-  CLEAVE_CHECK(n >= 0, "bf16_to_f32 n=" << n << " must be >= 0");
-  const int64_t nblocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (nblocks > 1)
-  for (int64_t b = 0; b < nblocks; b++) {
-    const int64_t e = std::min(n, (b + 1) * kBlock);
-    for (int64_t i = b * kBlock; i < e; i++)
-      out[i] = from_bf16(in[i]);
-  }
+  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) out[i] = from_bf16(in[i]);
+  });
 }
 
 void round_to_fp16(float* out, const float* in, int64_t n) {
-  CLEAVE_CHECK(n >= 0, "round_to_fp16 n=" << n << " must be >= 0");
-  const int64_t nblocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (nblocks > 1)
-  for (int64_t b = 0; b < nblocks; b++) {
-    const int64_t e = std::min(n, (b + 1) * kBlock);
-    int64_t i = b * kBlock;
+  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
+    int64_t i = b;
 #ifdef __F16C__
     // GCC leaves the scalar loop below unvectorised: 8 at a time through F16C.
     for (; i + 8 <= e; i += 8) {
@@ -51,7 +36,7 @@ void round_to_fp16(float* out, const float* in, int64_t n) {
     }
 #endif
     for (; i < e; i++) out[i] = float(_Float16(in[i]));
-  }
+  });
 }
 
 }  // namespace cleave::kernels

@@ -18,10 +18,10 @@ void Block::Saved::release() {
 }
 
 Block::Block(ParamStore& store, int layer, const ModelConfig& c, Precision p,
-             const kernels::RopeTable* rope, const TensorParallelOptions& tp,
-             const ContextParallelOptions& cp)
+             const kernels::RopeTable* rope, RecomputeSpares& spares,
+             const TensorParallelOptions& tp, const ContextParallelOptions& cp)
     : cfg_(c), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())),
-      name_("blocks." + std::to_string(layer)),
+      name_("blocks." + std::to_string(layer)), spares_(spares),
       norm1_(store, name_ + ".norm1", c.d_model, c.family == Family::gpt2, c.norm_eps,
              tp.sequence_parallel ? kTpAxis : ""),
       norm2_(store, name_ + ".norm2", c.d_model, c.family == Family::gpt2, c.norm_eps,
@@ -79,8 +79,6 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
                "generation runs at tp = 1 (the model has tp " << share_.tp << ")");
   const int64_t B = batch.B, T = batch.T, N = B * T, n = local_rows(N), d = cfg_.d_model;
   take_spares(s, N);
-  for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2})
-    if (b->size() != n * d) b->resize(n * d);
   s.B = B, s.T = T;
   s.x_in = x_in;
   // Under sequence parallelism a module's input is the shared gathered rows, gathered again for
@@ -104,26 +102,23 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
 }
 
 void Block::take_spares(Saved& s, int64_t N) const {
-  if (!spares_) return;
   const int64_t n = local_rows(N), d = cfg_.d_model;
-  for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2}) spares_->floats.fill(*b, n * d);
-  attn_.take_spares(s.attn, *spares_, N);
-  mlp_.take_spares(s.mlp, *spares_, N);
+  for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2}) spares_.floats.fill(*b, n * d);
+  attn_.take_spares(s.attn, spares_, N);
+  mlp_.take_spares(s.mlp, spares_, N);
 }
 
 void Block::release_recomputable(Saved& s) const {
-  CLEAVE_CHECK(spares_ != nullptr, name_ << ": selective recompute without spares");
-  spares_->floats.give(s.h1);
-  spares_->floats.give(s.h2);
-  attn_.release_input_copy(s.attn, *spares_);
-  mlp_.release_activation(s.mlp, *spares_);
+  spares_.floats.give(s.h1);
+  spares_.floats.give(s.h2);
+  attn_.release_input_copy(s.attn, spares_);
+  mlp_.release_activation(s.mlp, spares_);
 }
 
 void Block::release_all(Saved& s) const {
-  CLEAVE_CHECK(spares_ != nullptr, name_ << ": recompute without spares");
-  for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2}) spares_->floats.give(*b);
-  attn_.give_all(s.attn, *spares_);
-  mlp_.give_all(s.mlp, *spares_);
+  for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2}) spares_.floats.give(*b);
+  attn_.give_all(s.attn, spares_);
+  mlp_.give_all(s.mlp, spares_);
   s.release();
 }
 

@@ -20,6 +20,7 @@
 #include "cleave/model/mlp.h"
 #include "cleave/model/model_config.h"
 #include "cleave/model/self_attention.h"
+#include "cleave/model/spare_buffers.h"
 #include "cleave/model/tensor_parallel.h"
 
 namespace cleave {
@@ -67,9 +68,11 @@ class Block {
     void release();
   };
 
+  // spares: the model's, which every block's forward and recompute take their buffers from and
+  // activation checkpointing gives them back to.
   Block(ParamStore& store, int layer, const ModelConfig& cfg, Precision precision,
-        const kernels::RopeTable* rope, const TensorParallelOptions& tp = {},
-        const ContextParallelOptions& cp = {});
+        const kernels::RopeTable* rope, RecomputeSpares& spares,
+        const TensorParallelOptions& tp = {}, const ContextParallelOptions& cp = {});
   void bind(ParamStore& store);
   void reserve_grads(BlockGrads& g, int64_t N) const;
 
@@ -88,11 +91,10 @@ class Block {
   // outputs, the MLP's activation, the bf16 copies of them the products keep) to the spares,
   // keeping every product's output; recompute_cheap rebuilds it, bitwise, with no product and no
   // collective. Full: release_all gives every buffer, and a forward on the same input rebuilds
-  // them. Forward and recompute_cheap take their buffers from the spares when they have them.
+  // them.
   void release_recomputable(Saved& s) const;
   void release_all(Saved& s) const;
   void recompute_cheap(Saved& s);
-  void set_spares(RecomputeSpares* spares) { spares_ = spares; }
 
  private:
   void weight_gradients(Saved& s, BlockGrads& g);
@@ -108,8 +110,8 @@ class Block {
   TensorParallelOptions tp_;
   TpShare share_;
   std::string name_;
-  void take_spares(Saved& s, int64_t N) const;
-  RecomputeSpares* spares_ = nullptr;
+  void take_spares(Saved& s, int64_t N) const;  // s's buffers sized for N rows
+  RecomputeSpares& spares_;
   Norm norm1_, norm2_;
   SelfAttention attn_;
   Mlp mlp_;

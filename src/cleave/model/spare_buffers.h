@@ -1,8 +1,8 @@
-// Buffers that selective activation checkpointing takes from a block after its forward and gives
-// back before its backward, kept for the next block instead of being freed: a freed buffer's
-// pages go back to the kernel and a new one faults them in again, which cost a third of a step
-// (llama_long, 8 layers at 2K tokens: 64K page faults per step). Only as many exist as blocks hold
-// them at once (one, or a few under the pipeline's split backward).
+// Buffers that activation checkpointing takes from a block after its forward (full: all it saved;
+// selective: the cheap part) and hands to the next block's forward or recompute instead of freeing
+// them: a freed buffer's pages go back to the kernel and a new one faults them in again, which
+// cost a third of a step (llama_long, 8 layers at 2K tokens: 64K page faults per step). Only as
+// many exist as blocks hold them at once (one, or a few under the pipeline's split backward).
 #pragma once
 #include <cstdint>
 #include <utility>

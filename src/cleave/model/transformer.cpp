@@ -57,8 +57,8 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
       new_unit(UnitKind::block, l, ch);
       block_of_unit_.back() = int(blocks_.size());
       blocks_.push_back(
-          std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, tp, context));
-      blocks_.back()->set_spares(&spares_);
+          std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, spares_,
+                                  tp, context));
     }
     if (k.head) {
       new_unit(UnitKind::head, -1, ch);

@@ -51,14 +51,14 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
       position_.push_back(at);
       at += slice(u);
     }
-    if (zero_stage == 3 && !offload_dir.empty()) {
-      shard_file_ = MappedFloats(offload_dir, at, "params");
-      shard_ = shard_file_.data();
-    } else if (zero_stage == 3) {
-      shard_values_.resize(at);
-      shard_ = shard_values_.data();
-    }
     if (zero_stage == 3) {
+      if (!offload_dir.empty()) {
+        shard_file_ = MappedFloats(offload_dir, at, "params");
+        shard_ = shard_file_.data();
+      } else {
+        shard_values_.resize(at);
+        shard_ = shard_values_.data();
+      }
       for (int u = 0; u < n_units(); ++u)
         store.init_range(seed, ranges_[u].begin, ranges_[u].end, shard_ + position_[u]);
       drop_offloaded();
