@@ -80,8 +80,10 @@ TEST(Config, Overrides) {
 }
 
 TEST(Config, ResolvedTomlRoundTrips) {
-  // fp16 and offloading, so that every key applies and is written.
+  // fp16, offloading and a sigmoid-routed mixture of experts, so that every key applies and is
+  // written.
   const Config c = parse_config("[model]\nfamily = \"llama\"\nd_model = 96\nn_heads = 6\nn_kv_heads = 2\n"
+                                "moe_experts = 4\nmoe_router = \"sigmoid_bias\"\n"
                                 "[train]\ndtype = \"fp16\"\nout_dir = \"runs/x\"\n"
                                 "[optim]\nno_decay = [\"embed\"]\ndecay = \"linear\"\n"
                                 "offload = \"file\"\n",
@@ -95,7 +97,29 @@ TEST(Config, ResolvedTomlRoundTrips) {
   const std::string plain = to_toml(parse_config("", "t"));
   EXPECT_EQ(plain.find("loss_scale_"), std::string::npos);
   EXPECT_EQ(plain.find("offload_dir"), std::string::npos);
+  EXPECT_EQ(plain.find("moe_top_k"), std::string::npos);
   EXPECT_EQ(to_toml(parse_config(plain, "resolved")), plain);
+}
+
+TEST(Config, MoeKeysNameTheirNumbers) {
+  EXPECT_NE(error_of("[model]\nmoe_experts = 4\nmoe_top_k = 5\n")
+                .find("model.moe_top_k = 5 exceeds model.moe_experts = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nmoe_top_k = 2\n")
+                .find("model.moe_top_k is set but model.moe_experts = 0"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nmoe_experts = 4\nmoe_bias_update_rate = 0.01\n")
+                .find("model.moe_bias_update_rate is set but model.moe_router = \"topk_softmax\""),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nn_layers = 2\nmoe_experts = 4\nmoe_first_dense = 2\n")
+                .find("leave none of the 2 layers a mixture of experts"),
+            std::string::npos);
+  const Config c = parse_config("[model]\nmoe_experts = 8\nmoe_every = 2\nmoe_first_dense = 1\n", "t");
+  EXPECT_EQ(c.model.moe_ffn_hidden, c.model.ffn_hidden);
+  EXPECT_FALSE(c.model.is_moe_layer(0));
+  EXPECT_FALSE(c.model.is_moe_layer(1));
+  EXPECT_TRUE(c.model.is_moe_layer(2));
+  EXPECT_FALSE(c.model.is_moe_layer(3));
 }
 
 TEST(Config, PrecisionAndOffloadKeysNeedTheirMode) {

@@ -10,6 +10,7 @@
 // activation pool, one per unit and slot), so it can be freed and recomputed.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "cleave/base/batch.h"
@@ -18,6 +19,7 @@
 #include "cleave/model/kv_cache.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/mlp.h"
+#include "cleave/model/moe.h"
 #include "cleave/model/model_config.h"
 #include "cleave/model/self_attention.h"
 #include "cleave/model/spare_buffers.h"
@@ -30,6 +32,7 @@ namespace cleave {
 struct BlockGrads {
   SelfAttention::Scratch attn;
   Mlp::Scratch mlp;
+  Moe::Scratch moe;
   Buffer<float> d_h2, d_xmid, d_h1;
   // Sequence parallelism only. A column-parallel linear's input is gathered into `gathered` for
   // its forward and again for its weight gradient (as Megatron does), so no block keeps a full-row
@@ -62,26 +65,31 @@ class Block {
     Buffer<float> h1, x_mid, h2;
     NormStats norm1, norm2;
     SelfAttention::Saved attn;
-    Mlp::Saved mlp;
+    Mlp::Saved mlp;  // the MLP's, or the mixture of experts' in a MoE layer
+    Moe::Saved moe;
     Buffer<float> d_h1, d_h2;  // BackwardPart::input only
     // Frees everything but the input: a forward on the same input rebuilds it, bitwise.
     void release();
   };
 
   // spares: the model's, which every block's forward and recompute take their buffers from and
-  // activation checkpointing gives them back to.
+  // activation checkpointing gives them back to. A layer cfg.is_moe_layer names holds a mixture
+  // of experts (model/moe.h) in place of the MLP.
   Block(ParamStore& store, int layer, const ModelConfig& cfg, Precision precision,
         const kernels::RopeTable* rope, RecomputeSpares& spares,
-        const TensorParallelOptions& tp = {}, const ContextParallelOptions& cp = {});
+        const TensorParallelOptions& tp = {}, const ContextParallelOptions& cp = {},
+        const MoeOptions& moe = {});
   void bind(ParamStore& store);
   void reserve_grads(BlockGrads& g, int64_t N) const;
 
   // x_in and x_out hold the rank's rows of the batch's B sequences of T tokens (all of them, or
   // 1/tp under sequence parallelism). x_in and the batch must stay unchanged until the backward
   // of s. With a cache (generation, tp = 1): one sequence of T new tokens following the cache's
-  // contents.
+  // contents. A MoE layer takes the loss's grad_scale for its balancing terms' gradients and,
+  // with count_stats, adds the micro-batch to its routing statistics.
   void forward(Saved& s, float* x_out, const float* x_in, const Batch& batch, BlockGrads& g,
-               KVCache* cache = nullptr);
+               KVCache* cache = nullptr, float grad_scale = 0, bool count_stats = false);
+  Moe* moe() { return moe_.get(); }  // null in a dense layer
   // dx_in (=) from dx_out, and the weight gradients (+=), of s's micro-batch. With both, each
   // column-parallel linear's input gradient is reduced over tp while its and its row-parallel
   // partner's weight gradients run. part weight ignores dx_in and dx_out.
@@ -98,6 +106,7 @@ class Block {
 
  private:
   void weight_gradients(Saved& s, BlockGrads& g);
+  void ffn_backward_weight(Saved& s, const float* h2);  // the MLP's or the experts' 
   int64_t local_rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.size() : N; }
   // The input of a column-parallel linear: the norm's output, gathered from every rank's rows
   // under sequence parallelism (into full).
@@ -114,7 +123,8 @@ class Block {
   RecomputeSpares& spares_;
   Norm norm1_, norm2_;
   SelfAttention attn_;
-  Mlp mlp_;
+  std::unique_ptr<Mlp> mlp_;  // or
+  std::unique_ptr<Moe> moe_;
 };
 
 }  // namespace cleave

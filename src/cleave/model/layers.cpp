@@ -15,10 +15,11 @@ Placement bias_placement(const Placement& weight) {
 }  // namespace
 
 Linear::Linear(ParamStore& store, const std::string& name, int in, int out, bool bias,
-               float init_std, Precision precision, Placement placement)
-    : w_(store.add(name + ".weight", {out, in}, Init::normal, init_std, placement)),
+               float init_std, Precision precision, Placement placement, int group)
+    : w_(store.add(name + ".weight", {out, in}, Init::normal, init_std, placement, group)),
       bias_after_sum_(placement.shard_dim == 1), gemm_(in, out, precision) {
-  if (bias) b_ = store.add(name + ".bias", {out}, Init::zeros, 0.0f, bias_placement(placement));
+  if (bias)
+    b_ = store.add(name + ".bias", {out}, Init::zeros, 0.0f, bias_placement(placement), group);
 }
 
 void Linear::bind(ParamStore& store) {

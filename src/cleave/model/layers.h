@@ -16,7 +16,7 @@ namespace cleave {
 class Linear {
  public:
   Linear(ParamStore& store, const std::string& name, int in, int out, bool bias, float init_std,
-         Precision precision, Placement placement = {});
+         Precision precision, Placement placement = {}, int group = 0);
   // After store.allocate(): take the buffer addresses; the store tells the product of writes.
   void bind(ParamStore& store);
 

@@ -10,12 +10,13 @@ namespace {
 
 // fc's rows on a tp rank: its hidden units, and for SwiGLU the same units of the up projection
 // (none at tp = 1: the whole tensor).
-Placement fc_placement(const ModelConfig& c, const TpShare& s) {
+Placement fc_placement(const ModelConfig& c, const TpShare& s, int hidden) {
   if (s.tp == 1) return {};
-  const int64_t f = s.ffn;
+  const int64_t f = hidden / s.tp;
   std::vector<Segment> segments = {{0, s.rank * f, f, ""}};
-  if (c.family == Family::llama) segments.push_back({f, c.ffn_hidden + s.rank * f, f, ""});
-  return shard_rows({c.mlp_in_dim(), c.d_model}, std::move(segments));
+  if (c.family == Family::llama) segments.push_back({f, hidden + s.rank * f, f, ""});
+  const int64_t rows = c.family == Family::llama ? 2 * hidden : hidden;
+  return shard_rows({rows, c.d_model}, std::move(segments));
 }
 
 }  // namespace
@@ -28,12 +29,12 @@ void Mlp::Saved::release() {
 }
 
 Mlp::Mlp(ParamStore& store, const std::string& name, const ModelConfig& c, const TpShare& share,
-         Precision p)
-    : cfg_(c), ffn_(share.ffn),
-      fc_(store, name + ".fc", c.d_model, c.family == Family::llama ? 2 * share.ffn : share.ffn,
-          c.family == Family::gpt2, c.init_std, p, fc_placement(c, share)),
-      proj_(store, name + ".proj", share.ffn, c.d_model, c.family == Family::gpt2,
-            c.residual_init_std(), p, row_parallel(share, c.d_model, c.ffn_hidden, share.ffn)) {}
+         Precision p, int hidden, int group)
+    : cfg_(c), hidden_(hidden > 0 ? hidden : c.ffn_hidden), ffn_(hidden_ / share.tp),
+      fc_(store, name + ".fc", c.d_model, c.family == Family::llama ? 2 * ffn_ : ffn_,
+          c.family == Family::gpt2, c.init_std, p, fc_placement(c, share, hidden_), group),
+      proj_(store, name + ".proj", ffn_, c.d_model, c.family == Family::gpt2,
+            c.residual_init_std(), p, row_parallel(share, c.d_model, hidden_, ffn_), group) {}
 
 void Mlp::bind(ParamStore& store) {
   fc_.bind(store);

@@ -31,8 +31,10 @@ class Mlp {
     OperandCopy dy_copy, dfc_copy;
   };
 
+  // hidden: the MLP's hidden units over every tp rank (0: model.ffn_hidden; a mixture of
+  // experts' experts have their own); group: the parameter group its tensors join.
   Mlp(ParamStore& store, const std::string& name, const ModelConfig& c, const TpShare& share,
-      Precision precision);
+      Precision precision, int hidden = 0, int group = 0);
   void bind(ParamStore& store);
   void reserve(Scratch& g, int64_t N) const;
 
@@ -51,7 +53,8 @@ class Mlp {
 
  private:
   const ModelConfig& cfg_;
-  int ffn_;  // hidden units held
+  int hidden_;  // hidden units over every tp rank
+  int ffn_;     // hidden units held
   void activate(Saved& s) const;  // act from fc
   Linear fc_, proj_;
 };

@@ -4,9 +4,12 @@
 #include <cstdint>
 #include <string>
 
+#include "cleave/kernels/moe_router.h"
+
 namespace cleave {
 
 enum class Family { gpt2, llama };
+
 
 struct ModelConfig {
   Family family = Family::gpt2;
@@ -21,6 +24,31 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   bool tie_embeddings = true;
   float init_std = 0.02f;
+  // Mixture of experts (0 experts: every layer dense). Layer l is MoE when l >= moe_first_dense
+  // and l % moe_every == 0 (DeepSeek's first_k_dense_replace and moe_layer_freq). Each expert,
+  // and the shared experts (one MLP of moe_shared_experts x moe_ffn_hidden units, DeepSeek's
+  // fused form), is the family's MLP.
+  int moe_experts = 0;
+  int moe_top_k = 2;
+  int moe_shared_experts = 0;
+  int moe_ffn_hidden = 0;
+  int moe_every = 1;
+  int moe_first_dense = 0;
+  MoeRouter moe_router = MoeRouter::topk_softmax;
+  float moe_aux_loss_coef = 0.0f;      // Switch/GShard's N sum f_i P_i, per sequence
+  float moe_z_loss_coef = 0.0f;        // the router's z-loss, mean over tokens
+  float moe_bias_update_rate = 1e-3f;  // sigmoid_bias: the bias's step per optimizer step
+  float moe_capacity_factor = 0.0f;    // 0: dropless; else each expert takes at most
+                                       // ceil(factor x tokens x top_k / experts) of a sequence
+
+  bool is_moe_layer(int layer) const {
+    return moe_experts > 0 && layer >= moe_first_dense && layer % moe_every == 0;
+  }
+  int moe_layers() const {
+    int n = 0;
+    for (int l = 0; l < n_layers; ++l) n += is_moe_layer(l);
+    return n;
+  }
 
   int head_dim() const { return d_model / n_heads; }
   int qkv_dim() const { return (n_heads + 2 * n_kv_heads) * head_dim(); }
@@ -32,5 +60,10 @@ struct ModelConfig {
 };
 
 inline const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
+inline const char* moe_router_name(MoeRouter r) {
+  return r == MoeRouter::topk_softmax   ? "topk_softmax"
+         : r == MoeRouter::softmax_topk ? "softmax_topk"
+                                        : "sigmoid_bias";
+}
 
 }  // namespace cleave

@@ -24,6 +24,9 @@ TpShare tp_share(const ModelConfig& c, int tp, int rank) {
   if (c.ffn_hidden % tp != 0)
     throw Error("model.ffn_hidden = " + std::to_string(c.ffn_hidden) + " cannot be split" + split +
                 ": ffn_hidden must be divisible by tp");
+  if (c.moe_experts > 0 && c.moe_ffn_hidden % tp != 0)
+    throw Error("model.moe_ffn_hidden = " + std::to_string(c.moe_ffn_hidden) + " cannot be split" +
+                split + ": each expert's hidden units must be divisible by tp");
   TpShare s;
   s.tp = tp;
   s.rank = rank;

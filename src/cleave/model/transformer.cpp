@@ -24,7 +24,8 @@ Placement vocab_placement(const ModelConfig& c, const TpShare& s) {
 
 Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t seed,
                          int64_t pad_multiple, bool materialise, const TensorParallelOptions& tp,
-                         std::vector<ModelChunk> chunks, const ContextParallelOptions& cp)
+                         std::vector<ModelChunk> chunks, const ContextParallelOptions& cp,
+                         EpComm* ep)
     : cfg_(c), precision_(precision), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())),
       chunks_(std::move(chunks)) {
   if (chunks_.empty()) chunks_.push_back({0, c.n_layers, true, true});
@@ -38,6 +39,9 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
     block_of_unit_.push_back(-1);
   };
   chunk_units_.resize(chunks_.size());
+  MoeOptions moe;
+  moe.ep = ep;
+  if (c.moe_experts > 0) moe.expert_group = store_.add_group("experts");
   int embedding_unit = -1;
   for (int ch = 0; ch < int(chunks_.size()); ++ch) {
     const ModelChunk& k = chunks_[size_t(ch)];
@@ -58,7 +62,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
       block_of_unit_.back() = int(blocks_.size());
       blocks_.push_back(
           std::make_unique<Block>(store_, l, cfg_, precision, rope_ ? &*rope_ : nullptr, spares_,
-                                  tp, context));
+                                  tp, context, moe));
     }
     if (k.head) {
       new_unit(UnitKind::head, -1, ch);
@@ -133,7 +137,13 @@ void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
     embed_full_.resize(N * d);
     d_full_.resize(N * d);
   }
-  if (!blocks_.empty()) blocks_.front()->reserve_grads(grads_, N);
+  // The scratch is shared: the first dense block and the first MoE block size what each needs.
+  bool dense = false, moe = false;
+  for (auto& b : blocks_) {
+    bool& seen = b->moe() ? moe : dense;
+    if (!seen) b->reserve_grads(grads_, N);
+    seen = true;
+  }
   B_ = B, T_ = T;
 }
 
@@ -206,15 +216,18 @@ void Transformer::forward_unit(int unit, int slot, const Batch& batch, float gra
                                                 << " tokens for a model prepared for " << B_
                                                 << " x " << T_);
   s.batch = &batch;
+  if (!recomputing_) s.grad_scale = grad_scale;
   switch (u.kind) {
     case UnitKind::embedding:
       embed(s.stream.front().data(), batch.tokens.data(), batch.positions.data(), B_ * T_);
       break;
     case UnitKind::block: {
       const int k = u.layer - chunks_[size_t(u.chunk)].first_layer;  // within the chunk
+      // Routing statistics count the forwards that prepare a backward, once each.
       blocks_[size_t(block_of_unit_[size_t(unit)])]->forward(
           saved_[size_t(unit)].at(size_t(slot)), s.stream[size_t(k) + 1].data(),
-          s.stream[size_t(k)].data(), batch, grads_);
+          s.stream[size_t(k)].data(), batch, grads_, nullptr, grad_scale,
+          grad_scale != 0 && !recomputing_);
       break;
     }
     case UnitKind::head:
@@ -305,8 +318,12 @@ void Transformer::recompute(int unit, int slot) {
   if (selective_recompute_)
     blocks_[size_t(block_of_unit_[size_t(unit)])]->recompute_cheap(
         saved_[size_t(unit)].at(size_t(slot)));
-  else
-    forward_unit(unit, slot, *slot_of(units_[size_t(unit)].chunk, slot).batch, 0.0f);
+  else {
+    const Slot& s = slot_of(units_[size_t(unit)].chunk, slot);
+    recomputing_ = true;
+    forward_unit(unit, slot, *s.batch, s.grad_scale);
+    recomputing_ = false;
+  }
 }
 
 void Transformer::head_backward(Slot& s) {
@@ -446,10 +463,37 @@ std::unique_ptr<Transformer> Transformer::planned(const ModelConfig& cfg, int tp
 
 int64_t Transformer::matmul_params() const {
   const ModelConfig& c = cfg_;
-  const int64_t per_block = int64_t(c.d_model) * c.qkv_dim() +
-                            int64_t(c.n_heads) * c.head_dim() * c.d_model +
-                            int64_t(c.d_model) * c.mlp_in_dim() + int64_t(c.ffn_hidden) * c.d_model;
-  return per_block * c.n_layers + int64_t(c.vocab_size) * c.d_model;
+  const int64_t d = c.d_model, attention = d * c.qkv_dim() + int64_t(c.n_heads) * c.head_dim() * d;
+  // An MLP of h hidden units: fc (2h rows for SwiGLU) and proj.
+  auto mlp = [&](int64_t h) { return d * h * (c.family == Family::llama ? 2 : 1) + h * d; };
+  int64_t total = int64_t(c.vocab_size) * d;
+  for (int l = 0; l < c.n_layers; ++l) {
+    total += attention;
+    if (c.is_moe_layer(l))
+      total += d * c.moe_experts + (int64_t(c.moe_top_k) + c.moe_shared_experts) * mlp(c.moe_ffn_hidden);
+    else
+      total += mlp(c.ffn_hidden);
+  }
+  return total;
+}
+
+std::vector<MoeLayerStats> Transformer::take_moe_stats() {
+  std::vector<MoeLayerStats> out;
+  for (auto& b : blocks_)
+    if (Moe* m = b->moe()) out.push_back(m->take_stats());
+  return out;
+}
+
+void Transformer::update_moe_bias(int layer, const std::vector<double>& load) {
+  for (auto& b : blocks_)
+    if (Moe* m = b->moe(); m && m->layer() == layer) m->update_bias(load);
+}
+
+std::vector<std::pair<int, std::vector<float>*>> Transformer::moe_biases() {
+  std::vector<std::pair<int, std::vector<float>*>> out;
+  for (auto& b : blocks_)
+    if (Moe* m = b->moe(); m && !m->bias().empty()) out.push_back({m->layer(), &m->bias()});
+  return out;
 }
 
 }  // namespace cleave

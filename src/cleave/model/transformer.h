@@ -37,9 +37,12 @@ class Transformer {
   // zigzag chunks of each sequence, and attention exchanges keys and values with the cp ranks.
   // GPT-2's tied LM head on a rank without the embeddings holds a copy of embed.wte
   // (Placement::tied_copy) whose gradient the trainer sums with the first stage's.
+  // ep: expert parallelism (model/moe.h) for a model with MoE layers, whose experts form a second
+  // parameter group, "experts".
   Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed, int64_t pad_multiple = 1,
               bool materialise = true, const TensorParallelOptions& tp = {},
-              std::vector<ModelChunk> chunks = {}, const ContextParallelOptions& cp = {});
+              std::vector<ModelChunk> chunks = {}, const ContextParallelOptions& cp = {},
+              EpComm* ep = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }
@@ -120,9 +123,17 @@ class Transformer {
   static std::unique_ptr<Transformer> planned(const ModelConfig& cfg, int tp, bool sequence_parallel,
                                               std::vector<ModelChunk> chunks = {});
 
-  // Parameters that take part in matrix products (LM head included) of the whole model: the
-  // 6 * P of MFU.
+  // Parameters that take part in matrix products (LM head included) of the whole model, counting
+  // only a token's active experts in a MoE layer (the router, top_k experts and the shared
+  // ones): the 6 * P of MFU.
   int64_t matmul_params() const;
+
+  // The MoE layers this rank holds: each one's routing statistics since the last call, and
+  // sigmoid_bias's update from the step's global load per expert (Moe::update_bias).
+  std::vector<MoeLayerStats> take_moe_stats();
+  void update_moe_bias(int layer, const std::vector<double>& load);
+  // The router biases of the MoE layers this rank holds, by layer (sigmoid_bias; checkpoints).
+  std::vector<std::pair<int, std::vector<float>*>> moe_biases();
 
  private:
   // A chunk's activations for one micro-batch, and the gradient flowing between its units, so
@@ -137,6 +148,7 @@ class Transformer {
     Buffer<float> d_head_in;  // chunked loss: the head input's gradient, from its forward
     OperandCopy head_x;                         // the head's input in bf16 (bf16 mode)
     NormStats final_norm;
+    float grad_scale = 0;  // of its forward: a full recompute runs with the same
   };
   Slot& slot_of(int chunk, int slot) { return slots_[size_t(chunk)].at(size_t(slot)); }
   const Slot& head_slot(int slot) const { return slots_.back().at(size_t(slot)); }
@@ -174,6 +186,7 @@ class Transformer {
   Buffer<float> d_hf_;                    // the head's input gradient, within its backward
   int64_t loss_chunk_ = 0;
   bool selective_recompute_ = false;
+  bool recomputing_ = false;  // a full recompute's forward: no routing statistics
   // What activation checkpointing frees, for the next block's forward or recompute to take.
   RecomputeSpares spares_;
   OperandCopy d_logits_;                  // bf16 mode: the head's output gradient, likewise

@@ -156,6 +156,39 @@ const std::vector<Key>& schema() {
                  [](C& c, const toml::node& n) { c.model.tie_embeddings = *n.value<bool>(); },
                  [](const C& c) { return std::string(c.model.tie_embeddings ? "true" : "false"); }});
     k.push_back(real_key("model.init_std", &C::model, &ModelConfig::init_std, 0.0, 10.0));
+    // The mixture-of-experts keys appear in a written config only for a MoE model; the router's
+    // bias rate only for sigmoid_bias.
+    auto moe = [](Key key, bool bias_only = false) {
+      key.show = [show = key.show, bias_only](const C& c) {
+        const bool applies = c.model.moe_experts > 0 &&
+                             (!bias_only || c.model.moe_router == MoeRouter::sigmoid_bias);
+        return applies ? show(c) : std::string();
+      };
+      return key;
+    };
+    k.push_back(integer_key("model.moe_experts", &C::model, &ModelConfig::moe_experts, 0, 1 << 16));
+    k.push_back(moe(integer_key("model.moe_top_k", &C::model, &ModelConfig::moe_top_k, 1, 1 << 16)));
+    k.push_back(moe(integer_key("model.moe_shared_experts", &C::model,
+                                &ModelConfig::moe_shared_experts, 0, 1 << 10)));
+    k.push_back(moe(integer_key("model.moe_ffn_hidden", &C::model, &ModelConfig::moe_ffn_hidden, 1,
+                                1 << 20)));
+    k.push_back(moe(integer_key("model.moe_every", &C::model, &ModelConfig::moe_every, 1, 1024)));
+    k.push_back(moe(integer_key("model.moe_first_dense", &C::model, &ModelConfig::moe_first_dense,
+                                0, 1024)));
+    k.push_back(moe(choice_key("model.moe_router", &C::model, &ModelConfig::moe_router,
+                               std::vector<std::pair<std::string, MoeRouter>>{
+                                   {"topk_softmax", MoeRouter::topk_softmax},
+                                   {"softmax_topk", MoeRouter::softmax_topk},
+                                   {"sigmoid_bias", MoeRouter::sigmoid_bias}})));
+    k.push_back(moe(real_key("model.moe_aux_loss_coef", &C::model, &ModelConfig::moe_aux_loss_coef,
+                             0.0, 1e3)));
+    k.push_back(moe(real_key("model.moe_z_loss_coef", &C::model, &ModelConfig::moe_z_loss_coef, 0.0,
+                             1e3)));
+    k.push_back(moe(real_key("model.moe_bias_update_rate", &C::model,
+                             &ModelConfig::moe_bias_update_rate, 0.0, 1.0),
+                    true));
+    k.push_back(moe(real_key("model.moe_capacity_factor", &C::model,
+                             &ModelConfig::moe_capacity_factor, 0.0, 1e3)));
 
     k.push_back(string_key("data.dir", &C::data, &DataConfig::dir));
     k.push_back(string_key("data.corpus", &C::data, &DataConfig::corpus));
@@ -376,6 +409,22 @@ void validate_and_resolve(Config& c, const std::set<std::string>& given, const s
   if (!given.count("model.tie_embeddings")) m.tie_embeddings = m.family == Family::gpt2;
   if (!given.count("model.ffn_hidden"))  // Llama's 2/3 * 4d, rounded up to a multiple of 32
     m.ffn_hidden = m.family == Family::gpt2 ? 4 * m.d_model : (8 * m.d_model / 3 + 31) / 32 * 32;
+  if (!given.count("model.moe_ffn_hidden")) m.moe_ffn_hidden = m.ffn_hidden;
+  for (const std::string& key : given)
+    if (key.rfind("model.moe_", 0) == 0 && key != "model.moe_experts" && m.moe_experts == 0)
+      fail(key + " is set but model.moe_experts = 0: the model has no mixture-of-experts layer");
+  if (m.moe_experts > 0) {
+    if (m.moe_top_k > m.moe_experts)
+      fail("model.moe_top_k = " + std::to_string(m.moe_top_k) + " exceeds model.moe_experts = " +
+           std::to_string(m.moe_experts));
+    if (m.moe_layers() == 0)
+      fail("model.moe_first_dense = " + std::to_string(m.moe_first_dense) +
+           " and model.moe_every = " + std::to_string(m.moe_every) + " leave none of the " +
+           std::to_string(m.n_layers) + " layers a mixture of experts");
+    if (given.count("model.moe_bias_update_rate") && m.moe_router != MoeRouter::sigmoid_bias)
+      fail("model.moe_bias_update_rate is set but model.moe_router = \"" +
+           std::string(moe_router_name(m.moe_router)) + "\": only sigmoid_bias has a bias");
+  }
   if (m.d_model % m.n_heads != 0)
     fail("model.d_model = " + std::to_string(m.d_model) + " is not divisible by model.n_heads = " +
          std::to_string(m.n_heads));

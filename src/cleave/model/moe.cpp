@@ -1,0 +1,468 @@
+#include "cleave/model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "cleave/kernels/moe_router.h"
+
+namespace cleave {
+
+namespace {
+
+void grow(Buffer<float>& b, int64_t n) {
+  if (b.size() < n) b.resize(n);
+}
+
+// rows of `from` [.., d] in blocks of counts[i] rows, block i taken in the order `order`.
+void reorder_blocks(float* to, const float* from, const std::vector<int64_t>& counts,
+                    const std::vector<int>& order, int64_t d) {
+  std::vector<int64_t> at(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) at[i + 1] = at[i] + counts[i];
+  int64_t out = 0;
+  for (int i : order) {
+    std::memcpy(to + out * d, from + at[size_t(i)] * d, size_t(counts[size_t(i)] * d) * sizeof(float));
+    out += counts[size_t(i)];
+  }
+}
+
+}  // namespace
+
+void Moe::Saved::release() {
+  for (Buffer<float>* b : {&logits, &gate, &fraction, &y_send, &x_expert, &d_logits})
+    *b = Buffer<float>();
+  choice.clear();
+  row.clear();
+  send_rows.clear();
+  recv_rows.clear();
+  for (Mlp::Saved& e : experts) e.release();
+  shared.release();
+  N = B = T = 0;
+}
+
+Moe::Moe(ParamStore& store, const std::string& name, int layer, const ModelConfig& c,
+         const TpShare& share, Precision precision, const TensorParallelOptions& tp,
+         const MoeOptions& options)
+    : cfg_(c), layer_(layer), E_(c.moe_experts), k_(c.moe_top_k), tp_(tp), opt_(options),
+      shared_cfg_(c),
+      router_(store, name + ".router", c.d_model, c.moe_experts, false, c.init_std,
+              Precision::fp32) {
+  CLEAVE_CHECK(E_ % opt_.ep_size() == 0, "model.moe_experts = " << E_ << " cannot be split over "
+                                             "parallel.ep = " << opt_.ep_size());
+  const int first = opt_.ep_rank() * local_experts();
+  for (int e = 0; e < local_experts(); ++e)
+    experts_.push_back(std::make_unique<Mlp>(store, name + ".experts." + std::to_string(first + e),
+                                             c, share, precision, c.moe_ffn_hidden,
+                                             opt_.expert_group));
+  if (c.moe_shared_experts > 0)
+    shared_ = std::make_unique<Mlp>(store, name + ".shared", c, share, precision,
+                                    c.moe_shared_experts * c.moe_ffn_hidden);
+  if (c.moe_router == MoeRouter::sigmoid_bias) bias_.assign(size_t(E_), 0.0f);
+  stats_.layer = layer;
+  stats_.tokens.assign(size_t(E_), 0.0);
+}
+
+void Moe::bind(ParamStore& store) {
+  router_.bind(store);
+  for (auto& e : experts_) e->bind(store);
+  if (shared_) shared_->bind(store);
+}
+
+void Moe::reserve(Scratch& g, int64_t N) const {
+  // An expert takes each token at most once: N rows at most.
+  if (!experts_.empty()) experts_.front()->reserve(g.expert, N);
+  if (shared_) shared_->reserve(g.shared, N);
+  grow(g.probs, N * E_);
+  grow(g.d_probs, N * E_);
+  grow(g.d_logits, N * E_);
+  grow(g.d_gate, N * k_);
+}
+
+void Moe::add_bias(float* y, int64_t rows) const {
+  if (shared_) shared_->add_bias(y, rows);
+}
+
+double Moe::assign_rows(Saved& s) const {
+  const int64_t N = s.N, T = s.T;
+  const int k = k_;
+  s.row.assign(size_t(N * k), 0);
+  s.send_rows.assign(size_t(E_), 0);
+  const double factor = cfg_.moe_capacity_factor;
+  const int64_t capacity = factor > 0 ? int64_t(std::ceil(factor * double(T) * k / E_))
+                                      : std::numeric_limits<int64_t>::max();
+  // Per sequence, first choices in position order, then second choices, and so on.
+  std::vector<int64_t> used(static_cast<size_t>(E_));
+  double dropped = 0;
+  for (int64_t b = 0; b < s.B; ++b) {
+    std::fill(used.begin(), used.end(), 0);
+    for (int j = 0; j < k; ++j)
+      for (int64_t t = b * T; t < (b + 1) * T; ++t) {
+        const int32_t e = s.choice[size_t(t * k + j)];
+        if (used[size_t(e)] < capacity) {
+          ++used[size_t(e)];
+        } else {
+          s.row[size_t(t * k + j)] = -1;
+          ++dropped;
+        }
+      }
+  }
+  for (int64_t i = 0; i < N * k; ++i)
+    if (s.row[size_t(i)] >= 0) ++s.send_rows[size_t(s.choice[size_t(i)])];
+  // Send order: by expert, and within an expert by token.
+  std::vector<int64_t> next(size_t(E_), 0);
+  for (int e = 1; e < E_; ++e) next[size_t(e)] = next[size_t(e - 1)] + s.send_rows[size_t(e - 1)];
+  for (int64_t i = 0; i < N * k; ++i)
+    if (s.row[size_t(i)] >= 0) s.row[size_t(i)] = next[size_t(s.choice[size_t(i)])]++;
+  return dropped;
+}
+
+void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& batch,
+                  bool keep_x, float grad_scale, bool count) {
+  const int64_t B = batch.B, T = batch.T, N = B * T, d = cfg_.d_model;
+  const int E = E_, k = k_;
+  s.N = N, s.B = B, s.T = T;
+  s.grad_scale = grad_scale;
+  s.x_kept = keep_x;
+  grow(s.logits, N * E);
+  grow(s.gate, N * k);
+  grow(s.fraction, B * E);
+  s.choice.resize(size_t(N * k));
+  grow(g.probs, N * E);
+  router_.forward(s.logits.data(), x, N);
+  kernels::route_forward(cfg_.moe_router, s.logits.data(), bias_.empty() ? nullptr : bias_.data(),
+                         N, E, k, s.choice.data(), s.gate.data(), g.probs.data());
+  // Each sequence's routed fractions f (before capacity) and, for the statistics, its mean
+  // probabilities P and the auxiliary loss coef x E x sum f P.
+  const double coef = cfg_.moe_aux_loss_coef;
+  for (int64_t b = 0; b < B; ++b) {
+    float* f = s.fraction.data() + b * E;
+    std::fill(f, f + E, 0.0f);
+    for (int64_t t = b * T; t < (b + 1) * T; ++t)
+      for (int j = 0; j < k; ++j) f[s.choice[size_t(t * k + j)]] += 1.0f;
+    if (count)
+      for (int e = 0; e < E; ++e) stats_.tokens[size_t(e)] += f[e];
+    for (int e = 0; e < E; ++e) f[e] /= float(T * k);
+    if (count && coef > 0) {
+      double aux = 0;
+      for (int e = 0; e < E; ++e) {
+        double P = 0;
+        for (int64_t t = b * T; t < (b + 1) * T; ++t) P += g.probs[t * E + e];
+        aux += double(f[e]) * P / double(T);
+      }
+      stats_.aux += coef * E * aux;
+    }
+  }
+  if (count && cfg_.moe_z_loss_coef > 0)
+    stats_.z += cfg_.moe_z_loss_coef * kernels::router_z_loss(s.logits.data(), N, E, 0, nullptr);
+  const double dropped = assign_rows(s);
+  if (count) stats_.dropped += dropped;
+
+  dispatch(s, g, x);
+  // The shared experts run while the routed rows travel.
+  if (shared_) shared_->forward(s.shared, y, x, N, keep_x);
+  else std::memset(y, 0, size_t(N * d) * sizeof(float));
+  run_experts(s, g);
+  combine(s, y);
+}
+
+void Moe::dispatch(Saved& s, Scratch& g, const float* x) {
+  const int64_t d = cfg_.d_model, N = s.N;
+  const int k = k_;
+  int64_t sent = 0;
+  for (int64_t r : s.send_rows) sent += r;
+  const bool ep = opt_.ep != nullptr;
+  float* rows = nullptr;
+  if (ep) {
+    grow(g.x_send, sent * d);
+    rows = g.x_send.data();
+  } else {
+    grow(s.x_expert, sent * d);
+    rows = s.x_expert.data();
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t)
+    for (int j = 0; j < k; ++j) {
+      const int64_t r = s.row[size_t(t * k + j)];
+      if (r >= 0) std::memcpy(rows + r * d, x + t * d, size_t(d) * sizeof(float));
+    }
+  const int L = local_experts();
+  if (!ep) {
+    s.recv_rows = s.send_rows;
+    return;
+  }
+  // How many rows each source sends each of this rank's experts, then the rows, received by
+  // source and regrouped by expert.
+  const int P = opt_.ep_size();
+  grow(g.counts, 2 * int64_t(E_));
+  std::vector<int64_t> send_counts(size_t(P), 0), recv_counts(size_t(P), 0);
+  for (int e = 0; e < E_; ++e) {
+    g.counts[e] = float(s.send_rows[size_t(e)]);
+    send_counts[size_t(e / L)] += s.send_rows[size_t(e)] * d;
+  }
+  opt_.ep->all_to_all(g.counts.data(), g.counts.data() + E_, L)();
+  s.recv_rows.resize(size_t(E_));
+  int64_t received = 0;
+  for (int src = 0; src < P; ++src)
+    for (int e = 0; e < L; ++e) {
+      const int64_t n = int64_t(g.counts[E_ + src * L + e]);
+      s.recv_rows[size_t(src * L + e)] = n;
+      recv_counts[size_t(src)] += n * d;
+      received += n;
+    }
+  grow(g.y_expert, received * d);
+  opt_.ep->all_to_allv(rows, send_counts, g.y_expert.data(), recv_counts)();
+  grow(s.x_expert, received * d);
+  std::vector<int> by_expert;
+  for (int e = 0; e < L; ++e)
+    for (int src = 0; src < P; ++src) by_expert.push_back(src * L + e);
+  reorder_blocks(s.x_expert.data(), g.y_expert.data(), s.recv_rows, by_expert, d);
+}
+
+void Moe::run_experts(Saved& s, Scratch& g) {
+  const int64_t d = cfg_.d_model;
+  const int L = local_experts(), P = int(s.recv_rows.size()) / L;
+  const bool ep = opt_.ep != nullptr;
+  int64_t received = 0;
+  for (int64_t n : s.recv_rows) received += n;
+  int64_t sent = 0;
+  for (int64_t n : s.send_rows) sent += n;
+  grow(s.y_send, sent * d);
+  float* out = ep ? (grow(g.y_expert, received * d), g.y_expert.data()) : s.y_send.data();
+  s.experts.resize(size_t(L));
+  int64_t at = 0;
+  for (int e = 0; e < L; ++e) {
+    const int64_t n = expert_rows(s, e);
+    if (n > 0) {
+      experts_[size_t(e)]->forward(s.experts[size_t(e)], out + at * d, s.x_expert.data() + at * d,
+                                   n, true);
+      if (tp_.rank() == 0) experts_[size_t(e)]->add_bias(out + at * d, n);
+    }
+    at += n;
+  }
+  if (!ep) return;
+  // Back to the sources: regrouped by source, then all-to-all(v) into send order.
+  std::vector<int64_t> by_expert_counts;
+  std::vector<int> by_source(size_t(P * L));
+  for (int e = 0; e < L; ++e)
+    for (int src = 0; src < P; ++src) {
+      by_expert_counts.push_back(s.recv_rows[size_t(src * L + e)]);
+      by_source[size_t(src * L + e)] = e * P + src;
+    }
+  grow(g.x_send, received * d);
+  reorder_blocks(g.x_send.data(), out, by_expert_counts, by_source, d);
+  std::vector<int64_t> send_counts(size_t(P), 0), recv_counts(size_t(P), 0);
+  for (int src = 0; src < P; ++src)
+    for (int e = 0; e < L; ++e) send_counts[size_t(src)] += s.recv_rows[size_t(src * L + e)] * d;
+  for (int e = 0; e < E_; ++e) recv_counts[size_t(e / L)] += s.send_rows[size_t(e)] * d;
+  opt_.ep->all_to_allv(g.x_send.data(), send_counts, s.y_send.data(), recv_counts)();
+}
+
+void Moe::combine(Saved& s, float* y) const {
+  const int64_t d = cfg_.d_model;
+  const int k = k_;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < s.N; ++t)
+    for (int j = 0; j < k; ++j) {
+      const int64_t r = s.row[size_t(t * k + j)];
+      if (r < 0) continue;
+      const float g = s.gate[t * k + j];
+      const float* src = s.y_send.data() + r * d;
+      float* dst = y + t * d;
+      for (int64_t c = 0; c < d; ++c) dst[c] += g * src[c];
+    }
+}
+
+void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer) {
+  const int64_t N = s.N, d = cfg_.d_model;
+  const int E = E_, k = k_, L = local_experts();
+  const bool ep = opt_.ep != nullptr;
+  int64_t sent = 0, received = 0;
+  for (int64_t n : s.send_rows) sent += n;
+  for (int64_t n : s.recv_rows) received += n;
+  // The gates' gradients (a partial sum over tp, as the expert outputs are) and the rows'.
+  grow(g.d_gate, N * k);
+  grow(g.dy_send, sent * d);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t)
+    for (int j = 0; j < k; ++j) {
+      const int64_t r = s.row[size_t(t * k + j)];
+      float dot = 0;
+      if (r >= 0) {
+        const float* out = s.y_send.data() + r * d;
+        const float* g_row = dy + t * d;
+        const float gate = s.gate[t * k + j];
+        float* dst = g.dy_send.data() + r * d;
+        for (int64_t c = 0; c < d; ++c) dot += g_row[c] * out[c], dst[c] = gate * g_row[c];
+      }
+      g.d_gate[t * k + j] = dot;
+    }
+  TpComm::Wait gates_reduced = [] {};
+  if (tp_.comm) gates_reduced = tp_.comm->all_reduce(g.d_gate.data(), N * k);
+
+  const int P = opt_.ep_size();
+  std::vector<int> by_expert, by_source(size_t(P * L));
+  std::vector<int64_t> by_expert_counts;
+  for (int e = 0; e < L; ++e)
+    for (int src = 0; src < P; ++src) {
+      by_expert.push_back(src * L + e);
+      by_expert_counts.push_back(s.recv_rows[size_t(src * L + e)]);
+      by_source[size_t(src * L + e)] = e * P + src;
+    }
+  std::vector<int64_t> to_owners(size_t(P), 0), from_sources(size_t(P), 0);
+  for (int e = 0; e < E; ++e) to_owners[size_t(e / L)] += s.send_rows[size_t(e)] * d;
+  for (int src = 0; src < P; ++src)
+    for (int e = 0; e < L; ++e) from_sources[size_t(src)] += s.recv_rows[size_t(src * L + e)] * d;
+  const float* dy_expert = g.dy_send.data();
+  EpComm::Wait arrived = [] {};
+  if (ep) {
+    grow(g.dx_expert, received * d);
+    arrived = opt_.ep->all_to_allv(g.dy_send.data(), to_owners, g.dx_expert.data(), from_sources);
+  }
+  // The shared experts run while the rows' gradients travel.
+  if (shared_) {
+    shared_->backward_input(s.shared, g.shared, dx, dy, defer);
+  } else {
+    std::memset(dx, 0, size_t(N * d) * sizeof(float));
+  }
+  if (ep) {
+    arrived();
+    grow(g.dy_expert, received * d);
+    reorder_blocks(g.dy_expert.data(), g.dx_expert.data(), s.recv_rows, by_expert, d);
+    dy_expert = g.dy_expert.data();
+  }
+  grow(g.dx_expert, received * d);
+  int64_t at = 0;
+  for (int e = 0; e < L; ++e) {
+    const int64_t n = expert_rows(s, e);
+    if (n > 0) {
+      Mlp& expert = *experts_[size_t(e)];
+      Mlp::Saved& es = s.experts[size_t(e)];
+      expert.backward_input(es, g.expert, g.dx_expert.data() + at * d, dy_expert + at * d, defer);
+      // The scratch serves the next expert: a whole backward takes the weight gradients now.
+      if (!defer) expert.backward_weight(es, s.x_expert.data() + at * d);
+    }
+    at += n;
+  }
+  const float* dx_rows = g.dx_expert.data();
+  if (ep) {
+    grow(g.dy_expert, received * d);
+    reorder_blocks(g.dy_expert.data(), g.dx_expert.data(), by_expert_counts, by_source, d);
+    grow(g.dx_send, sent * d);
+    arrived = opt_.ep->all_to_allv(g.dy_expert.data(), from_sources, g.dx_send.data(), to_owners);
+    dx_rows = g.dx_send.data();
+  }
+
+  // The router, while the rows' input gradients travel back.
+  gates_reduced();
+  const float* d_probs = nullptr;
+  if (cfg_.moe_aux_loss_coef > 0) {
+    // d(coef E sum_e f_e P_e) / d p[t, e] = coef E f_e / T per sequence; the mean over the
+    // step's sequences is grad_scale x T times the sum.
+    const float scale = s.grad_scale * cfg_.moe_aux_loss_coef * float(E);
+    grow(g.d_probs, N * E);
+    for (int64_t t = 0; t < N; ++t)
+      for (int e = 0; e < E; ++e)
+        g.d_probs[t * E + e] = scale * s.fraction[(t / s.T) * E + e];
+    d_probs = g.d_probs.data();
+  }
+  float* d_logits = defer ? (grow(s.d_logits, N * E), s.d_logits.data())
+                          : (grow(g.d_logits, N * E), g.d_logits.data());
+  kernels::route_backward(cfg_.moe_router, s.logits.data(), s.choice.data(), s.gate.data(),
+                          g.d_gate.data(), d_probs, N, E, k, d_logits);
+  if (cfg_.moe_z_loss_coef > 0)
+    kernels::router_z_loss(s.logits.data(), N, E, s.grad_scale * cfg_.moe_z_loss_coef, d_logits);
+  arrived();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t)
+    for (int j = 0; j < k; ++j) {
+      const int64_t r = s.row[size_t(t * k + j)];
+      if (r < 0) continue;
+      const float* src = dx_rows + r * d;
+      float* dst = dx + t * d;
+      for (int64_t c = 0; c < d; ++c) dst[c] += src[c];
+    }
+  // Every tp rank computed the same router gradient: one of them adds it to the partial sums.
+  if (tp_.rank() == 0) router_.backward_input(dx, d_logits, N, true);
+  s.d_logits_used = d_logits;
+  s.experts_pending = defer;
+}
+
+void Moe::backward_weight(Saved& s, const float* x) {
+  if (s.experts_pending) {
+    const int64_t d = cfg_.d_model;
+    int64_t at = 0;
+    for (int e = 0; e < local_experts(); ++e) {
+      const int64_t n = expert_rows(s, e);
+      if (n > 0) experts_[size_t(e)]->backward_weight(s.experts[size_t(e)], s.x_expert.data() + at * d);
+      at += n;
+    }
+    s.experts_pending = false;
+  }
+  if (shared_) shared_->backward_weight(s.shared, x);
+  router_.backward_weight(s.d_logits_used, x, s.N);
+}
+
+int64_t Moe::expert_rows(const Saved& s, int e) const {
+  const int L = local_experts();
+  int64_t n = 0;
+  for (size_t src = 0; src * L < s.recv_rows.size(); ++src) n += s.recv_rows[src * L + size_t(e)];
+  return n;
+}
+
+void Moe::release_activation(Saved& s, RecomputeSpares& spares) const {
+  for (int e = 0; e < int(s.experts.size()); ++e)
+    experts_[size_t(e)]->release_activation(s.experts[size_t(e)], spares);
+  if (shared_) shared_->release_activation(s.shared, spares);
+}
+
+void Moe::take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
+  // The experts' rows vary per step: only the shared experts' buffers have a fixed size.
+  if (shared_) shared_->take_spares(s.shared, spares, N);
+}
+
+void Moe::give_all(Saved& s, RecomputeSpares& spares) const {
+  for (int e = 0; e < int(s.experts.size()); ++e)
+    experts_[size_t(e)]->give_all(s.experts[size_t(e)], spares);
+  if (shared_) shared_->give_all(s.shared, spares);
+  s.release();
+}
+
+void Moe::recompute_activation(Saved& s, const float* x) {
+  const int64_t d = cfg_.d_model;
+  int64_t at = 0;
+  for (int e = 0; e < int(s.experts.size()); ++e) {
+    const int64_t n = expert_rows(s, e);
+    if (n > 0)
+      experts_[size_t(e)]->recompute_activation(s.experts[size_t(e)], s.x_expert.data() + at * d);
+    at += n;
+  }
+  if (shared_) shared_->recompute_activation(s.shared, x);
+}
+
+MoeLayerStats Moe::take_stats() {
+  MoeLayerStats out = stats_;
+  out.bias = bias_;
+  std::fill(stats_.tokens.begin(), stats_.tokens.end(), 0.0);
+  stats_.dropped = stats_.aux = stats_.z = 0;
+  return out;
+}
+
+void Moe::update_bias(const std::vector<double>& load) {
+  if (bias_.empty()) return;
+  double mean = 0;
+  for (double l : load) mean += l;
+  mean /= double(E_);
+  const float rate = cfg_.moe_bias_update_rate;
+  // DeepSeek-V3: an overloaded expert's bias goes down by the rate, an underloaded one's up.
+  float sum = 0;
+  for (int e = 0; e < E_; ++e) {
+    const double l = load[size_t(e)];
+    bias_[size_t(e)] += l > mean ? -rate : l < mean ? rate : 0.0f;
+    sum += bias_[size_t(e)];
+  }
+  const float shift = sum / float(E_);
+  for (float& b : bias_) b -= shift;
+}
+
+}  // namespace cleave
