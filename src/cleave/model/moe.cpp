@@ -70,8 +70,12 @@ void Moe::bind(ParamStore& store) {
 }
 
 void Moe::reserve(Scratch& g, int64_t N) const {
-  // An expert takes each token at most once: N rows at most.
-  if (!experts_.empty()) experts_.front()->reserve(g.expert, N);
+  // An expert takes each of a rank's tokens at most once: N rows at most, and under expert
+  // parallelism up to N from each ep rank (grown in backward when a step needs it).
+  if (!experts_.empty() && g.expert_rows < N) {
+    experts_.front()->reserve(g.expert, N);
+    g.expert_rows = N;
+  }
   if (shared_) shared_->reserve(g.shared, N);
   grow(g.probs, N * E_);
   grow(g.d_probs, N * E_);
@@ -332,6 +336,12 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
     dy_expert = g.dy_expert.data();
   }
   grow(g.dx_expert, received * d);
+  int64_t most = 0;
+  for (int e = 0; e < L; ++e) most = std::max(most, expert_rows(s, e));
+  if (most > g.expert_rows) {
+    experts_.front()->reserve(g.expert, most);
+    g.expert_rows = most;
+  }
   int64_t at = 0;
   for (int e = 0; e < L; ++e) {
     const int64_t n = expert_rows(s, e);

@@ -75,6 +75,7 @@ class Moe {
   };
   struct Scratch {  // shared by every block: the gradients inside one backward
     Mlp::Scratch expert, shared;
+    int64_t expert_rows = 0;  // what `expert` is sized for: rows of one expert
     Buffer<float> x_send, y_expert, dy_send, dy_expert, dx_expert, dx_send;
     Buffer<float> probs, d_gate, d_probs, d_logits, counts;
   };

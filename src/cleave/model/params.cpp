@@ -141,10 +141,10 @@ int64_t ParamStore::count() const {
   return n;
 }
 
-int64_t ParamStore::global_count() const {
+int64_t ParamStore::global_count(int group) const {
   int64_t n = 0;
   for (auto& t : tensors_) {
-    if (t.placement.tied_copy) continue;
+    if (t.placement.tied_copy || (group >= 0 && t.group != group)) continue;
     int64_t numel = 1;
     for (int64_t d : t.global_shape()) numel *= d;
     n += numel;

@@ -94,8 +94,8 @@ class ParamStore {
   Buffer<float>& grads() { return grads_; }
   int64_t total() const { return total_; }  // flat size, padding included
   int64_t count() const;                    // parameters, padding excluded
-  int64_t global_count() const;             // of the one model this rank holds a share of,
-                                            // tied copies left out
+  int64_t global_count(int group = -1) const;  // of the one model this rank holds a share
+                                               // of (of one group), tied copies left out
 
   // Every writer of the values says what it wrote, here, and nowhere else: the optimizer, a
   // data-parallel gather or release, a checkpoint load (docs/architecture.md, Weight versions).

@@ -39,16 +39,18 @@ void StepEnd::grad_norm() {
   double squares = 0;
   for (size_t g = 0; g < p_.groups.size(); ++g) {
     DataParallel& dp = *p_.groups[g].dp;
+    double local = 0;
     if (!p_.tp_grads && !p_.pp) {
-      squares += dp.grad_sum_of_squares();
-      continue;
+      local = dp.grad_sum_of_squares();
+    } else {
+      // Each global element once: sharded tensors from every tp rank, replicated ones from one,
+      // a tied embedding from the stage that owns it.
+      local = owned_sum_of_squares(*p_.params, dp.ranges(), shards_[g].grads,
+                                   p_.tp_grads ? p_.tp_grads->copy() : TpCopy{});
+      if (p_.zero_stage > 0)
+        local = sum_of_doubles(*p_.groups[g].shard, local, &r_.exposed_dp);
     }
-    // Each global element once: sharded tensors from every tp rank, replicated ones from one,
-    // a tied embedding from the stage that owns it.
-    double local = owned_sum_of_squares(*p_.params, dp.ranges(), shards_[g].grads,
-                                        p_.tp_grads ? p_.tp_grads->copy() : TpCopy{});
-    if (p_.zero_stage > 0)
-      local = sum_of_doubles(*p_.groups[g].shard, local, &r_.exposed_dp);
+    if (p_.groups[g].spread) local = sum_of_doubles(*p_.groups[g].spread, local, &r_.exposed_dp);
     squares += local;
   }
   if (p_.tp_grads) squares = p_.tp_grads->sum_over_tp(squares, &r_.exposed_tp);

@@ -34,6 +34,7 @@ struct StepEndGroup {
   DataParallel* dp = nullptr;
   AdamW* optim = nullptr;
   Group* shard = nullptr;  // the ranks its ZeRO shards are spread over
+  Group* spread = nullptr;  // the ranks holding other tensors of the group (the experts' ep)
 };
 
 struct StepEndParts {

@@ -16,6 +16,8 @@ std::vector<std::string> GroupAxes::replicate() const {
 AxisTable axis_table(const ParamStore& params, const Mesh& mesh) {
   AxisTable t;
   const bool cp = mesh.degree(Axis::cp) > 1;
+  bool ep = false;
+  for (const CarvedAxis& c : mesh.carved()) ep = ep || c.name == kEp;
   std::vector<std::string> data = {"dp_replicate", "dp_shard"}, shard = {"dp_shard"};
   if (cp) data.push_back("cp"), shard.push_back("cp");
   t.batch = data;
@@ -23,9 +25,15 @@ AxisTable axis_table(const ParamStore& params, const Mesh& mesh) {
   for (int g = 0; g < params.n_groups(); ++g) {
     const std::string& name = params.group_name(g);
     // Dense parameters: every data-parallel rank holds a replica of its tp share and stage;
-    // tp's pending sums are per tensor, in its placement, and come first.
-    CLEAVE_CHECK(name == "dense", "parameter group " << name << " maps to no mesh axes");
-    t.groups.push_back({name, data, shard});
+    // tp's pending sums are per tensor, in its placement, and come first. Experts likewise
+    // unless ep splits them: then each expert's gradient sums over the ranks holding it,
+    // dp_replicate x efsdp, sharded over efsdp.
+    CLEAVE_CHECK(name == "dense" || name == "experts",
+                 "parameter group " << name << " maps to no mesh axes");
+    if (name == "experts" && ep)
+      t.groups.push_back({name, {"dp_replicate", kEfsdp}, {kEfsdp}, {kEp}});
+    else
+      t.groups.push_back({name, data, shard});
   }
   return t;
 }

@@ -16,6 +16,9 @@ struct GroupAxes {
   std::string group;                // ParamStore::group_name
   std::vector<std::string> reduce;  // its gradient is a sum over these ranks
   std::vector<std::string> shard;   // ZeRO shards its state over these (a part of reduce)
+  // The ranks that hold different tensors of the group beside the model axes (the experts' ep):
+  // its gradient norm sums over them, and each holds its own checkpoint files.
+  std::vector<std::string> spread = {};
   // reduce less shard: where the shards are replicated (HSDP's dp_replicate).
   std::vector<std::string> replicate() const;
 };

@@ -220,7 +220,8 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag, 
                                 int64_t step, const std::vector<nlohmann::json>& entries_of_file,
                                 const std::map<int, std::string>& own_checksums,
                                 int64_t optimizer_steps, int world_size,
-                                const LossScalerState* loss_scaler) {
+                                const LossScalerState* loss_scaler,
+                                const nlohmann::json& moe_bias) {
   nlohmann::json tensors = nlohmann::json::object();
   std::map<std::string, std::string> files;  // name -> checksum, "" where another rank wrote it
   for (size_t i = 0; i < entries_of_file.size(); ++i) {
@@ -244,6 +245,7 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag, 
     meta["loss_scaler"] = {{"scale", loss_scaler->scale},
                            {"good_steps", loss_scaler->good_steps},
                            {"hysteresis_left", loss_scaler->hysteresis_left}};
+  if (!moe_bias.is_null()) meta["moe_bias"] = moe_bias;
   finish_checkpoint_folder(dir, tag, meta, files);
 }
 
@@ -352,6 +354,22 @@ std::unique_ptr<Transformer> load_model(const std::string& path, Precision preci
   read_state(ck, dir, params, "param", {{0, params.total()}}, {params.values().data()});
   params.wrote_all();
   return model;
+}
+
+void read_moe_biases(const LoadedCheckpoint& ck, const std::string& dir,
+                     const std::vector<std::pair<int, std::vector<float>*>>& biases) {
+  for (const auto& [layer, bias] : biases) {
+    const std::string key = std::to_string(layer);
+    CLEAVE_CHECK(ck.meta.contains("moe_bias") && ck.meta["moe_bias"].contains(key),
+                 "checkpoint " << dir << "/meta.json has no moe_bias of layer " << layer
+                               << " (model.moe_router = \"sigmoid_bias\" keeps one per MoE layer)");
+    const nlohmann::json& saved = ck.meta["moe_bias"][key];
+    CLEAVE_CHECK(saved.is_array() && saved.size() == bias->size(),
+                 "checkpoint " << dir << "/meta.json: moe_bias of layer " << layer << " holds "
+                               << (saved.is_array() ? saved.size() : 0) << " numbers for "
+                               << bias->size() << " experts");
+    for (size_t e = 0; e < bias->size(); ++e) (*bias)[e] = saved[e].get<float>();
+  }
 }
 
 std::optional<LossScalerState> checkpoint_loss_scaler(const LoadedCheckpoint& ck,

@@ -46,7 +46,8 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag, 
                                 int64_t step, const std::vector<nlohmann::json>& entries_of_file,
                                 const std::map<int, std::string>& own_checksums,
                                 int64_t optimizer_steps, int world_size,
-                                const LossScalerState* loss_scaler = nullptr);
+                                const LossScalerState* loss_scaler = nullptr,
+                                const nlohmann::json& moe_bias = nullptr);
 
 // The config the checkpoint was written with.
 Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir);
@@ -63,6 +64,11 @@ int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string
 // fp16's loss scaler as the checkpoint saved it; nullopt when the run had none (it was not fp16).
 std::optional<LossScalerState> checkpoint_loss_scaler(const LoadedCheckpoint& ck,
                                                       const std::string& dir);
+
+// sigmoid_bias's router biases as the checkpoint saved them ("moe_bias": layer -> [experts]):
+// into each of `biases` (by layer), or an error naming the layer and the checkpoint.
+void read_moe_biases(const LoadedCheckpoint& ck, const std::string& dir,
+                     const std::vector<std::pair<int, std::vector<float>*>>& biases);
 
 // Reads the elements of `ranges` (in this model's flat layout) of the saved tensors
 // "<kind>/<name>" (kind: "param", "adam_m" or "adam_v") from whichever files hold them.

@@ -282,6 +282,7 @@ const std::vector<Key>& schema() {
     k.push_back(integer_key("parallel.cp_ulysses", &C::parallel, &ParallelConfig::cp_ulysses, 0,
                             1 << 20));
     k.push_back(integer_key("parallel.tp", &C::parallel, &ParallelConfig::tp, -1, 1 << 20));
+    k.push_back(integer_key("parallel.ep", &C::parallel, &ParallelConfig::ep, 1, 1 << 20));
     k.push_back(integer_key("parallel.zero_stage", &C::parallel, &ParallelConfig::zero_stage, 0, 3));
     k.push_back(string_key("parallel.pp_schedule", &C::parallel, &ParallelConfig::pp_schedule));
     k.push_back(integer_key("parallel.pp_virtual", &C::parallel, &ParallelConfig::pp_virtual, 0, 256));

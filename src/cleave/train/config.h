@@ -66,6 +66,9 @@ struct TrainConfig {
 // says: 0 nothing (DDP), 1 optimizer state, 2 also gradients (reduce-scatter), 3 also parameters.
 struct ParallelConfig {
   int pp = 1, dp_replicate = 1, dp_shard = -1, cp = 1, tp = 1;
+  // Expert parallelism (docs/moe.md): a MoE model's experts split over ep ranks carved out of
+  // dp_shard x cp (torchtitan's layout); the experts' ZeRO shards over the rest of it (efsdp).
+  int ep = 1;
   int zero_stage = 0;
   // Pipeline parallelism (docs/pipeline_parallel.md): the schedule by name (gpipe, 1f1b,
   // interleaved, zb1p, zbv) or from a CSV file (pp_schedule_csv, which wins), the virtual chunks

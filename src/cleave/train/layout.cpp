@@ -66,6 +66,23 @@ Layout plan_layout(const Config& cfg, int world) {
   const auto [cp_mode, cp_ulysses] = plan_context(cfg, mesh.degree(Axis::cp), tp);
   if (cp_mode == CpMode::hybrid && mesh.degree(Axis::cp) > 1)
     mesh.carve(kCpUlyssesAxis, cp_ulysses, {Axis::cp}, kCpRingAxis);
+  if (p.ep > 1) {
+    const int experts = cfg.model.moe_experts;
+    const int data = mesh.degree(Axis::dp_shard) * mesh.degree(Axis::cp);
+    if (experts == 0)
+      throw Error("parallel.ep = " + std::to_string(p.ep) +
+                  " needs a mixture-of-experts model (model.moe_experts is 0)");
+    if (experts % p.ep != 0)
+      throw Error("model.moe_experts = " + std::to_string(experts) +
+                  " cannot be split over parallel.ep = " + std::to_string(p.ep) +
+                  ": the experts must be divisible by ep");
+    if (data % p.ep != 0)
+      throw Error("parallel.ep = " + std::to_string(p.ep) + " does not divide dp_shard x cp = " +
+                  std::to_string(mesh.degree(Axis::dp_shard)) + " x " +
+                  std::to_string(mesh.degree(Axis::cp)) + " = " + std::to_string(data) +
+                  ", which the expert ranks are carved out of");
+    carve_ep(mesh, p.ep);
+  }
   if (p.sequence_parallel && tp == 1)
     throw Error("parallel.sequence_parallel = true needs parallel.tp > 1: it splits the rows "
                 "between the tensor-parallel linears over the tp ranks");

@@ -64,6 +64,8 @@ ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model
     c.ring = g.cp_ring.get();
     c.ulysses = g.cp_ulysses.get();
   }
+  for (const CarvedAxis& c : mesh.carved())
+    if (c.name == kEp) g.ep_comm = std::make_unique<GroupEpComm>(*g.along({kEp}));
   const int pp = mesh.degree(Axis::pp);
   if (pp > 1 && model.tie_embeddings) {
     // The first and last stage's ranks of this rank's pipeline; none when a V schedule puts both

@@ -11,6 +11,7 @@
 #include "cleave/mesh/mesh.h"
 #include "cleave/model/model_config.h"
 #include "cleave/parallel/context_parallel.h"
+#include "cleave/parallel/expert_parallel.h"
 #include "cleave/parallel/tensor_parallel.h"
 #include "cleave/pipeline/schedule.h"
 
@@ -39,6 +40,8 @@ struct ProcessGroups {
   std::unique_ptr<Group> cp;
   std::unique_ptr<GroupCpComm> cp_ring, cp_ulysses;
   ContextParallelOptions context;
+  // Expert parallelism (parallel.ep > 1): the ep group the tokens travel over.
+  std::unique_ptr<GroupEpComm> ep_comm;
 
   const Mesh* mesh = nullptr;
   int rank = 0;

@@ -89,7 +89,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
                                          16 * process_.shard->size() * cp_,
                                          cfg_.parallel.zero_stage < 3, tp,
                                          stage_chunks(*layout, process_.pp->rank()),
-                                         process_.context);
+                                         process_.context, process_.ep_comm.get());
   model_->set_loss_chunk(t.loss_chunk);
   if (process_.tp_comm)
     tp_grads_ = std::make_unique<TensorParallelGrads>(model_->params(), *process_.tp_comm,
@@ -106,6 +106,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     const GroupAxes& a = axes_.groups[size_t(g)];
     GroupParallel part;
     part.shard = process_.along(a.shard);
+    if (!a.spread.empty()) part.spread = process_.along(a.spread);
     part.dp = std::make_unique<DataParallel>(
         params, DataParallelGroups{process_.along(a.reduce), part.shard,
                                    process_.along(a.replicate())},
@@ -198,7 +199,7 @@ void Trainer::make_pipeline(const Layout& layout) {
   StepEndParts end;
   end.params = &model_->params();
   for (GroupParallel& part : groups_)
-    end.groups.push_back({part.dp.get(), part.optim.get(), part.shard});
+    end.groups.push_back({part.dp.get(), part.optim.get(), part.shard, part.spread});
   end.batch = process_.along(axes_.batch);
   end.pp = pp > 1 ? process_.pp.get() : nullptr;
   end.tp_grads = tp_grads_.get();
@@ -220,7 +221,11 @@ void Trainer::make_pipeline(const Layout& layout) {
   executor_ = std::make_unique<StepExecutor>(std::move(parts));
   schedule_name_ = layout.schedule.name;
   n_stages_ = n_stages;
+  // Every stage's, and every ep rank's experts.
   double count = double(model_->params().global_count());
+  for (int g = 0; g < n_groups; ++g)
+    if (Group* spread = groups_[size_t(g)].spread)
+      count += double(model_->params().global_count(g)) * (spread->size() - 1);
   if (pp > 1) count = sum_of_doubles(*process_.pp, count);
   global_params_ = std::llround(count);
 }
@@ -244,6 +249,7 @@ StepResult Trainer::train_step(int64_t step) {
     if (c) c->take_exposed_seconds(), c->take_bytes();
   for (GroupCpComm* c : {process_.cp_ring.get(), process_.cp_ulysses.get()})
     if (c) c->take_exposed_seconds(), c->take_bytes();
+  if (process_.ep_comm) process_.ep_comm->take_exposed_seconds(), process_.ep_comm->take_bytes();
   for (GroupParallel& part : groups_) part.dp->zero_gradients();
   StepRun run;
   run.B = local_batch_;
@@ -282,11 +288,37 @@ StepResult Trainer::train_step(int64_t step) {
       r.exposed_cp_s += c->take_exposed_seconds();
       r.cp_bytes += c->take_bytes();
     }
+  if (GroupEpComm* c = process_.ep_comm.get()) {
+    r.exposed_ep_s = c->take_exposed_seconds();
+    r.ep_bytes = c->take_bytes();
+  }
+  if (cfg_.model.moe_experts > 0) finish_moe_step(r.skipped);
   r.pp_bytes = times.pp_bytes;
   r.busy_s = times.busy_seconds;
   r.program_s = times.seconds;
   if (run.trace) write_trace(step + 1, times.trace);
   return r;
+}
+
+void Trainer::finish_moe_step(bool skipped) {
+  moe_stats_ = model_->take_moe_stats();
+  std::vector<float> sums;
+  for (const MoeLayerStats& s : moe_stats_) {
+    sums.insert(sums.end(), s.tokens.begin(), s.tokens.end());
+    sums.insert(sums.end(), {float(s.dropped), float(s.aux), float(s.z)});
+  }
+  // Counts are whole numbers far below 2^24: exact in floats, and so the same on every rank.
+  if (!sums.empty())
+    process_.along(axes_.batch)->all_reduce(sums.data(), int64_t(sums.size()), CommType::f32,
+                                            CommAlgo::ours).wait();
+  size_t at = 0;
+  for (MoeLayerStats& s : moe_stats_) {
+    for (double& t : s.tokens) t = sums[at++];
+    s.dropped = sums[at++];
+    s.aux = sums[at++];
+    s.z = sums[at++];
+    if (!skipped) model_->update_moe_bias(s.layer, s.tokens);
+  }
 }
 
 double Trainer::validate() {
@@ -370,6 +402,8 @@ void Trainer::run(int64_t exit_after) {
     interval.exposed_pp_s += r.exposed_pp_s;
     interval.exposed_cp_s += r.exposed_cp_s;
     interval.cp_bytes += r.cp_bytes;
+    interval.exposed_ep_s += r.exposed_ep_s;
+    interval.ep_bytes += r.ep_bytes;
     interval.busy_s += r.busy_s;
     interval.program_s += r.program_s;
     interval.tp_bytes += r.tp_bytes;

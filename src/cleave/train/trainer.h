@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cleave/comm/group.h"
 #include "cleave/data/loader.h"
 #include "cleave/mesh/mesh.h"
@@ -29,9 +31,11 @@ namespace cleave {
 
 struct StepResult {
   double loss = 0, lr = 0, grad_norm = 0;
-  double exposed_dp_s = 0, exposed_tp_s = 0, exposed_pp_s = 0, exposed_cp_s = 0;  // seconds
+  double exposed_dp_s = 0, exposed_tp_s = 0, exposed_pp_s = 0, exposed_cp_s = 0,  // seconds
+         exposed_ep_s = 0;
                                                                                    // waited on each axis
   int64_t tp_bytes = 0;       // bytes this rank sent into tp collectives
+  int64_t ep_bytes = 0;       // bytes this rank sent into the experts' all-to-alls
   int64_t cp_bytes = 0;       // bytes this rank sent into attention's cp exchanges
   int64_t pp_bytes = 0;       // bytes this rank sent to other stages and into the tied sum
   double busy_s = 0, program_s = 0;  // in compute instructions, in the whole step program
@@ -59,6 +63,11 @@ class Trainer {
   void load_checkpoint(const std::string& dir);
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
                 const StepResult& interval);
+  // After a step: every MoE layer's routing statistics summed over the ranks holding pieces of
+  // the batch, and sigmoid_bias's update from them (not on a skipped step).
+  void finish_moe_step(bool skipped);
+  // Rank 0: the MoE fields of the progress line and metrics.jsonl, from every stage's layers.
+  std::string moe_metrics(nlohmann::json& record);
   void make_pipeline(const Layout& layout);  // the model's chunks, programs and executor
   void write_trace(int64_t step, const std::vector<TraceEvent>& mine);
   std::string pipeline_description() const;  // for the start line
@@ -81,6 +90,7 @@ class Trainer {
     std::unique_ptr<DataParallel> dp;
     std::unique_ptr<AdamW> optim;
     Group* shard = nullptr;  // the ranks its ZeRO shards are spread over
+    Group* spread = nullptr;  // the ranks holding the group's other tensors (experts over ep)
   };
   AxisTable axes_;  // per parameter group, the axes of its reduction and sharding
   std::vector<GroupParallel> groups_;
@@ -100,6 +110,7 @@ class Trainer {
   bool warned_peak_ = false;
   GradientFault gradient_fault_;
   std::ofstream metrics_;
+  std::vector<MoeLayerStats> moe_stats_;  // the last step's, summed over the batch's ranks
   double elapsed_ = 0;  // training seconds so far in this process
   int64_t steps_timed_ = 0;
 };

@@ -30,8 +30,12 @@ void Trainer::save_checkpoint() {
   process_.world->barrier().wait();
   // Files: a block per place on the model axes (pipeline stage, tp rank), in it each group's
   // data-parallel files one after the other.
+  // A group spread over ranks (experts over ep) has its files once per spread rank.
+  auto files_of = [](const GroupParallel& part) {
+    return part.dp->checkpoint_files() * (part.spread ? part.spread->size() : 1);
+  };
   int files_per_block = 0;
-  for (GroupParallel& part : groups_) files_per_block += part.dp->checkpoint_files();
+  for (GroupParallel& part : groups_) files_per_block += files_of(part);
   const int block = flat_coordinate(*mesh_, rank_, axes_.model);
   std::map<int, std::string> checksums;  // of the files this rank wrote
   nlohmann::json entries = nlohmann::json::array();
@@ -39,7 +43,8 @@ void Trainer::save_checkpoint() {
   for (GroupParallel& part : groups_) {
     const int own = part.dp->checkpoint_file();
     if (own >= 0) {
-      const int file = block * files_per_block + group_first + own;
+      const int spread = part.spread ? part.spread->rank() * part.dp->checkpoint_files() : 0;
+      const int file = block * files_per_block + group_first + spread + own;
       const StateSlices state{part.dp->ranges(), part.dp->values(),
                               {part.optim->m(), true}, {part.optim->v(), true},
                               tp_grads_ ? tp_grads_->copy() : TpCopy{}};
@@ -48,18 +53,27 @@ void Trainer::save_checkpoint() {
       part.optim->drop_offloaded();
       part.dp->drop_offloaded();
     }
-    group_first += part.dp->checkpoint_files();
+    group_first += files_of(part);
   }
   const std::vector<std::string> listed = gather_strings(entries.dump(), rank_, world_);
+  // sigmoid_bias's router biases: every stage's layers (the same on every rank of a stage).
+  nlohmann::json biases = nlohmann::json::object();
+  for (const auto& [layer, bias] : model_->moe_biases()) biases[std::to_string(layer)] = *bias;
+  const std::vector<std::string> bias_of_rank = gather_strings(biases.dump(), rank_, world_);
   if (rank_ == 0) {
     std::vector<nlohmann::json> entries_of_file(
         size_t(files_per_block * flat_size(*mesh_, axes_.model)));
     for (const std::string& e : listed)
       for (const nlohmann::json& j : nlohmann::json::parse(e))
         entries_of_file[j["file"].get<size_t>()] = j["tensors"];
+    nlohmann::json moe_bias = nullptr;
+    for (const std::string& b : bias_of_rank) {
+      const nlohmann::json layers = nlohmann::json::parse(b);
+      for (const auto& [layer, values] : layers.items()) moe_bias[layer] = values;
+    }
     finish_training_checkpoint(dir, job_tag_, cfg_, step_, entries_of_file, checksums,
                                groups_.front().optim->steps_taken(), world_,
-                               scaler_ ? &scaler_->state() : nullptr);
+                               scaler_ ? &scaler_->state() : nullptr, moe_bias);
     std::printf("saved checkpoint %s\n", dir.c_str());
     // Keep the newest keep_checkpoints folders.
     std::vector<int64_t> steps;
@@ -95,6 +109,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
     part.optim->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
   }
   params.wrote_all();
+  read_moe_biases(ck, dir, model_->moe_biases());
   // A run that was not fp16 leaves the scaler at its initial state.
   if (scaler_)
     if (const auto state = checkpoint_loss_scaler(ck, dir)) scaler_->restore(*state);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <tuple>
 #include <cstdio>
 #include <string>
@@ -41,6 +42,15 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   float mine[2] = {float(peak_rss_mib()), float(1.0 - interval.busy_s / interval.program_s)};
   std::vector<float> all(2 * static_cast<size_t>(world_));
   process_.world->all_gather(mine, all.data(), 2, CommType::f32, CommAlgo::ours).wait();
+  // Each stage's MoE layers (the same on every rank of a stage), at rank 0.
+  std::vector<std::string> moe_of_rank;
+  if (cfg_.model.moe_experts > 0) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (const MoeLayerStats& s : moe_stats_)
+      layers.push_back({{"layer", s.layer}, {"tokens", s.tokens}, {"dropped", s.dropped},
+                        {"aux", s.aux}, {"z", s.z}, {"bias", s.bias}});
+    moe_of_rank = gather_strings(layers.dump(), rank_, world_);
+  }
   if (rank_ != 0) return;
   std::vector<float> rss_of, idle_of;
   for (int r = 0; r < world_; ++r) {
@@ -69,7 +79,8 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   const double tp_ms = 1e3 * interval.exposed_tp_s / double(steps);
   const double pp_ms = 1e3 * interval.exposed_pp_s / double(steps);
   const double cp_ms = 1e3 * interval.exposed_cp_s / double(steps);
-  const double comm_ms = dp_ms + tp_ms + pp_ms + cp_ms;
+  const double ep_ms = 1e3 * interval.exposed_ep_s / double(steps);
+  const double comm_ms = dp_ms + tp_ms + pp_ms + cp_ms + ep_ms;
   const bool pp = process_.pp->size() > 1;
   double idle = 0;
   for (float f : idle_of) idle += f;
@@ -79,7 +90,7 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   char part[48];
   for (const auto& [name, ms, present] :
        {std::tuple{"tp", tp_ms, bool(process_.tp_comm)}, std::tuple{"cp", cp_ms, cp_ > 1},
-        std::tuple{"pp", pp_ms, pp}})
+        std::tuple{"ep", ep_ms, bool(process_.ep_comm)}, std::tuple{"pp", pp_ms, pp}})
     if (present) {
       std::snprintf(part, sizeof part, ", %s %.0f", name, ms);
       axes += part;
@@ -93,6 +104,51 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
     std::snprintf(part, sizeof part, " | idle %.1f%%", 100 * idle);
     std::strncat(comm, part, sizeof comm - std::strlen(comm) - 1);
   }
+  // Mixture of experts: the balancing terms beside the loss, and the worst layer's load.
+  char moe_text[96] = "";
+  nlohmann::json moe_record = nlohmann::json::object();
+  if (!moe_of_rank.empty()) {
+    std::map<int, nlohmann::json> by_layer;
+    for (const std::string& ranks : moe_of_rank)
+      for (const nlohmann::json& l : nlohmann::json::parse(ranks)) by_layer[l["layer"].get<int>()] = l;
+    // The balancing terms as they enter the loss: the auxiliary loss's mean over the step's
+    // sequences, the z-loss's over its tokens; the load as max / mean tokens per expert.
+    const double sequences = double(t.micro_batch_size) * t.grad_accum_steps;
+    const double step_tokens = sequences * t.seq_len;
+    double aux = 0, z = 0, worst = 0;
+    int worst_layer = -1;
+    nlohmann::json layers = nlohmann::json::array();
+    for (auto& [layer, l] : by_layer) {
+      const std::vector<double> tokens = l["tokens"].get<std::vector<double>>();
+      const double lo = *std::min_element(tokens.begin(), tokens.end());
+      const double hi = *std::max_element(tokens.begin(), tokens.end());
+      double mean = 0;
+      for (double v : tokens) mean += v;
+      mean /= double(tokens.size());
+      const double load = mean > 0 ? hi / mean : 0;
+      if (worst_layer < 0 || load > worst) worst = load, worst_layer = layer;
+      aux += l["aux"].get<double>() / sequences;
+      z += l["z"].get<double>() / step_tokens;
+      nlohmann::json entry{{"layer", layer},
+                           {"tokens_min", lo},
+                           {"tokens_mean", mean},
+                           {"tokens_max", hi},
+                           {"load_max_over_mean", load},
+                           {"dropped", l["dropped"]},
+                           {"aux_loss", l["aux"].get<double>() / sequences},
+                           {"z_loss", l["z"].get<double>() / step_tokens}};
+      const std::vector<float> bias = l["bias"].get<std::vector<float>>();
+      if (!bias.empty()) {
+        entry["bias_min"] = *std::min_element(bias.begin(), bias.end());
+        entry["bias_max"] = *std::max_element(bias.begin(), bias.end());
+      }
+      layers.push_back(entry);
+    }
+    moe_record = {{"moe_aux_loss", aux}, {"moe_z_loss", z}, {"moe_layers", layers},
+                  {"ep_bytes_per_step", double(interval.ep_bytes) / double(steps)}};
+    std::snprintf(moe_text, sizeof moe_text, " | moe aux %.4f z %.4f load %.2f (layer %d)", aux,
+                  z, worst, worst_layer);
+  }
   const double eta = double(t.steps - step_) * elapsed_ / double(steps_timed_);
   const double rss_max = *std::max_element(rss_of.begin(), rss_of.end());
   // fp16: the scale the last step ran at, and the steps skipped for overflows so far (the updates
@@ -101,8 +157,8 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   char scale[64] = "";
   if (scaler_) std::snprintf(scale, sizeof scale, " | scale %g (%lld skipped)", r.loss_scale,
                              (long long)skipped);
-  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f%s | %.0f tok/s | MFU %.1f%% of %.0f GF/s %s (hw %.0f) | %s | RSS %.0f MiB%s | ETA %s\n",
-              (long long)step_, (long long)t.steps, r.loss, r.lr, r.grad_norm, scale, tok_s,
+  std::printf("step %6lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f%s | %.0f tok/s | MFU %.1f%% of %.0f GF/s %s (hw %.0f) | %s | RSS %.0f MiB%s | ETA %s\n",
+              (long long)step_, (long long)t.steps, r.loss, moe_text, r.lr, r.grad_norm, scale, tok_s,
               100 * mfu, peak_.gflops, source_name(peak_.source), peak_.hardware.gflops, comm,
               rss_max, world_ > 1 ? " (max rank)" : "", format_duration(eta).c_str());
   std::fflush(stdout);
@@ -123,6 +179,7 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                         {"exposed_comm_ms_tp", tp_ms},
                         {"exposed_comm_ms_pp", pp_ms},
                         {"exposed_comm_ms_cp", cp_ms},
+                        {"exposed_comm_ms_ep", ep_ms},
                         {"idle_fraction_per_rank", idle_of},
                         {"tp_bytes_per_step", double(interval.tp_bytes) / double(steps)},
                         {"pp_bytes_per_step", double(interval.pp_bytes) / double(steps)},
@@ -132,6 +189,7 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
     record["loss_scale"] = r.loss_scale;
     record["skipped_steps"] = skipped;
   }
+  record.update(moe_record);
   metrics_ << record.dump() << "\n" << std::flush;
 }
 
