@@ -48,6 +48,8 @@ struct ContextParallelOptions {
   // when the mode has no such stage.
   CpComm* ring = nullptr;
   CpComm* ulysses = nullptr;
+  // The whole cp group: a MoE layer gathers each sequence's routing counts over it.
+  CpComm* group = nullptr;
   // The exchanges' work buffers, shared by every layer of a model (the Transformer makes them).
   std::shared_ptr<ContextWork> work;
   bool enabled() const { return cp > 1; }

@@ -87,35 +87,75 @@ void Moe::add_bias(float* y, int64_t rows) const {
   if (shared_) shared_->add_bias(y, rows);
 }
 
+void Moe::count_choices(Saved& s, Scratch& g) const {
+  // Each rank holds H chunks of each sequence (2 under context parallelism, dealt zigzag; else
+  // the whole sequence as one): the choices of each (sequence, choice rank, chunk, expert),
+  // gathered over the cp ranks into the global chunks' order.
+  const int E = E_, k = k_, cp = opt_.cp_size(), H = cp > 1 ? 2 : 1, G = cp * H;
+  const int64_t B = s.B, c = s.T / H;
+  const int64_t mine = B * k * H * E;
+  grow(g.chunk_counts, mine * (cp + 1));
+  float* local = g.chunk_counts.data() + mine * cp;
+  std::fill(local, local + mine, 0.0f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int64_t t = b * s.T + h * c; t < b * s.T + (h + 1) * c; ++t)
+        for (int j = 0; j < k; ++j)
+          local[((b * k + j) * H + h) * E + s.choice[size_t(t * k + j)]] += 1;
+  const float* all = local;
+  if (cp > 1) {
+    opt_.sequence->all_gather(local, g.chunk_counts.data(), mine)();
+    all = g.chunk_counts.data();
+  }
+  s.chunk_counts.assign(size_t(B * k * G * E), 0);
+  for (int r = 0; r < cp; ++r)
+    for (int64_t b = 0; b < B; ++b)
+      for (int j = 0; j < k; ++j)
+        for (int h = 0; h < H; ++h) {
+          const int q = cp > 1 ? int(zigzag_chunk(cp, r, h)) : 0;
+          const float* from = all + r * mine + ((b * k + j) * H + h) * E;
+          for (int e = 0; e < E; ++e)
+            s.chunk_counts[size_t(((b * k + j) * G + q) * E + e)] = from[e];
+        }
+}
+
 double Moe::assign_rows(Saved& s) const {
-  const int64_t N = s.N, T = s.T;
-  const int k = k_;
+  const int64_t N = s.N;
+  const int E = E_, k = k_, cp = opt_.cp_size(), H = cp > 1 ? 2 : 1, G = cp * H;
+  const int64_t c = s.T / H;
   s.row.assign(size_t(N * k), 0);
-  s.send_rows.assign(size_t(E_), 0);
+  s.send_rows.assign(size_t(E), 0);
   const double factor = cfg_.moe_capacity_factor;
-  const int64_t capacity = factor > 0 ? int64_t(std::ceil(factor * double(T) * k / E_))
+  const int64_t capacity = factor > 0 ? int64_t(std::ceil(factor * double(s.T * cp) * k / E))
                                       : std::numeric_limits<int64_t>::max();
-  // Per sequence, first choices in position order, then second choices, and so on.
-  std::vector<int64_t> used(static_cast<size_t>(E_));
+  // A choice's place in its sequence's priority order: every choice of a lower rank, then those
+  // of its rank in earlier chunks, then those earlier in its chunk. It is kept within capacity.
+  std::vector<int64_t> place(static_cast<size_t>(E));
   double dropped = 0;
-  for (int64_t b = 0; b < s.B; ++b) {
-    std::fill(used.begin(), used.end(), 0);
+  for (int64_t b = 0; b < s.B; ++b)
     for (int j = 0; j < k; ++j)
-      for (int64_t t = b * T; t < (b + 1) * T; ++t) {
-        const int32_t e = s.choice[size_t(t * k + j)];
-        if (used[size_t(e)] < capacity) {
-          ++used[size_t(e)];
-        } else {
-          s.row[size_t(t * k + j)] = -1;
-          ++dropped;
+      for (int h = 0; h < H; ++h) {
+        const int q = cp > 1 ? int(zigzag_chunk(cp, opt_.cp_rank(), h)) : 0;
+        for (int e = 0; e < E; ++e) {
+          int64_t before = 0;
+          for (int jj = 0; jj <= j; ++jj)
+            for (int qq = 0; qq < (jj < j ? G : q); ++qq)
+              before += int64_t(s.chunk_counts[size_t(((b * k + jj) * G + qq) * E + e)]);
+          place[size_t(e)] = before;
+        }
+        for (int64_t t = b * s.T + h * c; t < b * s.T + (h + 1) * c; ++t) {
+          const int32_t e = s.choice[size_t(t * k + j)];
+          if (place[size_t(e)]++ >= capacity) {
+            s.row[size_t(t * k + j)] = -1;
+            ++dropped;
+          }
         }
       }
-  }
   for (int64_t i = 0; i < N * k; ++i)
     if (s.row[size_t(i)] >= 0) ++s.send_rows[size_t(s.choice[size_t(i)])];
   // Send order: by expert, and within an expert by token.
-  std::vector<int64_t> next(size_t(E_), 0);
-  for (int e = 1; e < E_; ++e) next[size_t(e)] = next[size_t(e - 1)] + s.send_rows[size_t(e - 1)];
+  std::vector<int64_t> next(size_t(E), 0);
+  for (int e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + s.send_rows[size_t(e - 1)];
   for (int64_t i = 0; i < N * k; ++i)
     if (s.row[size_t(i)] >= 0) s.row[size_t(i)] = next[size_t(s.choice[size_t(i)])]++;
   return dropped;
@@ -136,27 +176,31 @@ void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& b
   router_.forward(s.logits.data(), x, N);
   kernels::route_forward(cfg_.moe_router, s.logits.data(), bias_.empty() ? nullptr : bias_.data(),
                          N, E, k, s.choice.data(), s.gate.data(), g.probs.data());
-  // Each sequence's routed fractions f (before capacity) and, for the statistics, its mean
-  // probabilities P and the auxiliary loss coef x E x sum f P.
+  // Each sequence's routed fractions f (before capacity) and, for the statistics, the auxiliary
+  // loss coef x E x sum f P, P the mean probabilities (each rank adds its tokens' part of them).
+  count_choices(s, g);
+  const int G = opt_.cp_size() > 1 ? 2 * opt_.cp_size() : 1;
+  const int64_t T_seq = T * opt_.cp_size();
   const double coef = cfg_.moe_aux_loss_coef;
   for (int64_t b = 0; b < B; ++b) {
     float* f = s.fraction.data() + b * E;
     std::fill(f, f + E, 0.0f);
-    for (int64_t t = b * T; t < (b + 1) * T; ++t)
-      for (int j = 0; j < k; ++j) f[s.choice[size_t(t * k + j)]] += 1.0f;
-    if (count)
-      for (int e = 0; e < E; ++e) stats_.tokens[size_t(e)] += f[e];
-    for (int e = 0; e < E; ++e) f[e] /= float(T * k);
+    for (int j = 0; j < k; ++j)
+      for (int q = 0; q < G; ++q)
+        for (int e = 0; e < E; ++e) f[e] += s.chunk_counts[size_t(((b * k + j) * G + q) * E + e)];
+    for (int e = 0; e < E; ++e) f[e] /= float(T_seq * k);
     if (count && coef > 0) {
       double aux = 0;
       for (int e = 0; e < E; ++e) {
         double P = 0;
         for (int64_t t = b * T; t < (b + 1) * T; ++t) P += g.probs[t * E + e];
-        aux += double(f[e]) * P / double(T);
+        aux += double(f[e]) * P / double(T_seq);
       }
       stats_.aux += coef * E * aux;
     }
   }
+  if (count)
+    for (int64_t i = 0; i < N * k; ++i) stats_.tokens[size_t(s.choice[size_t(i)])] += 1;
   if (count && cfg_.moe_z_loss_coef > 0)
     stats_.z += cfg_.moe_z_loss_coef * kernels::router_z_loss(s.logits.data(), N, E, 0, nullptr);
   const double dropped = assign_rows(s);

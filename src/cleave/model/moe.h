@@ -24,6 +24,7 @@
 
 #include "cleave/base/batch.h"
 #include "cleave/base/buffer.h"
+#include "cleave/model/context_parallel.h"
 #include "cleave/model/ep_comm.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/mlp.h"
@@ -33,12 +34,17 @@
 
 namespace cleave {
 
-// What the model's MoE layers need beyond tensor parallelism: the expert group.
+// What the model's MoE layers need beyond tensor parallelism: the expert group, and the whole
+// cp group (its ranks hold the zigzag chunks of the same sequences: model/context_parallel.h),
+// over which each sequence's routing counts are gathered.
 struct MoeOptions {
-  int expert_group = 0;    // the ParamStore group the experts join (the router stays dense)
-  EpComm* ep = nullptr;    // null: every expert on this rank
+  int expert_group = 0;        // the ParamStore group the experts join (the router stays dense)
+  EpComm* ep = nullptr;        // null: every expert on this rank
+  CpComm* sequence = nullptr;  // null: cp = 1
   int ep_size() const { return ep ? ep->size() : 1; }
   int ep_rank() const { return ep ? ep->rank() : 0; }
+  int cp_size() const { return sequence ? sequence->size() : 1; }
+  int cp_rank() const { return sequence ? sequence->rank() : 0; }
 };
 
 // One layer's routing statistics summed over the micro-batches of a step (forwards that prepare
@@ -61,6 +67,7 @@ class Moe {
     std::vector<int32_t> choice;       // [N, k]: global expert ids
     std::vector<int64_t> row;          // [N, k]: the choice's row in send order, -1 if dropped
     Buffer<float> fraction;            // [B, E]: each sequence's routed fractions (aux loss)
+    std::vector<float> chunk_counts;   // [B, k, chunks, E]: each sequence's choices, by chunk
     Buffer<float> y_send;              // [rows sent, d]: the experts' outputs, back in send order
     std::vector<int64_t> send_rows;    // per expert (global): rows this rank sent it
     std::vector<int64_t> recv_rows;    // per (source rank, local expert): rows received
@@ -77,7 +84,7 @@ class Moe {
     Mlp::Scratch expert, shared;
     int64_t expert_rows = 0;  // what `expert` is sized for: rows of one expert
     Buffer<float> x_send, y_expert, dy_send, dy_expert, dx_expert, dx_send;
-    Buffer<float> probs, d_gate, d_probs, d_logits, counts;
+    Buffer<float> probs, d_gate, d_probs, d_logits, counts, chunk_counts;
   };
 
   Moe(ParamStore& store, const std::string& name, int layer, const ModelConfig& c,
@@ -109,6 +116,9 @@ class Moe {
 
  private:
   int local_experts() const { return E_ / opt_.ep_size(); }
+  // Every sequence's choices per choice rank, chunk and expert, into s.chunk_counts (over the
+  // cp ranks: a collective).
+  void count_choices(Saved& s, Scratch& g) const;
   // Drops what exceeds the capacity, per sequence, in priority order; fills s.row (send order)
   // and s.send_rows; returns the choices dropped.
   double assign_rows(Saved& s) const;

@@ -41,6 +41,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
   chunk_units_.resize(chunks_.size());
   MoeOptions moe;
   moe.ep = ep;
+  if (cp.enabled()) moe.sequence = cp.group;
   if (c.moe_experts > 0) moe.expert_group = store_.add_group("experts");
   int embedding_unit = -1;
   for (int ch = 0; ch < int(chunks_.size()); ++ch) {

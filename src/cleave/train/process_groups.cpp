@@ -63,6 +63,8 @@ ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model
     }
     c.ring = g.cp_ring.get();
     c.ulysses = g.cp_ulysses.get();
+    g.cp_all = std::make_unique<GroupCpComm>(*g.cp);
+    c.group = g.cp_all.get();
   }
   for (const CarvedAxis& c : mesh.carved())
     if (c.name == kEp) g.ep_comm = std::make_unique<GroupEpComm>(*g.along({kEp}));

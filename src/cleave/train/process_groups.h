@@ -38,7 +38,7 @@ struct ProcessGroups {
   // ring (or all-gather) and the Ulysses all-to-all, the whole cp group or, in hybrid mode, the
   // carved cp_ring (outer) and cp_ulysses (inner) parts of it.
   std::unique_ptr<Group> cp;
-  std::unique_ptr<GroupCpComm> cp_ring, cp_ulysses;
+  std::unique_ptr<GroupCpComm> cp_ring, cp_ulysses, cp_all;
   ContextParallelOptions context;
   // Expert parallelism (parallel.ep > 1): the ep group the tokens travel over.
   std::unique_ptr<GroupEpComm> ep_comm;
