@@ -10,6 +10,10 @@
 # pipeline tests' 2 x 8 micro-batches), DDP 2 and 4, ZeRO-3 x 2, pp 2, tp 2 and one process
 # accumulating 4 or 1, each against its own depth and seed's reference (docs/data_parallel.md,
 # "bf16 and depth"; about a minute).
+#   bash tests/integration/equivalence_spread.sh build/cleave . build/testdata WORK_DIR moe [DTYPE [TOP_K]]
+# With "moe": moe_test.sh's Llama mixture of experts (4 experts) in DTYPE (bf16 unless given),
+# top TOP_K (2 unless given), seeds 1234, 1 and 2: DDP 2, tp 2, ep 2 and 4, cp 2 with ep 2,
+# ZeRO-3 x 2 with ep 2, and one process accumulating 4 (docs/moe.md, "Equivalence"; 30 s).
 set -euo pipefail
 cleave=$1 src=$2 data=$3 work=${4:-$(mktemp -d)}
 mkdir -p "$work"
@@ -46,6 +50,28 @@ if [ "${5:-}" = depth ]; then
       /usr/bin/python3 "$src/tests/integration/compare_runs.py" "$work/s$seed-L$L-ref" \
         "$work/s$seed-L$L"-{ddp2,ddp4,zero3x2,pp2,tp2,a4,a1} || echo "(runs above exceed the bounds)"
     done
+  done
+  exit 0
+fi
+
+if [ "${5:-}" = moe ]; then
+  moe=(--set model.family=llama --set model.n_kv_heads=2 --set model.moe_experts=4
+       --set model.moe_ffn_hidden=64 --set model.moe_shared_experts=1
+       --set model.moe_aux_loss_coef=0.01 --set model.moe_z_loss_coef=0.001
+       --set train.micro_batch_size=4 --set train.grad_accum_steps=2)
+  for seed in 1234 1 2; do
+    at=("${moe[@]}" --set train.dtype="${6:-bf16}" --set model.moe_top_k="${7:-2}"
+        --set train.seed=$seed)
+    run s$seed-ref 1 "${at[@]}"
+    run s$seed-ddp2 2 "${at[@]}" $(layout 1 2 0)
+    run s$seed-tp2 2 "${at[@]}" --set parallel.tp=2
+    run s$seed-ep2 2 "${at[@]}" $(layout 1 2 0) --set parallel.ep=2
+    run s$seed-ep4 4 "${at[@]}" $(layout 1 4 0) --set parallel.ep=4
+    run s$seed-cp2-ep2 2 "${at[@]}" --set parallel.cp=2 --set parallel.ep=2
+    run s$seed-zero3-ep2 2 "${at[@]}" $(layout 1 2 3) --set parallel.ep=2
+    run s$seed-a4 1 "${at[@]}" --set train.micro_batch_size=2 --set train.grad_accum_steps=4
+    /usr/bin/python3 "$src/tests/integration/compare_runs.py" --report "$work/s$seed-ref" \
+      "$work/s$seed"-{ddp2,tp2,ep2,ep4,cp2-ep2,zero3-ep2,a4} || echo "(runs above exceed the bounds)"
   done
   exit 0
 fi

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Mixture of experts and expert parallelism (docs/moe.md). Every layout reproduces its single
+# process within compare_runs.py's bounds for 20 steps (gradient accumulation 2) and its rerun is
+# bitwise: ep 2 and 4, dropless and with a capacity, for each router; ep with tp (+ SP), ZeRO-3,
+# pp, cp and HSDP; shared experts beside a dense layer; GPT-2's experts; bf16. Capacity drops the
+# same choices on every layout. An ep 4 checkpoint (with sigmoid_bias's biases) resumes on ep 2
+# and in one process. Bad input is an error naming the numbers.
+# The model is the 2-layer test model with 4 experts of 64 hidden units, top 2, one shared expert,
+# the auxiliary loss and the z-loss on.
+set -euo pipefail
+cleave=$1 src=$2 data=$3
+source "$src/tests/integration/layouts.sh"
+llama=(--set model.family=llama --set model.n_kv_heads=2)
+moe=(--set model.moe_experts=4 --set model.moe_top_k=2 --set model.moe_ffn_hidden=64
+     --set model.moe_shared_experts=1 --set model.moe_aux_loss_coef=0.01
+     --set model.moe_z_loss_coef=0.001)
+common=("${twenty_steps[@]}" --set train.micro_batch_size=4 --set train.grad_accum_steps=2
+        "${moe[@]}")
+ep() { echo "--set parallel.dp_shard=$1 --set parallel.ep=$1"; }
+capacity=(--set model.moe_capacity_factor=1.0)
+dropped() { grep -o '"dropped":[0-9.]*' "$work/$1/metrics.jsonl"; }
+
+# Each router, dropless and with a capacity, at ep 2 and 4.
+for router in topk_softmax softmax_topk sigmoid_bias; do
+  r=(--set model.moe_router=$router)
+  run "ref-$router" 1 "${llama[@]}" "${r[@]}"
+  run "ref-$router-cap" 1 "${llama[@]}" "${r[@]}" "${capacity[@]}"
+  for n in 2 4; do
+    # shellcheck disable=SC2046
+    layout "ref-$router" "$router-ep$n" "$n" "${llama[@]}" "${r[@]}" $(ep "$n")
+    # shellcheck disable=SC2046
+    layout "ref-$router-cap" "$router-cap-ep$n" "$n" "${llama[@]}" "${r[@]}" "${capacity[@]}" $(ep "$n")
+    diff <(dropped "ref-$router-cap") <(dropped "$router-cap-ep$n") > /dev/null \
+      || { echo "FAIL: $router-cap-ep$n dropped other choices than one process"; exit 1; }
+  done
+done
+[ "$(dropped ref-topk_softmax-cap | grep -vc ':0.0$')" -gt 0 ] \
+  || { echo "FAIL: the capacity dropped nothing: the test does not test it"; exit 1; }
+echo "ep 2 and 4 reproduce one process for each router, dropless and with a capacity (the same choices dropped), reruns bitwise"
+
+# Compositions, with the capacity on (its drop order spans the cp chunks).
+ref=ref-topk_softmax-cap
+c=("${llama[@]}" "${capacity[@]}")
+# shellcheck disable=SC2046
+layout $ref ep2-tp2 4 "${c[@]}" $(ep 2) --set parallel.tp=2
+# shellcheck disable=SC2046
+layout $ref ep2-tp2-sp 4 "${c[@]}" $(ep 2) --set parallel.tp=2 --set parallel.sequence_parallel=true
+# shellcheck disable=SC2046
+layout $ref ep2-zero3 2 "${c[@]}" $(ep 2) --set parallel.zero_stage=3
+# shellcheck disable=SC2046
+layout $ref ep2-pp2 4 "${c[@]}" $(ep 2) --set parallel.pp=2 --set parallel.pp_schedule=zb1p
+layout $ref ep2-cp2 2 "${c[@]}" --set parallel.cp=2 --set parallel.ep=2
+layout $ref ep4-cp2-dp2 4 "${c[@]}" --set parallel.dp_shard=2 --set parallel.cp=2 \
+  --set parallel.ep=4 --set parallel.cp_mode=ulysses
+# shellcheck disable=SC2046
+layout $ref ep2-hsdp 4 "${c[@]}" --set parallel.dp_replicate=2 $(ep 2) --set parallel.zero_stage=2
+for name in ep2-tp2 ep2-zero3 ep2-pp2 ep2-cp2 ep4-cp2-dp2 ep2-hsdp; do
+  diff <(dropped $ref) <(dropped $name) > /dev/null \
+    || { echo "FAIL: $name dropped other choices than one process"; exit 1; }
+done
+echo "ep composes with tp (+ SP), ZeRO-3, pp, cp and HSDP"
+
+# Shared experts beside a dense layer; GPT-2's experts.
+mixed=("${llama[@]}" --set model.moe_first_dense=1)
+run ref-mixed 1 "${mixed[@]}"
+# shellcheck disable=SC2046
+layout ref-mixed mixed-ep2 2 "${mixed[@]}" $(ep 2)
+run ref-gpt2 1
+# shellcheck disable=SC2046
+layout ref-gpt2 gpt2-ep2 2 $(ep 2)
+echo "a dense layer before a MoE layer and GPT-2's experts at ep 2 reproduce one process"
+
+# bf16 routes every token to all 4 experts: with top 2, bf16's rounding changes a few tokens'
+# choices between any two honest layouts (one process accumulating 4 micro-batches included),
+# which moves the experts up to 0.4 lr in 20 steps (equivalence_spread.sh moe bf16); with every
+# expert chosen the honest spread is 0.018 lr and 4.6e-5 in the loss, within bf16's bounds.
+bf16=("${llama[@]}" --set train.dtype=bf16 --set model.moe_top_k=4)
+run ref-bf16 1 "${bf16[@]}"
+# shellcheck disable=SC2046
+layout ref-bf16 bf16-ep2 2 "${bf16[@]}" $(ep 2)
+# shellcheck disable=SC2046
+layout ref-bf16 bf16-ep2-tp2 4 "${bf16[@]}" $(ep 2) --set parallel.tp=2
+layout ref-bf16 bf16-ep2-cp2 2 "${bf16[@]}" --set parallel.cp=2 --set parallel.ep=2
+# shellcheck disable=SC2046
+layout ref-bf16 bf16-ep2-pp2 4 "${bf16[@]}" $(ep 2) --set parallel.pp=2
+echo "bf16 at ep 2, alone and with tp, cp and pp, reproduces one process"
+
+# An ep 4 checkpoint, sigmoid_bias's biases with it, resumes on ep 2 and in one process.
+bias=("${llama[@]}" --set model.moe_router=sigmoid_bias)
+for to in 2 1; do
+  name=resume-ep4-to-$to
+  # shellcheck disable=SC2046
+  run $name 4 "${bias[@]}" $(ep 4) --exit-after 10
+  if [ $to = 1 ]; then run $name 1 "${bias[@]}" --resume latest
+  else
+    # shellcheck disable=SC2046
+    run $name 2 "${bias[@]}" $(ep 2) --resume latest
+  fi
+  grep -q "resumed at step 10" "$work/$name.log" || { echo "FAIL: $name did not resume"; exit 1; }
+  $compare "$work/ref-sigmoid_bias" "$work/$name" --from-step 11
+done
+grep -q '"bias_max":[0-9.e-]*[1-9]' "$work/ref-sigmoid_bias/metrics.jsonl" \
+  || { echo "FAIL: sigmoid_bias's biases never moved"; exit 1; }
+echo "an ep 4 checkpoint resumes on ep 2 and on one process"
+
+# Bad input.
+expect_error 4 "model.moe_experts = 4 cannot be split over parallel.ep = 8" "${llama[@]}" \
+  --set model.moe_experts=4 --set parallel.dp_shard=4 --set parallel.ep=8
+expect_error 4 "parallel.ep = 3 does not divide dp_shard x cp = 4 x 1 = 4" "${llama[@]}" \
+  --set model.moe_experts=6 --set parallel.dp_shard=4 --set parallel.ep=3
+expect_error 1 "$cfg: model.moe_top_k = 5 exceeds model.moe_experts = 4" --set model.moe_top_k=5
+common=("${twenty_steps[@]}")  # a dense model
+expect_error 2 "parallel.ep = 2 needs a mixture-of-experts model (model.moe_experts is 0)" \
+  --set parallel.dp_shard=2 --set parallel.ep=2
+echo "bad expert layouts are errors naming the numbers"
