@@ -82,7 +82,8 @@ int tokenize(int argc, char** argv) {
 int generate(int argc, char** argv) {
   const Args a = Args::parse("generate", argc, argv,
                              {"--prompt", "--max-new-tokens", "--temperature", "--top-k", "--seed",
-                              "--tokenizer", "--threads"});
+                              "--tokenizer", "--threads"},
+                             {"--ids"});
   if (a.positional.size() != 1) throw Error("cleave generate: expected one CHECKPOINT_DIR");
   if (!a.has("--prompt")) throw Error("cleave generate: --prompt TEXT is required");
   if (a.has("--threads")) omp_set_num_threads(int(a.number("--threads", 0)));
@@ -100,6 +101,15 @@ int generate(int argc, char** argv) {
   o.top_k = int(a.number("--top-k", 40));
   o.seed = uint64_t(a.number("--seed", 0));
   o.stop_token = tok.eos_id();
+  // --ids: the prompt's token ids and the continuation's, as numbers (to compare with another
+  // implementation without a tokenizer).
+  if (a.has("--ids")) {
+    for (int32_t t : prompt) std::cout << t << " ";
+    std::cout << "|";
+    for (int32_t t : generate(*model, prompt, o)) std::cout << " " << t;
+    std::cout << std::endl;
+    return 0;
+  }
   std::cout << a.get("--prompt", "") << std::flush;
   std::vector<uint32_t> produced;
   std::string shown;
@@ -123,7 +133,8 @@ int export_hf(int argc, char** argv) {
   auto model = load_model(a.positional[0], Precision::fp32, &cfg);
   const std::string out = a.positional[1];
   fs::create_directories(out);
-  const auto tensors = hf_tensors(model->params(), cfg.model, model->params().values().data());
+  const auto tensors = hf_tensors(model->params(), cfg.model, model->params().values().data(),
+                                  model->moe_bias_values());
   std::vector<TensorView> views;
   for (auto& t : tensors)
     views.push_back({t.name, "F32", t.shape, t.data.data(), uint64_t(t.data.size()) * 4});

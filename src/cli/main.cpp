@@ -28,7 +28,7 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   train CONFIG.toml [--set key=value ...] [--resume latest|CHECKPOINT_DIR] [--exit-after N]
   tokenize CONFIG.toml [--set key=value ...]     train the tokenizer, write token shards
   generate CHECKPOINT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
-           [--seed S] [--tokenizer MODEL]
+           [--seed S] [--tokenizer MODEL] [--ids]   (--ids: token ids, not text)
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   bench-gemm [CONFIG.toml] [--set key=value ...] [--seconds S]   GEMM GF/s, fp32 and bf16
   peak [--dtype fp32|bf16] [--threads N] [--refresh]   the peaks MFU is quoted against (cached)

@@ -2,7 +2,9 @@
 # generate: the same seed gives the same text, another seed other text, greedy decoding through
 # the key/value cache equals greedy decoding without it (checked inside cleave's unit tests too);
 # export: a Hugging Face folder whose tensors have the GPT-2 / Llama names and shapes; a version 1
-# checkpoint still loads.
+# checkpoint still loads. A mixture of experts exported in Mixtral's layout (and in cleave's own,
+# with sigmoid_bias's biases and shared experts) continues a prompt greedily, in the PyTorch
+# reference (torch_reference.py --greedy), exactly as cleave's own generation does.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 work=$(mktemp -d)
@@ -82,3 +84,29 @@ PY
 "$cleave" export "$work/v2" "$work/v2-hf" > /dev/null
 cmp "$work/v2-hf/model.safetensors" "$work/gpt2-hf/model.safetensors" \
   || { echo "FAIL: a version 2 checkpoint exported other tensors"; exit 1; }
+
+# Mixtures of experts: the export continues greedily like cleave's own generation.
+moe=(--set model.family=llama --set model.moe_experts=4 --set model.moe_top_k=2
+     --set model.moe_ffn_hidden=64 --set model.moe_aux_loss_coef=0.01)
+for variant in mixtral cleave_moe; do
+  extra=()
+  [ $variant = cleave_moe ] && extra=(--set model.moe_router=sigmoid_bias --set model.moe_shared_experts=1)
+  "$cleave" train "$cfg" --set data.dir="$data" --set train.out_dir="$work/$variant" "${moe[@]}" \
+    "${extra[@]}" --set train.steps=6 --set train.val_interval=0 > /dev/null
+  "$cleave" export "$work/$variant" "$work/$variant-hf" > /dev/null
+  grep -q "\"model_type\": \"$variant\"" "$work/$variant-hf/config.json" \
+    || { echo "FAIL: $variant export has another model_type"; cat "$work/$variant-hf/config.json"; exit 1; }
+  ours=$("$cleave" generate "$work/$variant" --prompt "KING" --ids --temperature 0 \
+         --max-new-tokens 12 --tokenizer "$data/tokenizer.model")
+  prompt=${ours%%|*}
+  theirs=$(/usr/bin/python3 "$src/tests/integration/torch_reference.py" --greedy "$work/$variant-hf" \
+           --prompt-ids "$prompt" --max-new-tokens 12)
+  # cleave stops at the end-of-text token; the reference does not.
+  n=$(echo "${ours#*|}" | wc -w)
+  [ "$n" -ge 4 ] || { echo "FAIL: $variant generated only $n tokens: $ours"; exit 1; }
+  [ "$(echo "${theirs#*|}" | cut -d' ' -f1-$((n + 1)))" = "${ours#*|}" ] \
+    || { echo "FAIL: $variant: cleave continues $ours, its export in PyTorch $theirs"; exit 1; }
+  echo "$variant export continues greedily like cleave: $ours"
+done
+grep -q '"num_local_experts": 4' "$work/mixtral-hf/config.json" && grep -q '"num_experts_per_tok": 2' "$work/mixtral-hf/config.json" \
+  || { echo "FAIL: the Mixtral config lacks num_local_experts or num_experts_per_tok"; exit 1; }

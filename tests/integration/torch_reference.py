@@ -4,6 +4,13 @@
 Usage: torch_reference.py [--tolerance TOL] [--float64] [--sabotage WHAT] [--self-test]
                           DUMP_DIR [DUMP_DIR ...]
 
+A mixture of experts (MixtralForCausalLM, or cleave's own "cleave_moe" layout: docs/checkpoints.md)
+is rebuilt the same way, every expert run on every token and weighted by its gate (zero unless
+chosen); the loss differentiated adds the balancing terms as cleave defines them (the auxiliary
+loss per sequence, the z-loss per token), while the loss compared is the cross-entropy alone.
+--greedy HF_DIR decodes greedily from --prompt-ids with the reference (no cache) and prints the
+prompt and continuation ids as `cleave generate --ids` does.
+
 Each DUMP_DIR is what tests/tools/model_dump wrote: config.json (Hugging Face config),
 model.safetensors (parameters under Hugging Face names and layouts), grads.safetensors (cleave's
 gradients of the mean loss, same names) and outputs.safetensors (tokens, targets, logits, loss).
@@ -15,7 +22,8 @@ per tensor; any rel above the tolerance, or a tensor missing from or extra in cl
 fails (exit status 1).
 
 --sabotage deliberately breaks the reference (exact GELU, flipped RoPE sign, no causal mask, a
-wrong norm epsilon, the wrong grouped-query grouping), to see the comparison fail. --self-test
+wrong norm epsilon, the wrong grouped-query grouping, the other softmax router's gates, the
+auxiliary loss over the batch instead of per sequence), to see the comparison fail. --self-test
 does this for every applicable sabotage after the real comparison and fails unless each is caught.
 """
 import argparse
@@ -30,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 TINY = 1e-30
-SABOTAGES = ("gelu_exact", "rope_sign", "no_causal_mask", "norm_eps", "gqa_tile")
+SABOTAGES = ("gelu_exact", "rope_sign", "no_causal_mask", "norm_eps", "gqa_tile", "moe_gates",
+             "aux_per_batch")
 
 
 # --- safetensors, read by hand ------------------------------------------------------------------
@@ -73,6 +82,94 @@ def read_safetensors(path):
 
 # --- the reference models -----------------------------------------------------------------------
 
+# --- mixture of experts -------------------------------------------------------------------------
+
+def moe_spec(c):
+    """None for a dense model; else (is_moe(layer), experts, top_k, router, shared experts, expert
+    hidden units, names) where names(h) gives the gate, experts' and shared experts' prefixes."""
+    if c.get("model_type") == "mixtral":
+        E = c["num_local_experts"]
+        return (lambda l: True, E, c["num_experts_per_tok"], "topk_softmax", 0,
+                c["intermediate_size"],
+                lambda h: (f"{h}.block_sparse_moe.gate", f"{h}.block_sparse_moe.experts", None))
+    if c.get("model_type") == "cleave_moe":
+        first, every = c["moe_first_dense"], c["moe_every"]
+        return (lambda l: l >= first and l % every == 0, c["moe_experts"], c["moe_top_k"],
+                c["moe_router"], c["moe_shared_experts"], c["moe_ffn_hidden"],
+                lambda h: (f"{h}.mlp.gate", f"{h}.mlp.experts", f"{h}.mlp.shared_experts"))
+    return None
+
+
+def moe_ffn(c, p, spec, h, x, mlp, sabotage):
+    """The MoE layer on x [B, T, d] with mlp(prefix, y) the family's MLP; returns (output, the
+    layer's balancing terms as cleave adds them to the loss)."""
+    _, E, k, router, shared, _, names = spec
+    gate, experts, shared_prefix = names(h)
+    logits = x @ p[gate + ".weight"].t()
+    if router == "sigmoid_bias":
+        s = torch.sigmoid(logits)
+        bias = p.get(gate + ".e_score_correction_bias")
+        key = s + (bias if bias is not None else 0)
+        idx = torch.topk(key.detach(), k, dim=-1).indices
+        g = s.gather(-1, idx)
+        g = g / g.sum(-1, keepdim=True)
+        probs = s / s.sum(-1, keepdim=True)
+    else:
+        probs = torch.softmax(logits, dim=-1)
+        idx = torch.topk(logits.detach(), k, dim=-1).indices
+        renormalise = router == "topk_softmax"
+        if sabotage == "moe_gates":  # the other softmax router's gates
+            renormalise = not renormalise
+        g = torch.softmax(logits.gather(-1, idx), dim=-1) if renormalise else probs.gather(-1, idx)
+    out = torch.zeros_like(x)
+    for e in range(E):
+        weight = (g * (idx == e)).sum(-1, keepdim=True)
+        out = out + weight * mlp(f"{experts}.{e}", x)
+    if shared:
+        out = out + mlp(shared_prefix, x)
+    B, T, _ = x.shape
+    f = torch.stack([(idx == e).sum(dim=(1, 2)) for e in range(E)], dim=-1).to(x.dtype) / (T * k)
+    P = probs.mean(dim=1)
+    if sabotage == "aux_per_batch":  # Mixtral's form: f and P over the whole batch
+        f, P = f.mean(0, keepdim=True), P.mean(0, keepdim=True)
+    aux = c.get("router_aux_loss_coef", 0.0) * E * (f * P).sum(-1).mean()
+    z = c.get("router_z_loss_coef", 0.0) * torch.logsumexp(logits, dim=-1).pow(2).mean()
+    return out, aux + z
+
+
+def moe_shapes(c, s, spec, prefix, d, mlp_shapes):
+    """Replaces the MLP tensors of every MoE layer in s by the router's and the experts'."""
+    is_moe, E, _, router, shared, hidden, names = spec
+    for l in range(c.get("num_hidden_layers", c.get("n_layer"))):
+        if not is_moe(l):
+            continue
+        h = f"{prefix}.{l}"
+        for name in [n for n in s if n.startswith(f"{h}.mlp.")]:
+            del s[name]
+        gate, experts, shared_prefix = names(h)
+        s[gate + ".weight"] = (E, d)
+        if router == "sigmoid_bias":
+            s[gate + ".e_score_correction_bias"] = (E,)
+        for e in range(E):
+            s.update(mlp_shapes(f"{experts}.{e}", hidden))
+        if shared:
+            s.update(mlp_shapes(shared_prefix, shared * hidden))
+    return s
+
+
+def gpt2_mlp_shapes(d):
+    return lambda to, inner: {f"{to}.c_fc.weight": (d, inner), f"{to}.c_fc.bias": (inner,),
+                              f"{to}.c_proj.weight": (inner, d), f"{to}.c_proj.bias": (d,)}
+
+
+def llama_mlp_shapes(d, mixtral):
+    if mixtral:
+        return lambda to, Fh: {f"{to}.w1.weight": (Fh, d), f"{to}.w3.weight": (Fh, d),
+                               f"{to}.w2.weight": (d, Fh)}
+    return lambda to, Fh: {f"{to}.gate_proj.weight": (Fh, d), f"{to}.up_proj.weight": (Fh, d),
+                           f"{to}.down_proj.weight": (d, Fh)}
+
+
 def gpt2_shapes(c):
     d, V, L, P = c["n_embd"], c["vocab_size"], c["n_layer"], c["n_positions"]
     inner = c.get("n_inner") or 4 * d
@@ -84,14 +181,14 @@ def gpt2_shapes(c):
             f"{h}.attn.c_attn.weight": (d, 3 * d), f"{h}.attn.c_attn.bias": (3 * d,),
             f"{h}.attn.c_proj.weight": (d, d), f"{h}.attn.c_proj.bias": (d,),
             f"{h}.ln_2.weight": (d,), f"{h}.ln_2.bias": (d,),
-            f"{h}.mlp.c_fc.weight": (d, inner), f"{h}.mlp.c_fc.bias": (inner,),
-            f"{h}.mlp.c_proj.weight": (inner, d), f"{h}.mlp.c_proj.bias": (d,),
         })
+        s.update(gpt2_mlp_shapes(d)(f"{h}.mlp", inner))
     s["transformer.ln_f.weight"] = (d,)
     s["transformer.ln_f.bias"] = (d,)
     if not c.get("tie_word_embeddings", True):
         s["lm_head.weight"] = (V, d)
-    return s
+    spec = moe_spec(c)
+    return moe_shapes(c, s, spec, "transformer.h", d, gpt2_mlp_shapes(d)) if spec else s
 
 
 def llama_shapes(c):
@@ -110,13 +207,15 @@ def llama_shapes(c):
             f"{h}.self_attn.v_proj.weight": (KV * hd, d),
             f"{h}.self_attn.o_proj.weight": (d, H * hd),
             f"{h}.post_attention_layernorm.weight": (d,),
-            f"{h}.mlp.gate_proj.weight": (Fh, d),
-            f"{h}.mlp.up_proj.weight": (Fh, d),
-            f"{h}.mlp.down_proj.weight": (d, Fh),
         })
+        s.update(llama_mlp_shapes(d, False)(f"{h}.mlp", Fh))
     s["model.norm.weight"] = (d,)
     if not c.get("tie_word_embeddings", False):
         s["lm_head.weight"] = (V, d)
+    spec = moe_spec(c)
+    if spec:
+        mixtral = c["model_type"] == "mixtral"
+        s = moe_shapes(c, s, spec, "model.layers", d, llama_mlp_shapes(d, mixtral))
     return s
 
 
@@ -152,6 +251,12 @@ def gpt2_forward(c, p, tokens, sabotage):
     def heads(y):  # [B, T, d] -> [B, H, T, hd]
         return y.view(B, T, H, hd).transpose(1, 2)
 
+    spec = moe_spec(c)
+    extra = 0.0
+
+    def mlp(prefix, y):
+        return conv1d(gelu_tanh(conv1d(y, prefix + ".c_fc"), sabotage), prefix + ".c_proj")
+
     for l in range(c["n_layer"]):
         h = f"transformer.h.{l}"
         a = F.layer_norm(x, (d,), p[h + ".ln_1.weight"], p[h + ".ln_1.bias"], eps)
@@ -161,11 +266,14 @@ def gpt2_forward(c, p, tokens, sabotage):
         o = o.transpose(1, 2).reshape(B, T, d)
         x = x + conv1d(o, h + ".attn.c_proj")
         m = F.layer_norm(x, (d,), p[h + ".ln_2.weight"], p[h + ".ln_2.bias"], eps)
-        m = gelu_tanh(conv1d(m, h + ".mlp.c_fc"), sabotage)
-        x = x + conv1d(m, h + ".mlp.c_proj")
+        if spec and spec[0](l):
+            y, terms = moe_ffn(c, p, spec, h, m, mlp, sabotage)
+            x, extra = x + y, extra + terms
+        else:
+            x = x + mlp(h + ".mlp", m)
     x = F.layer_norm(x, (d,), p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], eps)
     head = p["transformer.wte.weight"] if c.get("tie_word_embeddings", True) else p["lm_head.weight"]
-    return x @ head.t()
+    return x @ head.t(), extra
 
 
 def rms_norm(x, w, eps):
@@ -202,6 +310,16 @@ def llama_forward(c, p, tokens, sabotage):
     def rope(y):  # [B, heads, T, hd]
         return y * cos + rotate_half(y) * sin
 
+    spec = moe_spec(c)
+    extra = 0.0
+
+    def mlp(prefix, y):
+        if c["model_type"] == "mixtral":
+            return (F.silu(y @ p[prefix + ".w1.weight"].t()) * (y @ p[prefix + ".w3.weight"].t())) \
+                @ p[prefix + ".w2.weight"].t()
+        return (F.silu(y @ p[prefix + ".gate_proj.weight"].t()) *
+                (y @ p[prefix + ".up_proj.weight"].t())) @ p[prefix + ".down_proj.weight"].t()
+
     x = p["model.embed_tokens.weight"][tokens]
     for l in range(c["num_hidden_layers"]):
         h = f"model.layers.{l}"
@@ -218,12 +336,14 @@ def llama_forward(c, p, tokens, sabotage):
         o = causal_attention(q, k, v, sabotage).transpose(1, 2).reshape(B, T, H * hd)
         x = x + o @ p[h + ".self_attn.o_proj.weight"].t()
         m = rms_norm(x, p[h + ".post_attention_layernorm.weight"], eps)
-        gate = m @ p[h + ".mlp.gate_proj.weight"].t()
-        up = m @ p[h + ".mlp.up_proj.weight"].t()
-        x = x + (F.silu(gate) * up) @ p[h + ".mlp.down_proj.weight"].t()
+        if spec and spec[0](l):
+            y, terms = moe_ffn(c, p, spec, h, m, mlp, sabotage)
+            x, extra = x + y, extra + terms
+        else:
+            x = x + mlp(h + ".mlp", m)
     x = rms_norm(x, p["model.norm.weight"], eps)
     head = p["model.embed_tokens.weight"] if c.get("tie_word_embeddings", False) else p["lm_head.weight"]
-    return x @ head.t()
+    return x @ head.t(), extra
 
 
 # --- the comparison -----------------------------------------------------------------------------
@@ -238,14 +358,32 @@ def rel_err(cleave, ref):
 
 def applicable_sabotages(c):
     """The ways to break the reference that must change this model's results."""
-    if c.get("model_type") == "gpt2":
-        return ["gelu_exact", "no_causal_mask", "norm_eps"]
+    spec = moe_spec(c)
+    moe = []
+    if spec and spec[3] != "sigmoid_bias":
+        moe.append("moe_gates")
+    if spec and c.get("router_aux_loss_coef", 0) > 0:
+        moe.append("aux_per_batch")
+    if family_of(c) == "gpt2":
+        return ["gelu_exact", "no_causal_mask", "norm_eps"] + moe
     out = ["rope_sign", "no_causal_mask", "norm_eps"]
     H = c["num_attention_heads"]
     KV = c.get("num_key_value_heads", H)
     if 1 < KV < H:  # with one kv head, or one per query head, both groupings coincide
         out.append("gqa_tile")
-    return out
+    return out + moe
+
+
+def family_of(c):
+    """"gpt2" or "llama": the attention and norms the model is built of."""
+    model_type = c.get("model_type")
+    if model_type == "cleave_moe":
+        model_type = c.get("base_model_type")
+    if model_type == "mixtral":
+        return "llama"
+    if model_type not in ("gpt2", "llama"):
+        raise ValueError(f"config.json: unknown model_type {c.get('model_type')!r}")
+    return model_type
 
 
 def load_dump(dump):
@@ -253,13 +391,8 @@ def load_dump(dump):
     missing, extra or misshapen; the reference cannot run if a parameter or output is unusable."""
     with open(os.path.join(dump, "config.json")) as f:
         c = json.load(f)
-    model_type = c.get("model_type")
-    if model_type == "gpt2":
-        shapes, forward = gpt2_shapes(c), gpt2_forward
-    elif model_type == "llama":
-        shapes, forward = llama_shapes(c), llama_forward
-    else:
-        raise ValueError(f"config.json: unknown model_type {model_type!r}")
+    shapes, forward = (gpt2_shapes(c), gpt2_forward) if family_of(c) == "gpt2" \
+        else (llama_shapes(c), llama_forward)
     values = read_safetensors(os.path.join(dump, "model.safetensors"))
     grads = read_safetensors(os.path.join(dump, "grads.safetensors"))
     outputs = read_safetensors(os.path.join(dump, "outputs.safetensors"))
@@ -299,9 +432,9 @@ def compare(d, dtype, sabotage):
     targets = torch.from_numpy(outputs["targets"].astype(np.int64))
     B, T = tokens.shape
     V = c["vocab_size"]
-    logits = forward(c, params, tokens, sabotage)
+    logits, extra = forward(c, params, tokens, sabotage)
     loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))
-    loss.backward()
+    (loss + extra).backward()
     rows = [("logits", rel_err(outputs["logits"], logits.detach().numpy())),
             ("loss", rel_err(outputs["loss"].reshape(()), loss.detach().numpy()))]
     for name in shapes:
@@ -350,10 +483,28 @@ def check_dump(dump, tolerance, dtype, sabotage, self_test):
     return failures
 
 
+def greedy(folder, prompt, steps):
+    """The prompt and its greedy continuation by the reference, from an exported folder."""
+    with open(os.path.join(folder, "config.json")) as f:
+        c = json.load(f)
+    forward = gpt2_forward if family_of(c) == "gpt2" else llama_forward
+    values = read_safetensors(os.path.join(folder, "model.safetensors"))
+    p = {n: torch.tensor(v) for n, v in values.items()}
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            logits, _ = forward(c, p, torch.tensor([ids]), None)
+            ids.append(int(torch.argmax(logits[0, -1])))
+    return ids
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("dumps", nargs="+", help="folders written by model_dump")
+    ap.add_argument("dumps", nargs="*", help="folders written by model_dump")
+    ap.add_argument("--greedy", metavar="HF_DIR", help="decode greedily from an exported folder")
+    ap.add_argument("--prompt-ids", default="", help="--greedy's prompt, token ids")
+    ap.add_argument("--max-new-tokens", type=int, default=20)
     ap.add_argument("--tolerance", type=float, default=1e-4,
                     help="largest relative error allowed per tensor (default 1e-4, for fp32)")
     ap.add_argument("--float64", action="store_true", help="run the reference in float64")
@@ -366,6 +517,11 @@ def main():
     torch.use_deterministic_algorithms(True)
     dtype = torch.float64 if args.float64 else torch.float32
     torch.set_default_dtype(dtype)
+    if args.greedy:
+        prompt = [int(t) for t in args.prompt_ids.split()]
+        ids = greedy(args.greedy, prompt, args.max_new_tokens)
+        print(" ".join(map(str, prompt)) + " | " + " ".join(map(str, ids[len(prompt):])))
+        return 0
 
     all_failures = []
     for dump in args.dumps:

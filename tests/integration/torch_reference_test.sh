@@ -19,6 +19,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 gpt2=$src/tests/configs/tiny_gpt2.toml llama=$src/tests/configs/tiny_llama.toml
+moe="--set model.moe_experts=4 --set model.moe_top_k=2 --set model.moe_ffn_hidden=48 --set model.moe_aux_loss_coef=0.05 --set model.moe_z_loss_coef=0.01"
 # name | config | overrides
 variants=(
   "gpt2_tied|$gpt2|"
@@ -28,6 +29,12 @@ variants=(
   # Several attention blocks with ragged edges, head sizes 40 and 12.
   "gpt2_long|$gpt2|--set model.d_model=80 --set model.n_heads=2 --set model.max_seq_len=160 --set train.seq_len=129"
   "llama_long|$llama|--set model.d_model=48 --set model.max_seq_len=160 --set train.seq_len=150 --set train.micro_batch_size=1"
+  # Mixtures of experts, the balancing terms in the gradients: Mixtral's layout, and cleave's own
+  # for the other routers, shared experts, a dense first layer and GPT-2's experts.
+  "mixtral|$llama|$moe --set model.moe_router=topk_softmax"
+  "llama_moe_softmax_topk|$llama|$moe --set model.moe_router=softmax_topk --set model.moe_shared_experts=1 --set model.moe_first_dense=1"
+  "llama_moe_sigmoid|$llama|$moe --set model.moe_router=sigmoid_bias --set model.moe_shared_experts=2"
+  "gpt2_moe|$gpt2|$moe --set model.moe_shared_experts=1"
 )
 dirs=()
 for v in "${variants[@]}"; do

@@ -97,8 +97,11 @@ int run(int argc, char** argv) {
     f << cleave::hf_config(mc).dump(2) << "\n";
     if (!f) throw cleave::Error("cannot write " + (out / "config.json").string());
   }
-  const auto values = cleave::hf_tensors(params, mc, params.values().data());
-  const auto grads = cleave::hf_tensors(params, mc, params.grads().data());
+  const auto values = cleave::hf_tensors(params, mc, params.values().data(), model.moe_bias_values());
+  // A gradient of the bias (which is no parameter) does not exist: zeros in its place.
+  std::map<int, std::vector<float>> no_bias = model.moe_bias_values();
+  for (auto& [layer, b] : no_bias) std::fill(b.begin(), b.end(), 0.0f);
+  const auto grads = cleave::hf_tensors(params, mc, params.grads().data(), no_bias);
   const std::map<std::string, std::string> meta{{"format", "pt"}};
   cleave::write_safetensors((out / "model.safetensors").string(), views(values), meta);
   cleave::write_safetensors((out / "grads.safetensors").string(), views(grads), meta);

@@ -24,6 +24,9 @@ struct Exporter {
     out.push_back({hf, shape, std::vector<float>(src, src + nrows * cols)});
   }
   void same(const std::string& hf, const std::string& name) { rows(hf, name, 0, get(name).shape[0]); }
+  void vector(const std::string& hf, const std::vector<float>& v) {
+    out.push_back({hf, {int64_t(v.size())}, v});
+  }
   // A [out, in] weight stored as Conv1D's [in, out].
   void transposed(const std::string& hf, const std::string& name) {
     const ParamTensor& t = get(name);
@@ -37,8 +40,26 @@ struct Exporter {
 
 }  // namespace
 
-std::vector<HfTensor> hf_tensors(const ParamStore& store, const ModelConfig& c, const float* flat) {
+bool is_mixtral(const ModelConfig& c) {
+  return c.family == Family::llama && c.moe_experts > 0 && c.moe_layers() == c.n_layers &&
+         c.moe_router == MoeRouter::topk_softmax && c.moe_shared_experts == 0;
+}
+
+std::vector<HfTensor> hf_tensors(const ParamStore& store, const ModelConfig& c, const float* flat,
+                                 const std::map<int, std::vector<float>>& router_bias) {
   Exporter e{store, flat, {}};
+  // A MoE layer's router (and sigmoid_bias's bias) under `gate`, and each expert (and the shared
+  // experts) as the family's MLP, by `mlp(hf prefix, cleave prefix, hidden units)`.
+  auto moe_layer = [&](int l, const std::string& b, const std::string& gate,
+                       const std::string& expert, const std::string& shared, auto&& mlp) {
+    e.same(gate + ".weight", b + ".moe.router.weight");
+    if (const auto it = router_bias.find(l); it != router_bias.end())
+      e.vector(gate + ".e_score_correction_bias", it->second);
+    for (int x = 0; x < c.moe_experts; ++x)
+      mlp(expert + "." + std::to_string(x), b + ".moe.experts." + std::to_string(x), c.moe_ffn_hidden);
+    if (c.moe_shared_experts > 0)
+      mlp(shared, b + ".moe.shared", c.moe_shared_experts * c.moe_ffn_hidden);
+  };
   if (c.family == Family::gpt2) {
     e.same("transformer.wte.weight", "embed.wte");
     e.same("transformer.wpe.weight", "embed.wpe");
@@ -52,10 +73,16 @@ std::vector<HfTensor> hf_tensors(const ParamStore& store, const ModelConfig& c, 
       e.same(h + ".attn.c_proj.bias", b + ".attn.out.bias");
       e.same(h + ".ln_2.weight", b + ".norm2.weight");
       e.same(h + ".ln_2.bias", b + ".norm2.bias");
-      e.transposed(h + ".mlp.c_fc.weight", b + ".mlp.fc.weight");
-      e.same(h + ".mlp.c_fc.bias", b + ".mlp.fc.bias");
-      e.transposed(h + ".mlp.c_proj.weight", b + ".mlp.proj.weight");
-      e.same(h + ".mlp.c_proj.bias", b + ".mlp.proj.bias");
+      auto mlp = [&](const std::string& to, const std::string& from, int) {
+        e.transposed(to + ".c_fc.weight", from + ".fc.weight");
+        e.same(to + ".c_fc.bias", from + ".fc.bias");
+        e.transposed(to + ".c_proj.weight", from + ".proj.weight");
+        e.same(to + ".c_proj.bias", from + ".proj.bias");
+      };
+      if (c.is_moe_layer(l))
+        moe_layer(l, b, h + ".mlp.gate", h + ".mlp.experts", h + ".mlp.shared_experts", mlp);
+      else
+        mlp(h + ".mlp", b + ".mlp", c.ffn_hidden);
     }
     e.same("transformer.ln_f.weight", "final_norm.weight");
     e.same("transformer.ln_f.bias", "final_norm.bias");
@@ -70,9 +97,23 @@ std::vector<HfTensor> hf_tensors(const ParamStore& store, const ModelConfig& c, 
       e.rows(h + ".self_attn.v_proj.weight", b + ".attn.qkv.weight", q + kv, kv);
       e.same(h + ".self_attn.o_proj.weight", b + ".attn.out.weight");
       e.same(h + ".post_attention_layernorm.weight", b + ".norm2.weight");
-      e.rows(h + ".mlp.gate_proj.weight", b + ".mlp.fc.weight", 0, c.ffn_hidden);
-      e.rows(h + ".mlp.up_proj.weight", b + ".mlp.fc.weight", c.ffn_hidden, c.ffn_hidden);
-      e.same(h + ".mlp.down_proj.weight", b + ".mlp.proj.weight");
+      auto mlp = [&](const std::string& to, const std::string& from, int hidden) {
+        e.rows(to + ".gate_proj.weight", from + ".fc.weight", 0, hidden);
+        e.rows(to + ".up_proj.weight", from + ".fc.weight", hidden, hidden);
+        e.same(to + ".down_proj.weight", from + ".proj.weight");
+      };
+      // Mixtral's experts: w1 the gate, w3 the up projection, w2 the down projection.
+      auto mixtral = [&](const std::string& to, const std::string& from, int hidden) {
+        e.rows(to + ".w1.weight", from + ".fc.weight", 0, hidden);
+        e.rows(to + ".w3.weight", from + ".fc.weight", hidden, hidden);
+        e.same(to + ".w2.weight", from + ".proj.weight");
+      };
+      if (is_mixtral(c))
+        moe_layer(l, b, h + ".block_sparse_moe.gate", h + ".block_sparse_moe.experts", "", mixtral);
+      else if (c.is_moe_layer(l))
+        moe_layer(l, b, h + ".mlp.gate", h + ".mlp.experts", h + ".mlp.shared_experts", mlp);
+      else
+        mlp(h + ".mlp", b + ".mlp", c.ffn_hidden);
     }
     e.same("model.norm.weight", "final_norm.weight");
   }
@@ -80,7 +121,9 @@ std::vector<HfTensor> hf_tensors(const ParamStore& store, const ModelConfig& c, 
   return std::move(e.out);
 }
 
-nlohmann::json hf_config(const ModelConfig& c) {
+namespace {
+
+nlohmann::json dense_config(const ModelConfig& c) {
   if (c.family == Family::gpt2)
     return {{"architectures", {"GPT2LMHeadModel"}},
             {"model_type", "gpt2"},
@@ -115,6 +158,39 @@ nlohmann::json hf_config(const ModelConfig& c) {
           {"attention_bias", false},
           {"tie_word_embeddings", c.tie_embeddings},
           {"torch_dtype", "float32"}};
+}
+
+}  // namespace
+
+nlohmann::json hf_config(const ModelConfig& c) {
+  nlohmann::json j = dense_config(c);
+  if (c.moe_experts == 0) return j;
+  if (is_mixtral(c)) {
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["model_type"] = "mixtral";
+    j["intermediate_size"] = c.moe_ffn_hidden;
+    j["num_local_experts"] = c.moe_experts;
+    j["num_experts_per_tok"] = c.moe_top_k;
+    j["sliding_window"] = nullptr;
+    j["output_router_logits"] = false;
+  } else {
+    j["architectures"] = {"CleaveMoeForCausalLM"};
+    j["model_type"] = "cleave_moe";
+    j["base_model_type"] = family_name(c.family);
+    j["moe_experts"] = c.moe_experts;
+    j["moe_top_k"] = c.moe_top_k;
+    j["moe_router"] = moe_router_name(c.moe_router);
+    j["moe_shared_experts"] = c.moe_shared_experts;
+    j["moe_ffn_hidden"] = c.moe_ffn_hidden;
+    j["moe_every"] = c.moe_every;
+    j["moe_first_dense"] = c.moe_first_dense;
+  }
+  // The balancing terms as cleave trains them: the auxiliary loss per sequence (not Mixtral's
+  // per batch), the z-loss per token.
+  j["router_aux_loss_coef"] = c.moe_aux_loss_coef;
+  j["router_z_loss_coef"] = c.moe_z_loss_coef;
+  j["router_aux_loss_form"] = "sequence";
+  return j;
 }
 
 }  // namespace cleave

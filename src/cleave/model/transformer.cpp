@@ -490,6 +490,12 @@ void Transformer::update_moe_bias(int layer, const std::vector<double>& load) {
     if (Moe* m = b->moe(); m && m->layer() == layer) m->update_bias(load);
 }
 
+std::map<int, std::vector<float>> Transformer::moe_bias_values() {
+  std::map<int, std::vector<float>> out;
+  for (const auto& [layer, bias] : moe_biases()) out[layer] = *bias;
+  return out;
+}
+
 std::vector<std::pair<int, std::vector<float>*>> Transformer::moe_biases() {
   std::vector<std::pair<int, std::vector<float>*>> out;
   for (auto& b : blocks_)

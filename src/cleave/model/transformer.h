@@ -6,6 +6,7 @@
 // backward needs; backward accumulates into the flat gradient buffer of params().
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -134,6 +135,7 @@ class Transformer {
   void update_moe_bias(int layer, const std::vector<double>& load);
   // The router biases of the MoE layers this rank holds, by layer (sigmoid_bias; checkpoints).
   std::vector<std::pair<int, std::vector<float>*>> moe_biases();
+  std::map<int, std::vector<float>> moe_bias_values();  // the same, copied
 
  private:
   // A chunk's activations for one micro-batch, and the gradient flowing between its units, so

@@ -353,6 +353,7 @@ std::unique_ptr<Transformer> load_model(const std::string& path, Precision preci
   ParamStore& params = model->params();
   read_state(ck, dir, params, "param", {{0, params.total()}}, {params.values().data()});
   params.wrote_all();
+  read_moe_biases(ck, dir, model->moe_biases());
   return model;
 }
 
