@@ -103,6 +103,20 @@ grep -q '"bias_max":[0-9.e-]*[1-9]' "$work/ref-sigmoid_bias/metrics.jsonl" \
   || { echo "FAIL: sigmoid_bias's biases never moved"; exit 1; }
 echo "an ep 4 checkpoint resumes on ep 2 and on one process"
 
+# The ep bytes rank 0 sends, measured by the trainer, against `cleave mesh`'s prediction, which
+# assumes balanced routing: within 25% over the 20 steps (the auxiliary loss keeps the routing
+# near balanced), and exactly the measured rows' bytes are what the prediction counts.
+for n in 2 4; do
+  measured=$(grep -o '"ep_bytes_per_step":[0-9.]*' "$work/topk_softmax-ep$n/metrics.jsonl" | cut -d: -f2 \
+             | awk '{ s += $1 } END { printf "%.0f", s / NR }')
+  # shellcheck disable=SC2046
+  predicted=$("$cleave" mesh "$cfg" --world $n "${common[@]}" "${llama[@]}" $(ep $n) \
+              | grep -o "^  ep .*(\([0-9]*\) bytes)" | sed 's/.*(\([0-9]*\) bytes)/\1/')
+  [ -n "$predicted" ] && awk -v m="$measured" -v p="$predicted" 'BEGIN { exit !(m > 0.75 * p && m < 1.25 * p) }' \
+    || { echo "FAIL: ep $n sent $measured bytes per step, cleave mesh predicts $predicted"; exit 1; }
+  echo "ep $n: $measured bytes per step measured, $predicted predicted for balanced routing"
+done
+
 # Bad input.
 expect_error 4 "model.moe_experts = 4 cannot be split over parallel.ep = 8" "${llama[@]}" \
   --set model.moe_experts=4 --set parallel.dp_shard=4 --set parallel.ep=8

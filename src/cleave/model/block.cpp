@@ -104,7 +104,8 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
   norm2_.forward(s.h2.data(), s.x_mid.data(), n, s.norm2);
   const float* h2 = enter_column(s.h2.data(), g.gathered.data(), N, "mlp.fc");
   if (moe_)
-    moe_->forward(s.moe, g.moe, sp ? partial : x_out, h2, batch, !sp, grad_scale, count_stats);
+    moe_->forward(s.moe, g.moe, sp ? partial : x_out, h2, batch, !sp, grad_scale, count_stats,
+                  cache != nullptr);
   else
     mlp_->forward(s.mlp, sp ? partial : x_out, h2, N, !sp);
   leave_row(partial, x_out, N);

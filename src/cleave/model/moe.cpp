@@ -119,14 +119,14 @@ void Moe::count_choices(Saved& s, Scratch& g) const {
         }
 }
 
-double Moe::assign_rows(Saved& s) const {
+double Moe::assign_rows(Saved& s, bool dropless) const {
   const int64_t N = s.N;
   const int E = E_, k = k_, cp = opt_.cp_size(), H = cp > 1 ? 2 : 1, G = cp * H;
   const int64_t c = s.T / H;
   s.row.assign(size_t(N * k), 0);
   s.send_rows.assign(size_t(E), 0);
   const double factor = cfg_.moe_capacity_factor;
-  const int64_t capacity = factor > 0 ? int64_t(std::ceil(factor * double(s.T * cp) * k / E))
+  const int64_t capacity = factor > 0 && !dropless ? int64_t(std::ceil(factor * double(s.T * cp) * k / E))
                                       : std::numeric_limits<int64_t>::max();
   // A choice's place in its sequence's priority order: every choice of a lower rank, then those
   // of its rank in earlier chunks, then those earlier in its chunk. It is kept within capacity.
@@ -162,7 +162,7 @@ double Moe::assign_rows(Saved& s) const {
 }
 
 void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& batch,
-                  bool keep_x, float grad_scale, bool count) {
+                  bool keep_x, float grad_scale, bool count, bool dropless) {
   const int64_t B = batch.B, T = batch.T, N = B * T, d = cfg_.d_model;
   const int E = E_, k = k_;
   s.N = N, s.B = B, s.T = T;
@@ -203,7 +203,7 @@ void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& b
     for (int64_t i = 0; i < N * k; ++i) stats_.tokens[size_t(s.choice[size_t(i)])] += 1;
   if (count && cfg_.moe_z_loss_coef > 0)
     stats_.z += cfg_.moe_z_loss_coef * kernels::router_z_loss(s.logits.data(), N, E, 0, nullptr);
-  const double dropped = assign_rows(s);
+  const double dropped = assign_rows(s, dropless);
   if (count) stats_.dropped += dropped;
 
   dispatch(s, g, x);

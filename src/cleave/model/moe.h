@@ -95,9 +95,10 @@ class Moe {
 
   // y (=) over the N = batch.B x batch.T rows of x (every tp rank's, as the MLP's input). y is a
   // partial sum over tp, as the MLP's. grad_scale: the loss's, for the balancing terms'
-  // gradients; count: add this micro-batch to the statistics.
+  // gradients; count: add this micro-batch to the statistics; dropless: ignore the capacity
+  // (generation through a cache, which sees a few new tokens at a time, as Megatron's inference).
   void forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& batch, bool keep_x,
-               float grad_scale, bool count);
+               float grad_scale, bool count, bool dropless = false);
   void add_bias(float* y, int64_t rows) const;
   void backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer);
   void backward_weight(Saved& s, const float* x);
@@ -121,7 +122,7 @@ class Moe {
   void count_choices(Saved& s, Scratch& g) const;
   // Drops what exceeds the capacity, per sequence, in priority order; fills s.row (send order)
   // and s.send_rows; returns the choices dropped.
-  double assign_rows(Saved& s) const;
+  double assign_rows(Saved& s, bool dropless) const;
   int64_t expert_rows(const Saved& s, int e) const;  // rows local expert e runs on
   void dispatch(Saved& s, Scratch& g, const float* x);
   void run_experts(Saved& s, Scratch& g);

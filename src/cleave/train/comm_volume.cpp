@@ -53,6 +53,22 @@ AxisVolume context_volume(const Config& cfg, const Layout& layout, double tokens
   return {"cp", cfg.train.grad_accum_steps * (layers * per_layer + recomputed * forward), how};
 }
 
+// Expert parallelism's all-to-alls per step (model/moe.cpp), assuming balanced routing: per MoE
+// layer and micro-batch each of the rank's tokens x top_k rows goes to an expert on another ep
+// rank with probability (ep - 1) / ep, there and back in forward and again in backward, after one
+// all-to-all of the rows' counts; a recomputed MoE layer's forward sends again.
+AxisVolume expert_volume(const Config& cfg, int ep, double tokens, double moe_layers,
+                         double recomputed) {
+  const ModelConfig& m = cfg.model;
+  const double rows = tokens * m.moe_top_k * (ep - 1) / ep * m.d_model * 4;
+  const double counts = double(ep - 1) * (m.moe_experts / ep) * 4;
+  const double per_step = cfg.train.grad_accum_steps *
+                          (moe_layers * (4 * rows + counts) + recomputed * (2 * rows + counts));
+  return {"ep", per_step,
+          "token rows to their experts' ranks and back, in forward and in backward, per MoE layer "
+          "and micro-batch, with balanced routing (the measured figure follows the routing)"};
+}
+
 }  // namespace
 
 std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
@@ -73,13 +89,20 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   const std::vector<ModelChunk> chunks = stage_chunks(layout, 0);
   double layers = 0, embedding = 0, head = 0;
   double recomputed = 0;  // activation checkpointing: blocks whose forward runs twice
+  double moe_layers = 0, moe_recomputed = 0;
   for (const ModelChunk& c : chunks) {
     layers += c.end_layer - c.first_layer;
     embedding += c.embedding;
     head += c.head;
-    if (t.activation_checkpointing == "full")
-      for (int l = c.first_layer; l < c.end_layer; ++l) recomputed += l % t.ac_every == 0;
+    for (int l = c.first_layer; l < c.end_layer; ++l) {
+      const bool again = t.activation_checkpointing == "full" && l % t.ac_every == 0;
+      recomputed += again;
+      moe_layers += m.is_moe_layer(l);
+      moe_recomputed += again && m.is_moe_layer(l);
+    }
   }
+  int ep = 1;
+  for (const CarvedAxis& c : mesh.carved()) ep = c.name == kEp ? c.degree : ep;
   const std::unique_ptr<Transformer> model =
       Transformer::planned(m, tp, cfg.parallel.sequence_parallel, chunks);
   const ParamStore& store = model->params();
@@ -115,8 +138,21 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
                        (kv > 0 ? "; the replicated kv heads' gradients all-reduced once per step"
                                : "")});
   }
+  // The experts' gradients sum over dp_replicate x efsdp when ep splits them: their volume (this
+  // rank's 1 / ep of them) joins the dense parameters', over the smaller group.
+  const double P_experts = store.n_groups() > 1 ? double(store.global_count(1)) / ep : 0;
+  if (dp > 1 && ep > 1) {
+    const int efsdp = S / ep, edp = R * efsdp, zero = cfg.parallel.zero_stage;
+    const double e = zero <= 1 ? ring_all_reduce(P_experts, edp) + (zero == 1 ? ring_gather(P_experts, efsdp) : 0)
+                               : ring_gather(P_experts, efsdp) * (1 + (zero == 2 ? 1 : 2 * accum)) +
+                                     ring_all_reduce(P_experts / efsdp, R);
+    if (e > 0)
+      out.push_back({"efsdp", e, "the experts' gradient reduction over dp_replicate x efsdp (" +
+                                     std::to_string(edp) + " ranks), as the dense parameters' "
+                                     "over theirs"});
+  }
   if (dp > 1) {
-    const double P = double(store.count());
+    const double P = double(store.count()) - (ep > 1 ? P_experts * ep : 0);
     const int zero = cfg.parallel.zero_stage;
     if (zero <= 1) {
       out.push_back({"dp", ring_all_reduce(P, dp),
@@ -135,6 +171,7 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
     }
   }
   if (cp > 1) out.push_back(context_volume(cfg, layout, tokens, layers, recomputed));
+  if (ep > 1) out.push_back(expert_volume(cfg, ep, tokens, moe_layers, moe_recomputed));
   const int pp = mesh.degree(Axis::pp);
   if (pp > 1) {
     // Per micro-batch, each stage's output to the next stage's rank and its input's gradient to
