@@ -103,6 +103,21 @@ grep -q '"bias_max":[0-9.e-]*[1-9]' "$work/ref-sigmoid_bias/metrics.jsonl" \
   || { echo "FAIL: sigmoid_bias's biases never moved"; exit 1; }
 echo "an ep 4 checkpoint resumes on ep 2 and on one process"
 
+# Activation checkpointing recomputes the routing, the dispatch and the experts bitwise (the
+# statistics count each micro-batch once): the same bits as keeping everything, with and
+# without ep.
+for mode in selective full; do
+  run "ac-$mode" 1 "${llama[@]}" --set train.activation_checkpointing=$mode
+  same_bits ref-topk_softmax "ac-$mode" 20
+  # shellcheck disable=SC2046
+  run "ac-$mode-ep2" 2 "${llama[@]}" --set train.activation_checkpointing=$mode $(ep 2)
+  same_bits topk_softmax-ep2 "ac-$mode-ep2" 20
+  diff <(grep -o '"moe_layers":\[[^]]*\]' "$work/ref-topk_softmax/metrics.jsonl") \
+       <(grep -o '"moe_layers":\[[^]]*\]' "$work/ac-$mode/metrics.jsonl") > /dev/null \
+    || { echo "FAIL: $mode checkpointing changed the routing statistics"; exit 1; }
+done
+echo "selective and full activation checkpointing give the same bits, alone and at ep 2"
+
 # The ep bytes rank 0 sends, measured by the trainer, against `cleave mesh`'s prediction, which
 # assumes balanced routing: within 25% over the 20 steps (the auxiliary loss keeps the routing
 # near balanced), and exactly the measured rows' bytes are what the prediction counts.

@@ -23,11 +23,13 @@ class Buffer {
   ~Buffer() { release(); }
   Buffer(Buffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
-        mapped_bytes_(std::exchange(o.mapped_bytes_, 0)) {}
+        mapped_bytes_(std::exchange(o.mapped_bytes_, 0)),
+        borrowed_(std::exchange(o.borrowed_, false)) {}
   Buffer& operator=(Buffer&& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
     std::swap(mapped_bytes_, o.mapped_bytes_);
+    std::swap(borrowed_, o.borrowed_);
     return *this;
   }
   Buffer(const Buffer&) = delete;
@@ -53,6 +55,14 @@ class Buffer {
     CLEAVE_CHECK(data_ != nullptr, "out of memory allocating " << bytes << " bytes");
     std::memset(static_cast<void*>(data_), 0, bytes);
   }
+  // A view of n elements another buffer owns (a slice of a pool), never freed by this one; a
+  // resize makes it own memory again. The owner must outlive the view's use.
+  void borrow(T* data, int64_t n) {
+    release();
+    data_ = data;
+    size_ = n;
+    borrowed_ = true;
+  }
   void zero() { std::memset(static_cast<void*>(data_), 0, size_t(size_) * sizeof(T)); }
   T* data() { return data_; }
   const T* data() const { return data_; }
@@ -63,7 +73,8 @@ class Buffer {
  private:
   static constexpr size_t kHugeFrom = size_t(64) << 20;
   void release() {
-    if (mapped_bytes_) munmap(data_, mapped_bytes_);
+    if (borrowed_) borrowed_ = false;
+    else if (mapped_bytes_) munmap(data_, mapped_bytes_);
     else std::free(data_);
     data_ = nullptr;
     mapped_bytes_ = 0;
@@ -72,6 +83,7 @@ class Buffer {
   T* data_ = nullptr;
   int64_t size_ = 0;
   size_t mapped_bytes_ = 0;  // non-zero: data_ is an mmap of this size
+  bool borrowed_ = false;    // data_ belongs to another buffer
 };
 
 }  // namespace cleave

@@ -124,7 +124,9 @@ struct LinearGemm::Impl {
   const uint64_t* version = &own_version;   // the owner's counter, when it keeps one
   uint64_t weight_version() const { return *version; }
 
-  std::map<int64_t, PlansForN> plans;
+  std::map<int64_t, PlansForN> plans;  // by N; one entry, kVariable, with variable rows
+  bool variable_rows = false;
+  static constexpr int64_t kVariable = -1;
   std::vector<Packed> packed;
   std::vector<kernels::PackTarget> row_targets;  // between begin_row_packing and all_rows_packed
 
@@ -164,12 +166,28 @@ struct LinearGemm::Impl {
     return plan;
   }
 
+  // The plans' key and row count for N rows: N, or with variable rows one plan whose rows are
+  // given at each execution, and the weights in their own layout.
+  int64_t key(int64_t N) const { return variable_rows ? kVariable : N; }
+  memory::dim rows(int64_t N) const { return variable_rows ? DNNL_RUNTIME_DIM_VAL : N; }
+  memory::desc weights(bool transposed) const {
+    if (!variable_rows) return memory::desc(transposed ? memory::dims{in, out} : memory::dims{out, in}, cdt, tag::any);
+    return transposed ? memory::desc({in, out}, cdt, memory::dims{1, in})
+                      : memory::desc({out, in}, cdt, memory::dims{in, 1});
+  }
+  // An operand's descriptor for this call: the plan's, or with variable rows the same with N.
+  memory::desc at(const memory::desc& planned, memory::dims dims, memory::dims strides) const {
+    if (!variable_rows) return planned;
+    return memory::desc(dims, planned.data_type(), strides);
+  }
+
   // forward: src x[N,in], weights W^T[in,out] (packed: any), dst y[N,out], bias [1,out].
   Plan& forward_plan(int64_t N, bool with_bias) {
-    auto& slot = with_bias ? plans[N].fwd_bias : plans[N].fwd;
+    auto& slot = with_bias ? plans[key(N)].fwd_bias : plans[key(N)].fwd;
     if (!slot) {
+      N = rows(N);
       memory::desc src({N, in}, cdt, tag::ab);
-      memory::desc wei({in, out}, cdt, tag::any);
+      memory::desc wei = weights(true);
       memory::desc dst({N, out}, dt::f32, tag::ab);
       memory::desc bias({1, out}, dt::f32, tag::ab);
       slot = make_plan(src, wei, with_bias ? &bias : nullptr, dst, false);
@@ -179,10 +197,11 @@ struct LinearGemm::Impl {
 
   // backward_input: src dy[N,out], weights W[out,in] (packed: any), dst dx[N,in].
   Plan& backward_input_plan(int64_t N, bool accumulate) {
-    auto& slot = accumulate ? plans[N].bin_acc : plans[N].bin;
+    auto& slot = accumulate ? plans[key(N)].bin_acc : plans[key(N)].bin;
     if (!slot) {
+      N = rows(N);
       memory::desc src({N, out}, cdt, tag::ab);
-      memory::desc wei({out, in}, cdt, tag::any);
+      memory::desc wei = weights(false);
       memory::desc dst({N, in}, dt::f32, tag::ab);
       slot = make_plan(src, wei, nullptr, dst, accumulate);
     }
@@ -191,8 +210,9 @@ struct LinearGemm::Impl {
 
   // backward_weight: src dy^T[out,N] (strides {1,out}), weights x[N,in], dst dW[out,in] (+=).
   Plan& backward_weight_plan(int64_t N) {
-    auto& slot = plans[N].bwd_w;
+    auto& slot = plans[key(N)].bwd_w;
     if (!slot) {
+      N = rows(N);
       memory::desc src({out, N}, cdt, memory::dims{1, out});
       memory::desc wei({N, in}, cdt, tag::ab);
       memory::desc dst({out, in}, dt::f32, tag::ab);
@@ -328,6 +348,11 @@ LinearGemm::~LinearGemm() = default;
 LinearGemm::LinearGemm(LinearGemm&&) noexcept = default;
 LinearGemm& LinearGemm::operator=(LinearGemm&&) noexcept = default;
 
+void LinearGemm::set_variable_rows() {
+  CLEAVE_CHECK(impl_->plans.empty(), "LinearGemm::set_variable_rows after a product");
+  impl_->variable_rows = true;
+}
+
 void LinearGemm::release_packed() {
   impl_->packed.clear();
   impl_->rounded = Buffer<float>();
@@ -375,8 +400,8 @@ void LinearGemm::forward(float* y, const float* x, int64_t N, const float* bias,
   Plan& plan = m.forward_plan(N, bias != nullptr);
   memory wei = m.packed_weights(Role::forward, plan);
   void* xs = m.operand(x, N * m.in, keep_x, 0);
-  memory src(plan.pd.src_desc(), ctx.engine, xs);
-  memory dst(plan.pd.dst_desc(), ctx.engine, y);
+  memory src(m.at(plan.pd.src_desc(), {N, m.in}, {m.in, 1}), ctx.engine, xs);
+  memory dst(m.at(plan.pd.dst_desc(), {N, m.out}, {m.out, 1}), ctx.engine, y);
   if (bias) {
     memory b(plan.pd.bias_desc(), ctx.engine, const_cast<float*>(bias));
     m.execute(plan, src, wei, &b, dst);
@@ -393,8 +418,8 @@ void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accu
   Plan& plan = m.backward_input_plan(N, accumulate);
   memory wei = m.packed_weights(Role::backward_input, plan);
   void* dys = m.operand(dy, N * m.out, keep_dy, 0);
-  memory src(plan.pd.src_desc(), ctx.engine, dys);
-  memory dst(plan.pd.dst_desc(), ctx.engine, dx);
+  memory src(m.at(plan.pd.src_desc(), {N, m.out}, {m.out, 1}), ctx.engine, dys);
+  memory dst(m.at(plan.pd.dst_desc(), {N, m.in}, {m.in, 1}), ctx.engine, dx);
   m.execute(plan, src, wei, nullptr, dst);
 }
 
@@ -411,8 +436,8 @@ void LinearGemm::backward_weight(float* dweight, float* dbias, const float* dy, 
   Plan& plan = m.backward_weight_plan(N);
   void* dys = m.kept_operand(dy, N * m.out, dy_copy, 0, "dy");
   void* xs = m.kept_operand(x, N * m.in, x_copy, 1, "x");
-  memory src(plan.pd.src_desc(), ctx.engine, dys);
-  memory wei(plan.pd.weights_desc(), ctx.engine, xs);
+  memory src(m.at(plan.pd.src_desc(), {m.out, N}, {1, m.out}), ctx.engine, dys);
+  memory wei(m.at(plan.pd.weights_desc(), {N, m.in}, {m.in, 1}), ctx.engine, xs);
   memory dst(plan.pd.dst_desc(), ctx.engine, dweight);
   m.execute(plan, src, wei, nullptr, dst);
 

@@ -47,7 +47,9 @@ void Mlp::reserve(Scratch& g, int64_t N) const {
 }
 
 void Mlp::forward(Saved& s, float* y, const float* x, int64_t N, bool keep_x) {
-  if (s.fc.size() != N * fc_.gemm().out_features()) s.fc.resize(N * fc_.gemm().out_features());
+  // Buffers only grow: an expert's rows change every step, and a buffer allocated anew each
+  // time would fault its pages in again.
+  if (s.fc.size() < N * fc_.gemm().out_features()) s.fc.resize(N * fc_.gemm().out_features());
   s.N = N;
   s.x_kept = keep_x;
   fc_.forward(s.fc.data(), x, N, keep_x ? &s.x_copy : nullptr);
@@ -57,7 +59,7 @@ void Mlp::forward(Saved& s, float* y, const float* x, int64_t N, bool keep_x) {
 
 void Mlp::activate(Saved& s) const {
   const int64_t N = s.N;
-  if (s.act.size() != N * ffn_) s.act.resize(N * ffn_);
+  if (s.act.size() < N * ffn_) s.act.resize(N * ffn_);
   if (cfg_.family == Family::gpt2)
     kernels::gelu_forward(s.act.data(), s.fc.data(), N * ffn_);
   else
@@ -92,7 +94,7 @@ void Mlp::recompute_activation(Saved& s, const float* x) {
 
 void Mlp::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer) {
   const int64_t N = s.N, d = cfg_.d_model;
-  if (defer && s.d_fc.size() != N * fc_.gemm().out_features()) {  // sized once per slot
+  if (defer && s.d_fc.size() < N * fc_.gemm().out_features()) {  // sized once per slot
     s.dy.resize(N * d);
     s.d_fc.resize(N * fc_.gemm().out_features());
   }

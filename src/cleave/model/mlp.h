@@ -50,6 +50,14 @@ class Mlp {
   void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const;
   void give_all(Saved& s, RecomputeSpares& spares) const;  // full recompute: every buffer
   void recompute_activation(Saved& s, const float* x);
+  // Floats per row of Saved's fc and act.
+  int64_t fc_width() const { return fc_.gemm().out_features(); }
+  int64_t act_width() const { return ffn_; }
+  // Its products take a new row count at every call (an expert): LinearGemm::set_variable_rows.
+  void set_variable_rows() {
+    fc_.gemm().set_variable_rows();
+    proj_.gemm().set_variable_rows();
+  }
 
  private:
   const ModelConfig& cfg_;

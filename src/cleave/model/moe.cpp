@@ -30,8 +30,11 @@ void reorder_blocks(float* to, const float* from, const std::vector<int64_t>& co
 }  // namespace
 
 void Moe::Saved::release() {
-  for (Buffer<float>* b : {&logits, &gate, &fraction, &y_send, &x_expert, &d_logits})
+  for (Buffer<float>* b : {&logits, &gate, &fraction, &y_send, &x_expert, &d_logits, &pool_fc,
+                           &pool_act, &pool_dy, &pool_dfc})
     *b = Buffer<float>();
+  pool_x_copy = Buffer<bf16>();
+  pool_act_copy = Buffer<bf16>();
   choice.clear();
   row.clear();
   send_rows.clear();
@@ -44,7 +47,8 @@ void Moe::Saved::release() {
 Moe::Moe(ParamStore& store, const std::string& name, int layer, const ModelConfig& c,
          const TpShare& share, Precision precision, const TensorParallelOptions& tp,
          const MoeOptions& options)
-    : cfg_(c), layer_(layer), E_(c.moe_experts), k_(c.moe_top_k), tp_(tp), opt_(options),
+    : cfg_(c), layer_(layer), E_(c.moe_experts), k_(c.moe_top_k), precision_(precision), tp_(tp),
+      opt_(options),
       shared_cfg_(c),
       router_(store, name + ".router", c.d_model, c.moe_experts, false, c.init_std,
               Precision::fp32) {
@@ -52,9 +56,12 @@ Moe::Moe(ParamStore& store, const std::string& name, int layer, const ModelConfi
                                              "parallel.ep = " << opt_.ep_size());
   const int first = opt_.ep_rank() * local_experts();
   for (int e = 0; e < local_experts(); ++e)
+  {
     experts_.push_back(std::make_unique<Mlp>(store, name + ".experts." + std::to_string(first + e),
                                              c, share, precision, c.moe_ffn_hidden,
                                              opt_.expert_group));
+    experts_.back()->set_variable_rows();
+  }
   if (c.moe_shared_experts > 0)
     shared_ = std::make_unique<Mlp>(store, name + ".shared", c, share, precision,
                                     c.moe_shared_experts * c.moe_ffn_hidden);
@@ -278,6 +285,7 @@ void Moe::run_experts(Saved& s, Scratch& g) {
   grow(s.y_send, sent * d);
   float* out = ep ? (grow(g.y_expert, received * d), g.y_expert.data()) : s.y_send.data();
   s.experts.resize(size_t(L));
+  lend(s, true, false);
   int64_t at = 0;
   for (int e = 0; e < L; ++e) {
     const int64_t n = expert_rows(s, e);
@@ -380,6 +388,7 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
     dy_expert = g.dy_expert.data();
   }
   grow(g.dx_expert, received * d);
+  if (defer) lend(s, false, true);
   int64_t most = 0;
   for (int e = 0; e < L; ++e) most = std::max(most, expert_rows(s, e));
   if (most > g.expert_rows) {
@@ -465,9 +474,56 @@ int64_t Moe::expert_rows(const Saved& s, int e) const {
 }
 
 void Moe::release_activation(Saved& s, RecomputeSpares& spares) const {
+  // The experts' views go, and the pools they view with them (their sizes change every step:
+  // spares of their size would pile up).
+  RecomputeSpares views;
   for (int e = 0; e < int(s.experts.size()); ++e)
-    experts_[size_t(e)]->release_activation(s.experts[size_t(e)], spares);
+    experts_[size_t(e)]->release_activation(s.experts[size_t(e)], views);
+  s.pool_act = Buffer<float>();
+  s.pool_x_copy = Buffer<bf16>();
+  s.pool_act_copy = Buffer<bf16>();
   if (shared_) shared_->release_activation(s.shared, spares);
+}
+
+void Moe::lend(Saved& s, bool activations, bool deferred) const {
+  const int64_t d = cfg_.d_model;
+  int64_t rows = 0;
+  for (int64_t n : s.recv_rows) rows += n;
+  const Mlp& first = *experts_.front();
+  const int64_t fc = first.fc_width(), act = first.act_width();
+  auto pool = [&](auto& buffer, int64_t width) {
+    if (buffer.size() < rows * width) buffer.resize(rows * width);
+  };
+  if (activations) {
+    pool(s.pool_fc, fc);
+    pool(s.pool_act, act);
+    if (precision_ == Precision::bf16) {
+      pool(s.pool_x_copy, d);
+      pool(s.pool_act_copy, act);
+    }
+  }
+  if (deferred) {
+    pool(s.pool_dy, d);
+    pool(s.pool_dfc, fc);
+  }
+  int64_t at = 0;
+  for (int e = 0; e < local_experts(); ++e) {
+    const int64_t n = expert_rows(s, e);
+    Mlp::Saved& es = s.experts[size_t(e)];
+    if (activations) {
+      es.fc.borrow(s.pool_fc.data() + at * fc, n * fc);
+      es.act.borrow(s.pool_act.data() + at * act, n * act);
+      if (precision_ == Precision::bf16) {
+        es.x_copy.data.borrow(s.pool_x_copy.data() + at * d, n * d);
+        es.act_copy.data.borrow(s.pool_act_copy.data() + at * act, n * act);
+      }
+    }
+    if (deferred) {
+      es.dy.borrow(s.pool_dy.data() + at * d, n * d);
+      es.d_fc.borrow(s.pool_dfc.data() + at * fc, n * fc);
+    }
+    at += n;
+  }
 }
 
 void Moe::take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
@@ -476,14 +532,13 @@ void Moe::take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
 }
 
 void Moe::give_all(Saved& s, RecomputeSpares& spares) const {
-  for (int e = 0; e < int(s.experts.size()); ++e)
-    experts_[size_t(e)]->give_all(s.experts[size_t(e)], spares);
   if (shared_) shared_->give_all(s.shared, spares);
-  s.release();
+  s.release();  // the experts' buffers with the rest: their sizes change every step
 }
 
 void Moe::recompute_activation(Saved& s, const float* x) {
   const int64_t d = cfg_.d_model;
+  lend(s, true, false);
   int64_t at = 0;
   for (int e = 0; e < int(s.experts.size()); ++e) {
     const int64_t n = expert_rows(s, e);

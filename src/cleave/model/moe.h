@@ -72,7 +72,11 @@ class Moe {
     std::vector<int64_t> send_rows;    // per expert (global): rows this rank sent it
     std::vector<int64_t> recv_rows;    // per (source rank, local expert): rows received
     Buffer<float> x_expert;            // [rows received, d]: by local expert, then source rank
-    std::vector<Mlp::Saved> experts;   // per local expert
+    std::vector<Mlp::Saved> experts;   // per local expert: views of the pools below
+    // The experts' activations, one pool per kind, each expert's rows a slice (Buffer::borrow):
+    // the rows an expert takes change every step, their sum hardly (N x k at ep 1).
+    Buffer<float> pool_fc, pool_act, pool_dy, pool_dfc;
+    Buffer<bf16> pool_x_copy, pool_act_copy;
     Mlp::Saved shared;
     bool x_kept = false;
     Buffer<float> d_logits;  // kept by a deferred input half for the router's weight gradient
@@ -124,12 +128,16 @@ class Moe {
   // and s.send_rows; returns the choices dropped.
   double assign_rows(Saved& s, bool dropless) const;
   int64_t expert_rows(const Saved& s, int e) const;  // rows local expert e runs on
+  // Gives each expert's Saved its slices of s's pools (grown to the rows received): its
+  // activations, their bf16 copies (bf16), and with `deferred` the output and fc gradients.
+  void lend(Saved& s, bool activations, bool deferred) const;
   void dispatch(Saved& s, Scratch& g, const float* x);
   void run_experts(Saved& s, Scratch& g);
   void combine(Saved& s, float* y) const;
 
   const ModelConfig& cfg_;
   int layer_, E_, k_;
+  Precision precision_;
   TensorParallelOptions tp_;
   MoeOptions opt_;
   ModelConfig shared_cfg_;
