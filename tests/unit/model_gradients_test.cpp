@@ -12,6 +12,7 @@
 
 #include "cleave/model/block.h"
 #include "cleave/model/transformer.h"
+#include "finite_differences.h"
 
 namespace cleave {
 namespace {
@@ -38,27 +39,6 @@ void randomise(ParamStore& s, uint32_t seed) {
   for (auto& t : s.tensors())
     for (int64_t i = 0; i < t.numel; ++i)
       s.value(&t - &s.tensors()[0])[i] = (t.init == Init::ones ? 1.0f : 0.0f) + n(rng);
-}
-
-// Compares analytic against central differences of `loss` for `count` entries of x.
-void expect_fd(const char* what, float* x, const float* analytic, int64_t n,
-               const std::function<double()>& loss, const std::function<void()>& changed,
-               int count = 6) {
-  const float eps = 1e-2f;
-  for (int k = 0; k < count; ++k) {
-    const int64_t i = (k * 7919 + 13) % n;
-    const float saved = x[i];
-    x[i] = saved + eps;
-    changed();
-    const double up = loss();
-    x[i] = saved - eps;
-    changed();
-    const double down = loss();
-    x[i] = saved;
-    changed();
-    const double fd = (up - down) / (2 * eps);
-    EXPECT_NEAR(analytic[i], fd, 2e-3 + 2e-2 * std::fabs(fd)) << what << "[" << i << "]";
-  }
 }
 
 // One block with random parameters, on its own store.

@@ -12,6 +12,7 @@
 #include "cleave/kernels/moe_router.h"
 #include "cleave/model/moe.h"
 #include "cleave/model/transformer.h"
+#include "finite_differences.h"
 
 namespace cleave {
 namespace {
@@ -233,27 +234,6 @@ TEST(MoeBias, MovesTowardEvenLoadAndKeepsMeanZero) {
   EXPECT_NEAR(sum, 0.0f, 1e-6);
   EXPECT_GT(b[0], b[2]);
   EXPECT_GT(b[2], b[1]);
-}
-
-// central differences of `loss` against analytic for a sample of n entries of p.
-void expect_fd(const std::string& what, float* p, const float* analytic, int64_t n,
-               const std::function<double()>& loss, const std::function<void()>& changed,
-               int count = 5) {
-  const float eps = 1e-2f;
-  for (int k = 0; k < count; ++k) {
-    const int64_t i = (k * 7919 + 13) % n;
-    const float saved = p[i];
-    p[i] = saved + eps;
-    changed();
-    const double up = loss();
-    p[i] = saved - eps;
-    changed();
-    const double down = loss();
-    p[i] = saved;
-    changed();
-    const double fd = (up - down) / (2 * eps);
-    EXPECT_NEAR(analytic[i], fd, 3e-3 + 3e-2 * std::fabs(fd)) << what << "[" << i << "]";
-  }
 }
 
 // The whole model's loss is the tokens' mean cross-entropy plus the balancing terms (the

@@ -7,10 +7,11 @@
 
 #include "cleave/comm/group.h"
 #include "cleave/model/context_parallel.h"
+#include "cleave/parallel/comm_meter.h"
 
 namespace cleave {
 
-class GroupCpComm final : public CpComm {
+class GroupCpComm final : public CpComm, public CommMeter {
  public:
   explicit GroupCpComm(Group& group) : group_(group) {}
   int rank() const override { return group_.rank(); }
@@ -19,14 +20,9 @@ class GroupCpComm final : public CpComm {
   Wait reduce_scatter(const float* send, float* recv, int64_t n) override;
   Wait all_to_all(const float* send, float* recv, int64_t n) override;
   Wait ring_shift(const float* send, float* recv, int64_t n) override;
-  double take_exposed_seconds() { return std::exchange(exposed_, 0.0); }
-  // bytes this rank sent into the group since the last call
-  int64_t take_bytes() { return std::exchange(bytes_, int64_t(0)); }
 
  private:
   Group& group_;
-  double exposed_ = 0;
-  int64_t bytes_ = 0;
   int next_tag_ = 0;  // of the next ring shift: they count up (mod MPI's 32768), alike on every rank
 };
 

@@ -8,10 +8,11 @@
 
 #include "cleave/comm/group.h"
 #include "cleave/model/ep_comm.h"
+#include "cleave/parallel/comm_meter.h"
 
 namespace cleave {
 
-class GroupEpComm final : public EpComm {
+class GroupEpComm final : public EpComm, public CommMeter {
  public:
   explicit GroupEpComm(Group& group) : group_(group) {}
   int rank() const override { return group_.rank(); }
@@ -19,14 +20,9 @@ class GroupEpComm final : public EpComm {
   Wait all_to_all(const float* send, float* recv, int64_t n) override;
   Wait all_to_allv(const float* send, const std::vector<int64_t>& send_counts, float* recv,
                    const std::vector<int64_t>& recv_counts) override;
-  double take_exposed_seconds() { return std::exchange(exposed_, 0.0); }
-  // bytes this rank sent to other ranks of the group since the last call
-  int64_t take_bytes() { return std::exchange(bytes_, int64_t(0)); }
 
  private:
   Group& group_;
-  double exposed_ = 0;
-  int64_t bytes_ = 0;
 };
 
 }  // namespace cleave

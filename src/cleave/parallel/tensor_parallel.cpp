@@ -6,22 +6,18 @@
 
 namespace cleave {
 
-TpComm::Wait GroupTpComm::waiter(Work work) {
-  return [this, work]() mutable { exposed_ += work.wait(); };
-}
-
 TpComm::Wait GroupTpComm::all_reduce(float* buf, int64_t n) {
-  bytes_ += ring_all_reduce_bytes(n * 4, size());
+  sent(ring_all_reduce_bytes(n * 4, size()));
   return waiter(group_.all_reduce(buf, n, CommType::f32, CommAlgo::ours));
 }
 
 TpComm::Wait GroupTpComm::all_gather(const float* send, float* recv, int64_t n) {
-  bytes_ += n * 4 * (size() - 1);
+  sent(n * 4 * (size() - 1));
   return waiter(group_.all_gather(send, recv, n, CommType::f32, CommAlgo::ours));
 }
 
 TpComm::Wait GroupTpComm::reduce_scatter(const float* send, float* recv, int64_t n) {
-  bytes_ += n * 4 * (size() - 1);
+  sent(n * 4 * (size() - 1));
   return waiter(group_.reduce_scatter(send, recv, n, CommType::f32, CommAlgo::ours));
 }
 
@@ -34,7 +30,7 @@ void GroupTpComm::check_replicated(const float* buf, int64_t n, const std::strin
   float mine[2];
   std::memcpy(mine, &h, sizeof h);
   std::vector<float> all(2 * size_t(size()));
-  exposed_ += group_.all_gather(mine, all.data(), 2, CommType::f32, CommAlgo::ours).wait();
+  waited(group_.all_gather(mine, all.data(), 2, CommType::f32, CommAlgo::ours).wait());
   for (int r = 1; r < size(); ++r)
     if (std::memcmp(all.data(), all.data() + 2 * r, 2 * sizeof(float)) != 0)
       throw Error("placement check: " + what + ": tp rank " + std::to_string(r) +

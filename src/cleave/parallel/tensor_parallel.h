@@ -11,12 +11,13 @@
 #include "cleave/comm/group.h"
 #include "cleave/model/params.h"
 #include "cleave/model/tensor_parallel.h"
+#include "cleave/parallel/comm_meter.h"
 
 namespace cleave {
 
 // TpComm over a Group: fp32 collectives by cleave's own algorithms; the seconds spent waiting
 // are this axis's exposed communication.
-class GroupTpComm final : public TpComm {
+class GroupTpComm final : public TpComm, public CommMeter {
  public:
   explicit GroupTpComm(Group& group) : group_(group) {}
   int rank() const override { return group_.rank(); }
@@ -25,15 +26,9 @@ class GroupTpComm final : public TpComm {
   Wait all_gather(const float* send, float* recv, int64_t n) override;
   Wait reduce_scatter(const float* send, float* recv, int64_t n) override;
   void check_replicated(const float* buf, int64_t n, const std::string& what) override;
-  double take_exposed_seconds() { return std::exchange(exposed_, 0.0); }
-  // bytes this rank sent into the tp collectives since the last call
-  int64_t take_bytes() { return std::exchange(bytes_, int64_t(0)); }
 
  private:
-  Wait waiter(Work work);
   Group& group_;
-  double exposed_ = 0;
-  int64_t bytes_ = 0;
 };
 
 // The sum of squares of the gradients of `ranges` (in grads) counting only the copies `copy`
