@@ -3,7 +3,6 @@
 // counting the bytes this rank sends and the seconds it waits, cp's exposed communication.
 #pragma once
 #include <cstdint>
-#include <utility>
 
 #include "cleave/comm/group.h"
 #include "cleave/model/context_parallel.h"

@@ -3,7 +3,6 @@
 // communication.
 #pragma once
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "cleave/comm/group.h"
