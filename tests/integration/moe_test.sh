@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Mixture of experts and expert parallelism (docs/moe.md). Every layout reproduces its single
 # process within compare_runs.py's bounds for 20 steps (gradient accumulation 2) and its rerun is
-# bitwise: ep 2 and 4, dropless and with a capacity, for each router; ep with tp (+ SP), ZeRO-3,
-# pp, cp and HSDP; shared experts beside a dense layer; GPT-2's experts; bf16. Capacity drops the
-# same choices on every layout. An ep 4 checkpoint (with sigmoid_bias's biases) resumes on ep 2
+# bitwise: ep 2 and 4, dropless and with a capacity, for each router; ep with tp (+ SP), ZeRO-1
+# and ZeRO-3 (the experts sharded over efsdp), pp, cp and HSDP; shared experts beside a dense
+# layer; GPT-2's experts; bf16; selective and full activation checkpointing (bitwise). Capacity
+# drops the same choices on every layout; the ep bytes measured are cleave mesh's prediction. An ep 4 checkpoint (with sigmoid_bias's biases) resumes on ep 2
 # and in one process. Bad input is an error naming the numbers.
 # The model is the 2-layer test model with 4 experts of 64 hidden units, top 2, one shared expert,
 # the auxiliary loss and the z-loss on.
@@ -45,8 +46,10 @@ c=("${llama[@]}" "${capacity[@]}")
 layout $ref ep2-tp2 4 "${c[@]}" $(ep 2) --set parallel.tp=2
 # shellcheck disable=SC2046
 layout $ref ep2-tp2-sp 4 "${c[@]}" $(ep 2) --set parallel.tp=2 --set parallel.sequence_parallel=true
-# shellcheck disable=SC2046
-layout $ref ep2-zero3 2 "${c[@]}" $(ep 2) --set parallel.zero_stage=3
+# ZeRO over the experts' own group: 4 ranks, ep 2, so efsdp = 2 shards each expert.
+layout $ref ep2-zero1-efsdp2 4 "${c[@]}" --set parallel.dp_shard=4 --set parallel.ep=2 \
+  --set parallel.zero_stage=1
+layout $ref ep2-zero3 4 "${c[@]}" --set parallel.dp_shard=4 --set parallel.ep=2 --set parallel.zero_stage=3
 # shellcheck disable=SC2046
 layout $ref ep2-pp2 4 "${c[@]}" $(ep 2) --set parallel.pp=2 --set parallel.pp_schedule=zb1p
 layout $ref ep2-cp2 2 "${c[@]}" --set parallel.cp=2 --set parallel.ep=2
@@ -54,11 +57,11 @@ layout $ref ep4-cp2-dp2 4 "${c[@]}" --set parallel.dp_shard=2 --set parallel.cp=
   --set parallel.ep=4 --set parallel.cp_mode=ulysses
 # shellcheck disable=SC2046
 layout $ref ep2-hsdp 4 "${c[@]}" --set parallel.dp_replicate=2 $(ep 2) --set parallel.zero_stage=2
-for name in ep2-tp2 ep2-zero3 ep2-pp2 ep2-cp2 ep4-cp2-dp2 ep2-hsdp; do
+for name in ep2-tp2 ep2-zero1-efsdp2 ep2-zero3 ep2-pp2 ep2-cp2 ep4-cp2-dp2 ep2-hsdp; do
   diff <(dropped $ref) <(dropped $name) > /dev/null \
     || { echo "FAIL: $name dropped other choices than one process"; exit 1; }
 done
-echo "ep composes with tp (+ SP), ZeRO-3, pp, cp and HSDP"
+echo "ep composes with tp (+ SP), ZeRO-1 and ZeRO-3 over efsdp, pp, cp and HSDP"
 
 # Shared experts beside a dense layer; GPT-2's experts.
 mixed=("${llama[@]}" --set model.moe_first_dense=1)
