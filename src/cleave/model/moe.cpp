@@ -37,8 +37,7 @@ void Moe::Saved::release() {
   pool_act_copy = Buffer<bf16>();
   choice.clear();
   row.clear();
-  send_rows.clear();
-  recv_rows.clear();
+  routes = Routes();
   for (Mlp::Saved& e : experts) e.release();
   shared.release();
   N = B = T = 0;
@@ -49,14 +48,12 @@ Moe::Moe(ParamStore& store, const std::string& name, int layer, const ModelConfi
          const MoeOptions& options)
     : cfg_(c), layer_(layer), E_(c.moe_experts), k_(c.moe_top_k), precision_(precision), tp_(tp),
       opt_(options),
-      shared_cfg_(c),
       router_(store, name + ".router", c.d_model, c.moe_experts, false, c.init_std,
               Precision::fp32) {
   CLEAVE_CHECK(E_ % opt_.ep_size() == 0, "model.moe_experts = " << E_ << " cannot be split over "
                                              "parallel.ep = " << opt_.ep_size());
   const int first = opt_.ep_rank() * local_experts();
-  for (int e = 0; e < local_experts(); ++e)
-  {
+  for (int e = 0; e < local_experts(); ++e) {
     experts_.push_back(std::make_unique<Mlp>(store, name + ".experts." + std::to_string(first + e),
                                              c, share, precision, c.moe_ffn_hidden,
                                              opt_.expert_group));
@@ -94,15 +91,15 @@ void Moe::add_bias(float* y, int64_t rows) const {
   if (shared_) shared_->add_bias(y, rows);
 }
 
-void Moe::count_choices(Saved& s, Scratch& g) const {
+void Moe::count_choices(const Saved& s, Scratch& g) const {
   // Each rank holds H chunks of each sequence (2 under context parallelism, dealt zigzag; else
   // the whole sequence as one): the choices of each (sequence, choice rank, chunk, expert),
   // gathered over the cp ranks into the global chunks' order.
-  const int E = E_, k = k_, cp = opt_.cp_size(), H = cp > 1 ? 2 : 1, G = cp * H;
+  const int E = E_, k = k_, cp = opt_.cp_size(), H = chunks_per_rank(), G = cp * H;
   const int64_t B = s.B, c = s.T / H;
   const int64_t mine = B * k * H * E;
-  grow(g.chunk_counts, mine * (cp + 1));
-  float* local = g.chunk_counts.data() + mine * cp;
+  grow(g.gathered_counts, mine * (cp + 1));
+  float* local = g.gathered_counts.data() + mine * cp;
   std::fill(local, local + mine, 0.0f);
   for (int64_t b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
@@ -111,10 +108,10 @@ void Moe::count_choices(Saved& s, Scratch& g) const {
           local[((b * k + j) * H + h) * E + s.choice[size_t(t * k + j)]] += 1;
   const float* all = local;
   if (cp > 1) {
-    opt_.sequence->all_gather(local, g.chunk_counts.data(), mine)();
-    all = g.chunk_counts.data();
+    opt_.sequence->all_gather(local, g.gathered_counts.data(), mine)();
+    all = g.gathered_counts.data();
   }
-  s.chunk_counts.assign(size_t(B * k * G * E), 0);
+  g.chunk_counts.assign(size_t(B * k * G * E), 0);
   for (int r = 0; r < cp; ++r)
     for (int64_t b = 0; b < B; ++b)
       for (int j = 0; j < k; ++j)
@@ -122,16 +119,17 @@ void Moe::count_choices(Saved& s, Scratch& g) const {
           const int q = cp > 1 ? int(zigzag_chunk(cp, r, h)) : 0;
           const float* from = all + r * mine + ((b * k + j) * H + h) * E;
           for (int e = 0; e < E; ++e)
-            s.chunk_counts[size_t(((b * k + j) * G + q) * E + e)] = from[e];
+            g.chunk_counts[size_t(((b * k + j) * G + q) * E + e)] = from[e];
         }
 }
 
-double Moe::assign_rows(Saved& s, bool dropless) const {
+double Moe::assign_rows(Saved& s, const Scratch& g, bool dropless) const {
   const int64_t N = s.N;
-  const int E = E_, k = k_, cp = opt_.cp_size(), H = cp > 1 ? 2 : 1, G = cp * H;
+  const int E = E_, k = k_, cp = opt_.cp_size(), H = chunks_per_rank(), G = cp * H;
   const int64_t c = s.T / H;
   s.row.assign(size_t(N * k), 0);
-  s.send_rows.assign(size_t(E), 0);
+  std::vector<int64_t>& send_rows = s.routes.send_rows;
+  send_rows.assign(size_t(E), 0);
   const double factor = cfg_.moe_capacity_factor;
   const int64_t capacity = factor > 0 && !dropless ? int64_t(std::ceil(factor * double(s.T * cp) * k / E))
                                       : std::numeric_limits<int64_t>::max();
@@ -147,7 +145,7 @@ double Moe::assign_rows(Saved& s, bool dropless) const {
           int64_t before = 0;
           for (int jj = 0; jj <= j; ++jj)
             for (int qq = 0; qq < (jj < j ? G : q); ++qq)
-              before += int64_t(s.chunk_counts[size_t(((b * k + jj) * G + qq) * E + e)]);
+              before += int64_t(g.chunk_counts[size_t(((b * k + jj) * G + qq) * E + e)]);
           place[size_t(e)] = before;
         }
         for (int64_t t = b * s.T + h * c; t < b * s.T + (h + 1) * c; ++t) {
@@ -159,10 +157,10 @@ double Moe::assign_rows(Saved& s, bool dropless) const {
         }
       }
   for (int64_t i = 0; i < N * k; ++i)
-    if (s.row[size_t(i)] >= 0) ++s.send_rows[size_t(s.choice[size_t(i)])];
+    if (s.row[size_t(i)] >= 0) ++send_rows[size_t(s.choice[size_t(i)])];
   // Send order: by expert, and within an expert by token.
   std::vector<int64_t> next(size_t(E), 0);
-  for (int e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + s.send_rows[size_t(e - 1)];
+  for (int e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + send_rows[size_t(e - 1)];
   for (int64_t i = 0; i < N * k; ++i)
     if (s.row[size_t(i)] >= 0) s.row[size_t(i)] = next[size_t(s.choice[size_t(i)])]++;
   return dropped;
@@ -186,7 +184,7 @@ void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& b
   // Each sequence's routed fractions f (before capacity) and, for the statistics, the auxiliary
   // loss coef x E x sum f P, P the mean probabilities (each rank adds its tokens' part of them).
   count_choices(s, g);
-  const int G = opt_.cp_size() > 1 ? 2 * opt_.cp_size() : 1;
+  const int G = opt_.cp_size() * chunks_per_rank();
   const int64_t T_seq = T * opt_.cp_size();
   const double coef = cfg_.moe_aux_loss_coef;
   for (int64_t b = 0; b < B; ++b) {
@@ -194,7 +192,7 @@ void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& b
     std::fill(f, f + E, 0.0f);
     for (int j = 0; j < k; ++j)
       for (int q = 0; q < G; ++q)
-        for (int e = 0; e < E; ++e) f[e] += s.chunk_counts[size_t(((b * k + j) * G + q) * E + e)];
+        for (int e = 0; e < E; ++e) f[e] += g.chunk_counts[size_t(((b * k + j) * G + q) * E + e)];
     for (int e = 0; e < E; ++e) f[e] /= float(T_seq * k);
     if (count && coef > 0) {
       double aux = 0;
@@ -210,7 +208,7 @@ void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& b
     for (int64_t i = 0; i < N * k; ++i) stats_.tokens[size_t(s.choice[size_t(i)])] += 1;
   if (count && cfg_.moe_z_loss_coef > 0)
     stats_.z += cfg_.moe_z_loss_coef * kernels::router_z_loss(s.logits.data(), N, E, 0, nullptr);
-  const double dropped = assign_rows(s, dropless);
+  const double dropped = assign_rows(s, g, dropless);
   if (count) stats_.dropped += dropped;
 
   dispatch(s, g, x);
@@ -224,94 +222,91 @@ void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& b
 void Moe::dispatch(Saved& s, Scratch& g, const float* x) {
   const int64_t d = cfg_.d_model, N = s.N;
   const int k = k_;
-  int64_t sent = 0;
-  for (int64_t r : s.send_rows) sent += r;
+  Saved::Routes& r = s.routes;
+  r.sent = 0;
+  for (int64_t n : r.send_rows) r.sent += n;
   const bool ep = opt_.ep != nullptr;
   float* rows = nullptr;
   if (ep) {
-    grow(g.x_send, sent * d);
+    grow(g.x_send, r.sent * d);
     rows = g.x_send.data();
   } else {
-    grow(s.x_expert, sent * d);
+    grow(s.x_expert, r.sent * d);
     rows = s.x_expert.data();
   }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t)
     for (int j = 0; j < k; ++j) {
-      const int64_t r = s.row[size_t(t * k + j)];
-      if (r >= 0) std::memcpy(rows + r * d, x + t * d, size_t(d) * sizeof(float));
+      const int64_t row = s.row[size_t(t * k + j)];
+      if (row >= 0) std::memcpy(rows + row * d, x + t * d, size_t(d) * sizeof(float));
     }
-  const int L = local_experts();
   if (!ep) {
-    s.recv_rows = s.send_rows;
+    r.recv_rows = r.send_rows;
+    plan_routes(r);
     return;
   }
   // How many rows each source sends each of this rank's experts, then the rows, received by
   // source and regrouped by expert.
-  const int P = opt_.ep_size();
+  const int L = local_experts();
   grow(g.counts, 2 * int64_t(E_));
-  std::vector<int64_t> send_counts(size_t(P), 0), recv_counts(size_t(P), 0);
-  for (int e = 0; e < E_; ++e) {
-    g.counts[e] = float(s.send_rows[size_t(e)]);
-    send_counts[size_t(e / L)] += s.send_rows[size_t(e)] * d;
-  }
+  for (int e = 0; e < E_; ++e) g.counts[e] = float(r.send_rows[size_t(e)]);
   opt_.ep->all_to_all(g.counts.data(), g.counts.data() + E_, L)();
-  s.recv_rows.resize(size_t(E_));
-  int64_t received = 0;
+  r.recv_rows.resize(size_t(E_));
+  for (int e = 0; e < E_; ++e) r.recv_rows[size_t(e)] = int64_t(g.counts[E_ + e]);
+  plan_routes(r);
+  grow(g.y_expert, r.received * d);
+  opt_.ep->all_to_allv(rows, r.to_owners, g.y_expert.data(), r.from_sources)();
+  grow(s.x_expert, r.received * d);
+  reorder_blocks(s.x_expert.data(), g.y_expert.data(), r.recv_rows, r.by_expert, d);
+}
+
+void Moe::plan_routes(Saved::Routes& r) const {
+  const int64_t d = cfg_.d_model;
+  const int L = local_experts(), P = opt_.ep_size();
+  r.begin.assign(size_t(L) + 1, 0);
+  for (int e = 0; e < L; ++e) {
+    int64_t n = 0;
+    for (int src = 0; src < P; ++src) n += r.recv_rows[size_t(src * L + e)];
+    r.begin[size_t(e) + 1] = r.begin[size_t(e)] + n;
+  }
+  r.received = r.begin.back();
+  if (P == 1) return;
+  r.to_owners.assign(size_t(P), 0);
+  r.from_sources.assign(size_t(P), 0);
+  for (int e = 0; e < E_; ++e) r.to_owners[size_t(e / L)] += r.send_rows[size_t(e)] * d;
   for (int src = 0; src < P; ++src)
-    for (int e = 0; e < L; ++e) {
-      const int64_t n = int64_t(g.counts[E_ + src * L + e]);
-      s.recv_rows[size_t(src * L + e)] = n;
-      recv_counts[size_t(src)] += n * d;
-      received += n;
-    }
-  grow(g.y_expert, received * d);
-  opt_.ep->all_to_allv(rows, send_counts, g.y_expert.data(), recv_counts)();
-  grow(s.x_expert, received * d);
-  std::vector<int> by_expert;
+    for (int e = 0; e < L; ++e) r.from_sources[size_t(src)] += r.recv_rows[size_t(src * L + e)] * d;
+  r.by_expert.clear();
+  r.by_expert_rows.clear();
+  r.by_source.assign(size_t(P * L), 0);
   for (int e = 0; e < L; ++e)
-    for (int src = 0; src < P; ++src) by_expert.push_back(src * L + e);
-  reorder_blocks(s.x_expert.data(), g.y_expert.data(), s.recv_rows, by_expert, d);
+    for (int src = 0; src < P; ++src) {
+      r.by_expert.push_back(src * L + e);
+      r.by_expert_rows.push_back(r.recv_rows[size_t(src * L + e)]);
+      r.by_source[size_t(src * L + e)] = e * P + src;
+    }
 }
 
 void Moe::run_experts(Saved& s, Scratch& g) {
   const int64_t d = cfg_.d_model;
-  const int L = local_experts(), P = int(s.recv_rows.size()) / L;
+  const Saved::Routes& r = s.routes;
   const bool ep = opt_.ep != nullptr;
-  int64_t received = 0;
-  for (int64_t n : s.recv_rows) received += n;
-  int64_t sent = 0;
-  for (int64_t n : s.send_rows) sent += n;
-  grow(s.y_send, sent * d);
-  float* out = ep ? (grow(g.y_expert, received * d), g.y_expert.data()) : s.y_send.data();
-  s.experts.resize(size_t(L));
+  grow(s.y_send, r.sent * d);
+  float* out = ep ? (grow(g.y_expert, r.received * d), g.y_expert.data()) : s.y_send.data();
+  s.experts.resize(size_t(local_experts()));
   lend(s, true, false);
-  int64_t at = 0;
-  for (int e = 0; e < L; ++e) {
-    const int64_t n = expert_rows(s, e);
-    if (n > 0) {
-      experts_[size_t(e)]->forward(s.experts[size_t(e)], out + at * d, s.x_expert.data() + at * d,
-                                   n, true);
-      if (tp_.rank() == 0) experts_[size_t(e)]->add_bias(out + at * d, n);
-    }
-    at += n;
+  for (int e = 0; e < local_experts(); ++e) {
+    const int64_t at = r.begin[size_t(e)], n = r.begin[size_t(e) + 1] - at;
+    if (n == 0) continue;
+    experts_[size_t(e)]->forward(s.experts[size_t(e)], out + at * d, s.x_expert.data() + at * d,
+                                 n, true);
+    if (tp_.rank() == 0) experts_[size_t(e)]->add_bias(out + at * d, n);
   }
   if (!ep) return;
   // Back to the sources: regrouped by source, then all-to-all(v) into send order.
-  std::vector<int64_t> by_expert_counts;
-  std::vector<int> by_source(size_t(P * L));
-  for (int e = 0; e < L; ++e)
-    for (int src = 0; src < P; ++src) {
-      by_expert_counts.push_back(s.recv_rows[size_t(src * L + e)]);
-      by_source[size_t(src * L + e)] = e * P + src;
-    }
-  grow(g.x_send, received * d);
-  reorder_blocks(g.x_send.data(), out, by_expert_counts, by_source, d);
-  std::vector<int64_t> send_counts(size_t(P), 0), recv_counts(size_t(P), 0);
-  for (int src = 0; src < P; ++src)
-    for (int e = 0; e < L; ++e) send_counts[size_t(src)] += s.recv_rows[size_t(src * L + e)] * d;
-  for (int e = 0; e < E_; ++e) recv_counts[size_t(e / L)] += s.send_rows[size_t(e)] * d;
-  opt_.ep->all_to_allv(g.x_send.data(), send_counts, s.y_send.data(), recv_counts)();
+  grow(g.x_send, r.received * d);
+  reorder_blocks(g.x_send.data(), out, r.by_expert_rows, r.by_source, d);
+  opt_.ep->all_to_allv(g.x_send.data(), r.from_sources, s.y_send.data(), r.to_owners)();
 }
 
 void Moe::combine(Saved& s, float* y) const {
@@ -333,22 +328,21 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
   const int64_t N = s.N, d = cfg_.d_model;
   const int E = E_, k = k_, L = local_experts();
   const bool ep = opt_.ep != nullptr;
-  int64_t sent = 0, received = 0;
-  for (int64_t n : s.send_rows) sent += n;
-  for (int64_t n : s.recv_rows) received += n;
+  const Saved::Routes& r = s.routes;
+  const int64_t sent = r.sent, received = r.received;
   // The gates' gradients (a partial sum over tp, as the expert outputs are) and the rows'.
   grow(g.d_gate, N * k);
   grow(g.dy_send, sent * d);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t)
     for (int j = 0; j < k; ++j) {
-      const int64_t r = s.row[size_t(t * k + j)];
+      const int64_t row = s.row[size_t(t * k + j)];
       float dot = 0;
-      if (r >= 0) {
-        const float* out = s.y_send.data() + r * d;
+      if (row >= 0) {
+        const float* out = s.y_send.data() + row * d;
         const float* g_row = dy + t * d;
         const float gate = s.gate[t * k + j];
-        float* dst = g.dy_send.data() + r * d;
+        float* dst = g.dy_send.data() + row * d;
         for (int64_t c = 0; c < d; ++c) dot += g_row[c] * out[c], dst[c] = gate * g_row[c];
       }
       g.d_gate[t * k + j] = dot;
@@ -356,24 +350,11 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
   TpComm::Wait gates_reduced = [] {};
   if (tp_.comm) gates_reduced = tp_.comm->all_reduce(g.d_gate.data(), N * k);
 
-  const int P = opt_.ep_size();
-  std::vector<int> by_expert, by_source(size_t(P * L));
-  std::vector<int64_t> by_expert_counts;
-  for (int e = 0; e < L; ++e)
-    for (int src = 0; src < P; ++src) {
-      by_expert.push_back(src * L + e);
-      by_expert_counts.push_back(s.recv_rows[size_t(src * L + e)]);
-      by_source[size_t(src * L + e)] = e * P + src;
-    }
-  std::vector<int64_t> to_owners(size_t(P), 0), from_sources(size_t(P), 0);
-  for (int e = 0; e < E; ++e) to_owners[size_t(e / L)] += s.send_rows[size_t(e)] * d;
-  for (int src = 0; src < P; ++src)
-    for (int e = 0; e < L; ++e) from_sources[size_t(src)] += s.recv_rows[size_t(src * L + e)] * d;
   const float* dy_expert = g.dy_send.data();
   EpComm::Wait arrived = [] {};
   if (ep) {
     grow(g.dx_expert, received * d);
-    arrived = opt_.ep->all_to_allv(g.dy_send.data(), to_owners, g.dx_expert.data(), from_sources);
+    arrived = opt_.ep->all_to_allv(g.dy_send.data(), r.to_owners, g.dx_expert.data(), r.from_sources);
   }
   // The shared experts run while the rows' gradients travel.
   if (shared_) {
@@ -384,35 +365,32 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
   if (ep) {
     arrived();
     grow(g.dy_expert, received * d);
-    reorder_blocks(g.dy_expert.data(), g.dx_expert.data(), s.recv_rows, by_expert, d);
+    reorder_blocks(g.dy_expert.data(), g.dx_expert.data(), r.recv_rows, r.by_expert, d);
     dy_expert = g.dy_expert.data();
   }
   grow(g.dx_expert, received * d);
   if (defer) lend(s, false, true);
   int64_t most = 0;
-  for (int e = 0; e < L; ++e) most = std::max(most, expert_rows(s, e));
+  for (int e = 0; e < L; ++e) most = std::max(most, r.begin[size_t(e) + 1] - r.begin[size_t(e)]);
   if (most > g.expert_rows) {
     experts_.front()->reserve(g.expert, most);
     g.expert_rows = most;
   }
-  int64_t at = 0;
   for (int e = 0; e < L; ++e) {
-    const int64_t n = expert_rows(s, e);
-    if (n > 0) {
-      Mlp& expert = *experts_[size_t(e)];
-      Mlp::Saved& es = s.experts[size_t(e)];
-      expert.backward_input(es, g.expert, g.dx_expert.data() + at * d, dy_expert + at * d, defer);
-      // The scratch serves the next expert: a whole backward takes the weight gradients now.
-      if (!defer) expert.backward_weight(es, s.x_expert.data() + at * d);
-    }
-    at += n;
+    const int64_t at = r.begin[size_t(e)];
+    if (r.begin[size_t(e) + 1] == at) continue;
+    Mlp& expert = *experts_[size_t(e)];
+    Mlp::Saved& es = s.experts[size_t(e)];
+    expert.backward_input(es, g.expert, g.dx_expert.data() + at * d, dy_expert + at * d, defer);
+    // The scratch serves the next expert: a whole backward takes the weight gradients now.
+    if (!defer) expert.backward_weight(es, s.x_expert.data() + at * d);
   }
   const float* dx_rows = g.dx_expert.data();
   if (ep) {
     grow(g.dy_expert, received * d);
-    reorder_blocks(g.dy_expert.data(), g.dx_expert.data(), by_expert_counts, by_source, d);
+    reorder_blocks(g.dy_expert.data(), g.dx_expert.data(), r.by_expert_rows, r.by_source, d);
     grow(g.dx_send, sent * d);
-    arrived = opt_.ep->all_to_allv(g.dy_expert.data(), from_sources, g.dx_send.data(), to_owners);
+    arrived = opt_.ep->all_to_allv(g.dy_expert.data(), r.from_sources, g.dx_send.data(), r.to_owners);
     dx_rows = g.dx_send.data();
   }
 
@@ -439,9 +417,9 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t)
     for (int j = 0; j < k; ++j) {
-      const int64_t r = s.row[size_t(t * k + j)];
-      if (r < 0) continue;
-      const float* src = dx_rows + r * d;
+      const int64_t row = s.row[size_t(t * k + j)];
+      if (row < 0) continue;
+      const float* src = dx_rows + row * d;
       float* dst = dx + t * d;
       for (int64_t c = 0; c < d; ++c) dst[c] += src[c];
     }
@@ -454,23 +432,15 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
 void Moe::backward_weight(Saved& s, const float* x) {
   if (s.experts_pending) {
     const int64_t d = cfg_.d_model;
-    int64_t at = 0;
-    for (int e = 0; e < local_experts(); ++e) {
-      const int64_t n = expert_rows(s, e);
-      if (n > 0) experts_[size_t(e)]->backward_weight(s.experts[size_t(e)], s.x_expert.data() + at * d);
-      at += n;
-    }
+    const std::vector<int64_t>& begin = s.routes.begin;
+    for (int e = 0; e < local_experts(); ++e)
+      if (begin[size_t(e) + 1] > begin[size_t(e)])
+        experts_[size_t(e)]->backward_weight(s.experts[size_t(e)],
+                                             s.x_expert.data() + begin[size_t(e)] * d);
     s.experts_pending = false;
   }
   if (shared_) shared_->backward_weight(s.shared, x);
   router_.backward_weight(s.d_logits_used, x, s.N);
-}
-
-int64_t Moe::expert_rows(const Saved& s, int e) const {
-  const int L = local_experts();
-  int64_t n = 0;
-  for (size_t src = 0; src * L < s.recv_rows.size(); ++src) n += s.recv_rows[src * L + size_t(e)];
-  return n;
 }
 
 void Moe::release_activation(Saved& s, RecomputeSpares& spares) const {
@@ -486,9 +456,7 @@ void Moe::release_activation(Saved& s, RecomputeSpares& spares) const {
 }
 
 void Moe::lend(Saved& s, bool activations, bool deferred) const {
-  const int64_t d = cfg_.d_model;
-  int64_t rows = 0;
-  for (int64_t n : s.recv_rows) rows += n;
+  const int64_t d = cfg_.d_model, rows = s.routes.received;
   const Mlp& first = *experts_.front();
   const int64_t fc = first.fc_width(), act = first.act_width();
   auto pool = [&](auto& buffer, int64_t width) {
@@ -506,9 +474,8 @@ void Moe::lend(Saved& s, bool activations, bool deferred) const {
     pool(s.pool_dy, d);
     pool(s.pool_dfc, fc);
   }
-  int64_t at = 0;
   for (int e = 0; e < local_experts(); ++e) {
-    const int64_t n = expert_rows(s, e);
+    const int64_t at = s.routes.begin[size_t(e)], n = s.routes.begin[size_t(e) + 1] - at;
     Mlp::Saved& es = s.experts[size_t(e)];
     if (activations) {
       es.fc.borrow(s.pool_fc.data() + at * fc, n * fc);
@@ -522,7 +489,6 @@ void Moe::lend(Saved& s, bool activations, bool deferred) const {
       es.dy.borrow(s.pool_dy.data() + at * d, n * d);
       es.d_fc.borrow(s.pool_dfc.data() + at * fc, n * fc);
     }
-    at += n;
   }
 }
 
@@ -539,13 +505,11 @@ void Moe::give_all(Saved& s, RecomputeSpares& spares) const {
 void Moe::recompute_activation(Saved& s, const float* x) {
   const int64_t d = cfg_.d_model;
   lend(s, true, false);
-  int64_t at = 0;
-  for (int e = 0; e < int(s.experts.size()); ++e) {
-    const int64_t n = expert_rows(s, e);
-    if (n > 0)
-      experts_[size_t(e)]->recompute_activation(s.experts[size_t(e)], s.x_expert.data() + at * d);
-    at += n;
-  }
+  const std::vector<int64_t>& begin = s.routes.begin;
+  for (int e = 0; e < int(s.experts.size()); ++e)
+    if (begin[size_t(e) + 1] > begin[size_t(e)])
+      experts_[size_t(e)]->recompute_activation(s.experts[size_t(e)],
+                                                s.x_expert.data() + begin[size_t(e)] * d);
   if (shared_) shared_->recompute_activation(s.shared, x);
 }
 

@@ -67,10 +67,20 @@ class Moe {
     std::vector<int32_t> choice;       // [N, k]: global expert ids
     std::vector<int64_t> row;          // [N, k]: the choice's row in send order, -1 if dropped
     Buffer<float> fraction;            // [B, E]: each sequence's routed fractions (aux loss)
-    std::vector<float> chunk_counts;   // [B, k, chunks, E]: each sequence's choices, by chunk
+    // Where the rows went, fixed by the forward's routing; the backward sends along the same.
+    struct Routes {
+      std::vector<int64_t> send_rows;  // per expert (global): rows this rank sent it
+      std::vector<int64_t> recv_rows;  // per (source rank, local expert): rows received
+      std::vector<int64_t> begin;      // per local expert, and one past: its first row received
+      int64_t sent = 0, received = 0;
+      // ep > 1: floats to and from each ep rank, and the regroupings between the received order
+      // (by source) and the experts' (by expert): block orders over recv_rows, and the blocks'
+      // rows in expert order.
+      std::vector<int64_t> to_owners, from_sources;
+      std::vector<int> by_expert, by_source;
+      std::vector<int64_t> by_expert_rows;
+    } routes;
     Buffer<float> y_send;              // [rows sent, d]: the experts' outputs, back in send order
-    std::vector<int64_t> send_rows;    // per expert (global): rows this rank sent it
-    std::vector<int64_t> recv_rows;    // per (source rank, local expert): rows received
     Buffer<float> x_expert;            // [rows received, d]: by local expert, then source rank
     std::vector<Mlp::Saved> experts;   // per local expert: views of the pools below
     // The experts' activations, one pool per kind, each expert's rows a slice (Buffer::borrow):
@@ -88,7 +98,8 @@ class Moe {
     Mlp::Scratch expert, shared;
     int64_t expert_rows = 0;  // what `expert` is sized for: rows of one expert
     Buffer<float> x_send, y_expert, dy_send, dy_expert, dx_expert, dx_send;
-    Buffer<float> probs, d_gate, d_probs, d_logits, counts, chunk_counts;
+    Buffer<float> probs, d_gate, d_probs, d_logits, counts, gathered_counts;
+    std::vector<float> chunk_counts;  // [B, k, chunks, E]: each sequence's choices, by chunk
   };
 
   Moe(ParamStore& store, const std::string& name, int layer, const ModelConfig& c,
@@ -121,13 +132,16 @@ class Moe {
 
  private:
   int local_experts() const { return E_ / opt_.ep_size(); }
-  // Every sequence's choices per choice rank, chunk and expert, into s.chunk_counts (over the
+  // Chunks of each sequence a rank holds: context parallelism's two zigzag chunks, or one.
+  int chunks_per_rank() const { return opt_.cp_size() > 1 ? 2 : 1; }
+  // Every sequence's choices per choice rank, chunk and expert, into g.chunk_counts (over the
   // cp ranks: a collective).
-  void count_choices(Saved& s, Scratch& g) const;
+  void count_choices(const Saved& s, Scratch& g) const;
   // Drops what exceeds the capacity, per sequence, in priority order; fills s.row (send order)
-  // and s.send_rows; returns the choices dropped.
-  double assign_rows(Saved& s, bool dropless) const;
-  int64_t expert_rows(const Saved& s, int e) const;  // rows local expert e runs on
+  // and the rows sent to each expert; returns the choices dropped.
+  double assign_rows(Saved& s, const Scratch& g, bool dropless) const;
+  // The rest of s.routes, from the rows sent and received.
+  void plan_routes(Saved::Routes& r) const;
   // Gives each expert's Saved its slices of s's pools (grown to the rows received): its
   // activations, their bf16 copies (bf16), and with `deferred` the output and fc gradients.
   void lend(Saved& s, bool activations, bool deferred) const;
@@ -140,7 +154,6 @@ class Moe {
   Precision precision_;
   TensorParallelOptions tp_;
   MoeOptions opt_;
-  ModelConfig shared_cfg_;
   Linear router_;
   std::vector<std::unique_ptr<Mlp>> experts_;  // local
   std::unique_ptr<Mlp> shared_;

@@ -245,11 +245,10 @@ StepResult Trainer::train_step(int64_t step) {
                                    : 1.0f / float(mb * T * accum);
   // What validation waited on and sent belongs to no step.
   for (GroupParallel& part : groups_) part.dp->take_exposed_seconds();
-  for (GroupTpComm* c : {process_.tp_comm.get(), process_.kv_comm.get()})
+  for (CommMeter* c : std::initializer_list<CommMeter*>{
+           process_.tp_comm.get(), process_.kv_comm.get(), process_.cp_ring.get(),
+           process_.cp_ulysses.get(), process_.ep_comm.get()})
     if (c) c->take_exposed_seconds(), c->take_bytes();
-  for (GroupCpComm* c : {process_.cp_ring.get(), process_.cp_ulysses.get()})
-    if (c) c->take_exposed_seconds(), c->take_bytes();
-  if (process_.ep_comm) process_.ep_comm->take_exposed_seconds(), process_.ep_comm->take_bytes();
   for (GroupParallel& part : groups_) part.dp->zero_gradients();
   StepRun run;
   run.B = local_batch_;
