@@ -23,6 +23,12 @@
 // into `rounded` and packed (or used) from there; x and dy are rounded into per-thread scratch
 // for each product, forward's and backward_weight's alike, so nothing is kept between products.
 //
+// fp8 mode (kernels/linear_fp8.h): bf16 products of FP8 images; the weight's image is made once
+// per version (and scale) and packed from there; a per-tensor recipe's result is multiplied by
+// its operands' factors in an epilogue (into a temporary where the product accumulates). oneDNN
+// 2.6's runtime output scales would fuse that, but they move bf16 products off the brgemm
+// kernels and scale the bias too.
+//
 // Determinism: oneDNN's CPU matmul uses a static partition of the work for a given thread count,
 // so a product is bitwise reproducible run to run. The bias gradient is a column sum where each
 // column is summed over rows in a fixed order by one thread, so it does not depend on the thread
@@ -38,11 +44,13 @@
 #include <map>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
 #include "cleave/kernels/convert.h"
+#include "cleave/kernels/linear_fp8.h"
 #include "cleave/kernels/weight_pack.h"
 
 namespace cleave {
@@ -95,7 +103,7 @@ struct Plan {
 };
 
 struct PlansForN {
-  std::optional<Plan> fwd, fwd_bias, bin, bin_acc, bwd_w;
+  std::optional<Plan> fwd, fwd_bias, bin, bin_acc, bwd_w, bwd_w_set;
 };
 
 struct Packed {
@@ -120,6 +128,7 @@ struct LinearGemm::Impl {
   const float* weight = nullptr;
   Buffer<float> rounded;           // fp16 mode: the weight rounded to fp16, at `rounded_version`
   uint64_t rounded_version = 0;
+  std::optional<kernels::Fp8Operands> fp8;  // fp8 mode
   uint64_t own_version = 0;                 // bumped by set_weight; 0 = no weight yet
   const uint64_t* version = &own_version;   // the owner's counter, when it keeps one
   uint64_t weight_version() const { return *version; }
@@ -132,10 +141,14 @@ struct LinearGemm::Impl {
 
   Impl(int in_features, int out_features, Precision p)
       : in(in_features), out(out_features), precision(p),
-        cdt(p == Precision::bf16 ? dt::bf16 : dt::f32) {}
+        cdt(p == Precision::bf16 || p == Precision::fp8 ? dt::bf16 : dt::f32) {
+    if (p == Precision::fp8) fp8.emplace(in, out);
+  }
 
-  // What the products read as W: the weight itself, or (fp16 mode) its rounding to fp16.
-  const float* source() {
+  // What the products read as W: the weight itself, (fp16 mode) its rounding to fp16, or (fp8
+  // mode) its FP8 image for the role's product.
+  const float* source(Role role) {
+    if (fp8) return fp8->weight_image(weight, role == Role::forward, weight_version());
     if (precision != Precision::fp16) return weight;
     if (rounded_version != weight_version()) {
       if (rounded.size() != int64_t(in) * out) rounded.resize(int64_t(in) * out);
@@ -208,15 +221,16 @@ struct LinearGemm::Impl {
     return *slot;
   }
 
-  // backward_weight: src dy^T[out,N] (strides {1,out}), weights x[N,in], dst dW[out,in] (+=).
-  Plan& backward_weight_plan(int64_t N) {
-    auto& slot = plans[key(N)].bwd_w;
+  // backward_weight: src dy^T[out,N] (strides {1,out}), weights x[N,in], dst dW[out,in] (+=,
+  // or = for an fp8 product whose result is scaled before it is added).
+  Plan& backward_weight_plan(int64_t N, bool accumulate = true) {
+    auto& slot = accumulate ? plans[key(N)].bwd_w : plans[key(N)].bwd_w_set;
     if (!slot) {
       N = rows(N);
       memory::desc src({out, N}, cdt, memory::dims{1, out});
       memory::desc wei({N, in}, cdt, tag::ab);
       memory::desc dst({out, in}, dt::f32, tag::ab);
-      slot = make_plan(src, wei, nullptr, dst, true);
+      slot = make_plan(src, wei, nullptr, dst, accumulate);
     }
     return *slot;
   }
@@ -227,7 +241,7 @@ struct LinearGemm::Impl {
     auto& ctx = dnnl_context();
     memory::desc want = plan.pd.weights_desc();
     memory::desc user = kernels::user_weight_desc(out, in, role == Role::forward);
-    if (want == user) return memory(user, ctx.engine, const_cast<float*>(source()));
+    if (want == user) return memory(user, ctx.engine, const_cast<float*>(source(role)));
     Packed* entry = nullptr;
     for (auto& p : packed)
       if (p.role == role && p.md == want) entry = &p;
@@ -248,22 +262,26 @@ struct LinearGemm::Impl {
   }
 
   // Brings every packed copy up to the current weight version; the one for `now` stays in cache.
+  // Copies whose roles read the same source are packed in one pass over it.
   void repack(Role now) {
     auto& ctx = dnnl_context();
-    std::vector<kernels::PackTarget> targets;
+    const bool per_role = fp8 && fp8->weight_images_differ();
+    std::vector<kernels::PackTarget> targets[2];
     for (Packed& p : packed) {
       if (p.version == weight_version()) continue;
       p.version = weight_version();
       if (p.layout) {
-        targets.push_back(target_of(p, p.role != now));
+        targets[per_role && p.role == Role::backward_input].push_back(target_of(p, p.role != now));
         continue;
       }
       memory src(kernels::user_weight_desc(out, in, p.role == Role::forward), ctx.engine,
-                 const_cast<float*>(source()));
+                 const_cast<float*>(source(p.role)));
       dnnl::reorder(src, p.mem).execute(ctx.stream, src, p.mem);
       ctx.stream.wait();
     }
-    if (!targets.empty()) kernels::pack_weight(source(), out, in, targets);
+    for (int k = 0; k < 2; ++k)
+      if (!targets[k].empty())
+        kernels::pack_weight(source(k ? Role::backward_input : Role::forward), out, in, targets[k]);
   }
 
   // oneDNN's scratchpad, one per thread for every product: a product needs it only while it runs,
@@ -319,6 +337,16 @@ struct LinearGemm::Impl {
     return b;
   }
 
+  // fp8 mode: an image into scratch operand `which`.
+  bf16* fp8_image_buffer(int64_t count, int which) {
+    return static_cast<bf16*>(scratch_operand(which).reserve(size_t(count) * sizeof(bf16)));
+  }
+  // A temporary fp32 result that is scaled before it is added to the destination.
+  static float* fp8_result(int64_t count) {
+    static thread_local AlignedBuffer buffer;
+    return static_cast<float*>(buffer.reserve(size_t(count) * sizeof(float)));
+  }
+
   // backward_weight's operand: the caller's copy, or a conversion into scratch.
   void* kept_operand(const float* a, int64_t count, const OperandCopy* copy, int which,
                      const char* what) {
@@ -335,6 +363,7 @@ const char* precision_name(Precision p) {
     case Precision::fp32: return "fp32";
     case Precision::bf16: return "bf16";
     case Precision::fp16: return "fp16";
+    case Precision::fp8: return "fp8";
   }
   return "?";
 }
@@ -357,13 +386,15 @@ void LinearGemm::release_packed() {
   impl_->packed.clear();
   impl_->rounded = Buffer<float>();
   impl_->rounded_version = 0;
+  if (impl_->fp8) impl_->fp8->drop_weight_images();
 }
 
 int64_t LinearGemm::begin_row_packing() {
   auto& m = *impl_;
   m.row_targets.clear();
-  // The bands are packed from W as it is written; fp16 packs from W's rounding, made later.
-  if (m.precision == Precision::fp16) return 0;
+  // The bands are packed from W as it is written; fp16 and fp8 pack from W's rounding or image,
+  // made later.
+  if (m.precision == Precision::fp16 || m.precision == Precision::fp8) return 0;
   for (Packed& p : m.packed)
     if (p.layout) m.row_targets.push_back(Impl::target_of(p, true));
   if (m.row_targets.empty()) return 0;
@@ -382,6 +413,31 @@ void LinearGemm::all_rows_packed() {
   m.row_targets.clear();
 }
 
+void LinearGemm::set_fp8(const Fp8Settings& settings) {
+  CLEAVE_CHECK(impl_->fp8, "LinearGemm::set_fp8 on a " << precision_name(impl_->precision)
+                                                       << " product");
+  impl_->fp8->settings = settings;
+  impl_->packed.clear();
+  impl_->fp8->drop_weight_images();
+}
+
+Fp8Triple LinearGemm::take_fp8_amax() {
+  if (!impl_->fp8) return {0.0f, 0.0f, 0.0f};
+  return std::exchange(impl_->fp8->amax, Fp8Triple{0.0f, 0.0f, 0.0f});
+}
+
+void LinearGemm::set_fp8_scales(const Fp8Triple& scales) {
+  CLEAVE_CHECK(impl_->fp8, "LinearGemm::set_fp8_scales on a "
+                               << precision_name(impl_->precision) << " product");
+  if (scales[fp8_w] != impl_->fp8->scale[fp8_w])
+    for (Packed& p : impl_->packed) p.version = 0;  // repacked from a new image
+  impl_->fp8->scale = scales;
+}
+
+Fp8Triple LinearGemm::fp8_scales() const {
+  return impl_->fp8 ? impl_->fp8->scale : Fp8Triple{1.0f, 1.0f, 1.0f};
+}
+
 int LinearGemm::in_features() const { return impl_->in; }
 int LinearGemm::out_features() const { return impl_->out; }
 
@@ -397,6 +453,18 @@ void LinearGemm::forward(float* y, const float* x, int64_t N, const float* bias,
   auto& m = *impl_;
   CLEAVE_CHECK(N > 0, "LinearGemm::forward: N=" << N);
   auto& ctx = dnnl_context();
+  if (m.fp8) {
+    Plan& plan = m.forward_plan(N, false);
+    memory wei = m.packed_weights(Role::forward, plan);
+    bf16* xs = m.fp8_image_buffer(N * m.in, 0);
+    const float factor =
+        m.fp8->inner_along_cols(xs, x, N, m.in, fp8_x, keep_x) * m.fp8->weight_factor();
+    memory src(m.at(plan.pd.src_desc(), {N, m.in}, {m.in, 1}), ctx.engine, xs);
+    memory dst(m.at(plan.pd.dst_desc(), {N, m.out}, {m.out, 1}), ctx.engine, y);
+    m.execute(plan, src, wei, nullptr, dst);
+    if (factor != 1.0f || bias) kernels::fp8_epilogue(y, N, m.out, factor, bias);
+    return;
+  }
   Plan& plan = m.forward_plan(N, bias != nullptr);
   memory wei = m.packed_weights(Role::forward, plan);
   void* xs = m.operand(x, N * m.in, keep_x, 0);
@@ -415,6 +483,24 @@ void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accu
   auto& m = *impl_;
   CLEAVE_CHECK(N > 0, "LinearGemm::backward_input: N=" << N);
   auto& ctx = dnnl_context();
+  if (m.fp8) {
+    bf16* dys = m.fp8_image_buffer(N * m.out, 0);
+    const float factor =
+        m.fp8->inner_along_cols(dys, dy, N, m.out, fp8_dy, keep_dy) * m.fp8->weight_factor();
+    // A scaled result that accumulates is made in a temporary first.
+    const bool direct = factor == 1.0f || !accumulate;
+    Plan& plan = m.backward_input_plan(N, accumulate && direct);
+    memory wei = m.packed_weights(Role::backward_input, plan);
+    float* result = direct ? dx : Impl::fp8_result(N * m.in);
+    memory src(m.at(plan.pd.src_desc(), {N, m.out}, {m.out, 1}), ctx.engine, dys);
+    memory dst(m.at(plan.pd.dst_desc(), {N, m.in}, {m.in, 1}), ctx.engine, result);
+    m.execute(plan, src, wei, nullptr, dst);
+    if (!direct)
+      kernels::fp8_add_scaled(dx, result, N * m.in, factor);
+    else if (factor != 1.0f)
+      kernels::fp8_epilogue(dx, N, m.in, factor, nullptr);
+    return;
+  }
   Plan& plan = m.backward_input_plan(N, accumulate);
   memory wei = m.packed_weights(Role::backward_input, plan);
   void* dys = m.operand(dy, N * m.out, keep_dy, 0);
@@ -425,6 +511,7 @@ void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accu
 
 void LinearGemm::copy_operand(const float* a, int64_t count, OperandCopy& keep) {
   if (impl_->precision == Precision::bf16) impl_->operand(a, count, &keep, 0);
+  if (impl_->fp8) impl_->fp8->keep(a, count / impl_->in, impl_->in, fp8_x, keep);
 }
 
 void LinearGemm::backward_weight(float* dweight, float* dbias, const float* dy, const float* x,
@@ -433,13 +520,26 @@ void LinearGemm::backward_weight(float* dweight, float* dbias, const float* dy, 
   auto& m = *impl_;
   CLEAVE_CHECK(N > 0, "LinearGemm::backward_weight: N=" << N);
   auto& ctx = dnnl_context();
-  Plan& plan = m.backward_weight_plan(N);
-  void* dys = m.kept_operand(dy, N * m.out, dy_copy, 0, "dy");
-  void* xs = m.kept_operand(x, N * m.in, x_copy, 1, "x");
+  float factor = 1.0f;
+  void *dys, *xs;
+  if (m.fp8) {
+    bf16* dyi = m.fp8_image_buffer(N * m.out, 0);
+    bf16* xi = m.fp8_image_buffer(N * m.in, 1);
+    factor = m.fp8->inner_along_rows(dyi, dy, N, m.out, fp8_dy, dy_copy) *
+             m.fp8->inner_along_rows(xi, x, N, m.in, fp8_x, x_copy);
+    dys = dyi, xs = xi;
+  } else {
+    dys = m.kept_operand(dy, N * m.out, dy_copy, 0, "dy");
+    xs = m.kept_operand(x, N * m.in, x_copy, 1, "x");
+  }
+  // A scaled result is made in a temporary and added after.
+  Plan& plan = m.backward_weight_plan(N, factor == 1.0f);
+  float* result = factor == 1.0f ? dweight : Impl::fp8_result(int64_t(m.out) * m.in);
   memory src(m.at(plan.pd.src_desc(), {m.out, N}, {1, m.out}), ctx.engine, dys);
   memory wei(m.at(plan.pd.weights_desc(), {N, m.in}, {m.in, 1}), ctx.engine, xs);
-  memory dst(plan.pd.dst_desc(), ctx.engine, dweight);
+  memory dst(plan.pd.dst_desc(), ctx.engine, result);
   m.execute(plan, src, wei, nullptr, dst);
+  if (factor != 1.0f) kernels::fp8_add_scaled(dweight, result, int64_t(m.out) * m.in, factor);
 
   if (dbias) {
     // Column sums of dy, each column summed over rows 0..N-1 in order (double accumulator) by

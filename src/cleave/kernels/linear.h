@@ -5,31 +5,63 @@
 // Primitives are cached per token count N. fp16 mode rounds every operand (x, dy, W) to fp16's
 // values and multiplies them in fp32: an fp16 product with fp32 accumulation, bit for bit, on
 // CPUs whose oneDNN (Debian 12's 2.6) has no fp16 matmul; it keeps no operand copies, and its
-// speed is fp32's.
+// speed is fp32's. fp8 mode quantises every operand to FP8 as its recipe says (kernels/fp8.h,
+// docs/precision.md#fp8) and multiplies their images in bf16 with fp32 accumulation: the
+// numerics of an FP8 GEMM, which this CPU does not have.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 
 #include "cleave/base/bf16.h"
 #include "cleave/base/buffer.h"
+#include "cleave/kernels/fp8.h"
 
 namespace cleave {
 
-enum class Precision { fp32, bf16, fp16 };
+enum class Precision { fp32, bf16, fp16, fp8 };
 
-// "fp32", "bf16", "fp16".
+// "fp32", "bf16", "fp16", "fp8".
 const char* precision_name(Precision p);
 // What the products run in, and so whose GEMM peak MFU is quoted against: fp16's are fp32
-// products of fp16-rounded operands.
-inline Precision product_precision(Precision p) { return p == Precision::fp16 ? Precision::fp32 : p; }
+// products of fp16-rounded operands, fp8's bf16 products of FP8 values.
+inline Precision product_precision(Precision p) {
+  if (p == Precision::fp16) return Precision::fp32;
+  if (p == Precision::fp8) return Precision::bf16;
+  return p;
+}
+
+// The operands of a linear's products as FP8 scales them: its input x, its weight W and its
+// output's gradient dy.
+enum Fp8Operand { fp8_x = 0, fp8_w = 1, fp8_dy = 2 };
+using Fp8Triple = std::array<float, 3>;  // one value per Fp8Operand
+
+// Where a per-tensor amax is completed before a "current" scale is taken from it: the ranks that
+// hold other parts of the same tensor (tp shards, cp's sequence chunks). The model implements it.
+class AmaxReducer {
+ public:
+  virtual ~AmaxReducer() = default;
+  virtual float max(float local) = 0;  // the largest of every rank's local value
+};
+
+struct Fp8Settings {
+  kernels::Fp8Recipe recipe = kernels::Fp8Recipe::delayed;
+  int margin = 0;                        // per-tensor scales: fp8_max / amax / 2^margin
+  AmaxReducer* activations = nullptr;    // current: x's and dy's amax (null: not sharded)
+  AmaxReducer* weight = nullptr;         // current: W's amax
+};
 
 // An operand of a product converted to bf16 (bf16 mode), kept by whoever keeps the activation it
 // copies, one per micro-batch in flight: forward's copy of x, or backward_input's copy of dy,
 // serves the weight gradient of the same micro-batch without converting again. The owner says
 // which copy belongs to which product; nothing is matched by address, so micro-batches in flight
-// can never share one. fp32 and fp16 modes leave it empty.
+// can never share one. fp32 and fp16 modes leave it empty. fp8 mode keeps the operand's FP8 codes
+// as the weight gradient reads them (tiles along the tokens), with their dequantisation factors:
+// the activations saved for backward in FP8 bytes.
 struct OperandCopy {
   Buffer<bf16> data;
+  Buffer<uint8_t> fp8;
+  Buffer<float> factors;  // fp8: one per tile (one for a per-tensor scale)
   int64_t count = 0;  // elements converted by the latest product that filled it
 };
 
@@ -83,6 +115,14 @@ class LinearGemm {
   // blocked layout). Measured at 94-96% of the per-N primitives' speed, where compiling a
   // primitive for each new N cost most of a MoE step. Call before the first product.
   void set_variable_rows();
+
+  // fp8 mode: the recipe, and where "current" scales' amaxes are reduced.
+  void set_fp8(const Fp8Settings& settings);
+  // fp8 "delayed": the largest magnitude each operand took since the last call (then zeroed),
+  // and the per-tensor scales of the products from now on.
+  Fp8Triple take_fp8_amax();
+  void set_fp8_scales(const Fp8Triple& scales);
+  Fp8Triple fp8_scales() const;
 
   int in_features() const;
   int out_features() const;

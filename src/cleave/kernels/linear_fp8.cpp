@@ -1,0 +1,168 @@
+#include "cleave/kernels/linear_fp8.h"
+
+#include <algorithm>
+
+#include "cleave/base/check.h"
+
+namespace cleave::kernels {
+
+namespace {
+
+// Codes and factors nobody keeps, per thread, grown as needed.
+template <typename T>
+T* scratch(int64_t n, int which) {
+  static thread_local Buffer<T> buffers[2];
+  Buffer<T>& b = buffers[which];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+template <typename T>
+T* sized(Buffer<T>& b, int64_t n) {
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+}  // namespace
+
+float Fp8Operands::tensor_scale(const float* a, int64_t n, Fp8Operand which,
+                                AmaxReducer* reducer) {
+  const float local = abs_max(a, n);
+  amax[size_t(which)] = std::max(amax[size_t(which)], local);
+  if (settings.recipe == Fp8Recipe::delayed) return scale[size_t(which)];
+  return fp8_scale(reducer ? reducer->max(local) : local, format(which), settings.margin, 1.0f);
+}
+
+void Fp8Operands::quantise(uint8_t* codes, float* factors, const float* a, const Fp8Tiles& t,
+                           Fp8Operand which) {
+  fp8_quantize_tiles(codes, factors, a, t, format(which));
+}
+
+Fp8Tiles Fp8Operands::tiles_along_rows(int64_t rows, int64_t cols) const {
+  return {rows, cols, tile(), 1};
+}
+
+const float* Fp8Operands::weight_image(const float* w, bool forward, uint64_t version) {
+  const int k = weight_images_differ() && !forward ? 1 : 0;
+  const bool rescaled = settings.recipe == Fp8Recipe::delayed && weight_scale_ != scale[fp8_w];
+  if (image_version_[k] == version && !rescaled) return images_[k].data();
+  if (rescaled) drop_weight_images();
+  const int64_t n = int64_t(out_) * in_;
+  float* image = sized(images_[k], n);
+  uint8_t* codes = scratch<uint8_t>(n, 0);
+  if (per_tensor()) {
+    weight_scale_ = tensor_scale(w, n, fp8_w, settings.weight);
+    fp8_quantize(codes, w, n, weight_scale_, Fp8Format::e4m3);
+    const float one = 1.0f;
+    fp8_image(image, codes, &one, Fp8Tiles::whole(out_, in_), Fp8Format::e4m3);
+  } else {
+    Fp8Tiles t{out_, in_, 128, 128};
+    if (settings.recipe == Fp8Recipe::mxfp8) t = forward ? Fp8Tiles{out_, in_, 1, 32} : Fp8Tiles{out_, in_, 32, 1};
+    float* factors = scratch<float>(t.count(), 0);
+    quantise(codes, factors, w, t, fp8_w);
+    fp8_image(image, codes, factors, t, Fp8Format::e4m3);
+  }
+  image_version_[k] = version;
+  return image;
+}
+
+void Fp8Operands::drop_weight_images() {
+  for (int k = 0; k < 2; ++k) {
+    images_[k] = Buffer<float>();
+    image_version_[k] = 0;
+  }
+}
+
+float Fp8Operands::inner_along_cols(bf16* image, const float* a, int64_t rows, int64_t cols,
+                                    Fp8Operand which, OperandCopy* keep) {
+  const int64_t n = rows * cols;
+  if (per_tensor()) {
+    const float s = tensor_scale(a, n, which, settings.activations);
+    uint8_t* codes = keep ? sized(keep->fp8, n) : scratch<uint8_t>(n, 0);
+    fp8_quantize(codes, a, n, s, format(which));
+    if (keep) {
+      sized(keep->factors, 1)[0] = 1.0f / s;
+      keep->count = n;
+    }
+    const float one = 1.0f;
+    fp8_image(image, codes, &one, Fp8Tiles::whole(rows, cols), format(which));
+    return 1.0f / s;
+  }
+  const Fp8Tiles t{rows, cols, 1, tile()};
+  uint8_t* codes = scratch<uint8_t>(n, 0);
+  float* factors = scratch<float>(t.count(), 0);
+  quantise(codes, factors, a, t, which);
+  fp8_image(image, codes, factors, t, format(which));
+  if (keep) keep_along_rows(a, rows, cols, which, *keep, 0.0f);
+  return 1.0f;
+}
+
+void Fp8Operands::keep_along_rows(const float* a, int64_t rows, int64_t cols, Fp8Operand which,
+                                  OperandCopy& keep, float tensor_scale) {
+  const int64_t n = rows * cols;
+  uint8_t* codes = sized(keep.fp8, n);
+  if (per_tensor()) {
+    fp8_quantize(codes, a, n, tensor_scale, format(which));
+    sized(keep.factors, 1)[0] = 1.0f / tensor_scale;
+  } else {
+    const Fp8Tiles t = tiles_along_rows(rows, cols);
+    quantise(codes, sized(keep.factors, t.count()), a, t, which);
+  }
+  keep.count = n;
+}
+
+void Fp8Operands::keep(const float* a, int64_t rows, int64_t cols, Fp8Operand which,
+                       OperandCopy& keep) {
+  const float s = per_tensor() ? tensor_scale(a, rows * cols, which, settings.activations) : 0.0f;
+  keep_along_rows(a, rows, cols, which, keep, s);
+}
+
+float Fp8Operands::inner_along_rows(bf16* image, const float* a, int64_t rows, int64_t cols,
+                                    Fp8Operand which, const OperandCopy* copy) {
+  const int64_t n = rows * cols;
+  const float one = 1.0f;
+  if (copy) {
+    CLEAVE_CHECK(copy->count == n, "LinearGemm::backward_weight: the kept FP8 copy holds "
+                                       << copy->count << " elements, not " << n);
+    if (per_tensor()) {
+      fp8_image(image, copy->fp8.data(), &one, Fp8Tiles::whole(rows, cols), format(which));
+      return copy->factors[0];
+    }
+    fp8_image(image, copy->fp8.data(), copy->factors.data(), tiles_along_rows(rows, cols),
+              format(which));
+    return 1.0f;
+  }
+  uint8_t* codes = scratch<uint8_t>(n, 1);
+  if (per_tensor()) {
+    const float s = tensor_scale(a, n, which, settings.activations);
+    fp8_quantize(codes, a, n, s, format(which));
+    fp8_image(image, codes, &one, Fp8Tiles::whole(rows, cols), format(which));
+    return 1.0f / s;
+  }
+  const Fp8Tiles t = tiles_along_rows(rows, cols);
+  float* factors = scratch<float>(t.count(), 1);
+  quantise(codes, factors, a, t, which);
+  fp8_image(image, codes, factors, t, format(which));
+  return 1.0f;
+}
+
+void fp8_epilogue(float* y, int64_t rows, int64_t cols, float factor, const float* bias) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = y + r * cols;
+    if (bias) {
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) row[c] = row[c] * factor + bias[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) row[c] *= factor;
+    }
+  }
+}
+
+void fp8_add_scaled(float* dst, const float* src, int64_t n, float factor) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i] * factor;
+}
+
+}  // namespace cleave::kernels

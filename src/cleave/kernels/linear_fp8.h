@@ -1,0 +1,78 @@
+// LinearGemm's fp8 side (kernels/linear.cpp): each operand quantised as the recipe says, the bf16
+// image the product reads, and the factor its fp32 result is multiplied by.
+//
+// Per-tensor recipes (delayed, current) quantise a tensor with one scale s; the image holds the
+// FP8 values themselves and the result is multiplied by 1 / (s_a s_b) afterwards, as an FP8 GEMM
+// does. Tile recipes (blockwise, mxfp8) give each tile a power-of-two scale, so the image holds
+// the dequantised values, exact in bf16, and the factor is 1. A product's tiles run along its
+// inner dimension: x and dy in rows of tiles for forward and backward_input (1 x 128, 1 x 32), in
+// columns for the weight gradient, whose inner dimension is the tokens (128 x 1, 32 x 1); W in
+// 128 x 128 blocks for both of its products, or 1 x 32 along the inner dimension of each.
+#pragma once
+#include <cstdint>
+
+#include "cleave/kernels/fp8.h"
+#include "cleave/kernels/linear.h"
+
+namespace cleave::kernels {
+
+class Fp8Operands {
+ public:
+  Fp8Operands(int in, int out) : in_(in), out_(out) {}
+
+  Fp8Settings settings;
+  Fp8Triple scale = {1.0f, 1.0f, 1.0f};  // per-tensor scales (delayed: set between steps)
+  Fp8Triple amax = {0.0f, 0.0f, 0.0f};   // the largest magnitudes since take_fp8_amax
+
+  bool per_tensor() const {
+    return settings.recipe == Fp8Recipe::delayed || settings.recipe == Fp8Recipe::current;
+  }
+
+  // W's image (fp32, row-major [out, in]) for forward's product or backward_input's, rebuilt
+  // when `version` or W's scale changed; its factor is weight_factor().
+  const float* weight_image(const float* w, bool forward, uint64_t version);
+  float weight_factor() const { return per_tensor() ? 1.0f / weight_scale_ : 1.0f; }
+  // Whether forward's and backward_input's images differ (mxfp8 tiles run along each one's inner
+  // dimension).
+  bool weight_images_differ() const { return settings.recipe == Fp8Recipe::mxfp8; }
+  void drop_weight_images();
+
+  // x (forward) or dy (backward_input), [rows, cols] with cols the product's inner dimension:
+  // its image into `image`; `keep` (if given) receives its quantisation for the weight gradient.
+  // Returns the product's factor for this operand.
+  float inner_along_cols(bf16* image, const float* a, int64_t rows, int64_t cols,
+                         Fp8Operand which, OperandCopy* keep);
+  // The weight gradient's x or dy, whose inner dimension is the rows: the image of `copy`, or of
+  // a quantises here when there is none. Returns the factor.
+  float inner_along_rows(bf16* image, const float* a, int64_t rows, int64_t cols,
+                         Fp8Operand which, const OperandCopy* copy);
+  // What inner_along_cols keeps, alone (a recompute rebuilding x's copy).
+  void keep(const float* a, int64_t rows, int64_t cols, Fp8Operand which, OperandCopy& keep);
+
+ private:
+  static Fp8Format format(Fp8Operand which) {
+    return which == fp8_dy ? Fp8Format::e5m2 : Fp8Format::e4m3;
+  }
+  int tile() const { return settings.recipe == Fp8Recipe::mxfp8 ? 32 : 128; }
+  // The per-tensor scale for a (delayed: the set one; current: from a's amax, reduced), with a's
+  // amax recorded.
+  float tensor_scale(const float* a, int64_t n, Fp8Operand which, AmaxReducer* reducer);
+  // Quantises a [rows, cols] into codes and factors with tiles (per-tensor: the whole tensor).
+  void quantise(uint8_t* codes, float* factors, const float* a, const Fp8Tiles& t,
+                Fp8Operand which);
+  Fp8Tiles tiles_along_rows(int64_t rows, int64_t cols) const;
+  void keep_along_rows(const float* a, int64_t rows, int64_t cols, Fp8Operand which,
+                       OperandCopy& keep, float tensor_scale);
+
+  int in_, out_;
+  Buffer<float> images_[2];          // W's image for forward [0] and backward_input [1]
+  uint64_t image_version_[2] = {0, 0};
+  float weight_scale_ = 1.0f;        // the per-tensor scale W's images were made with
+};
+
+// y[r, :] = y[r, :] * factor (+ bias): a per-tensor product's epilogue.
+void fp8_epilogue(float* y, int64_t rows, int64_t cols, float factor, const float* bias);
+// dst += src * factor.
+void fp8_add_scaled(float* dst, const float* src, int64_t n, float factor);
+
+}  // namespace cleave::kernels
