@@ -5,8 +5,8 @@
 # error over the runs. Not a ctest test (about 2 minutes on 2 cores).
 #   bash tests/integration/equivalence_spread.sh build/cleave . build/testdata [WORK_DIR] [DTYPE...]
 #   bash tests/integration/equivalence_spread.sh build/cleave . build/testdata WORK_DIR depth [DTYPE]
-# DTYPEs: fp32, bf16 and fp16 unless given. With "depth": DTYPE (bf16 unless given) instead, at 2, 4
-# and 8 layers and seeds 1234, 1 and 2, global batch 16 (the
+# DTYPEs: fp32, bf16 and fp16 unless given, or fp8-RECIPE. With "depth": DTYPE (bf16 unless given)
+# instead, at 2, 4 and 8 layers (DEPTHS) and seeds 1234, 1 and 2, global batch 16 (the
 # pipeline tests' 2 x 8 micro-batches), DDP 2 and 4, ZeRO-3 x 2, pp 2, tp 2 and one process
 # accumulating 4 or 1, each against its own depth and seed's reference (docs/data_parallel.md,
 # "bf16 and depth"; about a minute).
@@ -14,12 +14,13 @@
 # With "moe": moe_test.sh's Llama mixture of experts (4 experts) in DTYPE (bf16 unless given),
 # top TOP_K (2 unless given), seeds 1234, 1 and 2: DDP 2, tp 2, ep 2 and 4, cp 2 with ep 2,
 # ZeRO-3 x 2 with ep 2, and one process accumulating 4 (docs/moe.md, "Equivalence"; 30 s).
+# STEPS (20 unless set) steps in every mode.
 set -euo pipefail
 cleave=$1 src=$2 data=$3 work=${4:-$(mktemp -d)}
 mkdir -p "$work"
 cfg=$src/tests/configs/tiny_train.toml
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-common=(--set data.dir="$data" --set train.steps=20 --set train.log_interval=1
+common=(--set data.dir="$data" --set train.steps="${STEPS:-20}" --set train.log_interval=1
         --set train.val_interval=10 --set train.checkpoint_interval=10 --set train.threads=1
         --set parallel.comm_timeout_s=60)
 
@@ -30,6 +31,12 @@ run() {  # name ranks [--set ...]
     echo "FAIL: run $name"; tail -20 "$work/$name.log"; exit 1
   fi
 }
+dtype_args() {  # fp32, bf16, fp16, or fp8-RECIPE (fp8-delayed, fp8-current, fp8-blockwise, fp8-mxfp8)
+  case $1 in
+    fp8-*) echo --set train.dtype=fp8 --set train.fp8_recipe="${1#fp8-}" ;;
+    *) echo --set train.dtype="$1" ;;
+  esac
+}
 layout() {  # replicate shard zero [--set ...]
   echo --set parallel.dp_replicate="$1" --set parallel.dp_shard="$2" --set parallel.zero_stage="$3" "${@:4}"
 }
@@ -37,8 +44,8 @@ layout() {  # replicate shard zero [--set ...]
 if [ "${5:-}" = depth ]; then
   b16() { echo --set train.micro_batch_size="$1" --set train.grad_accum_steps=$((16 / $1)); }
   for seed in 1234 1 2; do
-    for L in 2 4 8; do
-      at=(--set train.dtype="${6:-bf16}" --set train.seed=$seed --set model.n_layers=$L)
+    for L in ${DEPTHS:-2 4 8}; do
+      at=($(dtype_args "${6:-bf16}") --set train.seed=$seed --set model.n_layers=$L)
       run s$seed-L$L-ref 1 "${at[@]}" $(b16 2)
       run s$seed-L$L-ddp2 2 "${at[@]}" $(b16 2)
       run s$seed-L$L-ddp4 4 "${at[@]}" $(b16 4)

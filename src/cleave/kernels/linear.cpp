@@ -439,6 +439,7 @@ Fp8Triple LinearGemm::fp8_scales() const {
 }
 
 int LinearGemm::in_features() const { return impl_->in; }
+Precision LinearGemm::precision() const { return impl_->precision; }
 int LinearGemm::out_features() const { return impl_->out; }
 
 void LinearGemm::set_weight(const float* weight, const uint64_t* version) {

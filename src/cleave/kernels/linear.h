@@ -126,6 +126,7 @@ class LinearGemm {
 
   int in_features() const;
   int out_features() const;
+  Precision precision() const;
 
  private:
   struct Impl;

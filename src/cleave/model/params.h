@@ -104,6 +104,7 @@ class ParamStore {
   // differ. released() also frees those copies at once: under ZeRO-3 a unit's weights exist only
   // while it runs.
   void keep_packed(int tensor, LinearGemm* gemm);  // after allocate(); binds the gemm's weight
+  LinearGemm* packed_by(int tensor) const { return packed_by_[size_t(tensor)]; }  // or null
   const uint64_t* version(int tensor) const { return &versions_[size_t(tensor)]; }
   void wrote(int64_t begin, int64_t end);  // the flat range [begin, end) of the values
   void wrote_all() { wrote(0, total_); }

@@ -31,6 +31,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
   if (chunks_.empty()) chunks_.push_back({0, c.n_layers, true, true});
   const std::string sp_sum = tp.sequence_parallel ? kTpAxis : "";
   ContextParallelOptions context = cp;
+  cp_group_ = cp.enabled() ? cp.group : nullptr;
   if (context.enabled() && !context.work) context.work = std::make_shared<ContextWork>();
   auto new_unit = [&](UnitKind kind, int layer, int chunk) {
     store_.begin_unit();
@@ -81,7 +82,8 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
         head_ = tied_tensor_ = store_.add("embed.wte", {share_.vocab_rows, c.d_model},
                                           Init::normal, c.init_std, copy);
       }
-      head_gemm_ = std::make_unique<LinearGemm>(c.d_model, int(share_.vocab_rows), precision);
+      head_gemm_ = std::make_unique<LinearGemm>(c.d_model, int(share_.vocab_rows),
+                                                product_precision(precision));
     }
   }
   // The first stage's embedding is the tied copy's owner.
@@ -92,6 +94,26 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
   saved_.resize(units_.size());
   if (final_norm_) final_norm_->bind(store_);
   if (head_gemm_) store_.keep_packed(head_, head_gemm_.get());
+}
+
+std::vector<std::pair<std::string, LinearGemm*>> Transformer::fp8_gemms() {
+  std::vector<std::pair<std::string, LinearGemm*>> gemms;
+  for (int i = 0; i < int(store_.tensors().size()); ++i)
+    if (LinearGemm* g = store_.packed_by(i); g && g->precision() == Precision::fp8)
+      gemms.push_back({store_.tensor(i).name, g});
+  return gemms;
+}
+
+void Transformer::set_fp8(kernels::Fp8Recipe recipe, int margin) {
+  amax_tp_cp_ = std::make_unique<GroupAmax>(tp_.comm, cp_group_);
+  amax_tp_ = std::make_unique<GroupAmax>(tp_.comm, nullptr);
+  for (int i = 0; i < int(store_.tensors().size()); ++i) {
+    LinearGemm* g = store_.packed_by(i);
+    if (!g || g->precision() != Precision::fp8) continue;
+    // An expert's rows come from several ranks' batches: their amax is the expert's own.
+    const bool expert = store_.group_name(store_.tensor(i).group) == "experts";
+    g->set_fp8({recipe, margin, expert ? amax_tp_.get() : amax_tp_cp_.get(), amax_tp_.get()});
+  }
 }
 
 void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {

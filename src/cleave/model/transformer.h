@@ -13,6 +13,7 @@
 
 #include "cleave/base/batch.h"
 #include "cleave/model/block.h"
+#include "cleave/model/fp8_amax.h"
 #include "cleave/model/kv_cache.h"
 #include "cleave/model/model_config.h"
 
@@ -47,6 +48,12 @@ class Transformer {
 
   const ModelConfig& config() const { return cfg_; }
   Precision precision() const { return precision_; }
+  // fp8 mode: the recipe of every FP8 product (the blocks' linears; the LM head and MoE routers
+  // stay bf16 and fp32, as in Transformer Engine's and DeepSeek-V3's recipes), "current" scales'
+  // amaxes completed over tp and cp (GroupAmax).
+  void set_fp8(kernels::Fp8Recipe recipe, int margin);
+  // This rank's FP8 products by weight name.
+  std::vector<std::pair<std::string, LinearGemm*>> fp8_gemms();
   // Whoever writes the values says so to params() (ParamStore::wrote and friends).
   ParamStore& params() { return store_; }
   const ParamStore& params() const { return store_; }
@@ -178,6 +185,8 @@ class Transformer {
   std::vector<int> block_of_unit_;              // index into blocks_, or -1
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<LinearGemm> head_gemm_;
+  CpComm* cp_group_ = nullptr;
+  std::unique_ptr<GroupAmax> amax_tp_cp_, amax_tp_;  // fp8 "current"
   BlockGrads grads_;
   // The activation pool: what each block unit saved for backward, per slot ([unit][slot]; empty
   // for the embeddings and the head, whose saved activations are their chunk slot's).

@@ -221,7 +221,7 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag, 
                                 const std::map<int, std::string>& own_checksums,
                                 int64_t optimizer_steps, int world_size,
                                 const LossScalerState* loss_scaler,
-                                const nlohmann::json& moe_bias) {
+                                const nlohmann::json& moe_bias, const nlohmann::json& fp8) {
   nlohmann::json tensors = nlohmann::json::object();
   std::map<std::string, std::string> files;  // name -> checksum, "" where another rank wrote it
   for (size_t i = 0; i < entries_of_file.size(); ++i) {
@@ -246,6 +246,7 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag, 
                            {"good_steps", loss_scaler->good_steps},
                            {"hysteresis_left", loss_scaler->hysteresis_left}};
   if (!moe_bias.is_null()) meta["moe_bias"] = moe_bias;
+  if (!fp8.is_null()) meta["fp8"] = fp8;
   finish_checkpoint_folder(dir, tag, meta, files);
 }
 

@@ -47,7 +47,8 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag, 
                                 const std::map<int, std::string>& own_checksums,
                                 int64_t optimizer_steps, int world_size,
                                 const LossScalerState* loss_scaler = nullptr,
-                                const nlohmann::json& moe_bias = nullptr);
+                                const nlohmann::json& moe_bias = nullptr,
+                                const nlohmann::json& fp8 = nullptr);
 
 // The config the checkpoint was written with.
 Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir);

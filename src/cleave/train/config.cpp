@@ -136,6 +136,15 @@ Key choice_key(std::string name, T Config::*section, E T::*field,
           }};
 }
 
+bool is_fp8(const Config& c) { return c.train.dtype == Precision::fp8; }
+bool per_tensor_fp8(const Config& c) {
+  return is_fp8(c) && (c.train.fp8.recipe == kernels::Fp8Recipe::delayed ||
+                       c.train.fp8.recipe == kernels::Fp8Recipe::current);
+}
+bool delayed_fp8(const Config& c) {
+  return is_fp8(c) && c.train.fp8.recipe == kernels::Fp8Recipe::delayed;
+}
+
 const std::vector<Key>& schema() {
   static const std::vector<Key> keys = [] {
     using C = Config;
@@ -213,7 +222,46 @@ const std::vector<Key>& schema() {
                            std::vector<std::pair<std::string, Precision>>{
                                {"fp32", Precision::fp32},
                                {"bf16", Precision::bf16},
-                               {"fp16", Precision::fp16}}));
+                               {"fp16", Precision::fp16},
+                               {"fp8", Precision::fp8}}));
+    // FP8 (docs/precision.md#fp8): written only where they apply.
+    const std::vector<std::pair<std::string, kernels::Fp8Recipe>> recipes = {
+        {"delayed", kernels::Fp8Recipe::delayed}, {"current", kernels::Fp8Recipe::current},
+        {"blockwise", kernels::Fp8Recipe::blockwise}, {"mxfp8", kernels::Fp8Recipe::mxfp8}};
+    std::vector<std::string> recipe_names;
+    for (auto& [name, r] : recipes) recipe_names.push_back(name);
+    k.push_back({"train.fp8_recipe", Kind::string, 0, 0, recipe_names,
+                 [=](C& c, const toml::node& n) {
+                   for (auto& [name, r] : recipes)
+                     if (name == *n.value<std::string>()) c.train.fp8.recipe = r;
+                 },
+                 [=](const C& c) {
+                   if (!is_fp8(c)) return std::string();
+                   for (auto& [name, r] : recipes)
+                     if (r == c.train.fp8.recipe) return quote(name);
+                   return std::string("\"?\"");
+                 }});
+    k.push_back({"train.fp8_margin", Kind::integer, 0, 64, {},
+                 [](C& c, const toml::node& n) { c.train.fp8.margin = int(*n.value<int64_t>()); },
+                 [](const C& c) {
+                   return per_tensor_fp8(c) ? std::to_string(c.train.fp8.margin) : std::string();
+                 }});
+    k.push_back({"train.fp8_amax_history_len", Kind::integer, 1, 1 << 20, {},
+                 [](C& c, const toml::node& n) {
+                   c.train.fp8.amax_history_len = *n.value<int64_t>();
+                 },
+                 [](const C& c) {
+                   return delayed_fp8(c) ? std::to_string(c.train.fp8.amax_history_len)
+                                         : std::string();
+                 }});
+    k.push_back({"train.fp8_amax_compute_algo", Kind::string, 0, 0, {"max", "most_recent"},
+                 [](C& c, const toml::node& n) {
+                   c.train.fp8.amax_most_recent = *n.value<std::string>() == "most_recent";
+                 },
+                 [](const C& c) {
+                   if (!delayed_fp8(c)) return std::string();
+                   return quote(c.train.fp8.amax_most_recent ? "most_recent" : "max");
+                 }});
     k.push_back(loss_scale_key("initial", &LossScalerOptions::initial, 1e-30, 1e30));
     k.push_back(loss_scale_key("growth_factor", &LossScalerOptions::growth_factor, 1.0, 1e6));
     k.push_back(loss_scale_key("growth_interval", &LossScalerOptions::growth_interval, 1, 1e12));
@@ -445,10 +493,20 @@ void validate_and_resolve(Config& c, const std::set<std::string>& given, const s
   if (c.train.seq_len > m.max_seq_len)
     fail("train.seq_len = " + std::to_string(c.train.seq_len) + " exceeds model.max_seq_len = " +
          std::to_string(m.max_seq_len));
-  for (const std::string& key : given)
+  for (const std::string& key : given) {
     if (key.rfind("train.loss_scale_", 0) == 0 && c.train.dtype != Precision::fp16)
       fail(key + " is set but train.dtype = \"" + precision_name(c.train.dtype) +
            "\": the loss scaler serves fp16 only");
+    if (key.rfind("train.fp8_", 0) == 0 && !is_fp8(c))
+      fail(key + " is set but train.dtype = \"" + precision_name(c.train.dtype) +
+           "\": it serves fp8 only");
+    else if (key == "train.fp8_margin" && !per_tensor_fp8(c))
+      fail(key + " is set but train.fp8_recipe is a tile recipe, whose scales are powers of two "
+           "with no margin");
+    else if (key.rfind("train.fp8_amax_", 0) == 0 && !delayed_fp8(c))
+      fail(key + " is set but train.fp8_recipe is not \"delayed\": only delayed scaling keeps "
+           "an amax history");
+  }
   if (c.train.loss_scale.min > c.train.loss_scale.initial)
     fail("train.loss_scale_min = " + show_real(c.train.loss_scale.min) +
          " exceeds train.loss_scale_initial = " + show_real(c.train.loss_scale.initial));

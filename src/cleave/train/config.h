@@ -9,6 +9,7 @@
 #include "cleave/kernels/linear.h"
 #include "cleave/model/model_config.h"
 #include "cleave/optim/loss_scaler.h"
+#include "cleave/train/fp8_scaling.h"
 #include "cleave/optim/optim_config.h"
 
 namespace cleave {
@@ -56,6 +57,9 @@ struct TrainConfig {
   // dtype "fp16" only: the dynamic loss scaler (train.loss_scale_initial, _growth_factor,
   // _growth_interval, _backoff_factor, _hysteresis, _min).
   LossScalerOptions loss_scale;
+  // dtype "fp8" only: the recipe and its scaling (train.fp8_recipe, _margin,
+  // _amax_history_len, _amax_compute_algo).
+  Fp8Options fp8;
 };
 
 // The device mesh degrees (-1: the rest of the world) and how data parallelism shards state.

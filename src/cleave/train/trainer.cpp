@@ -118,6 +118,11 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     groups_.push_back(std::move(part));
   }
   if (t.dtype == Precision::fp16) scaler_ = std::make_unique<DynamicLossScaler>(t.loss_scale);
+  if (t.dtype == Precision::fp8) {
+    model_->set_fp8(t.fp8.recipe, t.fp8.margin);
+    if (t.fp8.recipe == kernels::Fp8Recipe::delayed)
+      fp8_ = std::make_unique<Fp8Scaling>(*process_.world, model_->fp8_gemms(), t.fp8);
+  }
   make_pipeline(*layout);
 
   // Each rank reads its own part of the checkpoint: a bad part may be seen by some ranks only.
@@ -292,6 +297,7 @@ StepResult Trainer::train_step(int64_t step) {
     r.ep_bytes = c->take_bytes();
   }
   if (cfg_.model.moe_experts > 0) finish_moe_step(r.skipped);
+  if (fp8_) fp8_->step_end();
   r.pp_bytes = times.pp_bytes;
   r.busy_s = times.busy_seconds;
   r.program_s = times.seconds;
@@ -328,6 +334,7 @@ double Trainer::validate() {
     val_loader_->fill(batch, uint64_t(b), dp_rank_ * local_batch_, local_batch_);
   };
   const StepTimes v = executor_->run(val_program_, run);
+  if (fp8_) fp8_->discard();
   Group* pp = process_.pp->size() > 1 ? process_.pp.get() : nullptr;
   return sum_losses(*process_.along(axes_.batch), pp, v.loss_sum, double(v.loss_tokens)).mean();
 }

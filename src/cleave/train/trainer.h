@@ -23,6 +23,7 @@
 #include "cleave/parallel/tensor_parallel.h"
 #include "cleave/train/axis_table.h"
 #include "cleave/train/config.h"
+#include "cleave/train/fp8_scaling.h"
 #include "cleave/train/layout.h"
 #include "cleave/train/peak.h"
 #include "cleave/train/process_groups.h"
@@ -95,6 +96,7 @@ class Trainer {
   AxisTable axes_;  // per parameter group, the axes of its reduction and sharding
   std::vector<GroupParallel> groups_;
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16
+  std::unique_ptr<Fp8Scaling> fp8_;            // fp8, delayed scaling
   std::unique_ptr<StepEnd> step_end_;
   // The step as instructions (pipeline/program.h), and validation's forward-only program.
   Program train_program_, val_program_;

@@ -73,7 +73,8 @@ void Trainer::save_checkpoint() {
     }
     finish_training_checkpoint(dir, job_tag_, cfg_, step_, entries_of_file, checksums,
                                groups_.front().optim->steps_taken(), world_,
-                               scaler_ ? &scaler_->state() : nullptr, moe_bias);
+                               scaler_ ? &scaler_->state() : nullptr, moe_bias,
+                               fp8_ ? fp8_->state() : nlohmann::json());
     std::printf("saved checkpoint %s\n", dir.c_str());
     // Keep the newest keep_checkpoints folders.
     std::vector<int64_t> steps;
@@ -113,6 +114,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // A run that was not fp16 leaves the scaler at its initial state.
   if (scaler_)
     if (const auto state = checkpoint_loss_scaler(ck, dir)) scaler_->restore(*state);
+  // Likewise delayed FP8 scaling starts afresh after a run without it.
+  if (fp8_ && ck.meta.contains("fp8")) fp8_->restore(ck.meta["fp8"], dir + "/meta.json");
 }
 
 }  // namespace cleave

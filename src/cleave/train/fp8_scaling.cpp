@@ -1,0 +1,122 @@
+#include "cleave/train/fp8_scaling.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "cleave/base/check.h"
+#include "cleave/train/process_groups.h"
+
+namespace cleave {
+
+namespace {
+
+kernels::Fp8Format format_of(int operand) {
+  return operand == fp8_dy ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3;
+}
+
+// rank 0's string on every rank of world, through a broadcast of its bytes.
+std::string broadcast_string(Group& world, std::string s) {
+  float length = float(s.size());
+  world.broadcast(&length, 1, CommType::f32, 0).wait();
+  const size_t n = size_t(length);
+  std::vector<float> words((n + 3) / 4);
+  std::memcpy(words.data(), s.data(), std::min(n, s.size()));
+  world.broadcast(words.data(), int64_t(words.size()), CommType::f32, 0).wait();
+  s.assign(reinterpret_cast<const char*>(words.data()), n);
+  return s;
+}
+
+}  // namespace
+
+Fp8Scaling::Fp8Scaling(Group& world, std::vector<std::pair<std::string, LinearGemm*>> gemms,
+                       const Fp8Options& options)
+    : world_(world), options_(options) {
+  nlohmann::json mine = nlohmann::json::array();
+  for (auto& [name, gemm] : gemms) mine.push_back(name);
+  std::string all;
+  if (world.rank() == 0) {
+    std::set<std::string> every;
+    for (const std::string& list : gather_strings(mine.dump(), 0, world.size()))
+      for (const auto& name : nlohmann::json::parse(list)) every.insert(name.get<std::string>());
+    all = nlohmann::json(std::vector<std::string>(every.begin(), every.end())).dump();
+  } else {
+    gather_strings(mine.dump(), world.rank(), world.size());
+  }
+  names_ = nlohmann::json::parse(broadcast_string(world, all)).get<std::vector<std::string>>();
+  for (auto& [name, gemm] : gemms) {
+    const auto at = std::lower_bound(names_.begin(), names_.end(), name);
+    mine_.push_back({int(at - names_.begin()), gemm});
+  }
+  scales_.assign(3 * names_.size(), 1.0f);
+  apply_scales();
+}
+
+void Fp8Scaling::step_end() {
+  const size_t n = 3 * names_.size();
+  std::vector<float> local(n, 0.0f), every(n * size_t(world_.size()));
+  for (auto& [slot, gemm] : mine_) {
+    const Fp8Triple a = gemm->take_fp8_amax();
+    for (int k = 0; k < 3; ++k) local[3 * size_t(slot) + size_t(k)] = a[size_t(k)];
+  }
+  world_.all_gather(local.data(), every.data(), int64_t(n), CommType::f32).wait();
+  std::vector<float> amax(n, 0.0f);
+  for (int r = 0; r < world_.size(); ++r)
+    for (size_t i = 0; i < n; ++i) amax[i] = std::max(amax[i], every[size_t(r) * n + i]);
+  history_.push_back(std::move(amax));
+  if (int64_t(history_.size()) > options_.amax_history_len) history_.erase(history_.begin());
+  for (size_t i = 0; i < n; ++i) {
+    float a = history_.back()[i];
+    if (!options_.amax_most_recent)
+      for (const auto& step : history_) a = std::max(a, step[i]);
+    scales_[i] = kernels::fp8_scale(a, format_of(int(i % 3)), options_.margin, scales_[i]);
+  }
+  apply_scales();
+}
+
+void Fp8Scaling::discard() {
+  for (auto& [slot, gemm] : mine_) gemm->take_fp8_amax();
+}
+
+void Fp8Scaling::apply_scales() {
+  for (auto& [slot, gemm] : mine_) {
+    const size_t at = 3 * size_t(slot);
+    gemm->set_fp8_scales({scales_[at], scales_[at + 1], scales_[at + 2]});
+  }
+}
+
+nlohmann::json Fp8Scaling::state() const {
+  // Per tensor: its scales and its history of [x, w, dy] amaxes, oldest first.
+  nlohmann::json tensors = nlohmann::json::object();
+  for (size_t s = 0; s < names_.size(); ++s) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& step : history_) rows.push_back({step[3 * s], step[3 * s + 1], step[3 * s + 2]});
+    tensors[names_[s]] = {{"scales", {scales_[3 * s], scales_[3 * s + 1], scales_[3 * s + 2]}},
+                          {"amax_history", rows}};
+  }
+  return tensors;
+}
+
+void Fp8Scaling::restore(const nlohmann::json& state, const std::string& where) {
+  CLEAVE_CHECK(state.is_object(), where << ": fp8 must be an object of tensors");
+  size_t steps = 0;
+  for (size_t s = 0; s < names_.size(); ++s) {
+    CLEAVE_CHECK(state.contains(names_[s]), where << ": fp8 has no scales of " << names_[s]);
+    steps = std::max(steps, state[names_[s]]["amax_history"].size());
+  }
+  history_.assign(steps, std::vector<float>(3 * names_.size(), 0.0f));
+  for (size_t s = 0; s < names_.size(); ++s) {
+    const nlohmann::json& t = state[names_[s]];
+    const nlohmann::json& rows = t["amax_history"];
+    CLEAVE_CHECK(rows.size() == steps && t["scales"].size() == 3,
+                 where << ": fp8 state of " << names_[s] << " has another shape than the rest");
+    for (size_t k = 0; k < 3; ++k) {
+      scales_[3 * s + k] = t["scales"][k].get<float>();
+      for (size_t i = 0; i < steps; ++i) history_[i][3 * s + k] = rows[i][k].get<float>();
+    }
+  }
+  while (int64_t(history_.size()) > options_.amax_history_len) history_.erase(history_.begin());
+  apply_scales();
+}
+
+}  // namespace cleave

@@ -1,0 +1,58 @@
+// FP8's per-tensor scales between steps (docs/precision.md#fp8): Transformer Engine's
+// DelayedScaling. Every step each linear's products record the largest magnitude of each operand
+// (x, W, dy); at the step's end those are reduced to their largest over every rank, appended to a
+// history of amax_history_len steps, and the next step's scales are fp8_max / amax / 2^margin,
+// amax the history's largest ("max") or latest ("most_recent"); a slot whose amax is 0 keeps its
+// scale (1 at first).
+//
+// The reduction runs over the whole world, one slot per linear of the whole model by name: tp
+// and FSDP shards of a weight, the cp chunks and data-parallel slices of a batch and an expert's
+// ep owner all add to the slot of the tensor they hold parts of, so every rank, and one process
+// running the same batch, takes the same scales (Megatron's amax reduction group is the ranks of
+// a stage likewise; its PR #442 fixed a divergence where tp shards were left out).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cleave/comm/group.h"
+#include "cleave/kernels/fp8.h"
+#include "cleave/kernels/linear.h"
+
+namespace cleave {
+
+struct Fp8Options {
+  kernels::Fp8Recipe recipe = kernels::Fp8Recipe::delayed;
+  int margin = 0;
+  int64_t amax_history_len = 1024;
+  bool amax_most_recent = false;  // "most_recent" rather than "max"
+};
+
+class Fp8Scaling {
+ public:
+  // Collective over world. gemms: this rank's FP8 linears by weight name.
+  Fp8Scaling(Group& world, std::vector<std::pair<std::string, LinearGemm*>> gemms,
+             const Fp8Options& options);
+  // After a step's backward: the reduction, the history, the next step's scales. Collective.
+  void step_end();
+  // Drops what products recorded outside training steps (validation's forwards).
+  void discard();
+  // Checkpoints: the history by tensor name (rank 0 writes it; every rank holds all of it).
+  nlohmann::json state() const;
+  void restore(const nlohmann::json& state, const std::string& where);
+
+ private:
+  void apply_scales();
+
+  Group& world_;
+  Fp8Options options_;
+  std::vector<std::string> names_;              // every FP8 linear of the model, sorted
+  std::vector<std::pair<int, LinearGemm*>> mine_;  // slot of each of this rank's
+  std::vector<std::vector<float>> history_;     // per step (newest last), 3 floats per slot
+  std::vector<float> scales_;                   // 3 per slot
+};
+
+}  // namespace cleave
