@@ -14,6 +14,9 @@
 # With "moe": moe_test.sh's Llama mixture of experts (4 experts) in DTYPE (bf16 unless given),
 # top TOP_K (2 unless given), seeds 1234, 1 and 2: DDP 2, tp 2, ep 2 and 4, cp 2 with ep 2,
 # ZeRO-3 x 2 with ep 2, and one process accumulating 4 (docs/moe.md, "Equivalence"; 30 s).
+#   bash tests/integration/equivalence_spread.sh build/cleave . build/testdata WORK_DIR fp8 [RECIPE...]
+# With "fp8": fp8_layouts.sh's layouts of each RECIPE (all four unless given), seeds 1234, 1 and 2
+# (docs/precision.md#fp8; about 8 minutes).
 # STEPS (20 unless set) steps in every mode.
 set -euo pipefail
 cleave=$1 src=$2 data=$3 work=${4:-$(mktemp -d)}
@@ -79,6 +82,28 @@ if [ "${5:-}" = moe ]; then
     run s$seed-a4 1 "${at[@]}" --set train.micro_batch_size=2 --set train.grad_accum_steps=4
     /usr/bin/python3 "$src/tests/integration/compare_runs.py" --report "$work/s$seed-ref" \
       "$work/s$seed"-{ddp2,tp2,ep2,ep4,cp2-ep2,zero3-ep2,a4} || echo "(runs above exceed the bounds)"
+  done
+  exit 0
+fi
+
+if [ "${5:-}" = fp8 ]; then
+  # fp8_layouts.sh's layouts of each recipe, seeds 1234, 1 and 2, each seed in its own folder.
+  source "$src/tests/integration/fp8_layouts.sh"
+  root=$work
+  compare() { /usr/bin/python3 "$src/tests/integration/compare_runs.py" "$@" || true; }
+  layout() {  # as layouts.sh's, once, without stopping at a failed comparison
+    local ref=$1 name=$2 np=$3; shift 3
+    run "$name" "$np" "$@"
+    compare "$work/$ref" "$work/$name"
+  }
+  recipes=("${@:6}")
+  [ ${#recipes[@]} -gt 0 ] || recipes=(delayed current blockwise mxfp8)
+  base=("${common[@]}")
+  for seed in 1234 1 2; do
+    work=$root/s$seed
+    mkdir -p "$work"
+    common=("${base[@]}" --set train.seed=$seed)
+    for r in "${recipes[@]}"; do fp8_layouts "$r"; done
   done
   exit 0
 fi

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <utility>
 
 #include "cleave/base/check.h"
 #include "cleave/train/process_groups.h"
@@ -49,6 +50,7 @@ Fp8Scaling::Fp8Scaling(Group& world, std::vector<std::pair<std::string, LinearGe
     mine_.push_back({int(at - names_.begin()), gemm});
   }
   scales_.assign(3 * names_.size(), 1.0f);
+  weight_amax_.assign(names_.size(), 0.0f);
   apply_scales();
 }
 
@@ -58,6 +60,8 @@ void Fp8Scaling::step_end() {
   for (auto& [slot, gemm] : mine_) {
     const Fp8Triple a = gemm->take_fp8_amax();
     for (int k = 0; k < 3; ++k) local[3 * size_t(slot) + size_t(k)] = a[size_t(k)];
+    float& w = local[3 * size_t(slot) + fp8_w];
+    w = std::max(w, std::exchange(weight_amax_[size_t(slot)], 0.0f));
   }
   world_.all_gather(local.data(), every.data(), int64_t(n), CommType::f32).wait();
   std::vector<float> amax(n, 0.0f);
@@ -75,7 +79,10 @@ void Fp8Scaling::step_end() {
 }
 
 void Fp8Scaling::discard() {
-  for (auto& [slot, gemm] : mine_) gemm->take_fp8_amax();
+  for (auto& [slot, gemm] : mine_) {
+    float& w = weight_amax_[size_t(slot)];
+    w = std::max(w, gemm->take_fp8_amax()[fp8_w]);
+  }
 }
 
 void Fp8Scaling::apply_scales() {

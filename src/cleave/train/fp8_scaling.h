@@ -38,7 +38,8 @@ class Fp8Scaling {
              const Fp8Options& options);
   // After a step's backward: the reduction, the history, the next step's scales. Collective.
   void step_end();
-  // Drops what products recorded outside training steps (validation's forwards).
+  // Drops what products recorded outside training steps (validation's forwards), but the
+  // weights': the next step multiplies the same weights, and builds their FP8 images only once.
   void discard();
   // Checkpoints: the history by tensor name (rank 0 writes it; every rank holds all of it).
   nlohmann::json state() const;
@@ -53,6 +54,7 @@ class Fp8Scaling {
   std::vector<std::pair<int, LinearGemm*>> mine_;  // slot of each of this rank's
   std::vector<std::vector<float>> history_;     // per step (newest last), 3 floats per slot
   std::vector<float> scales_;                   // 3 per slot
+  std::vector<float> weight_amax_;              // per slot: recorded by discard() for the step
 };
 
 }  // namespace cleave

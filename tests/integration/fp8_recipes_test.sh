@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# FP8's current, blockwise and mxfp8 recipes (docs/precision.md#fp8): each layout of fp8_layouts.sh
+# against its one-process run within compare_runs.py's bounds for the recipe, its rerun bitwise;
+# Llama at tp 2 with the tile recipes. Loss parity on real text, shortened (bench/precision.sh
+# runs it in full): the test model as a Llama, 300 steps on the test corpus, the final validation
+# loss of bf16 within 2% of fp32's and each recipe's, delayed included, within 1% of bf16's.
+set -euo pipefail
+cleave=$1 src=$2 data=$3
+source "$src/tests/integration/layouts.sh"
+source "$src/tests/integration/fp8_layouts.sh"
+common=("${twenty_steps[@]}")
+llama=(--set model.family=llama --set model.n_kv_heads=2)
+
+for r in current blockwise mxfp8; do
+  fp8_layouts $r
+  echo "fp8 $r: every layout matches its one-process run"
+done
+for r in blockwise mxfp8; do
+  run "$r-llama" 1 "${llama[@]}" --set train.dtype=fp8 --set train.fp8_recipe=$r
+  layout "$r-llama" "$r-llama-tp2" 2 "${llama[@]}" --set train.dtype=fp8 --set train.fp8_recipe=$r \
+    --set parallel.tp=2
+done
+echo "Llama at tp 2 matches one process under the tile recipes"
+
+common=(--set train.steps=300 --set train.val_interval=300 --set train.val_batches=8
+        --set train.log_interval=50 --set train.checkpoint_interval=-1 --set train.threads=1
+        --set optim.warmup_steps=30 "${llama[@]}")
+val() { grep -o '"val_loss":[0-9.]*' "$work/$1/metrics.jsonl" | tail -1 | cut -d: -f2; }
+within() {  # name reference percent
+  local got want
+  got=$(val "$1") want=$(val "$2")
+  awk -v a="$got" -v b="$want" -v p="$3" 'BEGIN {d = 100 * (a / b - 1); exit !(d <= p && d >= -p)}' \
+    || { echo "FAIL: $1's validation loss $got is not within $3% of $2's $want"; exit 1; }
+  echo "$1: validation loss $got, $(awk -v a="$got" -v b="$want" 'BEGIN {printf "%+.2f%%", 100 * (a / b - 1)}') of $2's"
+}
+run parity-fp32 1
+run parity-bf16 1 --set train.dtype=bf16
+within parity-bf16 parity-fp32 2
+for r in delayed current blockwise mxfp8; do
+  run parity-$r 1 --set train.dtype=fp8 --set train.fp8_recipe=$r
+  within parity-$r parity-bf16 1
+done
