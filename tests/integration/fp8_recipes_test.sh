@@ -3,7 +3,8 @@
 # against its one-process run within compare_runs.py's bounds for the recipe, its rerun bitwise;
 # Llama at tp 2 with the tile recipes. Loss parity on real text, shortened (bench/precision.sh
 # runs it in full): the test model as a Llama, 300 steps on the test corpus, the final validation
-# loss of bf16 within 2% of fp32's and each recipe's, delayed included, within 1% of bf16's.
+# loss of bf16 within 2% of fp32's and each recipe's, delayed included, within 1% of bf16's. The
+# current scales of tp 2 and cp 2 after one step are one process's.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 source "$src/tests/integration/layouts.sh"
@@ -40,3 +41,32 @@ for r in delayed current blockwise mxfp8; do
   run parity-$r 1 --set train.dtype=fp8 --set train.fp8_recipe=$r
   within parity-$r parity-bf16 1
 done
+
+# Current scales after one step, as each checkpoint records them (the latest products' scales of
+# every linear, the largest over the ranks): tp and cp complete every amax, so their ranks took
+# one process's scales, within rounding; a rank that took its shard's own would show.
+common=(--set train.steps=1 --set train.val_interval=0 --set train.checkpoint_interval=1
+        --set train.threads=1 --set train.dtype=fp8 --set train.fp8_recipe=current)
+run one-step 1
+run one-step-tp2 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+run one-step-cp2 2 --set parallel.cp=2
+run one-step-llama 1 "${llama[@]}"
+run one-step-llama-tp2 2 "${llama[@]}" --set parallel.tp=2
+/usr/bin/python3 - "$work" <<'PY'
+import glob, json, sys
+work = sys.argv[1]
+def scales(run):
+    meta = json.load(open(sorted(glob.glob(f"{work}/{run}/step_*"))[-1] + "/meta.json"))
+    return {name: t["scales"] for name, t in meta["fp8"].items()}
+for ref, runs in [("one-step", ["one-step-tp2", "one-step-cp2"]),
+                  ("one-step-llama", ["one-step-llama-tp2"])]:
+    want = scales(ref)
+    assert len(want) == 8, f"{ref} records {len(want)} linears, not 8"
+    for run in runs:
+        got = scales(run)
+        assert got.keys() == want.keys(), f"{run} records {sorted(got)}"
+        for name in want:
+            for g, w in zip(got[name], want[name]):
+                assert abs(g - w) <= 1e-5 * w, f"{run} {name}: scales {got[name]} against {want[name]}"
+print("tp and cp take one process's current scales")
+PY

@@ -122,6 +122,8 @@ class LinearGemm {
   // and the per-tensor scales of the products from now on.
   Fp8Triple take_fp8_amax();
   void set_fp8_scales(const Fp8Triple& scales);
+  // Per-tensor recipes: the scales of the latest products (delayed: the ones set; current: the
+  // ones taken from the operands).
   Fp8Triple fp8_scales() const;
 
   int in_features() const;

@@ -30,7 +30,9 @@ float Fp8Operands::tensor_scale(const float* a, int64_t n, Fp8Operand which,
   const float local = abs_max(a, n);
   amax[size_t(which)] = std::max(amax[size_t(which)], local);
   if (settings.recipe == Fp8Recipe::delayed) return scale[size_t(which)];
-  return fp8_scale(reducer ? reducer->max(local) : local, format(which), settings.margin, 1.0f);
+  scale[size_t(which)] =
+      fp8_scale(reducer ? reducer->max(local) : local, format(which), settings.margin, 1.0f);
+  return scale[size_t(which)];
 }
 
 void Fp8Operands::quantise(uint8_t* codes, float* factors, const float* a, const Fp8Tiles& t,

@@ -21,7 +21,8 @@ class Fp8Operands {
   Fp8Operands(int in, int out) : in_(in), out_(out) {}
 
   Fp8Settings settings;
-  Fp8Triple scale = {1.0f, 1.0f, 1.0f};  // per-tensor scales (delayed: set between steps)
+  // Per-tensor scales: delayed's, set between steps; current's, of the latest products.
+  Fp8Triple scale = {1.0f, 1.0f, 1.0f};
   Fp8Triple amax = {0.0f, 0.0f, 0.0f};   // the largest magnitudes since take_fp8_amax
 
   bool per_tensor() const {

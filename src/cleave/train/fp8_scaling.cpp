@@ -51,11 +51,23 @@ Fp8Scaling::Fp8Scaling(Group& world, std::vector<std::pair<std::string, LinearGe
   }
   scales_.assign(3 * names_.size(), 1.0f);
   weight_amax_.assign(names_.size(), 0.0f);
-  apply_scales();
+  if (delayed()) apply_scales();
 }
 
 void Fp8Scaling::step_end() {
   const size_t n = 3 * names_.size();
+  if (!delayed()) {
+    std::vector<float> local(n, 0.0f), every(n * size_t(world_.size()));
+    for (auto& [slot, gemm] : mine_) {
+      const Fp8Triple s = gemm->fp8_scales();
+      for (int k = 0; k < 3; ++k) local[3 * size_t(slot) + size_t(k)] = s[size_t(k)];
+    }
+    world_.all_gather(local.data(), every.data(), int64_t(n), CommType::f32).wait();
+    std::fill(scales_.begin(), scales_.end(), 0.0f);
+    for (int r = 0; r < world_.size(); ++r)
+      for (size_t i = 0; i < n; ++i) scales_[i] = std::max(scales_[i], every[size_t(r) * n + i]);
+    return;
+  }
   std::vector<float> local(n, 0.0f), every(n * size_t(world_.size()));
   for (auto& [slot, gemm] : mine_) {
     const Fp8Triple a = gemm->take_fp8_amax();
@@ -79,6 +91,7 @@ void Fp8Scaling::step_end() {
 }
 
 void Fp8Scaling::discard() {
+  if (!delayed()) return;
   for (auto& [slot, gemm] : mine_) {
     float& w = weight_amax_[size_t(slot)];
     w = std::max(w, gemm->take_fp8_amax()[fp8_w]);
@@ -98,8 +111,8 @@ nlohmann::json Fp8Scaling::state() const {
   for (size_t s = 0; s < names_.size(); ++s) {
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& step : history_) rows.push_back({step[3 * s], step[3 * s + 1], step[3 * s + 2]});
-    tensors[names_[s]] = {{"scales", {scales_[3 * s], scales_[3 * s + 1], scales_[3 * s + 2]}},
-                          {"amax_history", rows}};
+    tensors[names_[s]] = {{"scales", {scales_[3 * s], scales_[3 * s + 1], scales_[3 * s + 2]}}};
+    if (delayed()) tensors[names_[s]]["amax_history"] = rows;
   }
   return tensors;
 }

@@ -120,7 +120,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   if (t.dtype == Precision::fp16) scaler_ = std::make_unique<DynamicLossScaler>(t.loss_scale);
   if (t.dtype == Precision::fp8) {
     model_->set_fp8(t.fp8.recipe, t.fp8.margin);
-    if (t.fp8.recipe == kernels::Fp8Recipe::delayed)
+    if (t.fp8.recipe == kernels::Fp8Recipe::delayed || t.fp8.recipe == kernels::Fp8Recipe::current)
       fp8_ = std::make_unique<Fp8Scaling>(*process_.world, model_->fp8_gemms(), t.fp8);
   }
   make_pipeline(*layout);

@@ -96,7 +96,7 @@ class Trainer {
   AxisTable axes_;  // per parameter group, the axes of its reduction and sharding
   std::vector<GroupParallel> groups_;
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16
-  std::unique_ptr<Fp8Scaling> fp8_;            // fp8, delayed scaling
+  std::unique_ptr<Fp8Scaling> fp8_;            // fp8 with per-tensor scales
   std::unique_ptr<StepEnd> step_end_;
   // The step as instructions (pipeline/program.h), and validation's forward-only program.
   Program train_program_, val_program_;

@@ -114,8 +114,10 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // A run that was not fp16 leaves the scaler at its initial state.
   if (scaler_)
     if (const auto state = checkpoint_loss_scaler(ck, dir)) scaler_->restore(*state);
-  // Likewise delayed FP8 scaling starts afresh after a run without it.
-  if (fp8_ && ck.meta.contains("fp8")) fp8_->restore(ck.meta["fp8"], dir + "/meta.json");
+  // Likewise delayed FP8 scaling starts afresh after a run without its history.
+  if (fp8_ && fp8_->delayed() && ck.meta.contains("fp8") && !ck.meta["fp8"].empty() &&
+      ck.meta["fp8"].begin()->contains("amax_history"))
+    fp8_->restore(ck.meta["fp8"], dir + "/meta.json");
 }
 
 }  // namespace cleave
