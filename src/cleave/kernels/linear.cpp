@@ -282,6 +282,9 @@ struct LinearGemm::Impl {
     for (int k = 0; k < 2; ++k)
       if (!targets[k].empty())
         kernels::pack_weight(source(k ? Role::backward_input : Role::forward), out, in, targets[k]);
+    // The FP8 image (4 bytes per weight) only feeds the packed bf16 copies: a copy packed later
+    // (another token count's layout) quantises W again.
+    if (fp8) fp8->drop_weight_images();
   }
 
   // oneDNN's scratchpad, one per thread for every product: a product needs it only while it runs,
