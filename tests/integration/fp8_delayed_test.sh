@@ -5,7 +5,8 @@
 # its shards and slices (tp, ZeRO-3, HSDP, pp's stages, cp's chunks), the first step's weight
 # amaxes bit for bit, its other amaxes within rounding (1e-4), the next two steps' within 1e-3
 # and later ones within 10% (the runs part as FP8 runs do). A resumed run continues the history bitwise.
-# The amax algorithm and history length are used (most_recent is max over a history of 1, and
+# ZeRO-3's FP8 gathers (parallel.fp8_allgather) give bitwise the run with fp32 gathers, alone and
+# at tp 2, with fewer bytes. The amax algorithm and history length are used (most_recent is max over a history of 1, and
 # neither is max over 1024); fp8 keys that do not apply are errors.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
@@ -51,6 +52,22 @@ run delayed-resumed 1 "${fp8[@]}" --set train.micro_batch_size=4 --set train.gra
 same_bits delayed-ref delayed-resumed 20
 echo "a resumed run continues the amax history bitwise"
 
+# ZeRO-3's FP8 gathers: bitwise the fp32 gathers' run (the same codes, scales and amax history),
+# with fewer bytes; at tp 2 x ZeRO-3 x 2 likewise.
+gather_bytes() { grep -o '"zero3_gather_bytes_per_step":[0-9.]*' "$work/$1/metrics.jsonl" | tail -1 | cut -d: -f2; }
+run delayed-zero3x2-fp8gather 2 "${fp8[@]}" --set train.micro_batch_size=4 --set train.grad_accum_steps=2 \
+  --set parallel.dp_shard=2 --set parallel.zero_stage=3 --set parallel.fp8_allgather=true
+same_bits delayed-zero3x2 delayed-zero3x2-fp8gather 20
+fp32_bytes=$(gather_bytes delayed-zero3x2) fp8_bytes=$(gather_bytes delayed-zero3x2-fp8gather)
+awk -v a="$fp8_bytes" -v b="$fp32_bytes" 'BEGIN {exit !(a < 0.5 * b)}' \
+  || { echo "FAIL: FP8 gathers sent $fp8_bytes bytes per step, fp32 gathers $fp32_bytes"; exit 1; }
+zero3_tp2=(--set train.micro_batch_size=4 --set train.grad_accum_steps=2 --set parallel.dp_shard=2
+           --set parallel.zero_stage=3 --set parallel.tp=2)
+run delayed-tp2-zero3x2 4 "${fp8[@]}" "${zero3_tp2[@]}"
+run delayed-tp2-zero3x2-fp8gather 4 "${fp8[@]}" "${zero3_tp2[@]}" --set parallel.fp8_allgather=true
+same_bits delayed-tp2-zero3x2 delayed-tp2-zero3x2-fp8gather 20
+echo "FP8 gathers: bitwise the fp32 gathers' run, $fp8_bytes bytes per step against $fp32_bytes"
+
 # The latest amax (any history) is the largest over a history of one step, and not over 1024.
 run recent 1 "${fp8[@]}" --set train.fp8_amax_compute_algo=most_recent --set train.fp8_amax_history_len=16
 run max-1 1 "${fp8[@]}" --set train.fp8_amax_history_len=1
@@ -67,4 +84,11 @@ expect_error 1 "$cfg: "'train.fp8_margin is set but train.fp8_recipe is a tile r
   --set train.dtype=fp8 --set train.fp8_recipe=mxfp8 --set train.fp8_margin=1
 expect_error 1 "$cfg: "'train.fp8_amax_history_len is set but train.fp8_recipe is not "delayed": only delayed scaling keeps an amax history' \
   --set train.dtype=fp8 --set train.fp8_recipe=current --set train.fp8_amax_history_len=16
+expect_error 1 "$cfg: "'parallel.fp8_allgather needs train.dtype = "fp8" with a per-tensor recipe ("delayed" or "current"): a ZeRO-3 shard cuts tiles' \
+  --set train.dtype=fp8 --set train.fp8_recipe=blockwise --set parallel.fp8_allgather=true --set parallel.zero_stage=3
+expect_error 1 "$cfg: "'parallel.fp8_allgather gathers ZeRO-3'"'"'s parameters; parallel.zero_stage = 1' \
+  --set train.dtype=fp8 --set parallel.fp8_allgather=true --set parallel.zero_stage=1
+expect_error 2 "$cfg: "'parallel.fp8_allgather with train.fp8_recipe = "current" needs parallel.tp = 1: the gather'"'"'s scale would miss the other tp ranks'"'"' shards of each weight' \
+  --set train.dtype=fp8 --set train.fp8_recipe=current --set parallel.fp8_allgather=true \
+  --set parallel.zero_stage=3 --set parallel.tp=2
 echo "fp8 keys that do not apply are errors"

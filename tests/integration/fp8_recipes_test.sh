@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # FP8's current, blockwise and mxfp8 recipes (docs/precision.md#fp8): each layout of fp8_layouts.sh
 # against its one-process run within compare_runs.py's bounds for the recipe, its rerun bitwise;
-# Llama at tp 2 with the tile recipes. Loss parity on real text, shortened (bench/precision.sh
+# ZeRO-3's FP8 gathers under current scaling bitwise its fp32 gathers; Llama at tp 2 with the
+# tile recipes. Loss parity on real text, shortened (bench/precision.sh
 # runs it in full): the test model as a Llama, 300 steps on the test corpus, the final validation
 # loss of bf16 within 2% of fp32's and each recipe's, delayed included, within 1% of bf16's. The
 # current scales of tp 2 and cp 2 after one step are one process's.
@@ -16,6 +17,13 @@ for r in current blockwise mxfp8; do
   fp8_layouts $r
   echo "fp8 $r: every layout matches its one-process run"
 done
+# ZeRO-3's FP8 gathers under current scaling: the same bits as fp32 gathers.
+run current-zero3x2-fp8gather 2 --set train.dtype=fp8 --set train.fp8_recipe=current \
+  --set train.micro_batch_size=4 --set train.grad_accum_steps=2 --set parallel.dp_shard=2 \
+  --set parallel.zero_stage=3 --set parallel.fp8_allgather=true
+same_bits current-zero3x2 current-zero3x2-fp8gather 20
+echo "current: FP8 gathers give the fp32 gathers' bits"
+
 for r in blockwise mxfp8; do
   run "$r-llama" 1 "${llama[@]}" --set train.dtype=fp8 --set train.fp8_recipe=$r
   layout "$r-llama" "$r-llama-tp2" 2 "${llama[@]}" --set train.dtype=fp8 --set train.fp8_recipe=$r \

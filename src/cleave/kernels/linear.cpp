@@ -437,6 +437,12 @@ void LinearGemm::set_fp8_scales(const Fp8Triple& scales) {
   impl_->fp8->scale = scales;
 }
 
+void LinearGemm::set_fp8_gathered_weight(float scale, float shard_amax) {
+  CLEAVE_CHECK(impl_->fp8 && impl_->fp8->per_tensor(),
+               "LinearGemm::set_fp8_gathered_weight needs a per-tensor FP8 recipe");
+  impl_->fp8->gathered = {scale, shard_amax};
+}
+
 Fp8Triple LinearGemm::fp8_scales() const {
   return impl_->fp8 ? impl_->fp8->scale : Fp8Triple{1.0f, 1.0f, 1.0f};
 }

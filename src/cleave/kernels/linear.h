@@ -125,6 +125,11 @@ class LinearGemm {
   // Per-tensor recipes: the scales of the latest products (delayed: the ones set; current: the
   // ones taken from the operands).
   Fp8Triple fp8_scales() const;
+  // ZeRO-3's FP8 gathers (parallel/fp8_allgather.h): W now holds FP8 values dequantised with
+  // `scale`, and shard_amax is the largest magnitude of the master values this rank holds. The
+  // products take that scale (current) and record that amax (delayed), not the gathered values':
+  // the same FP8 products and scales as a gather in fp32.
+  void set_fp8_gathered_weight(float scale, float shard_amax);
 
   int in_features() const;
   int out_features() const;

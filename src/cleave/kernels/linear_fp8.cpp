@@ -53,7 +53,15 @@ const float* Fp8Operands::weight_image(const float* w, bool forward, uint64_t ve
   float* image = sized(images_[k], n);
   uint8_t* codes = scratch<uint8_t>(n, 0);
   if (per_tensor()) {
-    weight_scale_ = tensor_scale(w, n, fp8_w, settings.weight);
+    if (gathered) {
+      // The gather's scale and its shard's amax: quantising its dequantised values again with
+      // that scale gives its codes back.
+      amax[fp8_w] = std::max(amax[fp8_w], gathered->shard_amax);
+      if (settings.recipe == Fp8Recipe::current) scale[fp8_w] = gathered->scale;
+      weight_scale_ = scale[fp8_w];
+    } else {
+      weight_scale_ = tensor_scale(w, n, fp8_w, settings.weight);
+    }
     fp8_quantize(codes, w, n, weight_scale_, Fp8Format::e4m3);
     const float one = 1.0f;
     fp8_image(image, codes, &one, Fp8Tiles::whole(out_, in_), Fp8Format::e4m3);

@@ -10,6 +10,7 @@
 // 128 x 128 blocks for both of its products, or 1 x 32 along the inner dimension of each.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "cleave/kernels/fp8.h"
 #include "cleave/kernels/linear.h"
@@ -24,6 +25,11 @@ class Fp8Operands {
   // Per-tensor scales: delayed's, set between steps; current's, of the latest products.
   Fp8Triple scale = {1.0f, 1.0f, 1.0f};
   Fp8Triple amax = {0.0f, 0.0f, 0.0f};   // the largest magnitudes since take_fp8_amax
+  // Set when W arrives from an FP8 gather (LinearGemm::set_fp8_gathered_weight).
+  struct Gathered {
+    float scale, shard_amax;
+  };
+  std::optional<Gathered> gathered;
 
   bool per_tensor() const {
     return settings.recipe == Fp8Recipe::delayed || settings.recipe == Fp8Recipe::current;

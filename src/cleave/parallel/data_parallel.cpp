@@ -69,6 +69,7 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
   replicate_work_.resize(n_units());
   gather_work_.resize(n_units());
   resident_.assign(n_units(), zero_stage < 3);
+  gathering_.assign(n_units(), false);
   final_.assign(size_t(n_units()), false);
   // DDP and ZeRO-1 all-reduce buckets, cut from the top of the region: backward fills it from
   // the LM head (highest offsets) down to the embeddings.
@@ -165,21 +166,38 @@ void DataParallel::after_optimizer_step() {
   if (zero_stage_ == 1 || zero_stage_ == 2) gather_all_parameters();
 }
 
+void DataParallel::gather_fp8(bool current, int margin) {
+  CLEAVE_CHECK(zero_stage_ == 3, "FP8 parameter gathers need ZeRO-3, not zero_stage " << zero_stage_);
+  fp8_ = std::make_unique<Fp8Allgather>(store_, *g_.shard, bounds_, current, margin);
+}
+
 void DataParallel::gather(int unit) {
   if (resident_[unit]) return;
   prefetch(unit);
-  exposed_ += gather_work_[unit].wait();
-  gather_work_[unit] = Work();
+  if (fp8_) {
+    exposed_ += fp8_->finish(unit);
+  } else {
+    exposed_ += gather_work_[unit].wait();
+    gather_work_[unit] = Work();
+  }
+  gathering_[unit] = false;
   if (shard_file_.data()) shard_file_.drop(position_[unit], position_[unit] + slice(unit));
   store_.wrote(bounds_[unit], bounds_[unit + 1]);
   resident_[unit] = true;
 }
 
 void DataParallel::prefetch(int unit) {
-  if (resident_[unit] || gather_work_[unit].valid()) return;
+  if (resident_[unit] || gathering_[unit]) return;
+  gathering_[unit] = true;
   if (shard_file_.data()) shard_file_.prefetch(position_[unit], position_[unit] + slice(unit));
+  if (fp8_ && zero_stage_ == 3) {
+    fp8_->start(unit, shard_source(unit));
+    gather_bytes_ += fp8_->bytes(unit);
+    return;
+  }
   gather_work_[unit] = g_.shard->all_gather(shard_source(unit), store_.values().data() + bounds_[unit],
                                             slice(unit), CommType::f32, CommAlgo::ours);
+  if (zero_stage_ == 3) gather_bytes_ += 4 * slice(unit);
 }
 
 const float* DataParallel::shard_source(int unit) {

@@ -23,6 +23,7 @@
 // A shard is the rank's 1/dp_shard slice of every unit (embeddings, each block, the head).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "cleave/comm/group.h"
 #include "cleave/model/params.h"
 #include "cleave/optim/adamw.h"
+#include "cleave/parallel/fp8_allgather.h"
 
 namespace cleave {
 
@@ -93,6 +95,11 @@ class DataParallel {
 
   // Seconds this rank waited on collectives since the last call (exposed communication).
   double take_exposed_seconds() { return std::exchange(exposed_, 0.0); }
+  // ZeRO-3: the bytes this rank's slices sent into parameter gathers since the last call.
+  int64_t take_gather_bytes() { return std::exchange(gather_bytes_, 0); }
+  // ZeRO-3 with FP8 products: gather their weights as FP8 bytes (parallel/fp8_allgather.h), with
+  // current scaling's scales (current) or the products' delayed ones.
+  void gather_fp8(bool current, int margin);
 
  private:
   struct Bucket {
@@ -121,6 +128,9 @@ class DataParallel {
   std::vector<Work> grad_work_, replicate_work_, gather_work_;  // per unit
   std::vector<int> grads_pending_;             // ZeRO-2/3: units whose reduce-scatter is in flight
   std::vector<bool> resident_;                 // ZeRO-3: the unit's parameters are gathered
+  std::vector<bool> gathering_;                // ZeRO-3: the unit's gather is in flight
+  std::unique_ptr<Fp8Allgather> fp8_;          // parallel.fp8_allgather
+  int64_t gather_bytes_ = 0;
   std::vector<bool> final_;                    // DDP, ZeRO-1: the unit's gradients are final
   double exposed_ = 0;
 };

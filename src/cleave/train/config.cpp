@@ -351,6 +351,12 @@ const std::vector<Key>& schema() {
     k.push_back(real_key("parallel.comm_timeout_s", &C::parallel, &ParallelConfig::comm_timeout_s,
                          0.1, 1e7));
     k.push_back(string_key("parallel.status_dir", &C::parallel, &ParallelConfig::status_dir));
+    k.push_back({"parallel.fp8_allgather", Kind::boolean, 0, 0, {},
+                 [](C& c, const toml::node& n) { c.parallel.fp8_allgather = *n.value<bool>(); },
+                 [](const C& c) {
+                   return is_fp8(c) ? std::string(c.parallel.fp8_allgather ? "true" : "false")
+                                    : std::string();
+                 }});
     k.push_back({"parallel.sequence_parallel", Kind::boolean, 0, 0, {},
                  [](C& c, const toml::node& n) { c.parallel.sequence_parallel = *n.value<bool>(); },
                  [](const C& c) {
@@ -515,6 +521,17 @@ void validate_and_resolve(Config& c, const std::set<std::string>& given, const s
   if (c.parallel.offload_params != "none" && c.parallel.offload_params != "file")
     fail("parallel.offload_params = " + quote(c.parallel.offload_params) +
          " is not one of \"none\", \"file\"");
+  if (c.parallel.fp8_allgather) {
+    if (!per_tensor_fp8(c))
+      fail("parallel.fp8_allgather needs train.dtype = \"fp8\" with a per-tensor recipe "
+           "(\"delayed\" or \"current\"): a ZeRO-3 shard cuts tiles");
+    if (c.parallel.zero_stage != 3)
+      fail("parallel.fp8_allgather gathers ZeRO-3's parameters; parallel.zero_stage = " +
+           std::to_string(c.parallel.zero_stage));
+    if (c.train.fp8.recipe == kernels::Fp8Recipe::current && c.parallel.tp > 1)
+      fail("parallel.fp8_allgather with train.fp8_recipe = \"current\" needs parallel.tp = 1: "
+           "the gather's scale would miss the other tp ranks' shards of each weight");
+  }
   if (c.parallel.offload_params == "file" && c.parallel.zero_stage != 3)
     fail("parallel.offload_params = \"file\" needs parallel.zero_stage = 3 (it is " +
          std::to_string(c.parallel.zero_stage) + "): below it every rank holds whole parameters");

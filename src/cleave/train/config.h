@@ -92,6 +92,9 @@ struct ParallelConfig {
   // "file" (ZeRO-3 only): the fp32 master shards live in a memory-mapped file in
   // optim.offload_dir, read in before each unit's gather and update and dropped after.
   std::string offload_params = "none";
+  // ZeRO-3 with train.dtype "fp8": the FP8 linears' weights are gathered as FP8 bytes
+  // (parallel/fp8_allgather.h).
+  bool fp8_allgather = false;
   double comm_timeout_s = 300;   // a collective taking longer aborts the job with a report
   std::string status_dir;        // where ranks publish progress for that report ("" = /tmp);
                                  // a folder every host shares lets it show ranks on every host

@@ -122,6 +122,9 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     model_->set_fp8(t.fp8.recipe, t.fp8.margin);
     if (t.fp8.recipe == kernels::Fp8Recipe::delayed || t.fp8.recipe == kernels::Fp8Recipe::current)
       fp8_ = std::make_unique<Fp8Scaling>(*process_.world, model_->fp8_gemms(), t.fp8);
+    if (cfg_.parallel.fp8_allgather)
+      for (GroupParallel& part : groups_)
+        part.dp->gather_fp8(t.fp8.recipe == kernels::Fp8Recipe::current, t.fp8.margin);
   }
   make_pipeline(*layout);
 
@@ -249,7 +252,7 @@ StepResult Trainer::train_step(int64_t step) {
   const float grad_scale = scaler_ ? float(scaler_->scale() / double(mb * T * accum))
                                    : 1.0f / float(mb * T * accum);
   // What validation waited on and sent belongs to no step.
-  for (GroupParallel& part : groups_) part.dp->take_exposed_seconds();
+  for (GroupParallel& part : groups_) part.dp->take_exposed_seconds(), part.dp->take_gather_bytes();
   for (CommMeter* c : std::initializer_list<CommMeter*>{
            process_.tp_comm.get(), process_.kv_comm.get(), process_.cp_ring.get(),
            process_.cp_ulysses.get(), process_.ep_comm.get()})
@@ -280,7 +283,10 @@ StepResult Trainer::train_step(int64_t step) {
   r.exposed_dp_s = times.end.exposed_dp;
   r.exposed_tp_s = times.end.exposed_tp;
   r.exposed_pp_s = times.exposed_pp + times.end.exposed_pp;
-  for (GroupParallel& part : groups_) r.exposed_dp_s += part.dp->take_exposed_seconds();
+  for (GroupParallel& part : groups_) {
+    r.exposed_dp_s += part.dp->take_exposed_seconds();
+    r.gather_bytes += part.dp->take_gather_bytes();
+  }
   // The kv replicas are tp ranks: their sums count as the tp axis's.
   for (GroupTpComm* c : {process_.tp_comm.get(), process_.kv_comm.get()})
     if (c) {
@@ -414,6 +420,7 @@ void Trainer::run(int64_t exit_after) {
     interval.program_s += r.program_s;
     interval.tp_bytes += r.tp_bytes;
     interval.pp_bytes += r.pp_bytes;
+    interval.gather_bytes += r.gather_bytes;
     if (step_ % t.log_interval == 0 || step_ == t.steps) {
       log_step(r, interval_seconds, interval_steps, interval);
       interval_seconds = 0;

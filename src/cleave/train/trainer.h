@@ -39,6 +39,7 @@ struct StepResult {
   int64_t ep_bytes = 0;       // bytes this rank sent into the experts' all-to-alls
   int64_t cp_bytes = 0;       // bytes this rank sent into attention's cp exchanges
   int64_t pp_bytes = 0;       // bytes this rank sent to other stages and into the tied sum
+  int64_t gather_bytes = 0;   // ZeRO-3: bytes this rank's shards sent into parameter gathers
   double busy_s = 0, program_s = 0;  // in compute instructions, in the whole step program
   double loss_scale = 1;  // fp16: the scale the step's gradients were made at
   bool skipped = false;   // fp16: its gradients overflowed and nothing was updated

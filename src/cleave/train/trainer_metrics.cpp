@@ -184,6 +184,7 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                         {"tp_bytes_per_step", double(interval.tp_bytes) / double(steps)},
                         {"pp_bytes_per_step", double(interval.pp_bytes) / double(steps)},
                         {"cp_bytes_per_step", double(interval.cp_bytes) / double(steps)},
+                        {"zero3_gather_bytes_per_step", double(interval.gather_bytes) / double(steps)},
                              {"eta_s", eta}};
   if (scaler_) {
     record["loss_scale"] = r.loss_scale;
