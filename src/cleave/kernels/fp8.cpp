@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace cleave::kernels {
 
@@ -47,21 +48,21 @@ struct FastEncoder {
     max_code = L.max_code;
     nan_code = L.nan_code;
   }
+  // Branch-free, so that the bulk loops vectorise: both roundings are made and one is chosen.
   uint8_t operator()(float x) const {
     uint32_t u = bits_of(x);
-    const uint8_t sign = uint8_t((u >> 24) & 0x80);
+    const uint32_t sign = (u >> 24) & 0x80;
     u &= 0x7fffffffu;
-    if (u > 0x7f800000u) return uint8_t(sign | nan_code);
-    if (u < min_normal_bits) {
-      float a;
-      std::memcpy(&a, &u, sizeof a);
-      // At most 2^mantissa_bits: rounding up to the smallest normal gives its code.
-      return uint8_t(sign | uint8_t(std::nearbyint(a * subnormal_steps)));
-    }
-    u += (1u << (shift - 1)) - 1 + ((u >> shift) & 1);
-    const uint32_t rounded = u >> shift;
-    if (rounded > max_rounded) return uint8_t(sign | max_code);
-    return uint8_t(sign | uint8_t(rounded - rebias));
+    const uint32_t rounded = (u + (1u << (shift - 1)) - 1 + ((u >> shift) & 1)) >> shift;
+    const uint32_t normal = rounded > max_rounded ? max_code : rounded - rebias;
+    // The subnormals' count, rounded half to even by fp32's own addition at 2^23 (exact below
+    // 2^23; at most 2^mantissa_bits, where rounding up gives the smallest normal's code).
+    float a;
+    std::memcpy(&a, &u, sizeof a);
+    const float steps = (a * subnormal_steps + 8388608.0f) - 8388608.0f;
+    const uint32_t subnormal = uint32_t(steps);
+    const uint32_t code = u > 0x7f800000u ? nan_code : u < min_normal_bits ? subnormal : normal;
+    return uint8_t(sign | code);
   }
 };
 
@@ -123,8 +124,12 @@ void fp8_dequantize(float* dst, const uint8_t* src, int64_t n, float inv_scale, 
 
 float abs_max(const float* src, int64_t n) {
   float m = 0;
-#pragma omp parallel for schedule(static) reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(src[i]));
+  // A comparison, not fmax (a libm call): it vectorises, and a NaN compares false and is skipped.
+#pragma omp parallel for simd schedule(static) reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(src[i]);
+    m = a > m ? a : m;
+  }
   return m;
 }
 
@@ -147,44 +152,53 @@ float fp8_tile_scale(float amax, Fp8Format f) {
 
 namespace {
 
-// Calls body(tile index, row0, row1, col0, col1) for every tile, tiles spread over threads.
-template <typename Body>
-void for_each_tile(const Fp8Tiles& t, Body body) {
-  const int64_t across = t.tiles_across(), count = t.count();
-#pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < count; ++k) {
-    const int64_t r0 = (k / across) * t.tile_rows, c0 = (k % across) * t.tile_cols;
-    body(k, r0, std::min(t.rows, r0 + t.tile_rows), c0, std::min(t.cols, c0 + t.tile_cols));
+// Tiles are visited a band of tile_rows rows at a time, the bands spread over threads: each band
+// works on whole rows (contiguous, so the loops vectorise) with its tiles' values spread to one
+// per column. A single per-tensor tile spreads its rows over threads instead.
+template <typename Band>
+void for_each_band(const Fp8Tiles& t, Band band) {
+  const int64_t bands = t.tiles_down();
+#pragma omp parallel
+  {
+    std::vector<float> per_column(size_t(t.cols));
+    if (bands == 1 && t.tiles_across() == 1) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < t.rows; ++r) band(0, r, r + 1, per_column.data(), true);
+    } else {
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < bands; ++b)
+        band(b, b * t.tile_rows, std::min(t.rows, (b + 1) * t.tile_rows), per_column.data(), false);
+    }
   }
 }
 
-// Rows of a single tile (one per-tensor tile) are spread over threads instead.
-template <typename Body>
-void for_each_row_of_tiles(const Fp8Tiles& t, Body body) {
-  if (t.count() > 1) {
-    for_each_tile(t, [&](int64_t k, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-      for (int64_t r = r0; r < r1; ++r) body(k, r, c0, c1);
-    });
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < t.rows; ++r) body(0, r, 0, t.cols);
+// The band's tiles' values, one per column.
+void spread(float* per_column, const float* per_tile, const Fp8Tiles& t) {
+  for (int64_t j = 0; j < t.tiles_across(); ++j)
+    std::fill(per_column + j * t.tile_cols, per_column + std::min(t.cols, (j + 1) * t.tile_cols),
+              per_tile[j]);
 }
 
 template <typename T>
 void image(T* dst, const uint8_t* src, const float* factors, const Fp8Tiles& t, Fp8Format f) {
   float codes[256];
   for (int c = 0; c < 256; ++c) codes[c] = fp8_decode(uint8_t(c), f);
-  for_each_row_of_tiles(t, [&](int64_t k, int64_t r, int64_t c0, int64_t c1) {
-    const float factor = factors[k];
-    const uint8_t* q = src + r * t.cols;
-    T* out = dst + r * t.cols;
-    for (int64_t c = c0; c < c1; ++c) {
-      const float v = codes[q[c]] * factor;
-      if constexpr (std::is_same_v<T, bf16>) {
-        out[c] = bf16(bits_of(v) >> 16);  // exact: v has at most 4 significant bits
-      } else {
-        out[c] = v;
+  const int64_t across = t.tiles_across();
+  for_each_band(t, [&](int64_t b, int64_t r0, int64_t r1, float* factor, bool single) {
+    if (single)
+      std::fill(factor, factor + t.cols, factors[0]);
+    else
+      spread(factor, factors + b * across, t);
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* q = src + r * t.cols;
+      T* out = dst + r * t.cols;
+      for (int64_t c = 0; c < t.cols; ++c) {
+        const float v = codes[q[c]] * factor[c];
+        if constexpr (std::is_same_v<T, bf16>) {
+          out[c] = bf16(bits_of(v) >> 16);  // exact: v has at most 4 significant bits
+        } else {
+          out[c] = v;
+        }
       }
     }
   });
@@ -195,14 +209,38 @@ void image(T* dst, const uint8_t* src, const float* factors, const Fp8Tiles& t, 
 void fp8_quantize_tiles(uint8_t* dst, float* factors, const float* src, const Fp8Tiles& t,
                         Fp8Format f) {
   const FastEncoder encode(f);
-  for_each_tile(t, [&](int64_t k, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    float amax = 0;
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(src[r * t.cols + c]));
-    const float scale = fp8_tile_scale(amax, f);
-    factors[k] = 1.0f / scale;
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = c0; c < c1; ++c) dst[r * t.cols + c] = encode(src[r * t.cols + c] * scale);
+  const int64_t across = t.tiles_across();
+  // A single tile needs the whole tensor's amax before any row is encoded.
+  if (t.count() == 1) {
+    const float scale = fp8_tile_scale(abs_max(src, t.rows * t.cols), f);
+    factors[0] = 1.0f / scale;
+    fp8_quantize(dst, src, t.rows * t.cols, scale, f);
+    return;
+  }
+  for_each_band(t, [&](int64_t b, int64_t r0, int64_t r1, float* column, bool) {
+    // The band's largest magnitude per column, then per tile, then each tile's scale.
+    std::fill(column, column + t.cols, 0.0f);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* x = src + r * t.cols;
+      for (int64_t c = 0; c < t.cols; ++c) {
+        const float a = std::fabs(x[c]);
+        column[c] = a > column[c] ? a : column[c];
+      }
+    }
+    float* band_factors = factors + b * across;
+    for (int64_t j = 0; j < across; ++j) {
+      float amax = 0;
+      for (int64_t c = j * t.tile_cols; c < std::min(t.cols, (j + 1) * t.tile_cols); ++c)
+        amax = column[c] > amax ? column[c] : amax;
+      band_factors[j] = fp8_tile_scale(amax, f);  // the scale, for now
+    }
+    spread(column, band_factors, t);
+    for (int64_t j = 0; j < across; ++j) band_factors[j] = 1.0f / band_factors[j];
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* x = src + r * t.cols;
+      uint8_t* q = dst + r * t.cols;
+      for (int64_t c = 0; c < t.cols; ++c) q[c] = encode(x[c] * column[c]);
+    }
   });
 }
 

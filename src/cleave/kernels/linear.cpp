@@ -148,7 +148,7 @@ struct LinearGemm::Impl {
   // What the products read as W: the weight itself, (fp16 mode) its rounding to fp16, or (fp8
   // mode) its FP8 image for the role's product.
   const float* source(Role role) {
-    if (fp8) return fp8->weight_image(weight, role == Role::forward, weight_version());
+    if (fp8) return fp8->weight_image(weight, role == Role::forward);
     if (precision != Precision::fp16) return weight;
     if (rounded_version != weight_version()) {
       if (rounded.size() != int64_t(in) * out) rounded.resize(int64_t(in) * out);
@@ -282,9 +282,6 @@ struct LinearGemm::Impl {
     for (int k = 0; k < 2; ++k)
       if (!targets[k].empty())
         kernels::pack_weight(source(k ? Role::backward_input : Role::forward), out, in, targets[k]);
-    // The FP8 image (4 bytes per weight) only feeds the packed bf16 copies: a copy packed later
-    // (another token count's layout) quantises W again.
-    if (fp8) fp8->drop_weight_images();
   }
 
   // oneDNN's scratchpad, one per thread for every product: a product needs it only while it runs,
@@ -389,7 +386,6 @@ void LinearGemm::release_packed() {
   impl_->packed.clear();
   impl_->rounded = Buffer<float>();
   impl_->rounded_version = 0;
-  if (impl_->fp8) impl_->fp8->drop_weight_images();
 }
 
 int64_t LinearGemm::begin_row_packing() {
@@ -421,7 +417,6 @@ void LinearGemm::set_fp8(const Fp8Settings& settings) {
                                                        << " product");
   impl_->fp8->settings = settings;
   impl_->packed.clear();
-  impl_->fp8->drop_weight_images();
 }
 
 Fp8Triple LinearGemm::take_fp8_amax() {
@@ -494,13 +489,13 @@ void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accu
   CLEAVE_CHECK(N > 0, "LinearGemm::backward_input: N=" << N);
   auto& ctx = dnnl_context();
   if (m.fp8) {
+    // A scaled result (per-tensor scales) that accumulates is made in a temporary first.
+    const bool direct = !m.fp8->per_tensor() || !accumulate;
+    Plan& plan = m.backward_input_plan(N, accumulate && direct);
+    memory wei = m.packed_weights(Role::backward_input, plan);  // may set weight_factor()
     bf16* dys = m.fp8_image_buffer(N * m.out, 0);
     const float factor =
         m.fp8->inner_along_cols(dys, dy, N, m.out, fp8_dy, keep_dy) * m.fp8->weight_factor();
-    // A scaled result that accumulates is made in a temporary first.
-    const bool direct = factor == 1.0f || !accumulate;
-    Plan& plan = m.backward_input_plan(N, accumulate && direct);
-    memory wei = m.packed_weights(Role::backward_input, plan);
     float* result = direct ? dx : Impl::fp8_result(N * m.in);
     memory src(m.at(plan.pd.src_desc(), {N, m.out}, {m.out, 1}), ctx.engine, dys);
     memory dst(m.at(plan.pd.dst_desc(), {N, m.in}, {m.in, 1}), ctx.engine, result);

@@ -44,13 +44,12 @@ Fp8Tiles Fp8Operands::tiles_along_rows(int64_t rows, int64_t cols) const {
   return {rows, cols, tile(), 1};
 }
 
-const float* Fp8Operands::weight_image(const float* w, bool forward, uint64_t version) {
-  const int k = weight_images_differ() && !forward ? 1 : 0;
-  const bool rescaled = settings.recipe == Fp8Recipe::delayed && weight_scale_ != scale[fp8_w];
-  if (image_version_[k] == version && !rescaled) return images_[k].data();
-  if (rescaled) drop_weight_images();
+const float* Fp8Operands::weight_image(const float* w, bool forward) {
   const int64_t n = int64_t(out_) * in_;
-  float* image = sized(images_[k], n);
+  // One buffer per thread for every linear's image, grown only: an image per linear would hold
+  // 4 bytes per weight, and one allocated per use would fault its pages in every step.
+  static thread_local Buffer<float> images;
+  float* image = sized(images, n);
   uint8_t* codes = scratch<uint8_t>(n, 0);
   if (per_tensor()) {
     if (gathered) {
@@ -72,15 +71,7 @@ const float* Fp8Operands::weight_image(const float* w, bool forward, uint64_t ve
     quantise(codes, factors, w, t, fp8_w);
     fp8_image(image, codes, factors, t, Fp8Format::e4m3);
   }
-  image_version_[k] = version;
   return image;
-}
-
-void Fp8Operands::drop_weight_images() {
-  for (int k = 0; k < 2; ++k) {
-    images_[k] = Buffer<float>();
-    image_version_[k] = 0;
-  }
 }
 
 float Fp8Operands::inner_along_cols(bf16* image, const float* a, int64_t rows, int64_t cols,

@@ -35,14 +35,14 @@ class Fp8Operands {
     return settings.recipe == Fp8Recipe::delayed || settings.recipe == Fp8Recipe::current;
   }
 
-  // W's image (fp32, row-major [out, in]) for forward's product or backward_input's, rebuilt
-  // when `version` or W's scale changed; its factor is weight_factor().
-  const float* weight_image(const float* w, bool forward, uint64_t version);
+  // W's image (fp32, row-major [out, in]) for forward's product or backward_input's, in a
+  // per-thread buffer valid until the next call: it only feeds the packed bf16 copies. Its
+  // factor is weight_factor() from then on.
+  const float* weight_image(const float* w, bool forward);
   float weight_factor() const { return per_tensor() ? 1.0f / weight_scale_ : 1.0f; }
   // Whether forward's and backward_input's images differ (mxfp8 tiles run along each one's inner
   // dimension).
   bool weight_images_differ() const { return settings.recipe == Fp8Recipe::mxfp8; }
-  void drop_weight_images();
 
   // x (forward) or dy (backward_input), [rows, cols] with cols the product's inner dimension:
   // its image into `image`; `keep` (if given) receives its quantisation for the weight gradient.
@@ -72,9 +72,7 @@ class Fp8Operands {
                        OperandCopy& keep, float tensor_scale);
 
   int in_, out_;
-  Buffer<float> images_[2];          // W's image for forward [0] and backward_input [1]
-  uint64_t image_version_[2] = {0, 0};
-  float weight_scale_ = 1.0f;        // the per-tensor scale W's images were made with
+  float weight_scale_ = 1.0f;  // the per-tensor scale of W's latest image
 };
 
 // y[r, :] = y[r, :] * factor (+ bias): a per-tensor product's epilogue.
