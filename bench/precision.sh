@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Precision and memory (issue 20), printed, not a CI gate. One process, 2 threads, one benchmark
 # at a time.
-#  1. Each dtype on GPT-2 124M's shape (configs/gpt2_124m.toml, vocab 8192, random tokens): median
-#     tokens/s and MFU of the steps after the first two, peak RSS.
+#  1. Each dtype and FP8 recipe on GPT-2 124M's shape (configs/gpt2_124m.toml, vocab 8192, random
+#     tokens): median tokens/s and MFU of the steps after the first two, peak RSS.
 #  2. Loss parity on real text: configs/llama_small.toml on ../shared/data/tinyshakespeare.txt
 #     (its own 4096-piece tokenizer), STEPS steps per dtype from the same seed: the final training
-#     loss (the median of the last 5 logged) and validation loss, each against fp32's. Target: bf16
-#     within 2% of fp32.
+#     loss (the median of the last 5 logged) and validation loss, each against fp32's and bf16's.
+#     Targets: bf16 within 2% of fp32, each FP8 recipe within 1% of bf16.
 #  3. Activation memory on configs/llama_long.toml with 8 layers at 2048 tokens: peak RSS of each
 #     checkpointing mode and of the chunked loss, against what the saved buffers predict. Per
 #     token a Llama block keeps x_mid, h1, h2 and o (d each), q|k|v (d + 2 kv_dim), the
@@ -16,6 +16,11 @@
 #     logits (their gradient overwrites them). Target: within 10%.
 #  4. Offload on a 57M-parameter GPT-2 (d_model 768, 8 layers) at 512 tokens per step: peak RSS
 #     and step time of the moments offloaded, and of ZeRO-3's shards too, against in memory.
+#  5. What FP8 saves: (a) llama_long as in 3, bf16 against fp8 (delayed): peak RSS, against the
+#     saved operand copies' bytes (x of qkv, of the output projection and of the MLP, d each,
+#     and the activation, ffn: 2 bytes each in bf16, 1 in FP8, per token and block); (b) the
+#     GPT-2 of 4 on 2 ranks under ZeRO-3 (1 thread each), fp8 delayed with fp32 and with FP8
+#     parameter gathers: bytes per step each rank sends into the gathers, step time.
 # Usage: bench/precision.sh [STEPS=300]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,12 +41,21 @@ train() {  # name config [--set ...]
     || { tail -20 "$work/$name.log" >&2; return 1; }
 }
 
+# fp32, bf16, fp16, or fp8-RECIPE: its --set arguments.
+dtype_args() {
+  case $1 in
+    fp8-*) echo --set train.dtype=fp8 --set train.fp8_recipe="${1#fp8-}" ;;
+    *) echo --set train.dtype="$1" ;;
+  esac
+}
+dtypes=(fp32 bf16 fp16 fp8-delayed fp8-current fp8-blockwise fp8-mxfp8)
+
 echo "== 1. dtypes on GPT-2 124M's shape (vocab 8192, 4 x 256 tokens per step)"
-printf "%-6s %10s %8s %10s\n" dtype "tokens/s" MFU "peak RSS"
-for dtype in fp32 bf16 fp16; do
-  train "speed-$dtype" configs/gpt2_124m.toml --set data.dir="$work/random" --set train.dtype=$dtype \
+printf "%-14s %10s %8s %10s\n" dtype "tokens/s" MFU "peak RSS"
+for dtype in "${dtypes[@]}"; do
+  train "speed-$dtype" configs/gpt2_124m.toml --set data.dir="$work/random" $(dtype_args $dtype) \
     --set train.steps=8 --set train.val_interval=0
-  printf "%-6s %10.0f %7.1f%% %6.0f MiB\n" $dtype "$(field "$work/speed-$dtype" tokens_per_s)" \
+  printf "%-14s %10.0f %7.1f%% %6.0f MiB\n" $dtype "$(field "$work/speed-$dtype" tokens_per_s)" \
     "$(field "$work/speed-$dtype" mfu | awk '{print 100 * $1}')" "$(rss "$work/speed-$dtype")"
 done
 
@@ -50,17 +64,18 @@ text=../shared/data/tinyshakespeare.txt
 [ -f "$text" ] || { echo "needs $text"; exit 1; }
 ./build/cleave tokenize configs/llama_small.toml --set data.corpus="$text" --set data.dir="$work/text" \
   > "$work/tokenize.log" 2>&1
-printf "%-6s %11s %9s %9s %9s\n" dtype "train loss" "vs fp32" "val loss" "vs fp32"
-for dtype in fp32 bf16 fp16; do
-  train "loss-$dtype" configs/llama_small.toml --set data.dir="$work/text" --set train.dtype=$dtype \
+printf "%-14s %11s %9s %9s %9s %9s\n" dtype "train loss" "vs fp32" "val loss" "vs fp32" "vs bf16"
+for dtype in "${dtypes[@]}"; do
+  train "loss-$dtype" configs/llama_small.toml --set data.dir="$work/text" $(dtype_args $dtype) \
     --set train.steps="$steps" --set train.val_interval="$steps" --set optim.warmup_steps=30
 done
-for dtype in fp32 bf16 fp16; do
+percent() { awk -v a="$1" -v b="$2" 'BEGIN {print 100 * (a / b - 1)}'; }
+for dtype in "${dtypes[@]}"; do
   loss=$(last "$work/loss-$dtype" loss 5) val=$(last "$work/loss-$dtype" val_loss)
   loss32=$(last "$work/loss-fp32" loss 5) val32=$(last "$work/loss-fp32" val_loss)
-  printf "%-6s %11.4f %+8.2f%% %9.4f %+8.2f%%\n" $dtype "$loss" \
-    "$(awk -v a="$loss" -v b="$loss32" 'BEGIN {print 100 * (a / b - 1)}')" "$val" \
-    "$(awk -v a="$val" -v b="$val32" 'BEGIN {print 100 * (a / b - 1)}')"
+  val16=$(last "$work/loss-bf16" val_loss)
+  printf "%-14s %11.4f %+8.2f%% %9.4f %+8.2f%% %+8.2f%%\n" $dtype "$loss" "$(percent "$loss" "$loss32")" \
+    "$val" "$(percent "$val" "$val32")" "$(percent "$val" "$val16")"
 done
 
 echo "== 3. activation memory: llama_long, 8 layers, 2048 tokens"
@@ -105,4 +120,29 @@ for row in "in-memory" "moments --set optim.offload=file" \
   train "off-$name" configs/gpt2_124m.toml "${wide[@]}" "${set_args[@]}"
   printf "%-26s %5.0f MiB %10.0f\n" "$name" "$(rss "$work/off-$name")" \
     "$(field "$work/off-$name" tokens_per_s | awk '{print 512e3 / $1}')"
+done
+
+echo "== 5a. FP8 saved activations: llama_long, 8 layers, 2048 tokens"
+train fp8-bf16 configs/llama_long.toml "${long[@]}" --set train.dtype=bf16
+train fp8-delayed configs/llama_long.toml "${long[@]}" --set train.dtype=fp8
+copies=$((3 * d + ffn))  # bytes saved per token and block
+printf "%-10s %9s %10s %9s\n" dtype "peak RSS" "tokens/s" ""
+printf "%-10s %5.0f MiB %10.0f\n" bf16 "$(rss "$work/fp8-bf16")" "$(field "$work/fp8-bf16" tokens_per_s)"
+printf "%-10s %5.0f MiB %10.0f  %.0f MiB less; the copies' bytes predict %.0f MiB\n" fp8 \
+  "$(rss "$work/fp8-delayed")" "$(field "$work/fp8-delayed" tokens_per_s)" \
+  "$(awk -v a="$(rss "$work/fp8-bf16")" -v b="$(rss "$work/fp8-delayed")" 'BEGIN {print a - b}')" \
+  "$(awk -v c="$copies" 'BEGIN {print 8 * 2048 * c / 1048576}')"
+
+echo "== 5b. FP8 parameter gathers: GPT-2 of 4, ZeRO-3 on 2 ranks, fp8 delayed"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+printf "%-14s %14s %10s %9s\n" gathers "bytes/step" "step (ms)" "peak RSS"
+for row in "fp32 false" "fp8 true"; do
+  read -r name flag <<<"$row"
+  OMP_NUM_THREADS=1 mpirun --oversubscribe -np 2 ./build/cleave train configs/gpt2_124m.toml "${wide[@]}" \
+    --set train.threads=1 --set train.dtype=fp8 --set parallel.dp_shard=2 --set parallel.zero_stage=3 \
+    --set parallel.fp8_allgather=$flag --set train.out_dir="$work/gather-$name" \
+    --set train.checkpoint_interval=-1 --set train.log_interval=1 > "$work/gather-$name.log" 2>&1 \
+    || { tail -20 "$work/gather-$name.log" >&2; exit 1; }
+  printf "%-14s %14.0f %10.0f %5.0f MiB\n" $name "$(last "$work/gather-$name" zero3_gather_bytes_per_step)" \
+    "$(field "$work/gather-$name" tokens_per_s | awk '{print 512e3 / $1}')" "$(rss "$work/gather-$name")"
 done
