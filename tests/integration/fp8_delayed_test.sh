@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# FP8's delayed scaling (docs/precision.md#fp8): each layout of fp8_layouts.sh and Llama at tp 2
-# against one process within compare_runs.py's bounds, its rerun bitwise. The amax history in
+# FP8's delayed scaling (docs/precision.md#fp8): each layout of fp8_layouts.sh, Llama at tp 2 and
+# a mixture of experts at ep 2 against one process within compare_runs.py's bounds, its rerun bitwise. The amax history in
 # each checkpoint is one process's: every layout holds every linear of the model, reduced over
 # its shards and slices (tp, ZeRO-3, HSDP, pp's stages, cp's chunks), the first step's weight
 # amaxes bit for bit, its other amaxes within rounding (1e-4), the next two steps' within 1e-3
@@ -19,6 +19,12 @@ llama=(--set model.family=llama --set model.n_kv_heads=2)
 fp8_layouts delayed
 run delayed-llama 1 "${fp8[@]}" "${llama[@]}"
 layout delayed-llama delayed-llama-tp2 2 "${fp8[@]}" "${llama[@]}" --set parallel.tp=2
+# A mixture of experts (every expert chosen: FP8's rounding flips top-2 choices between honest
+# layouts, as bf16's does, docs/moe.md) with its experts over ep 2.
+moe=(--set model.family=llama --set model.n_kv_heads=2 --set model.moe_experts=4
+     --set model.moe_top_k=4 --set model.moe_ffn_hidden=64 --set model.moe_shared_experts=1)
+run delayed-moe 1 "${fp8[@]}" "${moe[@]}"
+layout delayed-moe delayed-moe-ep2 2 "${fp8[@]}" "${moe[@]}" --set parallel.dp_shard=2 --set parallel.ep=2
 echo "fp8 delayed: every layout matches one process"
 
 /usr/bin/python3 - "$work" <<'PY'

@@ -78,8 +78,8 @@ Product multiply(const std::vector<double>& a, int64_t as, int64_t ak, const std
   return p;
 }
 
-void expect_close(const std::vector<float>& got, const Product& want, const std::vector<float>& base,
-                  const char* what) {
+void expect_close(const std::vector<float>& got, const Product& want,
+                  const std::vector<float>& base, const char* what) {
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const double b = base.empty() ? 0.0 : base[i];
@@ -120,22 +120,28 @@ TEST_P(LinearFp8Test, ProductsOfQuantisedOperands) {
   g.set_weight(w.data());
   // Per-tensor scales: set ones (delayed) or each tensor's own (current).
   const Fp8Triple set = {3.0f, 500.0f, 2e8f};
-  auto amax = [](const std::vector<float>& v) { return kernels::abs_max(v.data(), int64_t(v.size())); };
-  const Fp8Triple scales =
-      recipe == Fp8Recipe::delayed ? set
-      : recipe == Fp8Recipe::current
-          ? Fp8Triple{448.0f / amax(x), 448.0f / amax(w), 57344.0f / amax(dy)}
-          : Fp8Triple{0.0f, 0.0f, 0.0f};
+  auto amax = [](const std::vector<float>& v) {
+    return kernels::abs_max(v.data(), int64_t(v.size()));
+  };
+  const Fp8Triple scales = recipe == Fp8Recipe::delayed ? set
+                           : recipe == Fp8Recipe::current
+                               ? Fp8Triple{448.0f / amax(x), 448.0f / amax(w), 57344.0f / amax(dy)}
+                               : Fp8Triple{0.0f, 0.0f, 0.0f};
   if (recipe == Fp8Recipe::delayed) g.set_fp8_scales(set);
   const auto e4 = Fp8Format::e4m3, e5 = Fp8Format::e5m2;
   // Each product's operands, tiled along its inner dimension.
-  const auto xf = per_tensor ? dequantised(x, N, in, N, in, e4, scales[0]) : dequantised(x, N, in, 1, B, e4);
-  const auto dyf = per_tensor ? dequantised(dy, N, out, N, out, e5, scales[2]) : dequantised(dy, N, out, 1, B, e5);
+  const auto xf =
+      per_tensor ? dequantised(x, N, in, N, in, e4, scales[0]) : dequantised(x, N, in, 1, B, e4);
+  const auto dyf = per_tensor ? dequantised(dy, N, out, N, out, e5, scales[2])
+                              : dequantised(dy, N, out, 1, B, e5);
   const auto xw = per_tensor ? xf : dequantised(x, N, in, B, 1, e4);
   const auto dyw = per_tensor ? dyf : dequantised(dy, N, out, B, 1, e5);
-  const int64_t wtr = recipe == Fp8Recipe::blockwise ? 128 : 1, wtc = recipe == Fp8Recipe::blockwise ? 128 : 32;
-  const auto wf = per_tensor ? dequantised(w, out, in, out, in, e4, scales[1]) : dequantised(w, out, in, wtr, wtc, e4);
-  const auto wb = per_tensor || recipe == Fp8Recipe::blockwise ? wf : dequantised(w, out, in, 32, 1, e4);
+  const int64_t wtr = recipe == Fp8Recipe::blockwise ? 128 : 1,
+                wtc = recipe == Fp8Recipe::blockwise ? 128 : 32;
+  const auto wf = per_tensor ? dequantised(w, out, in, out, in, e4, scales[1])
+                             : dequantised(w, out, in, wtr, wtc, e4);
+  const auto wb =
+      per_tensor || recipe == Fp8Recipe::blockwise ? wf : dequantised(w, out, in, 32, 1, e4);
 
   std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in);
   OperandCopy keep_x, keep_dy;
@@ -169,12 +175,14 @@ TEST_P(LinearFp8Test, ProductsOfQuantisedOperands) {
   EXPECT_TRUE(std::equal(rebuilt.fp8.data(), rebuilt.fp8.data() + N * in, keep_x.fp8.data()));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Recipes, LinearFp8Test,
-    ::testing::Values(Case{Fp8Recipe::delayed, 37, 70, 45}, Case{Fp8Recipe::current, 37, 70, 45},
-                      Case{Fp8Recipe::blockwise, 150, 200, 130}, Case{Fp8Recipe::blockwise, 9, 64, 32},
-                      Case{Fp8Recipe::mxfp8, 70, 100, 45}, Case{Fp8Recipe::mxfp8, 64, 64, 96}),
-    [](const auto& info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Recipes, LinearFp8Test,
+                         ::testing::Values(Case{Fp8Recipe::delayed, 37, 70, 45},
+                                           Case{Fp8Recipe::current, 37, 70, 45},
+                                           Case{Fp8Recipe::blockwise, 150, 200, 130},
+                                           Case{Fp8Recipe::blockwise, 9, 64, 32},
+                                           Case{Fp8Recipe::mxfp8, 70, 100, 45},
+                                           Case{Fp8Recipe::mxfp8, 64, 64, 96}),
+                         [](const auto& info) { return case_name(info.param); });
 
 // Delayed: each operand's largest magnitude is recorded until taken; new scales repack W.
 TEST(LinearFp8, DelayedRecordsAmaxAndRescales) {
@@ -219,8 +227,10 @@ TEST(LinearFp8, CurrentScalesThroughTheReducer) {
   g.forward(y.data(), x.data(), N, nullptr);
   EXPECT_EQ(activations.calls, 1);
   EXPECT_EQ(weight.calls, 1);
-  const auto xf = dequantised(x, N, in, N, in, Fp8Format::e4m3, 224.0f / kernels::abs_max(x.data(), N * in));
-  const auto wf = dequantised(w, out, in, out, in, Fp8Format::e4m3, 224.0f / kernels::abs_max(w.data(), out * in));
+  const auto xf =
+      dequantised(x, N, in, N, in, Fp8Format::e4m3, 224.0f / kernels::abs_max(x.data(), N * in));
+  const auto wf = dequantised(w, out, in, out, in, Fp8Format::e4m3,
+                              224.0f / kernels::abs_max(w.data(), out * in));
   expect_close(y, multiply(xf, in, 1, wf, 1, in, N, in, out), {}, "forward");
   g.forward(y.data(), x.data(), N, nullptr);
   EXPECT_EQ(weight.calls, 1) << "W's scale is taken once per version";

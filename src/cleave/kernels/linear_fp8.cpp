@@ -66,7 +66,8 @@ const float* Fp8Operands::weight_image(const float* w, bool forward) {
     fp8_image(image, codes, &one, Fp8Tiles::whole(out_, in_), Fp8Format::e4m3);
   } else {
     Fp8Tiles t{out_, in_, 128, 128};
-    if (settings.recipe == Fp8Recipe::mxfp8) t = forward ? Fp8Tiles{out_, in_, 1, 32} : Fp8Tiles{out_, in_, 32, 1};
+    if (settings.recipe == Fp8Recipe::mxfp8)
+      t = forward ? Fp8Tiles{out_, in_, 1, 32} : Fp8Tiles{out_, in_, 32, 1};
     float* factors = scratch<float>(t.count(), 0);
     quantise(codes, factors, w, t, fp8_w);
     fp8_image(image, codes, factors, t, Fp8Format::e4m3);

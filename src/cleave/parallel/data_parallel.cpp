@@ -174,7 +174,7 @@ void DataParallel::gather_fp8(bool current, int margin) {
 void DataParallel::gather(int unit) {
   if (resident_[unit]) return;
   prefetch(unit);
-  if (fp8_) {
+  if (fp8_ && fp8_->covers(unit)) {
     exposed_ += fp8_->finish(unit);
   } else {
     exposed_ += gather_work_[unit].wait();
@@ -190,7 +190,7 @@ void DataParallel::prefetch(int unit) {
   if (resident_[unit] || gathering_[unit]) return;
   gathering_[unit] = true;
   if (shard_file_.data()) shard_file_.prefetch(position_[unit], position_[unit] + slice(unit));
-  if (fp8_ && zero_stage_ == 3) {
+  if (fp8_ && fp8_->covers(unit)) {
     fp8_->start(unit, shard_source(unit));
     gather_bytes_ += fp8_->bytes(unit);
     return;

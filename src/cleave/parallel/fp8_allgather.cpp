@@ -10,8 +10,12 @@ namespace cleave {
 
 Fp8Allgather::Fp8Allgather(ParamStore& store, Group& shard, std::vector<int64_t> bounds,
                            bool current, int margin)
-    : store_(store), shard_(shard), bounds_(std::move(bounds)), current_(current),
-      margin_(margin), ranks_(shard.size()) {
+    : store_(store),
+      shard_(shard),
+      bounds_(std::move(bounds)),
+      current_(current),
+      margin_(margin),
+      ranks_(shard.size()) {
   const int units = int(bounds_.size()) - 1;
   pieces_.resize(size_t(units));
   for (int t = 0; t < int(store.tensors().size()); ++t) {
@@ -23,12 +27,14 @@ Fp8Allgather::Fp8Allgather(ParamStore& store, Group& shard, std::vector<int64_t>
         pieces_[size_t(u)].push_back({p.offset, p.offset + p.numel, t});
   }
   for (auto& pieces : pieces_)
-    std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
   for (int u = 0; u < units; ++u) {
     int64_t most = 0;
     for (int r = 0; r < ranks_; ++r) {
       int64_t others = 0;
-      walk(u, r, [](size_t, int64_t, int64_t) {}, [&](int64_t b, int64_t e) { others += e - b; });
+      walk(
+          u, r, [](size_t, int64_t, int64_t) {}, [&](int64_t b, int64_t e) { others += e - b; });
       most = std::max(most, others);
     }
     max_others_.push_back(most);
@@ -50,12 +56,11 @@ void Fp8Allgather::walk(int unit, int r, Fp8 fp8, Other other) const {
   if (at < end) other(at, end);
 }
 
-int64_t Fp8Allgather::bytes(int unit) const {
-  return slice(unit) + 4 * max_others_[size_t(unit)];
-}
+int64_t Fp8Allgather::bytes(int unit) const { return slice(unit) + 4 * max_others_[size_t(unit)]; }
 
 void Fp8Allgather::start(int unit, const float* mine) {
-  auto free = std::find_if(flights_.begin(), flights_.end(), [](const InFlight& f) { return f.unit < 0; });
+  auto free =
+      std::find_if(flights_.begin(), flights_.end(), [](const InFlight& f) { return f.unit < 0; });
   if (free == flights_.end()) free = flights_.insert(flights_.end(), InFlight());
   InFlight& f = *free;
   f.unit = unit;
@@ -66,13 +71,17 @@ void Fp8Allgather::start(int unit, const float* mine) {
   std::vector<float>& scales = f.scales;
   scales.assign(pieces.size(), 1.0f);
   f.shard_amax.assign(pieces.size(), 0.0f);
-  walk(unit, shard_.rank(), [&](size_t k, int64_t b, int64_t e) {
-    f.shard_amax[k] = kernels::abs_max(mine + (b - base), e - b);
-  }, [](int64_t, int64_t) {});
+  walk(
+      unit, shard_.rank(),
+      [&](size_t k, int64_t b, int64_t e) {
+        f.shard_amax[k] = kernels::abs_max(mine + (b - base), e - b);
+      },
+      [](int64_t, int64_t) {});
   if (current_) {
     std::vector<float> all(pieces.size() * size_t(ranks_));
     if (!pieces.empty())
-      shard_.all_gather(f.shard_amax.data(), all.data(), int64_t(pieces.size()), CommType::f32).wait();
+      shard_.all_gather(f.shard_amax.data(), all.data(), int64_t(pieces.size()), CommType::f32)
+          .wait();
     for (size_t k = 0; k < pieces.size(); ++k) {
       float m = 0;
       for (int r = 0; r < ranks_; ++r) m = std::max(m, all[size_t(r) * pieces.size() + k]);
@@ -87,26 +96,31 @@ void Fp8Allgather::start(int unit, const float* mine) {
   if (f.all_codes.size() < n * ranks_) f.all_codes.resize(n * ranks_);
   const int64_t m = max_others_[size_t(unit)];
   if (f.others.size() < std::max<int64_t>(m, 1)) f.others.resize(std::max<int64_t>(m, 1));
-  if (f.all_others.size() < std::max<int64_t>(m, 1) * ranks_) f.all_others.resize(std::max<int64_t>(m, 1) * ranks_);
+  if (f.all_others.size() < std::max<int64_t>(m, 1) * ranks_)
+    f.all_others.resize(std::max<int64_t>(m, 1) * ranks_);
   std::fill(f.codes.data(), f.codes.data() + n, uint8_t(0));
   int64_t others = 0;
-  walk(unit, shard_.rank(), [&](size_t k, int64_t b, int64_t e) {
-    kernels::fp8_quantize(f.codes.data() + (b - base), mine + (b - base), e - b, scales[k],
-                          kernels::Fp8Format::e4m3);
-  }, [&](int64_t b, int64_t e) {
-    std::copy(mine + (b - base), mine + (e - base), f.others.data() + others);
-    others += e - b;
-  });
+  walk(
+      unit, shard_.rank(),
+      [&](size_t k, int64_t b, int64_t e) {
+        kernels::fp8_quantize(f.codes.data() + (b - base), mine + (b - base), e - b, scales[k],
+                              kernels::Fp8Format::e4m3);
+      },
+      [&](int64_t b, int64_t e) {
+        std::copy(mine + (b - base), mine + (e - base), f.others.data() + others);
+        others += e - b;
+      });
   // Bytes travel as fp32 words: a slice is a multiple of 16 values (DataParallel checks).
-  f.codes_work = shard_.all_gather(f.codes.data(), f.all_codes.data(), n / 4, CommType::f32,
-                                   CommAlgo::ours);
+  f.codes_work =
+      shard_.all_gather(f.codes.data(), f.all_codes.data(), n / 4, CommType::f32, CommAlgo::ours);
   if (m > 0)
-    f.others_work = shard_.all_gather(f.others.data(), f.all_others.data(), m, CommType::f32,
-                                      CommAlgo::ours);
+    f.others_work =
+        shard_.all_gather(f.others.data(), f.all_others.data(), m, CommType::f32, CommAlgo::ours);
 }
 
 double Fp8Allgather::finish(int unit) {
-  auto it = std::find_if(flights_.begin(), flights_.end(), [&](const InFlight& f) { return f.unit == unit; });
+  auto it = std::find_if(flights_.begin(), flights_.end(),
+                         [&](const InFlight& f) { return f.unit == unit; });
   CLEAVE_CHECK(it != flights_.end(), "Fp8Allgather: unit " << unit << " was not started");
   InFlight& f = *it;
   double waited = f.codes_work.wait();
@@ -118,13 +132,16 @@ double Fp8Allgather::finish(int unit) {
     const int64_t base = bounds_[size_t(unit)] + r * n;
     const uint8_t* codes = f.all_codes.data() + r * n;
     const float* others = f.all_others.data() + r * m;
-    walk(unit, r, [&](size_t k, int64_t b, int64_t e) {
-      kernels::fp8_dequantize(values + b, codes + (b - base), e - b, 1.0f / f.scales[k],
-                              kernels::Fp8Format::e4m3);
-    }, [&](int64_t b, int64_t e) {
-      std::copy(others, others + (e - b), values + b);
-      others += e - b;
-    });
+    walk(
+        unit, r,
+        [&](size_t k, int64_t b, int64_t e) {
+          kernels::fp8_dequantize(values + b, codes + (b - base), e - b, 1.0f / f.scales[k],
+                                  kernels::Fp8Format::e4m3);
+        },
+        [&](int64_t b, int64_t e) {
+          std::copy(others, others + (e - b), values + b);
+          others += e - b;
+        });
   }
   const auto& pieces = pieces_[size_t(unit)];
   for (size_t k = 0; k < pieces.size(); ++k)

@@ -24,6 +24,9 @@ class Fp8Allgather {
   // product is fp8 (ParamStore::packed_by).
   Fp8Allgather(ParamStore& store, Group& shard, std::vector<int64_t> bounds, bool current,
                int margin);
+  // Whether unit u holds FP8 weights; a unit without (the embeddings) is gathered in fp32, in
+  // place, by the caller.
+  bool covers(int unit) const { return !pieces_[size_t(unit)].empty(); }
   // Starts gathering unit u from this rank's slice `mine` into the store's values.
   void start(int unit, const float* mine);
   // Waits for unit u's gather and places every rank's slice; returns the seconds waited.
@@ -43,7 +46,9 @@ class Fp8Allgather {
     std::vector<float> scales, shard_amax;  // per piece of the unit
     Work codes_work, others_work;
   };
-  int64_t slice(int unit) const { return (bounds_[size_t(unit) + 1] - bounds_[size_t(unit)]) / ranks_; }
+  int64_t slice(int unit) const {
+    return (bounds_[size_t(unit) + 1] - bounds_[size_t(unit)]) / ranks_;
+  }
   // Calls fp8(piece, begin, end) and other(begin, end) for the runs of rank r's slice of unit u.
   template <typename Fp8, typename Other>
   void walk(int unit, int r, Fp8 fp8, Other other) const;

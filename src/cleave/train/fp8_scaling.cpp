@@ -110,7 +110,8 @@ nlohmann::json Fp8Scaling::state() const {
   nlohmann::json tensors = nlohmann::json::object();
   for (size_t s = 0; s < names_.size(); ++s) {
     nlohmann::json rows = nlohmann::json::array();
-    for (const auto& step : history_) rows.push_back({step[3 * s], step[3 * s + 1], step[3 * s + 2]});
+    for (const auto& step : history_)
+      rows.push_back({step[3 * s], step[3 * s + 1], step[3 * s + 2]});
     tensors[names_[s]] = {{"scales", {scales_[3 * s], scales_[3 * s + 1], scales_[3 * s + 2]}}};
     if (delayed()) tensors[names_[s]]["amax_history"] = rows;
   }

@@ -1,9 +1,9 @@
 // FP8's per-tensor scales between steps (docs/precision.md#fp8): Transformer Engine's
-// DelayedScaling, and a record of the current recipe's. Every step each linear's products record the largest magnitude of each operand
-// (x, W, dy); at the step's end those are reduced to their largest over every rank, appended to a
-// history of amax_history_len steps, and the next step's scales are fp8_max / amax / 2^margin,
-// amax the history's largest ("max") or latest ("most_recent"); a slot whose amax is 0 keeps its
-// scale (1 at first).
+// DelayedScaling, and a record of the current recipe's. Every step each linear's products record
+// the largest magnitude of each operand (x, W, dy); at the step's end those are reduced to their
+// largest over every rank, appended to a history of amax_history_len steps, and the next step's
+// scales are fp8_max / amax / 2^margin, amax the history's largest ("max") or latest
+// ("most_recent"); a slot whose amax is 0 keeps its scale (1 at first).
 //
 // The reduction runs over the whole world, one slot per linear of the whole model by name: tp
 // and FSDP shards of a weight, the cp chunks and data-parallel slices of a batch and an expert's
