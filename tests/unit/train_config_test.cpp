@@ -44,6 +44,12 @@ TEST(Config, WrongTypeAndRange) {
             std::string::npos);
   EXPECT_NE(error_of("[train]\ndtype = \"fp64\"\n").find("is not one of \"fp32\", \"bf16\", \"fp16\""),
             std::string::npos);
+  EXPECT_NE(error_of("[train]\nfp8_recipe = \"current\"\n")
+                .find("train.fp8_recipe is set but train.dtype = \"fp32\": it serves fp8 only"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\ndtype = \"fp8\"\n[parallel]\nfp8_allgather = true\n")
+                .find("parallel.fp8_allgather gathers ZeRO-3's parameters; parallel.zero_stage = 0"),
+            std::string::npos);
   EXPECT_NE(error_of("[parallel]\noffload_params = \"file\"\nzero_stage = 2\n")
                 .find("parallel.offload_params = \"file\" needs parallel.zero_stage = 3 (it is 2)"),
             std::string::npos);
@@ -80,8 +86,8 @@ TEST(Config, Overrides) {
 }
 
 TEST(Config, ResolvedTomlRoundTrips) {
-  // fp16, offloading and a sigmoid-routed mixture of experts, so that every key applies and is
-  // written.
+  // fp16, offloading and a sigmoid-routed mixture of experts, then fp8 with delayed scaling and
+  // ZeRO-3's FP8 gathers, so that every key applies in one of them and is written.
   const Config c = parse_config("[model]\nfamily = \"llama\"\nd_model = 96\nn_heads = 6\nn_kv_heads = 2\n"
                                 "moe_experts = 4\nmoe_router = \"sigmoid_bias\"\n"
                                 "[train]\ndtype = \"fp16\"\nout_dir = \"runs/x\"\n"
@@ -90,14 +96,21 @@ TEST(Config, ResolvedTomlRoundTrips) {
                                 "t");
   const std::string once = to_toml(c);
   EXPECT_EQ(to_toml(parse_config(once, "resolved")), once);
-  for (const std::string& key : config_keys())
-    EXPECT_NE(once.find(key.substr(key.find('.') + 1) + " = "), std::string::npos) << key;
+  const std::string fp8 = to_toml(parse_config(
+      "[train]\ndtype = \"fp8\"\n[parallel]\nzero_stage = 3\nfp8_allgather = true\n", "t"));
+  EXPECT_EQ(to_toml(parse_config(fp8, "resolved")), fp8);
+  for (const std::string& key : config_keys()) {
+    const std::string written = key.substr(key.find('.') + 1) + " = ";
+    EXPECT_TRUE(once.find(written) != std::string::npos || fp8.find(written) != std::string::npos)
+        << key;
+  }
   EXPECT_NE(once.find("offload_dir = \"runs/x\""), std::string::npos) << "the default folder";
   // Keys that do not apply are left out, so the written config parses back.
   const std::string plain = to_toml(parse_config("", "t"));
   EXPECT_EQ(plain.find("loss_scale_"), std::string::npos);
   EXPECT_EQ(plain.find("offload_dir"), std::string::npos);
   EXPECT_EQ(plain.find("moe_top_k"), std::string::npos);
+  EXPECT_EQ(plain.find("fp8_"), std::string::npos);
   EXPECT_EQ(to_toml(parse_config(plain, "resolved")), plain);
 }
 
@@ -133,6 +146,12 @@ TEST(Config, PrecisionAndOffloadKeysNeedTheirMode) {
   EXPECT_NE(error_of("[optim]\noffload_dir = \"/x\"\n")
                 .find("optim.offload_dir is set but neither optim.offload nor "
                       "parallel.offload_params is \"file\""),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nfp8_recipe = \"current\"\n")
+                .find("train.fp8_recipe is set but train.dtype = \"fp32\": it serves fp8 only"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\ndtype = \"fp8\"\n[parallel]\nfp8_allgather = true\n")
+                .find("parallel.fp8_allgather gathers ZeRO-3's parameters; parallel.zero_stage = 0"),
             std::string::npos);
   EXPECT_NE(error_of("[parallel]\noffload_params = \"file\"\nzero_stage = 2\n")
                 .find("parallel.offload_params = \"file\" needs parallel.zero_stage = 3 (it is 2)"),
