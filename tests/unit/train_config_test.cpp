@@ -44,12 +44,6 @@ TEST(Config, WrongTypeAndRange) {
             std::string::npos);
   EXPECT_NE(error_of("[train]\ndtype = \"fp64\"\n").find("is not one of \"fp32\", \"bf16\", \"fp16\""),
             std::string::npos);
-  EXPECT_NE(error_of("[train]\nfp8_recipe = \"current\"\n")
-                .find("train.fp8_recipe is set but train.dtype = \"fp32\": it serves fp8 only"),
-            std::string::npos);
-  EXPECT_NE(error_of("[train]\ndtype = \"fp8\"\n[parallel]\nfp8_allgather = true\n")
-                .find("parallel.fp8_allgather gathers ZeRO-3's parameters; parallel.zero_stage = 0"),
-            std::string::npos);
   EXPECT_NE(error_of("[parallel]\noffload_params = \"file\"\nzero_stage = 2\n")
                 .find("parallel.offload_params = \"file\" needs parallel.zero_stage = 3 (it is 2)"),
             std::string::npos);

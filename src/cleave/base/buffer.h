@@ -63,6 +63,12 @@ class Buffer {
     size_ = n;
     borrowed_ = true;
   }
+  // At least n elements: a smaller buffer is resized (contents not kept), a larger one stays as
+  // it is. Work buffers only grow: a resize maps fresh pages that every use would fault in again.
+  T* grow(int64_t n) {
+    if (size_ < n) resize(n);
+    return data_;
+  }
   void zero() { std::memset(static_cast<void*>(data_), 0, size_t(size_) * sizeof(T)); }
   T* data() { return data_; }
   const T* data() const { return data_; }

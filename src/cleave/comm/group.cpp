@@ -258,4 +258,17 @@ double sum_of_doubles(Group& group, double local, double* waited) {
   return double(parts[0]) + double(parts[1]);
 }
 
+std::vector<float> max_over(Group& group, const std::vector<float>& local, double* waited) {
+  const size_t n = local.size();
+  if (n == 0) return {};
+  std::vector<float> every(n * size_t(group.size()));
+  const double seconds =
+      group.all_gather(local.data(), every.data(), int64_t(n), CommType::f32).wait();
+  if (waited) *waited += seconds;
+  std::vector<float> largest(every.begin(), every.begin() + std::ptrdiff_t(n));
+  for (int r = 1; r < group.size(); ++r)
+    for (size_t i = 0; i < n; ++i) largest[i] = std::max(largest[i], every[size_t(r) * n + i]);
+  return largest;
+}
+
 }  // namespace cleave

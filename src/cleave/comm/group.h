@@ -102,6 +102,11 @@ class Group {
 // bits. Adds the seconds it waited to *waited when given.
 double sum_of_doubles(Group& group, double local, double* waited = nullptr);
 
+// The element-wise largest of every member's `local` (all the same length), by an all-gather
+// (an exact operation: every member gets the same bits). Adds the seconds it waited to *waited
+// when given.
+std::vector<float> max_over(Group& group, const std::vector<float>& local, double* waited = nullptr);
+
 // Process-wide setup, after MPI_Init_thread (MPI_THREAD_MULTIPLE, or at least SERIALIZED if the
 // application makes no MPI calls of its own meanwhile): options, the progress thread, the status
 // file, the SIGTERM report. Collective over MPI_COMM_WORLD. Idempotent; the options of the first

@@ -327,9 +327,8 @@ struct LinearGemm::Impl {
     if (cdt == dt::f32) return const_cast<float*>(a);
     bf16* b;
     if (keep) {
-      if (keep->data.size() < count) keep->data.resize(count);
+      b = keep->data.grow(count);
       keep->count = count;
-      b = keep->data.data();
     } else {
       b = static_cast<bf16*>(scratch_operand(which).reserve(size_t(count) * sizeof(bf16)));
     }

@@ -12,15 +12,7 @@ namespace {
 template <typename T>
 T* scratch(int64_t n, int which) {
   static thread_local Buffer<T> buffers[2];
-  Buffer<T>& b = buffers[which];
-  if (b.size() < n) b.resize(n);
-  return b.data();
-}
-
-template <typename T>
-T* sized(Buffer<T>& b, int64_t n) {
-  if (b.size() < n) b.resize(n);
-  return b.data();
+  return buffers[which].grow(n);
 }
 
 }  // namespace
@@ -49,7 +41,7 @@ const float* Fp8Operands::weight_image(const float* w, bool forward) {
   // One buffer per thread for every linear's image, grown only: an image per linear would hold
   // 4 bytes per weight, and one allocated per use would fault its pages in every step.
   static thread_local Buffer<float> images;
-  float* image = sized(images, n);
+  float* image = images.grow(n);
   uint8_t* codes = scratch<uint8_t>(n, 0);
   if (per_tensor()) {
     if (gathered) {
@@ -80,10 +72,10 @@ float Fp8Operands::inner_along_cols(bf16* image, const float* a, int64_t rows, i
   const int64_t n = rows * cols;
   if (per_tensor()) {
     const float s = tensor_scale(a, n, which, settings.activations);
-    uint8_t* codes = keep ? sized(keep->fp8, n) : scratch<uint8_t>(n, 0);
+    uint8_t* codes = keep ? keep->fp8.grow(n) : scratch<uint8_t>(n, 0);
     fp8_quantize(codes, a, n, s, format(which));
     if (keep) {
-      sized(keep->factors, 1)[0] = 1.0f / s;
+      keep->factors.grow(1)[0] = 1.0f / s;
       keep->count = n;
     }
     const float one = 1.0f;
@@ -102,13 +94,13 @@ float Fp8Operands::inner_along_cols(bf16* image, const float* a, int64_t rows, i
 void Fp8Operands::keep_along_rows(const float* a, int64_t rows, int64_t cols, Fp8Operand which,
                                   OperandCopy& keep, float tensor_scale) {
   const int64_t n = rows * cols;
-  uint8_t* codes = sized(keep.fp8, n);
+  uint8_t* codes = keep.fp8.grow(n);
   if (per_tensor()) {
     fp8_quantize(codes, a, n, tensor_scale, format(which));
-    sized(keep.factors, 1)[0] = 1.0f / tensor_scale;
+    keep.factors.grow(1)[0] = 1.0f / tensor_scale;
   } else {
     const Fp8Tiles t = tiles_along_rows(rows, cols);
-    quantise(codes, sized(keep.factors, t.count()), a, t, which);
+    quantise(codes, keep.factors.grow(t.count()), a, t, which);
   }
   keep.count = n;
 }

@@ -11,11 +11,8 @@ namespace cleave {
 
 namespace {
 
-// Work buffers only grow (a resize maps fresh pages, which every layer would fault in again);
-// what a micro-batch keeps is sized exactly, once per slot.
-void grow(Buffer<float>& b, int64_t n) {
-  if (b.size() < n) b.resize(n);
-}
+// Work buffers only grow (Buffer::grow); what a micro-batch keeps is sized exactly, once per
+// slot.
 void size_to(Buffer<float>& b, int64_t n) {
   if (b.size() != n) b.resize(n);
 }
@@ -106,7 +103,7 @@ void ContextAttention::scatter_heads(const Geometry& g, float* A, const float* q
   const int64_t hd = head_dim_, src_dim = int64_t(heads_ + 2 * kv_heads_) * hd;
   const int64_t src_row = cols_kv ? src_dim : int64_t(heads_) * hd;
   const int64_t dim = cols_q + 2 * cols_kv;
-  grow(send, U_ * g.rows * dim);
+  send.grow(U_ * g.rows * dim);
   for (int j = 0; j < U_; ++j)
     for (int64_t r = 0; r < g.rows; ++r) {
       const float* src = qkv + r * src_row;
@@ -125,7 +122,7 @@ void ContextAttention::gather_heads(const Geometry& g, float* qkv, const float* 
   const int64_t hd = head_dim_, dst_dim = int64_t(heads_ + 2 * kv_heads_) * hd;
   const int64_t dst_row = cols_kv ? dst_dim : int64_t(heads_) * hd;
   const int64_t dim = cols_q + 2 * cols_kv;
-  grow(recv, U_ * g.rows * dim);
+  recv.grow(U_ * g.rows * dim);
   opt_.ulysses->all_to_all(A, recv.data(), g.rows * dim)();
   if (sum_kv)
     for (int64_t r = 0; r < g.rows; ++r)
@@ -224,9 +221,9 @@ kernels::AttentionShape ContextAttention::prefix_shape(const Geometry& g, int64_
 void ContextAttention::gather_kv(const Geometry& g, const float* A) {
   ContextWork& w = *opt_.work;
   const int64_t kv_floats = g.set_rows * 2 * g.kv_cols;
-  grow(w.kv, kv_floats);
-  grow(w.grads, R_ * kv_floats);  // the gathered rows, rank by rank, until they are in order
-  grow(w.rows, R_ * kv_floats);
+  w.kv.grow(kv_floats);
+  w.grads.grow(R_ * kv_floats);  // the gathered rows, rank by rank, until they are in order
+  w.rows.grow(R_ * kv_floats);
   pack_kv(g, w.kv.data(), A);
   opt_.ring->all_gather(w.kv.data(), w.grads.data(), kv_floats)();
   permute(g, w.rows.data(), w.grads.data(), 2 * g.kv_cols, R_, true);
@@ -239,17 +236,17 @@ void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, 
   size_to(s.lse, g.set_rows * heads_u_);
   if (opt_.mode == CpMode::ulysses) {
     // The whole sequence of this rank's heads, in order: one causal attention, as one process.
-    grow(w.rows, g.set_rows * g.dim);
+    w.rows.grow(g.set_rows * g.dim);
     scatter_heads(g, w.rows.data(), qkv, g.q_cols, g.kv_cols, w.grads);
     size_to(s.qkv_u, g.set_rows * g.dim);
-    grow(w.out, g.set_rows * g.q_cols);
+    w.out.grow(g.set_rows * g.q_cols);
     permute(g, s.qkv_u.data(), w.rows.data(), g.dim, U_, true);
     const float* A = s.qkv_u.data();
     kernels::AttentionShape shape{g.B, g.T_full, heads_u_, kv_heads_u_, head_dim_, g.dim, g.dim};
     shape.q_seq = shape.k_seq = documents;
     kernels::attention_forward(w.out.data(), s.lse.data(), A, A + g.q_cols,
                                A + g.q_cols + g.kv_cols, shape);
-    grow(w.rows, g.set_rows * g.q_cols);
+    w.rows.grow(g.set_rows * g.q_cols);
     permute(g, w.rows.data(), w.out.data(), g.q_cols, U_, false);
     gather_heads(g, o, w.rows.data(), g.q_cols, 0, false, w.grads);
     return;
@@ -272,18 +269,18 @@ void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, 
   float* O = o;
   if (U_ > 1) {
     size_to(s.qkv_u, g.set_rows * g.dim);
-    grow(w.out, g.set_rows * g.q_cols);
+    w.out.grow(g.set_rows * g.q_cols);
     scatter_heads(g, s.qkv_u.data(), qkv, g.q_cols, g.kv_cols, w.rows);
     A = s.qkv_u.data();
     O = w.out.data();
   }
   std::fill_n(O, g.set_rows * g.q_cols, 0.0f);
   std::fill_n(s.lse.data(), s.lse.size(), -std::numeric_limits<float>::infinity());
-  grow(w.out_part, g.c * g.q_cols);
-  grow(w.lse_part, g.c * heads_u_);
+  w.out_part.grow(g.c * g.q_cols);
+  w.lse_part.grow(g.c * heads_u_);
   const int64_t kv_floats = g.set_rows * 2 * g.kv_cols;
-  grow(w.kv, kv_floats);
-  grow(w.kv_next, kv_floats);
+  w.kv.grow(kv_floats);
+  w.kv_next.grow(kv_floats);
   pack_kv(g, w.kv.data(), A);
   for (int t = 0; t < R_; ++t) {
     CpComm::Wait arrived;
@@ -303,14 +300,14 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
   ContextWork& w = *opt_.work;
   if (opt_.mode == CpMode::ulysses) {
     // The output in attention's layout again (kept by no layer: the rank's rows of it are).
-    grow(w.rows, g.set_rows * g.q_cols);
+    w.rows.grow(g.set_rows * g.q_cols);
     scatter_heads(g, w.rows.data(), o, g.q_cols, 0, w.grads);
-    grow(w.out, g.set_rows * g.q_cols);
+    w.out.grow(g.set_rows * g.q_cols);
     permute(g, w.out.data(), w.rows.data(), g.q_cols, U_, true);
     scatter_heads(g, w.rows.data(), d_o, g.q_cols, 0, w.grads);
-    grow(w.grads, g.set_rows * g.q_cols);
+    w.grads.grow(g.set_rows * g.q_cols);
     permute(g, w.grads.data(), w.rows.data(), g.q_cols, U_, true);
-    grow(w.rows, g.set_rows * g.dim);
+    w.rows.grow(g.set_rows * g.dim);
     const float* A = s.qkv_u.data();
     float* dA = w.rows.data();
     kernels::AttentionShape shape{g.B, g.T_full, heads_u_, kv_heads_u_, head_dim_, g.dim, g.dim};
@@ -318,7 +315,7 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
     kernels::attention_backward(dA, dA + g.q_cols, dA + g.q_cols + g.kv_cols, w.grads.data(), A,
                                 A + g.q_cols, A + g.q_cols + g.kv_cols, w.out.data(),
                                 s.lse.data(), shape);
-    grow(w.grads, g.set_rows * g.dim);
+    w.grads.grow(g.set_rows * g.dim);
     permute(g, w.grads.data(), dA, g.dim, U_, false);
     gather_heads(g, d_qkv, w.grads.data(), g.q_cols, g.kv_cols, !kv_split_, w.rows);
     return;
@@ -343,7 +340,7 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
       }
     // Rank by rank again, into the K|V rows' buffer (they are done with), for the reduce-scatter.
     permute(g, w.rows.data(), w.grads.data(), 2 * g.kv_cols, R_, false);
-    grow(w.dkv, kv_floats);
+    w.dkv.grow(kv_floats);
     opt_.ring->reduce_scatter(w.rows.data(), w.dkv.data(), kv_floats)();
     unpack_kv(g, d_qkv, w.dkv.data());
     return;
@@ -353,13 +350,13 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
   const float* dO = d_o;
   float* dA = d_qkv;
   if (U_ > 1) {
-    grow(w.out, g.set_rows * g.q_cols);  // the output in attention's layout again
+    w.out.grow(g.set_rows * g.q_cols);  // the output in attention's layout again
     scatter_heads(g, w.out.data(), o, g.q_cols, 0, w.rows);
     O = w.out.data();
-    grow(w.grads, g.set_rows * g.q_cols);
+    w.grads.grow(g.set_rows * g.q_cols);
     scatter_heads(g, w.grads.data(), d_o, g.q_cols, 0, w.rows);
     dO = w.grads.data();
-    grow(w.rows, g.set_rows * g.dim);
+    w.rows.grow(g.set_rows * g.dim);
     dA = w.rows.data();
   }
   std::fill_n(dA, g.set_rows * g.dim, 0.0f);
@@ -367,11 +364,11 @@ void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const 
   // at step t this rank computes its part for the K|V in hand while the accumulator for them
   // (from the rank before, which finished its part a step ago) and the next K|V arrive, then
   // adds its part and passes the accumulator on. After R steps each is back at its owner.
-  grow(w.kv, kv_floats);
-  grow(w.kv_next, kv_floats);
-  grow(w.dkv, kv_floats);
-  grow(w.dkv_next, kv_floats);
-  grow(w.dkv_part, R_ > 1 ? kv_floats : 0);
+  w.kv.grow(kv_floats);
+  w.kv_next.grow(kv_floats);
+  w.dkv.grow(kv_floats);
+  w.dkv_next.grow(kv_floats);
+  w.dkv_part.grow(R_ > 1 ? kv_floats : 0);
   pack_kv(g, w.kv.data(), A);
   std::fill_n(w.dkv.data(), kv_floats, 0.0f);
   for (int t = 0; t < R_; ++t) {

@@ -49,7 +49,7 @@ void Mlp::reserve(Scratch& g, int64_t N) const {
 void Mlp::forward(Saved& s, float* y, const float* x, int64_t N, bool keep_x) {
   // Buffers only grow: an expert's rows change every step, and a buffer allocated anew each
   // time would fault its pages in again.
-  if (s.fc.size() < N * fc_.gemm().out_features()) s.fc.resize(N * fc_.gemm().out_features());
+  s.fc.grow(N * fc_.gemm().out_features());
   s.N = N;
   s.x_kept = keep_x;
   fc_.forward(s.fc.data(), x, N, keep_x ? &s.x_copy : nullptr);
@@ -59,7 +59,7 @@ void Mlp::forward(Saved& s, float* y, const float* x, int64_t N, bool keep_x) {
 
 void Mlp::activate(Saved& s) const {
   const int64_t N = s.N;
-  if (s.act.size() < N * ffn_) s.act.resize(N * ffn_);
+  s.act.grow(N * ffn_);
   if (cfg_.family == Family::gpt2)
     kernels::gelu_forward(s.act.data(), s.fc.data(), N * ffn_);
   else

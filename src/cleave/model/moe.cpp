@@ -11,10 +11,6 @@ namespace cleave {
 
 namespace {
 
-void grow(Buffer<float>& b, int64_t n) {
-  if (b.size() < n) b.resize(n);
-}
-
 // rows of `from` [.., d] in blocks of counts[i] rows, block i taken in the order `order`.
 void reorder_blocks(float* to, const float* from, const std::vector<int64_t>& counts,
                     const std::vector<int>& order, int64_t d) {
@@ -81,10 +77,10 @@ void Moe::reserve(Scratch& g, int64_t N) const {
     g.expert_rows = N;
   }
   if (shared_) shared_->reserve(g.shared, N);
-  grow(g.probs, N * E_);
-  grow(g.d_probs, N * E_);
-  grow(g.d_logits, N * E_);
-  grow(g.d_gate, N * k_);
+  g.probs.grow(N * E_);
+  g.d_probs.grow(N * E_);
+  g.d_logits.grow(N * E_);
+  g.d_gate.grow(N * k_);
 }
 
 void Moe::add_bias(float* y, int64_t rows) const {
@@ -98,7 +94,7 @@ void Moe::count_choices(const Saved& s, Scratch& g) const {
   const int E = E_, k = k_, cp = opt_.cp_size(), H = chunks_per_rank(), G = cp * H;
   const int64_t B = s.B, c = s.T / H;
   const int64_t mine = B * k * H * E;
-  grow(g.gathered_counts, mine * (cp + 1));
+  g.gathered_counts.grow(mine * (cp + 1));
   float* local = g.gathered_counts.data() + mine * cp;
   std::fill(local, local + mine, 0.0f);
   for (int64_t b = 0; b < B; ++b)
@@ -173,11 +169,11 @@ void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& b
   s.N = N, s.B = B, s.T = T;
   s.grad_scale = grad_scale;
   s.x_kept = keep_x;
-  grow(s.logits, N * E);
-  grow(s.gate, N * k);
-  grow(s.fraction, B * E);
+  s.logits.grow(N * E);
+  s.gate.grow(N * k);
+  s.fraction.grow(B * E);
   s.choice.resize(size_t(N * k));
-  grow(g.probs, N * E);
+  g.probs.grow(N * E);
   router_.forward(s.logits.data(), x, N);
   kernels::route_forward(cfg_.moe_router, s.logits.data(), bias_.empty() ? nullptr : bias_.data(),
                          N, E, k, s.choice.data(), s.gate.data(), g.probs.data());
@@ -228,10 +224,10 @@ void Moe::dispatch(Saved& s, Scratch& g, const float* x) {
   const bool ep = opt_.ep != nullptr;
   float* rows = nullptr;
   if (ep) {
-    grow(g.x_send, r.sent * d);
+    g.x_send.grow(r.sent * d);
     rows = g.x_send.data();
   } else {
-    grow(s.x_expert, r.sent * d);
+    s.x_expert.grow(r.sent * d);
     rows = s.x_expert.data();
   }
 #pragma omp parallel for schedule(static)
@@ -248,15 +244,15 @@ void Moe::dispatch(Saved& s, Scratch& g, const float* x) {
   // How many rows each source sends each of this rank's experts, then the rows, received by
   // source and regrouped by expert.
   const int L = local_experts();
-  grow(g.counts, 2 * int64_t(E_));
+  g.counts.grow(2 * int64_t(E_));
   for (int e = 0; e < E_; ++e) g.counts[e] = float(r.send_rows[size_t(e)]);
   opt_.ep->all_to_all(g.counts.data(), g.counts.data() + E_, L)();
   r.recv_rows.resize(size_t(E_));
   for (int e = 0; e < E_; ++e) r.recv_rows[size_t(e)] = int64_t(g.counts[E_ + e]);
   plan_routes(r);
-  grow(g.y_expert, r.received * d);
+  g.y_expert.grow(r.received * d);
   opt_.ep->all_to_allv(rows, r.to_owners, g.y_expert.data(), r.from_sources)();
-  grow(s.x_expert, r.received * d);
+  s.x_expert.grow(r.received * d);
   reorder_blocks(s.x_expert.data(), g.y_expert.data(), r.recv_rows, r.by_expert, d);
 }
 
@@ -291,8 +287,8 @@ void Moe::run_experts(Saved& s, Scratch& g) {
   const int64_t d = cfg_.d_model;
   const Saved::Routes& r = s.routes;
   const bool ep = opt_.ep != nullptr;
-  grow(s.y_send, r.sent * d);
-  float* out = ep ? (grow(g.y_expert, r.received * d), g.y_expert.data()) : s.y_send.data();
+  s.y_send.grow(r.sent * d);
+  float* out = ep ? g.y_expert.grow(r.received * d) : s.y_send.data();
   s.experts.resize(size_t(local_experts()));
   lend(s, true, false);
   for (int e = 0; e < local_experts(); ++e) {
@@ -304,7 +300,7 @@ void Moe::run_experts(Saved& s, Scratch& g) {
   }
   if (!ep) return;
   // Back to the sources: regrouped by source, then all-to-all(v) into send order.
-  grow(g.x_send, r.received * d);
+  g.x_send.grow(r.received * d);
   reorder_blocks(g.x_send.data(), out, r.by_expert_rows, r.by_source, d);
   opt_.ep->all_to_allv(g.x_send.data(), r.from_sources, s.y_send.data(), r.to_owners)();
 }
@@ -331,8 +327,8 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
   const Saved::Routes& r = s.routes;
   const int64_t sent = r.sent, received = r.received;
   // The gates' gradients (a partial sum over tp, as the expert outputs are) and the rows'.
-  grow(g.d_gate, N * k);
-  grow(g.dy_send, sent * d);
+  g.d_gate.grow(N * k);
+  g.dy_send.grow(sent * d);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t)
     for (int j = 0; j < k; ++j) {
@@ -353,7 +349,7 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
   const float* dy_expert = g.dy_send.data();
   EpComm::Wait arrived = [] {};
   if (ep) {
-    grow(g.dx_expert, received * d);
+    g.dx_expert.grow(received * d);
     arrived = opt_.ep->all_to_allv(g.dy_send.data(), r.to_owners, g.dx_expert.data(), r.from_sources);
   }
   // The shared experts run while the rows' gradients travel.
@@ -364,11 +360,11 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
   }
   if (ep) {
     arrived();
-    grow(g.dy_expert, received * d);
+    g.dy_expert.grow(received * d);
     reorder_blocks(g.dy_expert.data(), g.dx_expert.data(), r.recv_rows, r.by_expert, d);
     dy_expert = g.dy_expert.data();
   }
-  grow(g.dx_expert, received * d);
+  g.dx_expert.grow(received * d);
   if (defer) lend(s, false, true);
   int64_t most = 0;
   for (int e = 0; e < L; ++e) most = std::max(most, r.begin[size_t(e) + 1] - r.begin[size_t(e)]);
@@ -387,9 +383,9 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
   }
   const float* dx_rows = g.dx_expert.data();
   if (ep) {
-    grow(g.dy_expert, received * d);
+    g.dy_expert.grow(received * d);
     reorder_blocks(g.dy_expert.data(), g.dx_expert.data(), r.by_expert_rows, r.by_source, d);
-    grow(g.dx_send, sent * d);
+    g.dx_send.grow(sent * d);
     arrived = opt_.ep->all_to_allv(g.dy_expert.data(), r.from_sources, g.dx_send.data(), r.to_owners);
     dx_rows = g.dx_send.data();
   }
@@ -401,14 +397,13 @@ void Moe::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
     // d(coef E sum_e f_e P_e) / d p[t, e] = coef E f_e / T per sequence; the mean over the
     // step's sequences is grad_scale x T times the sum.
     const float scale = s.grad_scale * cfg_.moe_aux_loss_coef * float(E);
-    grow(g.d_probs, N * E);
+    g.d_probs.grow(N * E);
     for (int64_t t = 0; t < N; ++t)
       for (int e = 0; e < E; ++e)
         g.d_probs[t * E + e] = scale * s.fraction[(t / s.T) * E + e];
     d_probs = g.d_probs.data();
   }
-  float* d_logits = defer ? (grow(s.d_logits, N * E), s.d_logits.data())
-                          : (grow(g.d_logits, N * E), g.d_logits.data());
+  float* d_logits = defer ? s.d_logits.grow(N * E) : g.d_logits.grow(N * E);
   kernels::route_backward(cfg_.moe_router, s.logits.data(), s.choice.data(), s.gate.data(),
                           g.d_gate.data(), d_probs, N, E, k, d_logits);
   if (cfg_.moe_z_loss_coef > 0)
@@ -459,9 +454,7 @@ void Moe::lend(Saved& s, bool activations, bool deferred) const {
   const int64_t d = cfg_.d_model, rows = s.routes.received;
   const Mlp& first = *experts_.front();
   const int64_t fc = first.fc_width(), act = first.act_width();
-  auto pool = [&](auto& buffer, int64_t width) {
-    if (buffer.size() < rows * width) buffer.resize(rows * width);
-  };
+  auto pool = [&](auto& buffer, int64_t width) { buffer.grow(rows * width); };
   if (activations) {
     pool(s.pool_fc, fc);
     pool(s.pool_act, act);

@@ -191,7 +191,7 @@ void DataParallel::prefetch(int unit) {
   gathering_[unit] = true;
   if (shard_file_.data()) shard_file_.prefetch(position_[unit], position_[unit] + slice(unit));
   if (fp8_ && fp8_->covers(unit)) {
-    fp8_->start(unit, shard_source(unit));
+    exposed_ += fp8_->start(unit, shard_source(unit));
     gather_bytes_ += fp8_->bytes(unit);
     return;
   }

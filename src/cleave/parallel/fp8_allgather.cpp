@@ -58,7 +58,8 @@ void Fp8Allgather::walk(int unit, int r, Fp8 fp8, Other other) const {
 
 int64_t Fp8Allgather::bytes(int unit) const { return slice(unit) + 4 * max_others_[size_t(unit)]; }
 
-void Fp8Allgather::start(int unit, const float* mine) {
+double Fp8Allgather::start(int unit, const float* mine) {
+  double waited = 0;
   auto free =
       std::find_if(flights_.begin(), flights_.end(), [](const InFlight& f) { return f.unit < 0; });
   if (free == flights_.end()) free = flights_.insert(flights_.end(), InFlight());
@@ -78,26 +79,19 @@ void Fp8Allgather::start(int unit, const float* mine) {
       },
       [](int64_t, int64_t) {});
   if (current_) {
-    std::vector<float> all(pieces.size() * size_t(ranks_));
-    if (!pieces.empty())
-      shard_.all_gather(f.shard_amax.data(), all.data(), int64_t(pieces.size()), CommType::f32)
-          .wait();
-    for (size_t k = 0; k < pieces.size(); ++k) {
-      float m = 0;
-      for (int r = 0; r < ranks_; ++r) m = std::max(m, all[size_t(r) * pieces.size() + k]);
-      scales[k] = kernels::fp8_scale(m, kernels::Fp8Format::e4m3, margin_, 1.0f);
-    }
+    const std::vector<float> amax = max_over(shard_, f.shard_amax, &waited);
+    for (size_t k = 0; k < pieces.size(); ++k)
+      scales[k] = kernels::fp8_scale(amax[k], kernels::Fp8Format::e4m3, margin_, 1.0f);
   } else {
     for (size_t k = 0; k < pieces.size(); ++k)
       scales[k] = store_.packed_by(pieces[k].tensor)->fp8_scales()[fp8_w];
   }
   // Codes where this slice holds FP8 weights (zero elsewhere), fp32 values of the rest.
-  if (f.codes.size() < n) f.codes.resize(n);
-  if (f.all_codes.size() < n * ranks_) f.all_codes.resize(n * ranks_);
-  const int64_t m = max_others_[size_t(unit)];
-  if (f.others.size() < std::max<int64_t>(m, 1)) f.others.resize(std::max<int64_t>(m, 1));
-  if (f.all_others.size() < std::max<int64_t>(m, 1) * ranks_)
-    f.all_others.resize(std::max<int64_t>(m, 1) * ranks_);
+  f.codes.grow(n);
+  f.all_codes.grow(n * ranks_);
+  const int64_t m = max_others_[size_t(unit)], room = std::max<int64_t>(m, 1);
+  f.others.grow(room);
+  f.all_others.grow(room * ranks_);
   std::fill(f.codes.data(), f.codes.data() + n, uint8_t(0));
   int64_t others = 0;
   walk(
@@ -116,6 +110,7 @@ void Fp8Allgather::start(int unit, const float* mine) {
   if (m > 0)
     f.others_work =
         shard_.all_gather(f.others.data(), f.all_others.data(), m, CommType::f32, CommAlgo::ours);
+  return waited;
 }
 
 double Fp8Allgather::finish(int unit) {

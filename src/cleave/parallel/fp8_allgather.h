@@ -27,8 +27,9 @@ class Fp8Allgather {
   // Whether unit u holds FP8 weights; a unit without (the embeddings) is gathered in fp32, in
   // place, by the caller.
   bool covers(int unit) const { return !pieces_[size_t(unit)].empty(); }
-  // Starts gathering unit u from this rank's slice `mine` into the store's values.
-  void start(int unit, const float* mine);
+  // Starts gathering unit u from this rank's slice `mine` into the store's values; returns the
+  // seconds waited for current's amax (0 for delayed).
+  double start(int unit, const float* mine);
   // Waits for unit u's gather and places every rank's slice; returns the seconds waited.
   double finish(int unit);
   // Bytes this rank's slice of unit u sends (what an fp32 gather sends: 4 x slice).

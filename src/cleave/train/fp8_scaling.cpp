@@ -57,29 +57,22 @@ Fp8Scaling::Fp8Scaling(Group& world, std::vector<std::pair<std::string, LinearGe
 void Fp8Scaling::step_end() {
   const size_t n = 3 * names_.size();
   if (!delayed()) {
-    std::vector<float> local(n, 0.0f), every(n * size_t(world_.size()));
+    std::vector<float> local(n, 0.0f);
     for (auto& [slot, gemm] : mine_) {
       const Fp8Triple s = gemm->fp8_scales();
       for (int k = 0; k < 3; ++k) local[3 * size_t(slot) + size_t(k)] = s[size_t(k)];
     }
-    world_.all_gather(local.data(), every.data(), int64_t(n), CommType::f32).wait();
-    std::fill(scales_.begin(), scales_.end(), 0.0f);
-    for (int r = 0; r < world_.size(); ++r)
-      for (size_t i = 0; i < n; ++i) scales_[i] = std::max(scales_[i], every[size_t(r) * n + i]);
+    scales_ = max_over(world_, local);
     return;
   }
-  std::vector<float> local(n, 0.0f), every(n * size_t(world_.size()));
+  std::vector<float> local(n, 0.0f);
   for (auto& [slot, gemm] : mine_) {
     const Fp8Triple a = gemm->take_fp8_amax();
     for (int k = 0; k < 3; ++k) local[3 * size_t(slot) + size_t(k)] = a[size_t(k)];
     float& w = local[3 * size_t(slot) + fp8_w];
     w = std::max(w, std::exchange(weight_amax_[size_t(slot)], 0.0f));
   }
-  world_.all_gather(local.data(), every.data(), int64_t(n), CommType::f32).wait();
-  std::vector<float> amax(n, 0.0f);
-  for (int r = 0; r < world_.size(); ++r)
-    for (size_t i = 0; i < n; ++i) amax[i] = std::max(amax[i], every[size_t(r) * n + i]);
-  history_.push_back(std::move(amax));
+  history_.push_back(max_over(world_, local));
   if (int64_t(history_.size()) > options_.amax_history_len) history_.erase(history_.begin());
   for (size_t i = 0; i < n; ++i) {
     float a = history_.back()[i];
