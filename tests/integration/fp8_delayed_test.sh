@@ -6,7 +6,7 @@
 # amaxes bit for bit, its other amaxes within rounding (1e-4), the next two steps' within 1e-3
 # and later ones within 10% (the runs part as FP8 runs do). A resumed run continues the history bitwise.
 # ZeRO-3's FP8 gathers (parallel.fp8_allgather) give bitwise the run with fp32 gathers, alone and
-# at tp 2, with fewer bytes. The amax algorithm and history length are used (most_recent is max over a history of 1, and
+# at tp 2, with fewer bytes, as many as `cleave mesh` predicts. The amax algorithm and history length are used (most_recent is max over a history of 1, and
 # neither is max over 1024); fp8 keys that do not apply are errors.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
@@ -67,6 +67,23 @@ same_bits delayed-zero3x2 delayed-zero3x2-fp8gather 20
 fp32_bytes=$(gather_bytes delayed-zero3x2) fp8_bytes=$(gather_bytes delayed-zero3x2-fp8gather)
 awk -v a="$fp8_bytes" -v b="$fp32_bytes" 'BEGIN {exit !(a < 0.5 * b)}' \
   || { echo "FAIL: FP8 gathers sent $fp8_bytes bytes per step, fp32 gathers $fp32_bytes"; exit 1; }
+# cleave mesh's prediction of the gathers, from the FP8 linears' weights at one byte per value and
+# everything else at four: its dp_shard figure is the gradient reduce-scatter (1 part) plus
+# 2 x accumulation = 4 parameter gathers, each part the fp32 ring gather of the parameters when
+# the gathers are fp32. Each run's gather bytes are within 15% of it (slices are padded, and a
+# unit's fp32 values go at the most any rank sends).
+zero3=(--set train.micro_batch_size=4 --set train.grad_accum_steps=2 --set parallel.dp_shard=2
+       --set parallel.zero_stage=3)
+predicted() {
+  "$cleave" mesh "$cfg" --world 2 --set data.dir="$data" "${common[@]}" "${fp8[@]}" "${zero3[@]}" "$@" \
+    | grep -o "^  dp_shard .*(\([0-9]*\) bytes)" | sed 's/.*(\([0-9]*\) bytes)/\1/'
+}
+fp32_total=$(predicted) fp8_total=$(predicted --set parallel.fp8_allgather=true)
+awk -v m32="$fp32_bytes" -v m8="$fp8_bytes" -v p32="$fp32_total" -v p8="$fp8_total" 'BEGIN {
+  g32 = p32 * 4 / 5; g8 = p8 - p32 / 5
+  printf "gathers per step: fp32 %d bytes measured, %d predicted; FP8 %d measured, %d predicted\n", m32, g32, m8, g8
+  exit !(g8 < 0.5 * g32 && m32 > 0.85 * g32 && m32 < 1.15 * g32 && m8 > 0.85 * g8 && m8 < 1.15 * g8) }' \
+  || { echo "FAIL: cleave mesh's ZeRO-3 gather bytes are not the measured ones"; exit 1; }
 zero3_tp2=(--set train.micro_batch_size=4 --set train.grad_accum_steps=2 --set parallel.dp_shard=2
            --set parallel.zero_stage=3 --set parallel.tp=2)
 run delayed-tp2-zero3x2 4 "${fp8[@]}" "${zero3_tp2[@]}"

@@ -127,9 +127,11 @@ class Transformer {
   const float* forward_cached(const int32_t* tokens, int64_t T, std::vector<KVCache>& cache);
 
   // For planning: what tp rank 0 of tp ranks holds of `chunks`, built without communication and
-  // without touching the parameter buffers (mapped, never written). It cannot run.
+  // without touching the parameter buffers (mapped, never written). It cannot run; its linears
+  // have the products of `precision` (which of them are FP8: fp8_gemms).
   static std::unique_ptr<Transformer> planned(const ModelConfig& cfg, int tp, bool sequence_parallel,
-                                              std::vector<ModelChunk> chunks = {});
+                                              std::vector<ModelChunk> chunks = {},
+                                              Precision precision = Precision::fp32);
 
   // Parameters that take part in matrix products (LM head included) of the whole model, counting
   // only a token's active experts in a MoE layer (the router, top_k experts and the shared

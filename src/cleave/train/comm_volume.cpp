@@ -104,8 +104,21 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   int ep = 1;
   for (const CarvedAxis& c : mesh.carved()) ep = c.name == kEp ? c.degree : ep;
   const std::unique_ptr<Transformer> model =
-      Transformer::planned(m, tp, cfg.parallel.sequence_parallel, chunks);
+      Transformer::planned(m, tp, cfg.parallel.sequence_parallel, chunks, t.dtype);
   const ParamStore& store = model->params();
+  // ZeRO-3's gathers with parallel.fp8_allgather send the FP8 linears' weights as one byte per
+  // value (parallel/fp8_allgather.h); fp8_floats: those weights, all and the experts'.
+  double fp8_floats = 0, fp8_expert_floats = 0;
+  if (cfg.parallel.fp8_allgather)
+    for (const auto& [name, gemm] : model->fp8_gemms()) {
+      const ParamTensor& w = store.tensor(store.find(name));
+      fp8_floats += double(w.numel);
+      if (store.group_name(w.group) == "experts") fp8_expert_floats += double(w.numel);
+    }
+  // A gather of n parameters over p ranks, f of them FP8 weights.
+  auto parameter_gather = [](double n, double f, int p) {
+    return ring_gather(n - f, p) + ring_gather(f, p) / 4;
+  };
   double partial = 0;  // floats of gradients summed over tp (sequence parallelism's norms)
   double kv = 0;       // and over the ranks sharing a kv head
   for (const ParamTensor& p : store.tensors()) {
@@ -144,8 +157,10 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   if (dp > 1 && ep > 1) {
     const int efsdp = S / ep, edp = R * efsdp, zero = cfg.parallel.zero_stage;
     const double e = zero <= 1 ? ring_all_reduce(P_experts, edp) + (zero == 1 ? ring_gather(P_experts, efsdp) : 0)
-                               : ring_gather(P_experts, efsdp) * (1 + (zero == 2 ? 1 : 2 * accum)) +
-                                     ring_all_reduce(P_experts / efsdp, R);
+                 : zero == 2 ? 2 * ring_gather(P_experts, efsdp) + ring_all_reduce(P_experts / efsdp, R)
+                             : ring_gather(P_experts, efsdp) +
+                                   2 * accum * parameter_gather(P_experts, fp8_expert_floats / ep, efsdp) +
+                                   ring_all_reduce(P_experts / efsdp, R);
     if (e > 0)
       out.push_back({"efsdp", e, "the experts' gradient reduction over dp_replicate x efsdp (" +
                                      std::to_string(edp) + " ranks), as the dense parameters' "
@@ -161,11 +176,13 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
       if (zero == 1)
         out.push_back({shard_axes, ring_gather(P, S), "all-gather of the updated shards"});
     } else {
-      const double gathers = zero == 2 ? 1 : 2 * accum;
-      out.push_back({shard_axes, ring_gather(P, S) * (1 + gathers),
+      const double dense_fp8 = fp8_floats - (ep > 1 ? fp8_expert_floats : 0);
+      const double gathers = zero == 2 ? ring_gather(P, S) : 2 * accum * parameter_gather(P, dense_fp8, S);
+      out.push_back({shard_axes, ring_gather(P, S) + gathers,
                      std::string("gradient reduce-scatter, ") +
                          (zero == 2 ? "all-gather of the updated shards"
-                                    : "parameter all-gathers before each forward and backward")});
+                                    : "parameter all-gathers before each forward and backward") +
+                         (fp8_floats > 0 ? " (the FP8 linears' weights in FP8 bytes)" : "")});
       if (R > 1)
         out.push_back({"dp_replicate", ring_all_reduce(P / S, R), "all-reduce of the gradient shards"});
     }
