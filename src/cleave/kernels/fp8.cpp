@@ -28,6 +28,12 @@ uint32_t bits_of(float x) {
   return u;
 }
 
+float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
 // fp8_encode on fp32's bits, for the bulk conversions (checked against fp8_encode, which follows
 // the formats' definitions, in kernels_fp8_test): round half to even at the format's mantissa
 // width by an add on the bits, the format's subnormals by rounding a / (smallest subnormal).
@@ -141,13 +147,15 @@ float fp8_scale(float amax, Fp8Format f, int margin, float previous) {
 
 float fp8_tile_scale(float amax, Fp8Format f) {
   if (!(amax > 0)) return 1.0f;
-  if (!std::isfinite(amax)) return std::ldexp(1.0f, -127);
-  // The largest power of two 2^e with amax * 2^e <= max: e = floor(log2(max / amax)), computed
-  // exactly on the exponents and checked once (the quotient's rounding could push it over).
-  int e = std::ilogb(fp8_max(f)) - std::ilogb(amax);
-  if (std::ldexp(amax, e) > fp8_max(f)) --e;
-  if (std::ldexp(amax, e + 1) <= fp8_max(f)) ++e;
-  return std::ldexp(1.0f, std::clamp(e, -127, 127));
+  if (!std::isfinite(amax)) return from_bits(0x00400000u);  // 2^-127
+  // On the bits, without libm (a tile recipe takes a scale per 32 or 128 values): with
+  // amax = (1 + a) 2^ea and max = (1 + m) 2^em, the largest e with amax 2^e <= max is em - ea,
+  // less one when a > m. A subnormal amax puts e above E8M0's range.
+  const uint32_t a = bits_of(amax), m = bits_of(fp8_max(f));
+  if (a < 0x00800000u) return from_bits(0x7f000000u);  // 2^127
+  const int e = std::clamp(int(m >> 23) - int(a >> 23) - int((a & 0x7fffffu) > (m & 0x7fffffu)),
+                           -127, 127);
+  return from_bits(e >= -126 ? uint32_t(e + 127) << 23 : 0x00400000u);
 }
 
 namespace {
@@ -192,6 +200,7 @@ void image(T* dst, const uint8_t* src, const float* factors, const Fp8Tiles& t, 
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* q = src + r * t.cols;
       T* out = dst + r * t.cols;
+#pragma omp simd
       for (int64_t c = 0; c < t.cols; ++c) {
         const float v = codes[q[c]] * factor[c];
         if constexpr (std::is_same_v<T, bf16>) {
@@ -236,10 +245,14 @@ void fp8_quantize_tiles(uint8_t* dst, float* factors, const float* src, const Fp
     }
     spread(column, band_factors, t);
     for (int64_t j = 0; j < across; ++j) band_factors[j] = 1.0f / band_factors[j];
+    // A local encoder and `simd`: a uint8_t store may alias anything, so without them the loop
+    // stays scalar and reloads the encoder's fields for every value.
+    const FastEncoder e = encode;
     for (int64_t r = r0; r < r1; ++r) {
       const float* x = src + r * t.cols;
       uint8_t* q = dst + r * t.cols;
-      for (int64_t c = 0; c < t.cols; ++c) q[c] = encode(x[c] * column[c]);
+#pragma omp simd
+      for (int64_t c = 0; c < t.cols; ++c) q[c] = e(x[c] * column[c]);
     }
   });
 }
