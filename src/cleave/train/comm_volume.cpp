@@ -164,7 +164,10 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
     if (e > 0)
       out.push_back({"efsdp", e, "the experts' gradient reduction over dp_replicate x efsdp (" +
                                      std::to_string(edp) + " ranks), as the dense parameters' "
-                                     "over theirs"});
+                                     "over theirs" +
+                                     (fp8_expert_floats > 0 && zero == 3
+                                          ? " (their FP8 weights gathered in FP8 bytes)"
+                                          : "")});
   }
   if (dp > 1) {
     const double P = double(store.count()) - (ep > 1 ? P_experts * ep : 0);
