@@ -10,9 +10,17 @@ namespace {
 
 // Codes and factors nobody keeps, per thread, grown as needed.
 template <typename T>
-T* scratch(int64_t n, int which) {
-  static thread_local Buffer<T> buffers[2];
-  return buffers[which].grow(n);
+T* scratch(int64_t n) {
+  static thread_local Buffer<T> buffer;
+  return buffer.grow(n);
+}
+
+// A per-tensor operand's image: its codes' raw FP8 values (the product's epilogue applies the
+// scales, as the hardware does).
+template <typename T>
+void raw_image(T* image, const uint8_t* codes, int64_t rows, int64_t cols, Fp8Format f) {
+  const float one = 1.0f;
+  fp8_image(image, codes, &one, Fp8Tiles::whole(rows, cols), f);
 }
 
 }  // namespace
@@ -27,11 +35,6 @@ float Fp8Operands::tensor_scale(const float* a, int64_t n, Fp8Operand which,
   return scale[size_t(which)];
 }
 
-void Fp8Operands::quantise(uint8_t* codes, float* factors, const float* a, const Fp8Tiles& t,
-                           Fp8Operand which) {
-  fp8_quantize_tiles(codes, factors, a, t, format(which));
-}
-
 Fp8Tiles Fp8Operands::tiles_along_rows(int64_t rows, int64_t cols) const {
   return {rows, cols, tile(), 1};
 }
@@ -42,7 +45,7 @@ const float* Fp8Operands::weight_image(const float* w, bool forward) {
   // 4 bytes per weight, and one allocated per use would fault its pages in every step.
   static thread_local Buffer<float> images;
   float* image = images.grow(n);
-  uint8_t* codes = scratch<uint8_t>(n, 0);
+  uint8_t* codes = scratch<uint8_t>(n);
   if (per_tensor()) {
     if (gathered) {
       // The gather's scale and its shard's amax: quantising its dequantised values again with
@@ -54,14 +57,13 @@ const float* Fp8Operands::weight_image(const float* w, bool forward) {
       weight_scale_ = tensor_scale(w, n, fp8_w, settings.weight);
     }
     fp8_quantize(codes, w, n, weight_scale_, Fp8Format::e4m3);
-    const float one = 1.0f;
-    fp8_image(image, codes, &one, Fp8Tiles::whole(out_, in_), Fp8Format::e4m3);
+    raw_image(image, codes, out_, in_, Fp8Format::e4m3);
   } else {
     Fp8Tiles t{out_, in_, 128, 128};
     if (settings.recipe == Fp8Recipe::mxfp8)
       t = forward ? Fp8Tiles{out_, in_, 1, 32} : Fp8Tiles{out_, in_, 32, 1};
-    float* factors = scratch<float>(t.count(), 0);
-    quantise(codes, factors, w, t, fp8_w);
+    float* factors = scratch<float>(t.count());
+    fp8_quantize_tiles(codes, factors, w, t, format(fp8_w));
     fp8_image(image, codes, factors, t, Fp8Format::e4m3);
   }
   return image;
@@ -72,20 +74,19 @@ float Fp8Operands::inner_along_cols(bf16* image, const float* a, int64_t rows, i
   const int64_t n = rows * cols;
   if (per_tensor()) {
     const float s = tensor_scale(a, n, which, settings.activations);
-    uint8_t* codes = keep ? keep->fp8.grow(n) : scratch<uint8_t>(n, 0);
+    uint8_t* codes = keep ? keep->fp8.grow(n) : scratch<uint8_t>(n);
     fp8_quantize(codes, a, n, s, format(which));
     if (keep) {
       keep->factors.grow(1)[0] = 1.0f / s;
       keep->count = n;
     }
-    const float one = 1.0f;
-    fp8_image(image, codes, &one, Fp8Tiles::whole(rows, cols), format(which));
+    raw_image(image, codes, rows, cols, format(which));
     return 1.0f / s;
   }
   const Fp8Tiles t{rows, cols, 1, tile()};
-  uint8_t* codes = scratch<uint8_t>(n, 0);
-  float* factors = scratch<float>(t.count(), 0);
-  quantise(codes, factors, a, t, which);
+  uint8_t* codes = scratch<uint8_t>(n);
+  float* factors = scratch<float>(t.count());
+  fp8_quantize_tiles(codes, factors, a, t, format(which));
   fp8_image(image, codes, factors, t, format(which));
   if (keep) keep_along_rows(a, rows, cols, which, *keep, 0.0f);
   return 1.0f;
@@ -100,7 +101,7 @@ void Fp8Operands::keep_along_rows(const float* a, int64_t rows, int64_t cols, Fp
     keep.factors.grow(1)[0] = 1.0f / tensor_scale;
   } else {
     const Fp8Tiles t = tiles_along_rows(rows, cols);
-    quantise(codes, keep.factors.grow(t.count()), a, t, which);
+    fp8_quantize_tiles(codes, keep.factors.grow(t.count()), a, t, format(which));
   }
   keep.count = n;
 }
@@ -113,30 +114,20 @@ void Fp8Operands::keep(const float* a, int64_t rows, int64_t cols, Fp8Operand wh
 
 float Fp8Operands::inner_along_rows(bf16* image, const float* a, int64_t rows, int64_t cols,
                                     Fp8Operand which, const OperandCopy* copy) {
-  const int64_t n = rows * cols;
-  const float one = 1.0f;
-  if (copy) {
-    CLEAVE_CHECK(copy->count == n, "LinearGemm::backward_weight: the kept FP8 copy holds "
-                                       << copy->count << " elements, not " << n);
-    if (per_tensor()) {
-      fp8_image(image, copy->fp8.data(), &one, Fp8Tiles::whole(rows, cols), format(which));
-      return copy->factors[0];
-    }
-    fp8_image(image, copy->fp8.data(), copy->factors.data(), tiles_along_rows(rows, cols),
-              format(which));
-    return 1.0f;
+  if (!copy) {
+    // Quantised here as forward or backward_input would have kept it: the same codes.
+    static thread_local OperandCopy fresh;
+    keep(a, rows, cols, which, fresh);
+    copy = &fresh;
   }
-  uint8_t* codes = scratch<uint8_t>(n, 1);
+  CLEAVE_CHECK(copy->count == rows * cols, "LinearGemm::backward_weight: the kept FP8 copy holds "
+                                               << copy->count << " elements, not " << rows * cols);
   if (per_tensor()) {
-    const float s = tensor_scale(a, n, which, settings.activations);
-    fp8_quantize(codes, a, n, s, format(which));
-    fp8_image(image, codes, &one, Fp8Tiles::whole(rows, cols), format(which));
-    return 1.0f / s;
+    raw_image(image, copy->fp8.data(), rows, cols, format(which));
+    return copy->factors[0];
   }
-  const Fp8Tiles t = tiles_along_rows(rows, cols);
-  float* factors = scratch<float>(t.count(), 1);
-  quantise(codes, factors, a, t, which);
-  fp8_image(image, codes, factors, t, format(which));
+  fp8_image(image, copy->fp8.data(), copy->factors.data(), tiles_along_rows(rows, cols),
+            format(which));
   return 1.0f;
 }
 

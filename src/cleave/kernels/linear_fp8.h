@@ -64,9 +64,6 @@ class Fp8Operands {
   // The per-tensor scale for a (delayed: the set one; current: from a's amax, reduced), with a's
   // amax recorded.
   float tensor_scale(const float* a, int64_t n, Fp8Operand which, AmaxReducer* reducer);
-  // Quantises a [rows, cols] into codes and factors with tiles (per-tensor: the whole tensor).
-  void quantise(uint8_t* codes, float* factors, const float* a, const Fp8Tiles& t,
-                Fp8Operand which);
   Fp8Tiles tiles_along_rows(int64_t rows, int64_t cols) const;
   void keep_along_rows(const float* a, int64_t rows, int64_t cols, Fp8Operand which,
                        OperandCopy& keep, float tensor_scale);
