@@ -3,8 +3,9 @@
 # modes installed and tuned) on GPT-2 124M (sequence 256, global batch 4), fp32 and bf16, the
 # programs alternating, REPEATS rounds; and cleave 2x1 against cleave 1 rank x 2 threads at the
 # same global batch (scaling efficiency); and cleave ZeRO-1 2x1 (the optimizer step sharded, as
-# Megatron's distributed optimizer: each rank updates half the parameters). Prints median
-# tokens/s, ratios and cleave's exposed communication per step.
+# Megatron's distributed optimizer: each rank updates half the parameters). Every cleave run is
+# unbound (mpirun --bind-to none), as the peer's spawned processes are. Prints median tokens/s,
+# ratios and cleave's exposed communication per step.
 # Usage: bench/ddp_vs_pytorch.sh [VOCAB=8192] [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,9 +15,9 @@ source bench/common.sh
 cleave_run() {  # dtype ranks threads zero_stage -> "tok/s exposed_ms step_ms"
   local dtype=$1 np=$2 threads=$3 zero=$4 out=$work/run-$1-$2x$3-z$4
   rm -rf "$out"
-  # One thread per rank: let mpirun bind each rank to a core; more: do not bind.
-  local bind=(); [ "$threads" -gt 1 ] && bind=(--bind-to none)
-  mpirun --oversubscribe "${bind[@]}" -np "$np" ./build/cleave train configs/gpt2_124m.toml --set data.dir="$work" \
+  # Unbound, as the peer's spawned processes are: a rank bound to one core shares it with its
+  # communication progress thread, measured 9-33% slower at 2 x 1 bf16 (docs/performance.md).
+  mpirun --oversubscribe --bind-to none -np "$np" ./build/cleave train configs/gpt2_124m.toml --set data.dir="$work" \
     --set model.vocab_size="$vocab" --set train.dtype="$dtype" --set train.steps=13 \
     --set train.log_interval=1 --set train.val_interval=0 --set train.checkpoint_interval=-1 \
     --set train.threads="$threads" --set parallel.dp_shard="$np" --set parallel.zero_stage="$zero" \
