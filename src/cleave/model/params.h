@@ -105,6 +105,11 @@ class ParamStore {
   // while it runs.
   void keep_packed(int tensor, LinearGemm* gemm);  // after allocate(); binds the gemm's weight
   LinearGemm* packed_by(int tensor) const { return packed_by_[size_t(tensor)]; }  // or null
+  // Whether tensor is the weight of an FP8 product (the linears fp8 mode quantises).
+  bool fp8_weight(int tensor) const {
+    const LinearGemm* g = packed_by(tensor);
+    return g && g->precision() == Precision::fp8;
+  }
   const uint64_t* version(int tensor) const { return &versions_[size_t(tensor)]; }
   void wrote(int64_t begin, int64_t end);  // the flat range [begin, end) of the values
   void wrote_all() { wrote(0, total_); }

@@ -99,8 +99,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
 std::vector<std::pair<std::string, LinearGemm*>> Transformer::fp8_gemms() {
   std::vector<std::pair<std::string, LinearGemm*>> gemms;
   for (int i = 0; i < int(store_.tensors().size()); ++i)
-    if (LinearGemm* g = store_.packed_by(i); g && g->precision() == Precision::fp8)
-      gemms.push_back({store_.tensor(i).name, g});
+    if (store_.fp8_weight(i)) gemms.push_back({store_.tensor(i).name, store_.packed_by(i)});
   return gemms;
 }
 
@@ -108,11 +107,11 @@ void Transformer::set_fp8(kernels::Fp8Recipe recipe, int margin) {
   amax_tp_cp_ = std::make_unique<GroupAmax>(tp_.comm, cp_group_);
   amax_tp_ = std::make_unique<GroupAmax>(tp_.comm, nullptr);
   for (int i = 0; i < int(store_.tensors().size()); ++i) {
-    LinearGemm* g = store_.packed_by(i);
-    if (!g || g->precision() != Precision::fp8) continue;
+    if (!store_.fp8_weight(i)) continue;
     // An expert's rows come from several ranks' batches: their amax is the expert's own.
     const bool expert = store_.group_name(store_.tensor(i).group) == "experts";
-    g->set_fp8({recipe, margin, expert ? amax_tp_.get() : amax_tp_cp_.get(), amax_tp_.get()});
+    store_.packed_by(i)->set_fp8(
+        {recipe, margin, expert ? amax_tp_.get() : amax_tp_cp_.get(), amax_tp_.get()});
   }
 }
 

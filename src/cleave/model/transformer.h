@@ -128,7 +128,7 @@ class Transformer {
 
   // For planning: what tp rank 0 of tp ranks holds of `chunks`, built without communication and
   // without touching the parameter buffers (mapped, never written). It cannot run; its linears
-  // have the products of `precision` (which of them are FP8: fp8_gemms).
+  // have the products of `precision` (which of them are FP8: ParamStore::fp8_weight).
   static std::unique_ptr<Transformer> planned(const ModelConfig& cfg, int tp, bool sequence_parallel,
                                               std::vector<ModelChunk> chunks = {},
                                               Precision precision = Precision::fp32);

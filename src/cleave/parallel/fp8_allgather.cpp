@@ -19,8 +19,7 @@ Fp8Allgather::Fp8Allgather(ParamStore& store, Group& shard, std::vector<int64_t>
   const int units = int(bounds_.size()) - 1;
   pieces_.resize(size_t(units));
   for (int t = 0; t < int(store.tensors().size()); ++t) {
-    const LinearGemm* g = store.packed_by(t);
-    if (!g || g->precision() != Precision::fp8) continue;
+    if (!store.fp8_weight(t)) continue;
     const ParamTensor& p = store.tensor(t);
     for (int u = 0; u < units; ++u)
       if (p.offset >= bounds_[size_t(u)] && p.offset < bounds_[size_t(u) + 1])

@@ -110,8 +110,9 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   // value (parallel/fp8_allgather.h); fp8_floats: those weights, all and the experts'.
   double fp8_floats = 0, fp8_expert_floats = 0;
   if (cfg.parallel.fp8_allgather)
-    for (const auto& [name, gemm] : model->fp8_gemms()) {
-      const ParamTensor& w = store.tensor(store.find(name));
+    for (int i = 0; i < int(store.tensors().size()); ++i) {
+      if (!store.fp8_weight(i)) continue;
+      const ParamTensor& w = store.tensor(i);
       fp8_floats += double(w.numel);
       if (store.group_name(w.group) == "experts") fp8_expert_floats += double(w.numel);
     }
