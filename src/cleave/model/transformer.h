@@ -29,7 +29,9 @@ struct ModelChunk {
 class Transformer {
  public:
   // pad_multiple: every unit of parameters (see units) starts at a multiple of it, and the flat
-  // buffer's size is one (equal ZeRO shards of each unit). Every tensor is in group 0 ("dense").
+  // buffer's size is one (equal ZeRO shards of each unit). Every tensor is in group 0 ("dense")
+  // but a MoE layer's routed experts, which are in group 1 ("experts") with or without ep; the
+  // group, not the tensor, says the data-parallel placement (model/placement.h).
   // materialise = false leaves the parameter values unset (ZeRO-3 builds only its shards).
   // tp: this rank's share of a tensor-parallel model (docs/tensor_parallel.md): its heads and
   // hidden units in every block, and its rows of the vocabulary in the embedding, the LM head and
@@ -39,8 +41,8 @@ class Transformer {
   // zigzag chunks of each sequence, and attention exchanges keys and values with the cp ranks.
   // GPT-2's tied LM head on a rank without the embeddings holds a copy of embed.wte
   // (Placement::tied_copy) whose gradient the trainer sums with the first stage's.
-  // ep: expert parallelism (model/moe.h) for a model with MoE layers, whose experts form a second
-  // parameter group, "experts".
+  // ep: expert parallelism (model/moe.h) for a model with MoE layers: this rank holds E / ep of
+  // each layer's routed experts.
   Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed, int64_t pad_multiple = 1,
               bool materialise = true, const TensorParallelOptions& tp = {},
               std::vector<ModelChunk> chunks = {}, const ContextParallelOptions& cp = {},
