@@ -16,20 +16,24 @@
 # (attention keeps no T x T matrix, so memory grows linearly with the sequence).
 # Targets (issue 18): activation memory per rank within 15% of 1/cp; cp2 >= 0.85 x 1x2 tokens/s;
 # ring's exposed cp <= 10% of the step at 8K and above; masking faster by about the share it skips
-# of attention's time. Not a CI gate.
-# Usage: bench/cp.sh [SEQS="4096 8192"] [LIMIT_MIB=2048] [STEPS=5]
+# of attention's time. Not a CI gate. CLEAVE_BENCH_SMOKE=1 (bench/common.sh): vocab 512, the tiny
+# model (4 kv heads), the layouts 1x2 and cp2-ring, sequences of 128 and 256 tokens,
+# documents of 64, 3 steps.
+# Usage: [CLEAVE=build/cleave] bench/cp.sh [SEQS="4096 8192"] [LIMIT_MIB=2048] [STEPS=5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seqs=${1:-"4096 8192"} limit=${2:-2048} steps=${3:-5}
-cfg=configs/llama_long.toml
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source bench/common.sh
+cfg=configs/llama_long.toml vocab=8192 short=512 doc=256 model=()
+layouts="1x2 cp2-ring cp2-allgather cp2-ulysses cp4-ring cp4-allgather cp4-ulysses cp4-hybrid"
+if [ "$smoke" = 1 ]; then
+  seqs=256 steps=3 vocab=512 short=128 doc=64 model=("${tiny[@]}")
+  layouts="1x2 cp2-ring"
+fi
 mkdir -p "$work/plain" "$work/docs"
-/usr/bin/python3 bench/random_tokens.py "$work/plain" 8192 4000000
-/usr/bin/python3 bench/random_tokens.py "$work/docs" 8192 4000000 256
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+/usr/bin/python3 bench/random_tokens.py "$work/plain" "$vocab" 4000000
+/usr/bin/python3 bench/random_tokens.py "$work/docs" "$vocab" 4000000 "$doc"
 
-median() { sort -g | awk '{a[NR]=$1} END {print (a[int((NR+1)/2)] + a[int((NR+2)/2)]) / 2}'; }
 # The median of a metric over the logged steps after the first two (warm-up).
 field() { grep "\"$2\"" "$1/metrics.jsonl" | tail -n +3 | sed "s/.*\"$2\":\([^,}]*\).*/\1/" | median; }
 
@@ -38,7 +42,8 @@ run() {  # name seq data np threads [--set ...] -> "tok/s step_ms exposed_cp_ms 
   local out=$work/run-$name-$seq
   rm -rf "$out"
   local bind=(); [ "$threads" -gt 1 ] && bind=(--bind-to none)
-  mpirun --oversubscribe "${bind[@]}" -np "$np" ./build/cleave train "$cfg" --set data.dir="$data" \
+  mpirun --oversubscribe "${bind[@]}" -np "$np" "$cleave" train "$cfg" --set data.dir="$data" \
+    --set model.vocab_size="$vocab" "${model[@]}" \
     --set train.seq_len="$seq" --set train.steps="$steps" --set train.threads="$threads" \
     --set train.peak_gflops=100 --set train.out_dir="$out" "$@" > "$out.log" 2>&1 \
     || { cat "$out.log" >&2; return 1; }
@@ -47,7 +52,6 @@ run() {  # name seq data np threads [--set ...] -> "tok/s step_ms exposed_cp_ms 
     "$(field "$out" exposed_comm_ms_cp) $(grep -o '"peak_rss_mib":[0-9.]*' "$out/metrics.jsonl" | tail -1 | cut -d: -f2)"
 }
 
-layouts="1x2 cp2-ring cp2-allgather cp2-ulysses cp4-ring cp4-allgather cp4-ulysses cp4-hybrid"
 declare -A args=(
   [1x2]="1 2"
   [cp2-ring]="2 1 --set parallel.cp=2 --set parallel.cp_mode=ring"
@@ -60,11 +64,14 @@ declare -A args=(
 cp_of() { case $1 in 1x2) echo 1;; cp2*) echo 2;; cp4*) echo 4;; esac; }
 declare -A tok step exposed rss base
 for l in $layouts; do
+  # A run's figures go through r, so that a failed run stops the script (set -e).
   # shellcheck disable=SC2086
-  read -r _ _ _ base[$l] <<<"$(run "$l" 512 "$work/plain" ${args[$l]} --set train.steps=3)"
+  r=$(run "$l" "$short" "$work/plain" ${args[$l]} --set train.steps=3)
+  read -r _ _ _ base[$l] <<<"$r"
   for s in $seqs; do
     # shellcheck disable=SC2086
-    read -r tok[$l-$s] step[$l-$s] exposed[$l-$s] rss[$l-$s] <<<"$(run "$l" "$s" "$work/plain" ${args[$l]})"
+    r=$(run "$l" "$s" "$work/plain" ${args[$l]})
+    read -r tok[$l-$s] step[$l-$s] exposed[$l-$s] rss[$l-$s] <<<"$r"
     echo "$l seq $s: ${tok[$l-$s]} tok/s, peak RSS ${rss[$l-$s]} MiB" >&2
   done
 done
@@ -91,25 +98,27 @@ echo " cp4 rows run 4 ranks on $(nproc) cores: their tokens/s are not comparable
 # Document masking at the longest sequence.
 s=${seqs##* }
 echo
-echo "document masking, documents of 256 tokens, sequence $s"
-skipped=$(awk -v T="$s" 'BEGIN {
+echo "document masking, documents of $doc tokens, sequence $s"
+skipped=$(awk -v T="$s" -v D="$doc" 'BEGIN {
   n = T / 64; all = 0; kept = 0
-  for (i = 0; i < n; i++) { all += i + 1; d = int(i * 64 / 256); first = d * 256 / 64; kept += i - first + 1 }
+  for (i = 0; i < n; i++) { all += i + 1; d = int(i * 64 / D); first = d * D / 64; kept += i - first + 1 }
   printf "%.2f", 1 - kept / all }')
 for l in 1x2 cp2-ring; do
   # shellcheck disable=SC2086
-  read -r t_off _ _ _ <<<"$(run "$l-docs-off" "$s" "$work/docs" ${args[$l]})"
+  r=$(run "$l-docs-off" "$s" "$work/docs" ${args[$l]})
+  read -r t_off _ _ _ <<<"$r"
   # shellcheck disable=SC2086
-  read -r t_on _ _ _ <<<"$(run "$l-docs-on" "$s" "$work/docs" ${args[$l]} --set data.document_mask=true)"
+  r=$(run "$l-docs-on" "$s" "$work/docs" ${args[$l]} --set data.document_mask=true)
+  read -r t_on _ _ _ <<<"$r"
   awk -v l="$l" -v a="$t_off" -v b="$t_on" -v k="$skipped" \
     'BEGIN {printf "  %-9s no mask %6.0f tok/s, mask %6.0f tok/s: %.2fx (the mask skips %.0f%% of the causal key blocks)\n",
             l, a, b, b / a, 100 * k}'
 done
 
 echo
-echo "longest sequence within $limit MiB per rank (peak RSS fitted as a + b x seq over 512 and $seqs):"
+echo "longest sequence within $limit MiB per rank (peak RSS fitted as a + b x seq over $short and $seqs):"
 for l in $layouts; do
-  xs="512" ys="${base[$l]}"
+  xs="$short" ys="${base[$l]}"
   for s in $seqs; do xs+=" $s"; ys+=" ${rss[$l-$s]}"; done
   c=$(cp_of "$l")
   awk -v xs="$xs" -v ys="$ys" -v lim="$limit" -v l="$l" -v c="$c" 'BEGIN {

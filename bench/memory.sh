@@ -7,17 +7,19 @@
 # what changes between the two is the model state, and the script compares the measured change
 # of the peak with the predicted one. The remainder (peak minus model state) is activations, the
 # prepacked copies of fp32 GEMM weights (8 bytes per resident matmul parameter), the units ZeRO-2/3
-# hold in flight, communication buffers and the runtime.
-# Usage: bench/memory.sh
+# hold in flight, communication buffers and the runtime. CLEAVE_BENCH_SMOKE=1 (bench/common.sh):
+# vocab 256, the tiny model, 1 step a run.
+# Usage: [CLEAVE=build/cleave] bench/memory.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 bench/random_tokens.py "$work" 8192 2000000
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-common=(--set data.dir="$work" --set train.dtype=fp32 --set train.threads=1 --set train.peak_gflops=1
-        --set train.val_interval=0 --set train.checkpoint_interval=-1 --set train.log_interval=1)
-P=$(./build/cleave train configs/gpt2_124m.toml "${common[@]}" --set train.steps=0 \
+source bench/common.sh
+vocab=8192 steps=3 model=()
+[ "$smoke" = 1 ] && vocab=256 steps=1 model=("${tiny[@]}")
+/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
+common=(--set data.dir="$work" --set model.vocab_size="$vocab" "${model[@]}" --set train.dtype=fp32
+        --set train.threads=1 --set train.peak_gflops=1 --set train.val_interval=0
+        --set train.checkpoint_interval=-1 --set train.log_interval=1)
+P=$("$cleave" train configs/gpt2_124m.toml "${common[@]}" --set train.steps=0 \
       --set train.out_dir="$work/count" | sed -n 's/.*model, \([0-9]*\) parameters.*/\1/p')
 mib() { awk -v b="$1" 'BEGIN { printf "%.0f", b / 1048576 }'; }
 state() {  # zero_stage N -> predicted model-state bytes per rank
@@ -31,8 +33,8 @@ for zero in 0 1 2 3; do
   name=$([ $zero = 0 ] && echo DDP || echo "ZeRO-$zero")
   for n in 2 4; do
     log=$work/z$zero-n$n.log
-    mpirun --oversubscribe -np "$n" ./build/cleave train \
-      configs/gpt2_124m.toml "${common[@]}" --set train.steps=3 --set train.micro_batch_size="$n" \
+    mpirun --oversubscribe -np "$n" "$cleave" train \
+      configs/gpt2_124m.toml "${common[@]}" --set train.steps=$steps --set train.micro_batch_size="$n" \
       --set parallel.dp_shard="$n" --set parallel.zero_stage=$zero \
       --set train.out_dir="$work/z$zero-n$n" > "$log" 2>&1 || { tail "$log"; exit 1; }
     # Every rank's peak RSS as cleave measured it (metrics.jsonl, the last logged step): the largest.

@@ -16,16 +16,25 @@
 #  3. Balance over STEPS steps: the worst layer's max / mean tokens per expert (median over the
 #     last 20 steps) and the final loss with no balancing, the auxiliary loss (0.01) and
 #     sigmoid_bias's bias (rates 1e-3, DeepSeek-V3's, and 1e-2).
-# Usage: bench/moe.sh [ROUNDS=3] [STEPS=200]
+# CLEAVE_BENCH_SMOKE=1 (bench/common.sh): random tokens of vocab 256, the tiny model with experts
+# of 32 units (the dense MLP 64, all-8 experts 8), 6 steps in 1., 4 in 2. and 3., one round;
+# fp32 on a CPU without bf16 products.
+# Usage: [CLEAVE=build/cleave] bench/moe.sh [ROUNDS=3] [STEPS=200]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3} steps=${2:-200}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-[ -f data/fortunes/train.bin ] || ./build/cleave tokenize configs/llama_small.toml > "$work/tokenize.log"
+source bench/common.sh
+speed_steps=20 tokens=2048 model=() expert=352 data=()  # tokens per step: 16 x 128
+if [ "$smoke" = 1 ]; then
+  rounds=1 steps=4 speed_steps=6 tokens=512 expert=32 data=(--set data.dir="$work/data")
+  model=("${tiny[@]}" --set model.vocab_size=256)
+  [ "$lowp" = 1 ] || model+=(--set train.dtype=fp32)
+  mkdir -p "$work/data"
+  /usr/bin/python3 bench/random_tokens.py "$work/data" 256 200000
+else
+  [ -f data/fortunes/train.bin ] || "$cleave" tokenize configs/llama_small.toml > "$work/tokenize.log"
+fi
 
-median() { sort -g | awk '{a[NR]=$1} END {print (a[int((NR+1)/2)] + a[int((NR+2)/2)]) / 2}'; }
 values() { grep "\"$2\"" "$1/metrics.jsonl" | grep -v val_loss | sed "s/.*\"$2\":\([^,}]*\).*/\1/"; }
 after5() { values "$1" "$2" | tail -n +6; }
 last20() { values "$1" "$2" | tail -n 20 | median; }
@@ -41,17 +50,17 @@ PY
 }
 train() {  # name ranks [--set ...]
   local name=$1 np=$2; shift 2
-  mpirun --oversubscribe --bind-to none -np "$np" ./build/cleave train configs/llama_small.toml \
-    --set train.out_dir="$work/$name" --set train.checkpoint_interval=-1 --set train.log_interval=1 \
-    --set train.val_interval=0 "$@" > "$work/$name.log" 2>&1 || { tail -20 "$work/$name.log" >&2; return 1; }
+  mpirun --oversubscribe --bind-to none -np "$np" "$cleave" train configs/llama_small.toml \
+    "${data[@]}" "${model[@]}" --set train.out_dir="$work/$name" --set train.checkpoint_interval=-1 \
+    --set train.log_interval=1 --set train.val_interval=0 "$@" > "$work/$name.log" 2>&1 || { tail -20 "$work/$name.log" >&2; return 1; }
 }
-moe=(--set model.moe_experts=8 --set model.moe_top_k=2 --set model.moe_ffn_hidden=352)
-dense=(--set model.ffn_hidden=704)
+moe=(--set model.moe_experts=8 --set model.moe_top_k=2 --set model.moe_ffn_hidden=$expert)
+dense=(--set model.ffn_hidden=$((2 * expert)))
 
 echo "== 1. MoE (8 experts, top 2) against the dense model of the same active parameters"
 for r in $(seq "$rounds"); do
-  train "dense-$r" 1 "${dense[@]}" --set train.threads=2 --set train.steps=20
-  train "moe-$r" 1 "${moe[@]}" --set model.moe_aux_loss_coef=0.01 --set train.threads=2 --set train.steps=20
+  train "dense-$r" 1 "${dense[@]}" --set train.threads=2 --set train.steps=$speed_steps
+  train "moe-$r" 1 "${moe[@]}" --set model.moe_aux_loss_coef=0.01 --set train.threads=2 --set train.steps=$speed_steps
 done
 printf "%-6s %10s %8s\n" model "tokens/s" "MFU"
 for m in dense moe; do
@@ -65,14 +74,14 @@ echo "MoE MFU over dense: $(awk -v a="$moe_mfu" -v b="$dense_mfu" 'BEGIN {printf
 
 echo "== 2. ep 2: 2 ranks x 1 thread, $steps steps (medians of the last 20)"
 printf "%-26s %9s %9s %12s %9s\n" routing "tokens/s" "step ms" "ep exposed" "max/mean"
-for row in "top-2 --set model.moe_top_k=2" "all-8-experts --set model.moe_top_k=8 --set model.moe_ffn_hidden=88"; do
+for row in "top-2 --set model.moe_top_k=2" "all-8-experts --set model.moe_top_k=8 --set model.moe_ffn_hidden=$((expert / 4))"; do
   read -r name settings <<<"$row"
   read -r -a set_args <<<"$settings"
   train "ep2-$name" 2 "${moe[@]}" "${set_args[@]}" --set model.moe_aux_loss_coef=0.01 \
     --set train.threads=1 --set train.steps="$steps" --set parallel.dp_shard=2 --set parallel.ep=2
   tok=$(last20 "$work/ep2-$name" tokens_per_s)
   exposed=$(last20 "$work/ep2-$name" exposed_comm_ms_ep)
-  step_ms=$(awk -v t="$tok" 'BEGIN {print 1000 * 16 * 128 / t}')
+  step_ms=$(awk -v n="$tokens" -v t="$tok" 'BEGIN {print 1000 * n / t}')
   printf "%-26s %9.0f %9.0f %6.1f (%4.1f%%) %9.2f\n" "$name" "$tok" "$step_ms" "$exposed" \
     "$(awk -v e="$exposed" -v s="$step_ms" 'BEGIN {print 100 * e / s}')" "$(worst_load "$work/ep2-$name")"
 done

@@ -11,12 +11,15 @@
 #   idle mean/max: metrics.jsonl's idle_fraction_per_rank (each rank's share of its step program
 #     spent outside compute instructions: bubble, exposed transfers, and also the optimizer step
 #     and the end-of-step sums), the median over steps 2-7 of the mean and of the max over ranks;
-#   trace mean/max: the bubble from the trace, each rank's 1 - (sum of its spans) / makespan, the
-#     makespan being the latest span end of any rank, each rank's times counted from its own
-#     start of the step program (the ranks leave the previous step's all-gather together);
+#   trace mean/max: the bubble from the trace, each rank's 1 - (sum of its action spans) /
+#     makespan, the makespan being the latest action span end of any rank, each rank's times
+#     counted from its own start of the step program (the ranks leave the previous step's
+#     all-gather together); the trace's step-end spans (finish_grads, sum_loss, grad_norm, clip,
+#     "update G", "gather_params G"), which follow the actions, are not in it;
 #   F/B/W ms: the slowest rank's (largest F + B) cost of one micro-batch through its layers, the
 #     sum over its stages of each stage's median span: F forward, B = I + W the whole backward
-#     (the whole B span for gpipe/1f1b/interleaved, which do not split it), W the weight half;
+#     (the whole B span for gpipe/1f1b/interleaved, which do not split it; under activation
+#     checkpointing with its recompute span R), W the weight half;
 #   even: the closed form's bubble as a share of the step, b / (b + m (F + B)), b the bubble time
 #     per rank below with the slowest rank's F, B, W: what every rank would idle were all ranks
 #     that slow. The published forms (Narayanan et al. and Qi et al. quote b / (m (F + B)), the
@@ -46,7 +49,9 @@
 #   lag ms: the traced makespan minus that of the same replay with every action's own measured
 #     duration: the time the engine lost to stage-to-stage transfers and waking up;
 #   imbal: the slowest rank's F + B over the fastest's (the first stage has the embedding, the
-#     last the LM head and the loss).
+#     last the LM head and the loss);
+#   step end ms: the slowest rank's step-end spans added up, and their share of the traced step
+#     (the latest end of any span).
 # At pp 4 the 4 ranks share this machine's 2 cores: a span's wall time then includes time the
 # rank waited for a core, and the bubble of one rank is filled by another's work.
 # Then the peak RSS of rank 0 (stage 0: the most micro-batches in flight) under gpipe and 1f1b
@@ -55,17 +60,20 @@
 # extra slots, is one micro-batch's activations on stage 0 (per layer and sequence about
 # 4 s (16 h + a + 4) bytes in fp32, docs/performance.md, plus the stage's stream buffers); 1f1b's
 # growth is predicted as (min(p, m) - 2) such slots.
-# bench/common.sh (the random-token data, median) also insists on the PyTorch peer, unused here.
-# Benchmarks are not CI gates.
+# Benchmarks are not CI gates. CLEAVE_BENCH_SMOKE=1 (bench/common.sh): vocab 256, d_model 64,
+# 4 heads, 8 layers, sequences of 32 tokens, pp 2 only, 4 steps (step 3 traced), one round, the
+# runs kept in the work folder unless PP_OUT is set.
 # Usage: [CLEAVE=build/cleave] [PP_OUT=runs/bench_pp] bench/pp.sh [VOCAB=2048] [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vocab=${1:-2048} repeats=${2:-3}
-cleave=${CLEAVE:-./build/cleave} keep=${PP_OUT:-runs/bench_pp}
 source bench/common.sh
+keep=${PP_OUT:-runs/bench_pp} d_model=512 heads=8 seq=256 m=8 steps=7 trace=4
+[ "$smoke" = 1 ] && keep=${PP_OUT:-$work/pp} vocab=256 repeats=1 d_model=64 heads=4 seq=32 steps=4 trace=3
+/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
 
-m=8 steps=7 trace=4
 schedules="gpipe 1f1b interleaved zb1p zbv" pps="2 4"
+[ "$smoke" = 1 ] && pps=2
 mkdir -p "$keep"
 
 pp_run() {  # name pp schedule micro-batches; the run folder is $keep/name
@@ -73,8 +81,8 @@ pp_run() {  # name pp schedule micro-batches; the run folder is $keep/name
   rm -rf "$out"
   # One thread per rank: mpirun binds each of 2 ranks to a core; 4 ranks are not bound.
   mpirun --oversubscribe -np "$pp" "$cleave" train configs/gpt2_124m.toml --set data.dir="$work" \
-    --set model.vocab_size="$vocab" --set model.d_model=512 --set model.n_heads=8 \
-    --set model.n_layers=8 --set train.seq_len=256 --set train.micro_batch_size=1 \
+    --set model.vocab_size="$vocab" --set model.d_model=$d_model --set model.n_heads=$heads \
+    --set model.n_layers=8 --set train.seq_len=$seq --set train.micro_batch_size=1 \
     --set train.grad_accum_steps="$micro" --set train.dtype=fp32 --set train.threads=1 \
     --set train.steps=$steps --set train.log_interval=1 --set train.val_interval=0 \
     --set train.checkpoint_interval=-1 --set train.trace_step=$trace --set parallel.pp="$pp" \
@@ -97,8 +105,9 @@ done
 # m = 2: one micro-batch a step crashed before 2276e81 (docs/performance.md).
 for pp in $pps; do pp_run "pp$pp-m2" "$pp" gpipe 2; done
 
-echo "GPT-2 d_model 512, 8 layers, vocab $vocab, fp32, m = $m micro-batches of 1 x 256 tokens, 1 thread per rank ($cleave)"
+echo "GPT-2 d_model $d_model, 8 layers, vocab $vocab, fp32, m = $m micro-batches of 1 x $seq tokens, 1 thread per rank ($cleave)"
 /usr/bin/python3 bench/pp_report.py table "$keep" "${pps// /,}" "${schedules// /,}" "$repeats" $m
-/usr/bin/python3 bench/pp_report.py svg "$keep/pp4-zb1p-r1/trace_step_$trace.json" "$keep/timeline.svg" \
-  "cleave zb1p, pp 4, m = $m: step $trace as traced (GPT-2 d_model 512, 8 layers, 4 ranks on 2 cores)"
-echo "runs and traces kept in $keep (open a trace_step_$trace.json in ui.perfetto.dev; zb1p at pp 4 drawn in $keep/timeline.svg)"
+p=${pps##* }  # the largest pp
+/usr/bin/python3 bench/pp_report.py svg "$keep/pp$p-zb1p-r1/trace_step_$trace.json" "$keep/timeline.svg" \
+  "cleave zb1p, pp $p, m = $m: step $trace as traced (GPT-2 d_model $d_model, 8 layers, $p ranks on $(nproc) cores)"
+echo "runs and traces kept in $keep (open a trace_step_$trace.json in ui.perfetto.dev; zb1p at pp $p drawn in $keep/timeline.svg)"

@@ -24,19 +24,40 @@ def steps(run):
     return rows[1:]
 
 
-def trace(run):
-    """Every rank's compute spans of the traced step, in time order: rank -> [(stage, type, mb,
-    start_ms, duration_ms)]. Times are since that rank's own start of the step program."""
-    path = glob.glob(f"{run}/trace_step_*.json")[0]
+# A schedule action's span, "<stage><F|B|I|W|R><micro-batch>" (R: the recompute of activation
+# checkpointing, before its backward); every other span is one of the step-end instructions
+# (finish_grads, sum_loss, grad_norm, clip, "update G", "gather_params G").
+ACTION = re.compile(r"(\d+)([FBIWR])(\d+)")
+
+
+def events_of(path):
+    """The spans of a trace: rank -> [(name, start_ms, duration_ms)], in time order."""
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     ranks = defaultdict(list)
     for e in events:
-        if e.get("ph") != "X":
-            continue
-        s, t, k = re.fullmatch(r"(\d+)([FBIW])(\d+)", e["name"]).groups()
-        ranks[e["tid"]].append((int(s), t, int(k), e["ts"] / 1e3, e["dur"] / 1e3))
-    return [sorted(ranks[r], key=lambda a: a[3]) for r in sorted(ranks)]
+        if e.get("ph") == "X":
+            ranks[e["tid"]].append((e["name"], e["ts"] / 1e3, e["dur"] / 1e3))
+    return {r: sorted(ranks[r], key=lambda a: a[1]) for r in sorted(ranks)}
+
+
+def trace(run):
+    """The traced step: every rank's schedule actions in time order, [(stage, type, mb, start_ms,
+    duration_ms)], and every rank's step-end spans, [(name, start_ms, duration_ms)]. Times are
+    since that rank's own start of the step program."""
+    actions, ends = [], []
+    for spans in events_of(glob.glob(f"{run}/trace_step_*.json")[0]).values():
+        mine, end = [], []
+        for name, t, d in spans:
+            a = ACTION.fullmatch(name)
+            if a:
+                s, kind, k = a.groups()
+                mine.append((int(s), kind, int(k), t, d))
+            else:
+                end.append((name, t, d))
+        actions.append(mine)
+        ends.append(end)
+    return actions, ends
 
 
 def idle_of(busy, makespan):
@@ -97,8 +118,13 @@ def analyse(run, schedule, p, m):
         "rss0": rows[-1]["peak_rss_mib_per_rank"][0],
         "rss_max": rows[-1]["peak_rss_mib"],
     }
-    ranks = trace(run)
+    ranks, ends = trace(run)
+    # The pipeline's makespan: the bubble figures, traced and predicted alike, are of the
+    # schedule's actions; the step-end spans that follow them are counted apart.
     makespan = max(a[3] + a[4] for r in ranks for a in r)
+    step = max([makespan] + [t + d for r in ends for _, t, d in r])
+    out["end"] = max(sum(d for _, _, d in r) for r in ends)
+    out["end_share"] = out["end"] / step
     out["trace_mean"], out["trace_max"] = idle_of([sum(a[4] for a in r) for r in ranks], makespan)
     spans = defaultdict(list)
     for r in ranks:
@@ -113,7 +139,8 @@ def analyse(run, schedule, p, m):
     # engine lost to transfers and waking up, beyond the dependencies.
     out["lag"] = makespan - simulate(ranks, lambda a: a[4])[0]
     out["makespan"] = makespan
-    # Each stage's F, its backward (a micro-batch's B span, or its I and W spans added) and W,
+    # Each stage's F, its backward (a micro-batch's B span, or its I and W spans added, and its
+    # R span under activation checkpointing) and W,
     # medians over micro-batches; a rank's are the sums over its stages.
     per_rank = []
     for r in ranks:
@@ -154,18 +181,20 @@ def table(folder, pps, schedules, repeats, m):
     print(f"tokens/s and bubble, m = {m} micro-batches; medians over {repeats} round(s) "
           "(tokens/s and idle: of steps 2..N; trace and theory: of the traced step; ratios: of each round's)")
     head = ("pp", "schedule", "tok/s", "vs 1f1b", "idle mean/max", "trace mean/max", "F/B/W ms",
-            "even", "theory mean", "x theory", "sim mean", "x sim", "-sim", "lag ms", "imbal")
-    print("%-3s %-15s %6s %7s %14s %15s %14s %6s %12s %8s %8s %6s %5s %6s %6s" % head)
+            "even", "theory mean", "x theory", "sim mean", "x sim", "-sim", "lag ms", "imbal",
+            "step end ms")
+    print("%-3s %-15s %6s %7s %14s %15s %14s %6s %12s %8s %8s %6s %5s %6s %6s %13s" % head)
     for p in pps:
         for s in schedules:
             r = results[p, s]
             pct = lambda a, b: "%.1f/%.1f%%" % (100 * a, 100 * b)
-            print("%-3d %-15s %6.0f %6.2fx %14s %15s %14s %5.1f%% %11.1f%% %7.2fx %7.1f%% %5.2fx %+5.1f %6.0f %5.2fx" % (
+            print("%-3d %-15s %6.0f %6.2fx %14s %15s %14s %5.1f%% %11.1f%% %7.2fx %7.1f%% %5.2fx %+5.1f %6.0f %5.2fx %13s" % (
                 p, s + (" v=2" if VIRTUAL[s] == 2 else ""), r["tok"], r["tok"] / results[p, "1f1b"]["tok"],
                 pct(r["idle_mean"], r["idle_max"]), pct(r["trace_mean"], r["trace_max"]),
                 "%.0f/%.0f/%s" % (r["F"], r["B"], "%.0f" % r["W"] if r["W"] else "-"),
                 100 * r["theory_even"], 100 * r["theory_mean"], r["x_theory"], 100 * r["sim_mean"],
-                r["x_sim"], 100 * r["d_sim"], r["lag"], r["imbalance"]))
+                r["x_sim"], 100 * r["d_sim"], r["lag"], r["imbalance"],
+                "%.0f (%.1f%%)" % (r["end"], 100 * r["end_share"])))
     print("rounds, tokens/s: " + "; ".join(
         f"pp{p} {s} " + " / ".join("%.0f" % t for t in results[p, s]["rounds"])
         for p in pps for s in schedules))
@@ -194,18 +223,15 @@ def table(folder, pps, schedules, repeats, m):
         f"pp{p} {s} {results[p, s]['rss0']:.0f}" for p in pps for s in schedules))
 
 
-COLOURS = {"F": "#f0a030", "B": "#5cb85c", "I": "#9ad77e", "W": "#5b9bd5"}
+COLOURS = {"F": "#f0a030", "B": "#5cb85c", "I": "#9ad77e", "W": "#5b9bd5", "R": "#c9a0dc",
+           "end": "#999"}
 
 
 def svg(path, out, title):
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    ranks = defaultdict(list)
-    for e in events:
-        if e.get("ph") == "X":
-            ranks[e["tid"]].append((e["name"], e["ts"] / 1e3, e["dur"] / 1e3))
+    ranks = events_of(path)
     n = len(ranks)
-    chunks = {r: len({re.match(r"\d+", a[0]).group() for a in ranks[r]}) for r in ranks}
+    chunks = {r: len({a.group(1) for a in (ACTION.fullmatch(e[0]) for e in ranks[r]) if a})
+              for r in ranks}
     end = max(t + d for r in ranks.values() for _, t, d in r)
     left, right, top, row, gap = 70, 20, 50, 34, 8
     width = 1400
@@ -228,22 +254,23 @@ def svg(path, out, title):
         o.append(f'<text x="{left - 8}" y="{y + row / 2 + 4}" text-anchor="end">rank {r}</text>')
         o.append(f'<rect x="{left}" y="{y}" width="{end * scale:.1f}" height="{row}" fill="#eee"/>')
         for name, t0, d in ranks[r]:
-            s, kind, k = re.fullmatch(r"(\d+)([FBIW])(\d+)", name).groups()
+            a = ACTION.fullmatch(name)
+            kind = a.group(2) if a else "end"
             x, w = left + t0 * scale, max(d * scale, 0.5)
             o.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row}" '
                      f'fill="{COLOURS[kind]}" stroke="white" stroke-width="0.6">'
                      f'<title>{name}: {t0:.1f} ms + {d:.1f} ms</title></rect>')
-            label = name if chunks[r] > 1 else kind + k
+            label = name if not a or chunks[r] > 1 else kind + a.group(3)
             if w > 7 * len(label):
                 o.append(f'<text x="{x + w / 2:.1f}" y="{y + row / 2 + 4}" '
                          f'text-anchor="middle">{label}</text>')
     y = top + n * (row + gap) + 20
     x = left
-    for kind, what in (("F", "forward"), ("B", "whole backward"), ("I", "input gradient"),
-                       ("W", "weight gradient")):
+    for kind, what in (("F", "F: forward"), ("B", "B: whole backward"), ("I", "I: input gradient"),
+                       ("W", "W: weight gradient"), ("R", "R: recompute"), ("end", "step end")):
         o.append(f'<rect x="{x}" y="{y - 10}" width="14" height="14" fill="{COLOURS[kind]}"/>')
-        o.append(f'<text x="{x + 20}" y="{y + 1}">{kind}: {what}</text>')
-        x += 150
+        o.append(f'<text x="{x + 20}" y="{y + 1}">{what}</text>')
+        x += 30 + 7 * len(what)
     o.append(f'<rect x="{x}" y="{y - 10}" width="14" height="14" fill="#eee"/>')
     o.append(f'<text x="{x + 20}" y="{y + 1}">idle (waiting, or descheduled between spans)</text>')
     o.append("</svg>")

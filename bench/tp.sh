@@ -19,17 +19,22 @@
 #     the norms' (2 layers + 1 of them) and the position embedding's (max_seq_len rows, GPT-2).
 # The gradient norm's sum over tp is not counted in the bytes (it is 8). Also printed: the tp bytes
 # `cleave mesh` predicts from the config. Validation is off (train.val_interval=0), so every step's
-# bytes are training's. Benchmarks are not CI gates.
-# Usage: bench/tp.sh [VOCAB=8192] [REPEATS=3]
+# bytes are training's. Benchmarks are not CI gates. CLEAVE_BENCH_SMOKE=1 (bench/common.sh): vocab
+# 256, the tiny model, fp32 only, 3 steps, one round.
+# Usage: [CLEAVE=build/cleave] bench/tp.sh [VOCAB=8192] [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vocab=${1:-8192} repeats=${2:-3}
 source bench/common.sh
+dtypes="fp32 bf16" steps=13 model=()
+[ "$smoke" = 1 ] && vocab=256 repeats=1 dtypes=fp32 steps=3 model=("${tiny[@]}")
+/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
 
 cfg=configs/gpt2_124m.toml
 key() { sed -n "s/^$1 *= *\"\{0,1\}\([^\" ]*\)\"\{0,1\}.*/\1/p" "$cfg" | head -n 1; }
 family=$(key family) layers=$(key n_layers) d_model=$(key d_model) max_seq=$(key max_seq_len)
 seq=$(key seq_len) batch=$(key micro_batch_size)
+[ "$smoke" = 1 ] && layers=2 d_model=64 seq=32  # the tiny model's, for the theory
 tokens=$((seq * batch))  # global tokens per step (grad_accum_steps 1)
 
 cleave_run() {  # name dtype ranks threads [--set ...] -> "tok/s exposed_tp_ms tp_bytes step_ms"
@@ -38,8 +43,8 @@ cleave_run() {  # name dtype ranks threads [--set ...] -> "tok/s exposed_tp_ms t
   rm -rf "$out"
   # One thread per rank: let mpirun bind each rank to a core; more: do not bind.
   local bind=(); [ "$threads" -gt 1 ] && bind=(--bind-to none)
-  mpirun --oversubscribe "${bind[@]}" -np "$np" ./build/cleave train "$cfg" --set data.dir="$work" \
-    --set model.vocab_size="$vocab" --set train.dtype="$dtype" --set train.steps=13 \
+  mpirun --oversubscribe "${bind[@]}" -np "$np" "$cleave" train "$cfg" --set data.dir="$work" \
+    --set model.vocab_size="$vocab" "${model[@]}" --set train.dtype="$dtype" --set train.steps=$steps \
     --set train.log_interval=1 --set train.val_interval=0 --set train.checkpoint_interval=-1 \
     --set train.threads="$threads" --set train.out_dir="$out" "$@" \
     > "$out.log" 2>&1 || { cat "$out.log" >&2; return 1; }
@@ -56,7 +61,7 @@ declare -A args=(
   [ddp2]="2 1 --set parallel.dp_shard=2 --set parallel.zero_stage=0")
 declare -A tok exposed bytes step
 for round in $(seq "$repeats"); do
-  for dtype in fp32 bf16; do
+  for dtype in $dtypes; do
     line="round $round $dtype:"
     for l in $layouts; do
       # shellcheck disable=SC2086  # args holds words
@@ -78,7 +83,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 echo "GPT-2 124M shape, vocab $vocab, seq $seq, global batch $batch; median tokens/s over $repeats rounds"
 printf "%-6s %8s %8s %8s %9s %9s %11s %9s %17s %17s\n" dtype "tp2" "tp2-sp" "1x2" "DDP 2x1" \
   "tp2/1x2" "tp2-sp/1x2" "tp2/DDP" "tp2 exposed tp" "tp2-sp exposed tp"
-for dtype in fp32 bf16; do
+for dtype in $dtypes; do
   a=$(m "${tok[tp2-$dtype]}") sp=$(m "${tok[tp2-sp-$dtype]}") s=$(m "${tok[1x2-$dtype]}")
   d=$(m "${tok[ddp2-$dtype]}")
   printf "%-6s %8.0f %8.0f %8.0f %9.0f %8sx %10sx %8sx %17s %17s\n" "$dtype" "$a" "$sp" "$s" "$d" \
@@ -102,13 +107,13 @@ theory() {
     printf "%.0f %.0f %.0f %.0f", act + loss + par, act, loss, par }'
 }
 mesh() {  # sp -> the tp bytes per rank per step that `cleave mesh` predicts
-  ./build/cleave mesh "$cfg" --world 2 --set model.vocab_size="$vocab" --set parallel.tp=2 \
+  "$cleave" mesh "$cfg" --world 2 --set model.vocab_size="$vocab" "${model[@]}" --set parallel.tp=2 \
     --set parallel.sequence_parallel="$1" | sed -n 's/^ *tp .*(\([0-9]*\) bytes).*/\1/p'
 }
 mb() { awk -v x="$1" 'BEGIN {printf "%.3f", x / 1e6}'; }
 printf "%-6s %-7s %12s %12s %7s %15s   %s\n" dtype layout "measured MB" "theory MB" ratio \
   "cleave mesh MB" "theory: activations + loss all-gather + SP parameter-gradient sums (MB)"
-for dtype in fp32 bf16; do
+for dtype in $dtypes; do
   for l in tp2 tp2-sp; do
     read -r th act loss par <<<"$(theory "$([ $l = tp2-sp ] && echo 1 || echo 0)")"
     meas=$(m "${bytes[$l-$dtype]}")

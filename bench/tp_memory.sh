@@ -21,22 +21,25 @@
 #   tp 1:          4 s b (16 h + a + 4)
 #   tp t:          4 s b (4 h + 12 h / t + a / t + 4)
 #   tp t with SP:  4 s b (16 h + a + 4) / t
-# Usage: bench/tp_memory.sh
+# CLEAVE_BENCH_SMOKE=1 (bench/common.sh): vocab 256, s 32, h 64, a 4, 1 step a run, the layouts
+# tp 1 and tp 2 + SP.
+# Usage: [CLEAVE=build/cleave] bench/tp_memory.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 bench/random_tokens.py "$work" 8192 2000000
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-common=(--set data.dir="$work" --set model.vocab_size=8192 --set train.dtype=fp32
+source bench/common.sh
+vocab=8192 steps=2 s=256 h=768 a=12
+layouts=("1 false" "2 false" "2 true" "4 false" "4 true")
+[ "$smoke" = 1 ] && vocab=256 steps=1 s=32 h=64 a=4 layouts=("1 false" "2 true")
+/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
+common=(--set data.dir="$work" --set model.vocab_size="$vocab" --set model.d_model=$h
+        --set model.n_heads=$a --set train.seq_len=$s --set train.dtype=fp32
         --set train.threads=1 --set train.peak_gflops=1 --set train.val_interval=0
-        --set train.checkpoint_interval=-1 --set train.log_interval=1 --set train.steps=2
+        --set train.checkpoint_interval=-1 --set train.log_interval=1 --set train.steps=$steps
         --set train.grad_accum_steps=1)
-s=256 h=768 a=12
 
 peak() {  # tp sp layers batch -> peak RSS of the busiest rank, bytes
   local tp=$1 sp=$2 layers=$3 batch=$4 out=$work/run-$1-$2-$3-$4
-  mpirun --oversubscribe -np "$tp" ./build/cleave train configs/gpt2_124m.toml "${common[@]}" \
+  mpirun --oversubscribe -np "$tp" "$cleave" train configs/gpt2_124m.toml "${common[@]}" \
     --set parallel.tp="$tp" --set parallel.sequence_parallel="$sp" --set model.n_layers="$layers" \
     --set train.micro_batch_size="$batch" --set train.out_dir="$out" > "$out.log" 2>&1 \
     || { tail "$out.log" >&2; exit 1; }
@@ -48,11 +51,14 @@ print(max(last["peak_rss_mib_per_rank"]) * 1048576)' "$out/metrics.jsonl"
 
 printf "activations per layer and sequence (s %d, h %d, a %d), fp32, MiB\n" $s $h $a
 printf "%-12s %14s %10s %9s %13s %17s\n" layout "peak RSS/rank" measured cleave ratio Korthikanti-16bit
-for layout in "1 false" "2 false" "2 true" "4 false" "4 true"; do
+for layout in "${layouts[@]}"; do
   read -r tp sp <<<"$layout"
   [ "$tp" = 1 ] && [ "$sp" = true ] && continue
-  p22=$(peak "$tp" "$sp" 2 2) p42=$(peak "$tp" "$sp" 4 2)
-  p21=$(peak "$tp" "$sp" 2 1) p41=$(peak "$tp" "$sp" 4 1)
+  # One assignment a line: a failed run then stops the script (set -e).
+  p22=$(peak "$tp" "$sp" 2 2)
+  p42=$(peak "$tp" "$sp" 4 2)
+  p21=$(peak "$tp" "$sp" 2 1)
+  p41=$(peak "$tp" "$sp" 4 1)
   awk -v tp="$tp" -v sp="$sp" -v s=$s -v h=$h -v a=$a -v p22="$p22" -v p42="$p42" -v p21="$p21" \
       -v p41="$p41" 'BEGIN {
     measured = ((p42 - p22) - (p41 - p21)) / 2

@@ -2,18 +2,23 @@
 # cleave against the PyTorch peer (../shared/peer, modes installed and tuned) on GPT-2 124M:
 # d_model 768, 12 layers, 12 heads, sequence 256, batch 4, AdamW, 2 threads, 3 warm-up and 10
 # timed steps, fp32 and bf16, the programs alternating, REPEATS rounds. Prints the median tokens/s
-# of each and cleave's ratio against the faster PyTorch mode.
-# Usage: bench/vs_pytorch.sh [VOCAB=8192] [REPEATS=3]
+# of each and cleave's ratio against the faster PyTorch mode. CLEAVE_BENCH_SMOKE=1 (bench/common.sh):
+# vocab 256, the tiny model, fp32 only, 3 steps, one round.
+# Usage: [CLEAVE=build/cleave] bench/vs_pytorch.sh [VOCAB=8192] [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vocab=${1:-8192} repeats=${2:-3}
 source bench/common.sh
+need_peer
+dtypes="fp32 bf16" steps=13 model=()
+[ "$smoke" = 1 ] && vocab=256 repeats=1 dtypes=fp32 steps=3 model=("${tiny[@]}")
+/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
 
 cleave_run() {  # prints the median tokens/s of timed steps 4..13
   local dtype=$1 out=$work/run-$dtype
   rm -rf "$out"
-  OMP_NUM_THREADS=2 ./build/cleave train configs/gpt2_124m.toml --set data.dir="$work" \
-    --set model.vocab_size="$vocab" --set train.dtype="$dtype" --set train.steps=13 \
+  OMP_NUM_THREADS=2 "$cleave" train configs/gpt2_124m.toml --set data.dir="$work" \
+    --set model.vocab_size="$vocab" "${model[@]}" --set train.dtype="$dtype" --set train.steps=$steps \
     --set train.log_interval=1 --set train.val_interval=0 --set train.checkpoint_interval=-1 \
     --set train.threads=2 --set train.out_dir="$out" > "$out.log" 2>&1 \
     || { cat "$out.log" >&2; return 1; }
@@ -22,7 +27,7 @@ cleave_run() {  # prints the median tokens/s of timed steps 4..13
 
 declare -A results
 for round in $(seq "$repeats"); do
-  for dtype in fp32 bf16; do
+  for dtype in $dtypes; do
     results[cleave-$dtype]+="$(cleave_run "$dtype") "
     results[installed-$dtype]+="$(peer_run installed "$dtype" 1) "
     results[tuned-$dtype]+="$(peer_run tuned "$dtype" 1) "
@@ -31,12 +36,13 @@ for round in $(seq "$repeats"); do
 done
 echo "GPT-2 124M, vocab $vocab, seq 256, batch 4, 2 threads; median tokens/s over $repeats rounds"
 printf "%-6s %10s %14s %10s %8s\n" dtype cleave torch-installed torch-tuned ratio
-for dtype in fp32 bf16; do
+for dtype in $dtypes; do
   c=$(tr ' ' '\n' <<<"${results[cleave-$dtype]}" | grep . | median)
   i=$(tr ' ' '\n' <<<"${results[installed-$dtype]}" | grep . | median)
   t=$(tr ' ' '\n' <<<"${results[tuned-$dtype]}" | grep . | median)
   best=$(awk -v a="$i" -v b="$t" 'BEGIN {print (a > b ? a : b)}')
   printf "%-6s %10.0f %14.0f %10.0f %7.2fx\n" "$dtype" "$c" "$i" "$t" "$(awk -v c="$c" -v b="$best" 'BEGIN {print c / b}')"
 done
-grep -h "MFU" "$work"/run-fp32.log | tail -1 | sed 's/^/last cleave fp32 step: /'
-grep -h "MFU" "$work"/run-bf16.log | tail -1 | sed 's/^/last cleave bf16 step: /'
+for dtype in $dtypes; do
+  grep -h "MFU" "$work/run-$dtype.log" | tail -1 | sed "s/^/last cleave $dtype step: /"
+done

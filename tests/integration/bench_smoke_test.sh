@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Every benchmark (bench/*.sh) in its smoke mode (CLEAVE_BENCH_SMOKE=1: a tiny model, one round of
+# a few steps; bench/common.sh) with this build's binary: each must finish and print its report,
+# so a benchmark cannot rot between the runs that measure with it. The figures mean nothing.
+# Needs the PyTorch peer at ../shared/peer beside the source folder (vs_pytorch, ddp_vs_pytorch).
+set -euo pipefail
+cleave=$1 src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# bench name, then a pattern (grep -E) of its report's last table or ratio
+checks=(
+  "vs_pytorch ^fp32 +[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+x$"
+  "ddp_vs_pytorch ^fp32 +[0-9]+ .*[0-9.]+x$"
+  "tp ^fp32 +tp2-sp +[0-9.]+ +[0-9.]+ +[0-9.]+ "
+  "pp ^pp 2: zbv (beats|does NOT beat) 1f1b"
+  "cp ^ +cp2-ring +[0-9]+ MiB \+ [0-9.]+ MiB per token"
+  "memory ^ZeRO-3 +-?[0-9]+ MiB predicted"
+  "moe ^sigmoid_1e-2 +[0-9.]+ +[0-9.]+$"
+  "precision ^(fp8 +[0-9]+ +[0-9]+ +[0-9]+ MiB|== 5\. FP8: left out)"
+  "tp_memory ^peak RSS/rank"
+)
+for c in "${checks[@]}"; do
+  read -r name pattern <<<"$c"
+  start=$SECONDS
+  if ! CLEAVE_BENCH_SMOKE=1 CLEAVE="$cleave" timeout 300 bash "$src/bench/$name.sh" \
+      > "$work/$name.log" 2>&1; then
+    echo "FAIL: bench/$name.sh in smoke mode"; tail -30 "$work/$name.log"; exit 1
+  fi
+  if ! grep -Eq "$pattern" "$work/$name.log"; then
+    echo "FAIL: bench/$name.sh printed no report line matching '$pattern'"; cat "$work/$name.log"; exit 1
+  fi
+  if grep -Eiq "division by zero|Traceback|not found|syntax error" "$work/$name.log"; then
+    echo "FAIL: bench/$name.sh reported an error"; cat "$work/$name.log"; exit 1
+  fi
+  echo "bench/$name.sh: $((SECONDS - start)) s"
+done
+echo "every benchmark runs to its report in smoke mode"
