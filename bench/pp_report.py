@@ -41,11 +41,27 @@ def events_of(path):
     return {r: sorted(ranks[r], key=lambda a: a[1]) for r in sorted(ranks)}
 
 
+def coalesce(spans):
+    """One action per schedule action. Under activation checkpointing a backward runs unit by
+    unit, each unit's recompute before it, so its spans alternate R, I, R, I, ...: the R spans
+    before the first I (or B) stay a recompute action of their own (it needs no gradient, and runs
+    while the rank waits for one); the rest is one I (or B) action, its duration their sum."""
+    out = []
+    for s, t, k, start, d in spans:
+        if out and out[-1][0] == s and out[-1][2] == k and (
+                t == out[-1][1] or (out[-1][1] in "IB" and t == "R")):
+            out[-1] = out[-1][:4] + (out[-1][4] + d,)
+        else:
+            out.append((s, t, k, start, d))
+    return out
+
+
 def trace(run):
     """The traced step: every rank's schedule actions in time order, [(stage, type, mb, start_ms,
-    duration_ms)], and every rank's step-end spans, [(name, start_ms, duration_ms)]. Times are
-    since that rank's own start of the step program."""
-    actions, ends = [], []
+    duration_ms)] (coalesced), every rank's step-end spans, [(name, start_ms, duration_ms)], and
+    the latest end of an action's span. Times are since that rank's own start of the step
+    program."""
+    actions, ends, makespan = [], [], 0.0
     for spans in events_of(glob.glob(f"{run}/trace_step_*.json")[0]).values():
         mine, end = [], []
         for name, t, d in spans:
@@ -53,11 +69,12 @@ def trace(run):
             if a:
                 s, kind, k = a.groups()
                 mine.append((int(s), kind, int(k), t, d))
+                makespan = max(makespan, t + d)
             else:
                 end.append((name, t, d))
-        actions.append(mine)
+        actions.append(coalesce(mine))
         ends.append(end)
-    return actions, ends
+    return actions, ends, makespan
 
 
 def idle_of(busy, makespan):
@@ -118,10 +135,9 @@ def analyse(run, schedule, p, m):
         "rss0": rows[-1]["peak_rss_mib_per_rank"][0],
         "rss_max": rows[-1]["peak_rss_mib"],
     }
-    ranks, ends = trace(run)
     # The pipeline's makespan: the bubble figures, traced and predicted alike, are of the
     # schedule's actions; the step-end spans that follow them are counted apart.
-    makespan = max(a[3] + a[4] for r in ranks for a in r)
+    ranks, ends, makespan = trace(run)
     step = max([makespan] + [t + d for r in ends for _, t, d in r])
     out["end"] = max(sum(d for _, _, d in r) for r in ends)
     out["end_share"] = out["end"] / step
