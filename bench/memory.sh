@@ -8,13 +8,13 @@
 # of the peak with the predicted one. The remainder (peak minus model state) is activations, the
 # prepacked copies of fp32 GEMM weights (8 bytes per resident matmul parameter), the units ZeRO-2/3
 # hold in flight, communication buffers and the runtime. CLEAVE_BENCH_SMOKE=1 (bench/common.sh):
-# vocab 256, the tiny model, 1 step a run.
+# vocab 256, the tiny model, 1 step a run, on 1 and 2 ranks.
 # Usage: [CLEAVE=build/cleave] bench/memory.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/common.sh
-vocab=8192 steps=3 model=()
-[ "$smoke" = 1 ] && vocab=256 steps=1 model=("${tiny[@]}")
+vocab=8192 steps=3 model=() lo=2 hi=4
+[ "$smoke" = 1 ] && vocab=256 steps=1 model=("${tiny[@]}") lo=1 hi=2
 /usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
 common=(--set data.dir="$work" --set model.vocab_size="$vocab" "${model[@]}" --set train.dtype=fp32
         --set train.threads=1 --set train.peak_gflops=1 --set train.val_interval=0
@@ -31,7 +31,7 @@ printf "%-7s %3s %15s %13s %11s\n" layout N "peak RSS/rank" "model state" remain
 declare -A peak
 for zero in 0 1 2 3; do
   name=$([ $zero = 0 ] && echo DDP || echo "ZeRO-$zero")
-  for n in 2 4; do
+  for n in $lo $hi; do
     log=$work/z$zero-n$n.log
     mpirun --oversubscribe -np "$n" "$cleave" train \
       configs/gpt2_124m.toml "${common[@]}" --set train.steps=$steps --set train.micro_batch_size="$n" \
@@ -51,11 +51,11 @@ print(max(rows[-1]["peak_rss_mib_per_rank"]) if rows else "")' "$work/z$zero-n$n
   done
 done
 echo
-echo "change of the peak from N = 2 to N = 4, measured against the model state's predicted change:"
+echo "change of the peak from N = $lo to N = $hi, measured against the model state's predicted change:"
 for zero in 0 1 2 3; do
   name=$([ $zero = 0 ] && echo DDP || echo "ZeRO-$zero")
-  measured=$((peak[$zero,2] - peak[$zero,4]))
-  predicted=$(awk -v a="$(state $zero 2)" -v b="$(state $zero 4)" 'BEGIN {print a - b}')
+  measured=$((peak[$zero,$lo] - peak[$zero,$hi]))
+  predicted=$(awk -v a="$(state $zero $lo)" -v b="$(state $zero $hi)" 'BEGIN {print a - b}')
   printf "%-7s %6s MiB predicted %6s MiB" "$name" "$(mib $measured)" "$(mib "$predicted")"
   awk -v m="$measured" -v p="$predicted" 'BEGIN {
     if (p > 0) printf "  (%+.1f%%)", 100 * (m - p) / p; print "" }'
