@@ -5,12 +5,16 @@
 #     on a tiny model, one round of a few steps, in seconds. Its figures mean nothing; it shows
 #     that the benchmark still runs to its report (tests/integration/bench_smoke_test.sh).
 #   CLEAVE: the cleave binary (default build/cleave).
+# shellcheck shell=bash disable=SC2034  # what it sets, the benchmarks read
 smoke=${CLEAVE_BENCH_SMOKE:-0}
 [ "$smoke" != 1 ] || echo "smoke run (CLEAVE_BENCH_SMOKE=1): a tiny model; the figures below mean nothing"
 cleave=${CLEAVE:-./build/cleave}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+# A smoke run shares the cores with other tests: OpenMP threads spinning at a barrier for a
+# descheduled sibling would make its tiny steps crawl.
+[ "$smoke" != 1 ] || export OMP_WAIT_POLICY=passive
 
 median() { sort -g | awk '{a[NR]=$1} END {print (a[int((NR+1)/2)] + a[int((NR+2)/2)]) / 2}'; }
 # The median of a metric over the last 10 logged steps of a run folder.

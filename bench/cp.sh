@@ -67,11 +67,11 @@ for l in $layouts; do
   # A run's figures go through r, so that a failed run stops the script (set -e).
   # shellcheck disable=SC2086
   r=$(run "$l" "$short" "$work/plain" ${args[$l]} --set train.steps=3)
-  read -r _ _ _ base[$l] <<<"$r"
+  read -r _ _ _ "base[$l]" <<<"$r"
   for s in $seqs; do
     # shellcheck disable=SC2086
     r=$(run "$l" "$s" "$work/plain" ${args[$l]})
-    read -r tok[$l-$s] step[$l-$s] exposed[$l-$s] rss[$l-$s] <<<"$r"
+    read -r "tok[$l-$s]" "step[$l-$s]" "exposed[$l-$s]" "rss[$l-$s]" <<<"$r"
     echo "$l seq $s: ${tok[$l-$s]} tok/s, peak RSS ${rss[$l-$s]} MiB" >&2
   done
 done

@@ -54,7 +54,7 @@ train() {  # name ranks [--set ...]
     "${data[@]}" "${model[@]}" --set train.out_dir="$work/$name" --set train.checkpoint_interval=-1 \
     --set train.log_interval=1 --set train.val_interval=0 "$@" > "$work/$name.log" 2>&1 || { tail -20 "$work/$name.log" >&2; return 1; }
 }
-moe=(--set model.moe_experts=8 --set model.moe_top_k=2 --set model.moe_ffn_hidden=$expert)
+moe=(--set model.moe_experts=8 --set model.moe_top_k=2 --set model.moe_ffn_hidden="$expert")
 dense=(--set model.ffn_hidden=$((2 * expert)))
 
 echo "== 1. MoE (8 experts, top 2) against the dense model of the same active parameters"

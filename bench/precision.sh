@@ -91,7 +91,7 @@ for dtype in "${dtypes[@]}"; do
 done
 
 echo "== 3. activation memory: llama_long, $layers layers, $seq tokens"
-long=(--set data.dir="$work/random" --set model.n_layers=$layers --set train.seq_len=$seq
+long=(--set data.dir="$work/random" --set model.n_layers="$layers" --set train.seq_len="$seq"
       --set train.steps=4 --set train.val_interval=0)
 train ac-none configs/llama_long.toml "${long[@]}"
 # Floats per token of a block's saved buffers, from the run's resolved config.
@@ -120,8 +120,8 @@ done
 printf "%-22s %5.0f MiB %9s %11s %9.0f\n" none "$none" - - "$(field "$work/ac-none" tokens_per_s)"
 
 echo "== 4. offload: GPT-2, $layers layers, $((wide_seq * wide_batch)) tokens per step"
-wide=(--set data.dir="$work/random" --set model.n_layers=$layers --set train.seq_len=$wide_seq
-      --set train.micro_batch_size=$wide_batch --set train.steps=$speed_steps --set train.val_interval=0)
+wide=(--set data.dir="$work/random" --set model.n_layers="$layers" --set train.seq_len="$wide_seq"
+      --set train.micro_batch_size="$wide_batch" --set train.steps="$speed_steps" --set train.val_interval=0)
 printf "%-26s %9s %10s\n" run "peak RSS" "step (ms)"
 for row in "in-memory" "moments --set optim.offload=file" \
            "zero3-in-memory --set parallel.zero_stage=3" \

@@ -31,10 +31,10 @@ vocab=8192 steps=2 s=256 h=768 a=12
 layouts=("1 false" "2 false" "2 true" "4 false" "4 true")
 [ "$smoke" = 1 ] && vocab=256 steps=1 s=32 h=64 a=4 layouts=("1 false" "2 true")
 /usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 2000000
-common=(--set data.dir="$work" --set model.vocab_size="$vocab" --set model.d_model=$h
-        --set model.n_heads=$a --set train.seq_len=$s --set train.dtype=fp32
+common=(--set data.dir="$work" --set model.vocab_size="$vocab" --set model.d_model="$h"
+        --set model.n_heads="$a" --set train.seq_len="$s" --set train.dtype=fp32
         --set train.threads=1 --set train.peak_gflops=1 --set train.val_interval=0
-        --set train.checkpoint_interval=-1 --set train.log_interval=1 --set train.steps=$steps
+        --set train.checkpoint_interval=-1 --set train.log_interval=1 --set train.steps="$steps"
         --set train.grad_accum_steps=1)
 
 peak() {  # tp sp layers batch -> peak RSS of the busiest rank, bytes
