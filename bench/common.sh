@@ -7,7 +7,7 @@
 #   CLEAVE: the cleave binary (default build/cleave).
 # shellcheck shell=bash disable=SC2034  # what it sets, the benchmarks read
 smoke=${CLEAVE_BENCH_SMOKE:-0}
-[ "$smoke" != 1 ] || echo "smoke run (CLEAVE_BENCH_SMOKE=1): a tiny model; the figures below mean nothing"
+[ "$smoke" != 1 ] || echo "smoke run (CLEAVE_BENCH_SMOKE=1): a tiny model; its figures mean nothing"
 cleave=${CLEAVE:-./build/cleave}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -26,9 +26,12 @@ field() { grep "\"$2\"" "$1/metrics.jsonl" | tail -n 10 | sed "s/.*\"$2\":\([^,}
 peer=$(cd .. && pwd)/shared/peer
 need_peer() {
   [ -x "$peer/run_peer.sh" ] || { echo "needs the PyTorch peer at $peer"; exit 1; }
-  update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep -q '^Value: .*openblas' ||
-    [ "$smoke" = 1 ] ||
-    { echo "the PyTorch peer needs OpenBLAS as its BLAS: apt-get install -y libopenblas0-pthread libjemalloc2"; exit 1; }
+  local blas=libblas.so.3-x86_64-linux-gnu
+  update-alternatives --query $blas 2>/dev/null | grep -q '^Value: .*openblas' ||
+    [ "$smoke" = 1 ] || {
+    echo "the PyTorch peer needs OpenBLAS as its BLAS: apt-get install -y libopenblas0-pthread libjemalloc2"
+    exit 1
+  }
 }
 # The peer's tokens/s: mode (installed|tuned), dtype, processes. A smoke run takes the peer's
 # smallest model, one sequence per process, for one timed step and no warm-up, and runs it once
@@ -52,7 +55,8 @@ peer_result() {  # mode dtype processes [gpt_bench.py arguments]
 # smoke run leaves bf16 and fp8 out, saying so, instead of failing on what the machine cannot do.
 lowp=1
 grep -qw avx512f /proc/cpuinfo || lowp=0
-[ "$smoke" != 1 ] || [ "$lowp" = 1 ] || echo "(no AVX-512 on this CPU: the smoke run leaves bf16 and fp8 out)"
+[ "$smoke" != 1 ] || [ "$lowp" = 1 ] ||
+  echo "(no AVX-512 on this CPU: the smoke run leaves bf16 and fp8 out)"
 
 # A smoke run's model, set after a benchmark's own model keys (and before any it varies): d_model
 # 64, 4 heads, 2 layers, sequences of 32 tokens.

@@ -19,7 +19,8 @@
 # of attention's time. Not a CI gate. CLEAVE_BENCH_SMOKE=1 (bench/common.sh): vocab 512, the tiny
 # model (4 kv heads), the layouts 1x2 and cp2-ring, sequences of 128 and 256 tokens,
 # documents of 64, 3 steps.
-# Usage: [CLEAVE=build/cleave] bench/cp.sh [SEQS="4096 8192"] [LIMIT_MIB=2048] [STEPS=5]
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] bench/cp.sh [SEQS="4096 8192"]
+#       [LIMIT_MIB=2048] [STEPS=5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seqs=${1:-"4096 8192"} limit=${2:-2048} steps=${3:-5}

@@ -7,7 +7,8 @@
 # unbound (mpirun --bind-to none), as the peer's spawned processes are. Prints median tokens/s,
 # ratios and cleave's exposed communication per step. CLEAVE_BENCH_SMOKE=1 (bench/common.sh):
 # vocab 256, the tiny model, fp32 only, 3 steps, one round.
-# Usage: [CLEAVE=build/cleave] bench/ddp_vs_pytorch.sh [VOCAB=8192] [REPEATS=3]
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] bench/ddp_vs_pytorch.sh [VOCAB=8192]
+#       [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vocab=${1:-8192} repeats=${2:-3}

@@ -9,7 +9,7 @@
 # prepacked copies of fp32 GEMM weights (8 bytes per resident matmul parameter), the units ZeRO-2/3
 # hold in flight, communication buffers and the runtime. CLEAVE_BENCH_SMOKE=1 (bench/common.sh):
 # vocab 256, the tiny model, 1 step a run, on 1 and 2 ranks.
-# Usage: [CLEAVE=build/cleave] bench/memory.sh
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] bench/memory.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/common.sh

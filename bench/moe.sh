@@ -19,7 +19,7 @@
 # CLEAVE_BENCH_SMOKE=1 (bench/common.sh): random tokens of vocab 256, the tiny model with experts
 # of 32 units (the dense MLP 64, all-8 experts 8), 6 steps in 1., 4 in 2. and 3., one round;
 # fp32 on a CPU without bf16 products.
-# Usage: [CLEAVE=build/cleave] bench/moe.sh [ROUNDS=3] [STEPS=200]
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] bench/moe.sh [ROUNDS=3] [STEPS=200]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3} steps=${2:-200}

@@ -63,7 +63,8 @@
 # Benchmarks are not CI gates. CLEAVE_BENCH_SMOKE=1 (bench/common.sh): vocab 256, d_model 64,
 # 4 heads, 8 layers, sequences of 32 tokens, pp 2 only, 4 steps (step 3 traced), one round, the
 # runs kept in the work folder unless PP_OUT is set.
-# Usage: [CLEAVE=build/cleave] [PP_OUT=runs/bench_pp] bench/pp.sh [VOCAB=2048] [REPEATS=3]
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] [PP_OUT=runs/bench_pp] bench/pp.sh
+#       [VOCAB=2048] [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vocab=${1:-2048} repeats=${2:-3}

@@ -24,7 +24,7 @@
 # CLEAVE_BENCH_SMOKE=1 (bench/common.sh): vocab 256 everywhere (the parity corpus its first 100 KB),
 # the tiny model (2 layers in 3. and 5a. at 128 tokens, 4 x 32 tokens a step in 4. and 5b.), 3
 # steps a run, the dtypes fp32, bf16, fp16 and fp8-delayed.
-# Usage: [CLEAVE=build/cleave] bench/precision.sh [STEPS=300]
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] bench/precision.sh [STEPS=300]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-300}

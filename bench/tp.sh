@@ -21,7 +21,7 @@
 # `cleave mesh` predicts from the config. Validation is off (train.val_interval=0), so every step's
 # bytes are training's. Benchmarks are not CI gates. CLEAVE_BENCH_SMOKE=1 (bench/common.sh): vocab
 # 256, the tiny model, fp32 only, 3 steps, one round.
-# Usage: [CLEAVE=build/cleave] bench/tp.sh [VOCAB=8192] [REPEATS=3]
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] bench/tp.sh [VOCAB=8192] [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vocab=${1:-8192} repeats=${2:-3}

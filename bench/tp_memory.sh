@@ -23,7 +23,7 @@
 #   tp t with SP:  4 s b (16 h + a + 4) / t
 # CLEAVE_BENCH_SMOKE=1 (bench/common.sh): vocab 256, s 32, h 64, a 4, 1 step a run, the layouts
 # tp 1 and tp 2 + SP.
-# Usage: [CLEAVE=build/cleave] bench/tp_memory.sh
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] bench/tp_memory.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/common.sh

@@ -4,7 +4,7 @@
 # timed steps, fp32 and bf16, the programs alternating, REPEATS rounds. Prints the median tokens/s
 # of each and cleave's ratio against the faster PyTorch mode. CLEAVE_BENCH_SMOKE=1 (bench/common.sh):
 # vocab 256, the tiny model, fp32 only, 3 steps, one round.
-# Usage: [CLEAVE=build/cleave] bench/vs_pytorch.sh [VOCAB=8192] [REPEATS=3]
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] bench/vs_pytorch.sh [VOCAB=8192] [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vocab=${1:-8192} repeats=${2:-3}
