@@ -1,5 +1,6 @@
 // LinearGemm against a naive double-precision reference, in fp32 and bf16.
 #include "cleave/kernels/linear.h"
+#include "cleave/kernels/weight_pack.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -302,6 +303,10 @@ TEST_P(LinearPrecisionTest, RowPackingMatchesPackingAtTheNextProduct) {
     std::memcpy(w.data(), w2.data(), w.size() * sizeof(float));
     lazy.set_weight(w.data());
     rows.set_weight(w.data());
+    if (!kernels::packer_writes_layouts(N, in, out, p == Precision::bf16))
+      GTEST_SKIP() << "oneDNN reads this CPU's weights in no layout cleave's packer writes";
+    if (p == Precision::bf16 && !native_bf16_products())
+      GTEST_SKIP() << "emulated bf16 packs from the weight's rounding, at the next product";
     const int64_t band = rows.begin_row_packing();
     ASSERT_GT(band, 0) << in << "x" << out;
     const int64_t bands = (out + band - 1) / band;

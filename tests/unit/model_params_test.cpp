@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cleave/kernels/weight_pack.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/params.h"
 #include "cleave/model/transformer.h"
@@ -143,6 +144,8 @@ TEST(WeightVersions, BandWritesPackLikeALaterProduct) {
   };
   write(lazy.w(), 0, 48);
   lazy.store.wrote(0, lazy.store.total());
+  if (!kernels::packer_writes_layouts(4, 32, 48, false))
+    GTEST_SKIP() << "oneDNN reads this CPU's weights in no layout cleave's packer writes";
   const int64_t band = banded.store.begin_band_writes(0);
   ASSERT_GT(band, 0);
   for (int64_t r = 0; r < 48; r += band) {

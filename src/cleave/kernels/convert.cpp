@@ -24,6 +24,12 @@ void bf16_to_f32(float* out, const bf16* in, int64_t n) {
   });
 }
 
+void round_to_bf16(float* out, const float* in, int64_t n) {
+  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) out[i] = from_bf16(to_bf16(in[i]));
+  });
+}
+
 void round_to_fp16(float* out, const float* in, int64_t n) {
   for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
     int64_t i = b;

@@ -1,4 +1,5 @@
-// fp32 <-> bf16 (round to nearest even; NaN stays NaN), and fp32 rounded to fp16's values.
+// fp32 <-> bf16 (round to nearest even; NaN stays NaN), and fp32 rounded to fp16's or bf16's
+// values.
 #pragma once
 #include <cstdint>
 
@@ -16,5 +17,8 @@ void bf16_to_f32(float* out, const bf16* in, int64_t n);
 // operands of an fp16 product with fp32 accumulation, every one exact in fp32, for a CPU whose
 // oneDNN has no fp16 matmul.
 void round_to_fp16(float* out, const float* in, int64_t n);
+// Each value rounded to the nearest bf16 (as f32_to_bf16 rounds), kept as fp32: the weight of a
+// bf16 product emulated in fp32 on a CPU whose oneDNN has no bf16 matmul.
+void round_to_bf16(float* out, const float* in, int64_t n);
 
 }  // namespace cleave::kernels

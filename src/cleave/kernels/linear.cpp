@@ -19,6 +19,10 @@
 // OperandCopy when it keeps one for backward_weight, else into a per-thread scratch buffer.
 // oneDNN accumulates in fp32; dst is fp32.
 //
+// Emulated bf16 (native_bf16_products() false: an AVX2-only CPU): the plans are fp32, the weight is
+// rounded to bf16 once per version as fp16 mode rounds it, and every bf16 operand (a conversion,
+// a kept copy, an FP8 image) is widened to fp32 into per-thread scratch just before its product.
+//
 // fp16 mode: fp32 products of operands rounded to fp16. The weight is rounded once per version
 // into `rounded` and packed (or used) from there; x and dy are rounded into per-thread scratch
 // for each product, forward's and backward_weight's alike, so nothing is kept between products.
@@ -43,6 +47,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -120,13 +125,38 @@ struct Packed {
 
 }  // namespace
 
+bool native_bf16_products() {
+  static const bool native = [] {
+    const char* forced = std::getenv("CLEAVE_EMULATE_BF16");
+    if (forced && std::string(forced) == "1") return false;
+    try {
+      const memory::desc a({1, 16}, dt::bf16, tag::ab), b({16, 16}, dt::bf16, tag::ab);
+      const memory::desc c({1, 16}, dt::f32, tag::ab);
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), dnnl_context().engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return native;
+}
+
+Precision product_precision(Precision p) {
+  if (p == Precision::fp16) return Precision::fp32;
+  if (p == Precision::fp8 || p == Precision::bf16)
+    return native_bf16_products() ? Precision::bf16 : Precision::fp32;
+  return p;
+}
+
 struct LinearGemm::Impl {
   int in = 0, out = 0;
   Precision precision = Precision::fp32;
-  dt cdt = dt::f32;  // compute (operand) data type
+  bool emulated = false;  // bf16 products as fp32 products of bf16 values
+  dt cdt = dt::f32;       // compute (operand) data type of the plans
 
   const float* weight = nullptr;
-  Buffer<float> rounded;           // fp16 mode: the weight rounded to fp16, at `rounded_version`
+  // fp16 mode and emulated bf16: the weight rounded to fp16 or bf16, at `rounded_version`
+  Buffer<float> rounded;
   uint64_t rounded_version = 0;
   std::optional<kernels::Fp8Operands> fp8;  // fp8 mode
   uint64_t own_version = 0;                 // bumped by set_weight; 0 = no weight yet
@@ -141,18 +171,20 @@ struct LinearGemm::Impl {
 
   Impl(int in_features, int out_features, Precision p)
       : in(in_features), out(out_features), precision(p),
-        cdt(p == Precision::bf16 || p == Precision::fp8 ? dt::bf16 : dt::f32) {
+        emulated((p == Precision::bf16 || p == Precision::fp8) && !native_bf16_products()),
+        cdt((p == Precision::bf16 || p == Precision::fp8) && !emulated ? dt::bf16 : dt::f32) {
     if (p == Precision::fp8) fp8.emplace(in, out);
   }
 
-  // What the products read as W: the weight itself, (fp16 mode) its rounding to fp16, or (fp8
-  // mode) its FP8 image for the role's product.
+  // What the products read as W: the weight itself, (fp16 mode, emulated bf16) its rounding to
+  // fp16 or bf16, or (fp8 mode) its FP8 image for the role's product.
   const float* source(Role role) {
     if (fp8) return fp8->weight_image(weight, role == Role::forward);
-    if (precision != Precision::fp16) return weight;
+    if (precision != Precision::fp16 && !emulated) return weight;
     if (rounded_version != weight_version()) {
       if (rounded.size() != int64_t(in) * out) rounded.resize(int64_t(in) * out);
-      kernels::round_to_fp16(rounded.data(), weight, int64_t(in) * out);
+      (emulated ? kernels::round_to_bf16 : kernels::round_to_fp16)(rounded.data(), weight,
+                                                                   int64_t(in) * out);
       rounded_version = weight_version();
     }
     return rounded.data();
@@ -316,6 +348,19 @@ struct LinearGemm::Impl {
     return buffers[which];
   }
 
+  // Emulated bf16: the bf16 values of operand `which` widened to fp32, per thread.
+  static AlignedBuffer& widened(int which) {
+    static thread_local AlignedBuffer buffers[2];
+    return buffers[which];
+  }
+  // What a product reads for bf16 operand values b: b itself, or emulated, their fp32 widening.
+  void* bf16_operand(const bf16* b, int64_t count, int which) {
+    if (!emulated) return const_cast<bf16*>(b);
+    float* w = static_cast<float*>(widened(which).reserve(size_t(count) * sizeof(float)));
+    kernels::bf16_to_f32(w, b, count);
+    return w;
+  }
+
   // Operand memory: the fp32 array itself, its fp16 rounding into scratch operand `which`, or its
   // bf16 conversion into `keep` (when the caller keeps it) or into that scratch.
   void* operand(const float* a, int64_t count, OperandCopy* keep, int which) {
@@ -324,7 +369,7 @@ struct LinearGemm::Impl {
       kernels::round_to_fp16(r, a, count);
       return r;
     }
-    if (cdt == dt::f32) return const_cast<float*>(a);
+    if (precision != Precision::bf16) return const_cast<float*>(a);
     bf16* b;
     if (keep) {
       b = keep->data.grow(count);
@@ -333,7 +378,7 @@ struct LinearGemm::Impl {
       b = static_cast<bf16*>(scratch_operand(which).reserve(size_t(count) * sizeof(bf16)));
     }
     kernels::f32_to_bf16(b, a, count);
-    return b;
+    return bf16_operand(b, count, which);
   }
 
   // fp8 mode: an image into scratch operand `which`.
@@ -353,7 +398,7 @@ struct LinearGemm::Impl {
     CLEAVE_CHECK(copy->count == count, "LinearGemm::backward_weight: the kept bf16 copy of "
                                            << what << " holds " << copy->count << " elements, not "
                                            << count);
-    return const_cast<bf16*>(copy->data.data());
+    return bf16_operand(copy->data.data(), count, which);
   }
 };
 
@@ -392,7 +437,7 @@ int64_t LinearGemm::begin_row_packing() {
   m.row_targets.clear();
   // The bands are packed from W as it is written; fp16 and fp8 pack from W's rounding or image,
   // made later.
-  if (m.precision == Precision::fp16 || m.precision == Precision::fp8) return 0;
+  if (m.precision == Precision::fp16 || m.precision == Precision::fp8 || m.emulated) return 0;
   for (Packed& p : m.packed)
     if (p.layout) m.row_targets.push_back(Impl::target_of(p, true));
   if (m.row_targets.empty()) return 0;
@@ -463,7 +508,8 @@ void LinearGemm::forward(float* y, const float* x, int64_t N, const float* bias,
     bf16* xs = m.fp8_image_buffer(N * m.in, 0);
     const float factor =
         m.fp8->inner_along_cols(xs, x, N, m.in, fp8_x, keep_x) * m.fp8->weight_factor();
-    memory src(m.at(plan.pd.src_desc(), {N, m.in}, {m.in, 1}), ctx.engine, xs);
+    memory src(m.at(plan.pd.src_desc(), {N, m.in}, {m.in, 1}), ctx.engine,
+               m.bf16_operand(xs, N * m.in, 0));
     memory dst(m.at(plan.pd.dst_desc(), {N, m.out}, {m.out, 1}), ctx.engine, y);
     m.execute(plan, src, wei, nullptr, dst);
     if (factor != 1.0f || bias) kernels::fp8_epilogue(y, N, m.out, factor, bias);
@@ -496,7 +542,8 @@ void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accu
     const float factor =
         m.fp8->inner_along_cols(dys, dy, N, m.out, fp8_dy, keep_dy) * m.fp8->weight_factor();
     float* result = direct ? dx : Impl::fp8_result(N * m.in);
-    memory src(m.at(plan.pd.src_desc(), {N, m.out}, {m.out, 1}), ctx.engine, dys);
+    memory src(m.at(plan.pd.src_desc(), {N, m.out}, {m.out, 1}), ctx.engine,
+               m.bf16_operand(dys, N * m.out, 0));
     memory dst(m.at(plan.pd.dst_desc(), {N, m.in}, {m.in, 1}), ctx.engine, result);
     m.execute(plan, src, wei, nullptr, dst);
     if (!direct)
@@ -531,7 +578,7 @@ void LinearGemm::backward_weight(float* dweight, float* dbias, const float* dy, 
     bf16* xi = m.fp8_image_buffer(N * m.in, 1);
     factor = m.fp8->inner_along_rows(dyi, dy, N, m.out, fp8_dy, dy_copy) *
              m.fp8->inner_along_rows(xi, x, N, m.in, fp8_x, x_copy);
-    dys = dyi, xs = xi;
+    dys = m.bf16_operand(dyi, N * m.out, 0), xs = m.bf16_operand(xi, N * m.in, 1);
   } else {
     dys = m.kept_operand(dy, N * m.out, dy_copy, 0, "dy");
     xs = m.kept_operand(x, N * m.in, x_copy, 1, "x");

@@ -23,13 +23,15 @@ enum class Precision { fp32, bf16, fp16, fp8 };
 
 // "fp32", "bf16", "fp16", "fp8".
 const char* precision_name(Precision p);
+// Whether this CPU's oneDNN makes bf16 matmuls (AVX-512 BF16, AMX, or AVX-512 alone, which it
+// emulates). Where it cannot (an AVX2-only CPU, such as AMD Zen 3), bf16 and FP8 products are fp32
+// products of the same bf16 values: exact products, fp32 accumulation as oneDNN's, only the
+// summation order may differ. CLEAVE_EMULATE_BF16=1 takes that path on any CPU (tests).
+bool native_bf16_products();
 // What the products run in, and so whose GEMM peak MFU is quoted against: fp16's are fp32
-// products of fp16-rounded operands, fp8's bf16 products of FP8 values.
-inline Precision product_precision(Precision p) {
-  if (p == Precision::fp16) return Precision::fp32;
-  if (p == Precision::fp8) return Precision::bf16;
-  return p;
-}
+// products of fp16-rounded operands, fp8's bf16 products of FP8 values, and bf16's fp32 ones
+// where the CPU has no bf16 matmul.
+Precision product_precision(Precision p);
 
 // The operands of a linear's products as FP8 scales them: its input x, its weight W and its
 // output's gradient dy.

@@ -25,6 +25,7 @@
 
 #include "cleave/base/bf16.h"
 #include "cleave/base/check.h"
+#include "cleave/kernels/linear.h"
 
 namespace cleave::kernels {
 namespace {
@@ -376,7 +377,8 @@ dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed) {
 
 PreferredLayouts preferred_weight_layouts(int64_t N, int64_t in, int64_t out, bool bf16) {
   using dnnl::memory;
-  const auto type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const auto type =
+      bf16 && native_bf16_products() ? memory::data_type::bf16 : memory::data_type::f32;
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   auto weights = [&](int64_t k, int64_t n) {
     const memory::desc src({N, k}, type, memory::format_tag::ab);
@@ -385,6 +387,11 @@ PreferredLayouts preferred_weight_layouts(int64_t N, int64_t in, int64_t out, bo
     return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), engine).weights_desc();
   };
   return {weights(in, out), weights(out, in)};
+}
+
+bool packer_writes_layouts(int64_t N, int64_t in, int64_t out, bool bf16) {
+  const PreferredLayouts want = preferred_weight_layouts(N, in, out, bf16);
+  return blocked_layout(want.forward) || blocked_layout(want.backward_input);
 }
 
 }  // namespace cleave::kernels

@@ -61,5 +61,8 @@ struct PreferredLayouts {
   dnnl::memory::desc forward, backward_input;
 };
 PreferredLayouts preferred_weight_layouts(int64_t N, int64_t in, int64_t out, bool bf16);
+// Whether either of them is a layout this packer writes: AVX-512's blocked layouts are; an
+// AVX2-only CPU's matmul reads its weights plain, which oneDNN's reorder transposes if at all.
+bool packer_writes_layouts(int64_t N, int64_t in, int64_t out, bool bf16);
 
 }  // namespace cleave::kernels
