@@ -51,13 +51,6 @@ peer_result() {  # mode dtype processes [gpt_bench.py arguments]
   "$peer/run_peer.sh" "$@" --vocab "$vocab" | grep '^RESULT' | sed 's/.*| \([0-9.]*\) tok\/s.*/\1/'
 }
 
-# oneDNN has no bf16 product (which FP8's emulation also takes) on a CPU without AVX-512: there a
-# smoke run leaves bf16 and fp8 out, saying so, instead of failing on what the machine cannot do.
-lowp=1
-grep -qw avx512f /proc/cpuinfo || lowp=0
-[ "$smoke" != 1 ] || [ "$lowp" = 1 ] ||
-  echo "(no AVX-512 on this CPU: the smoke run leaves bf16 and fp8 out)"
-
 # A smoke run's model, set after a benchmark's own model keys (and before any it varies): d_model
 # 64, 4 heads, 2 layers, sequences of 32 tokens.
 tiny=(--set model.d_model=64 --set model.n_heads=4 --set model.n_layers=2 --set train.seq_len=32)

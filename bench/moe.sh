@@ -17,8 +17,7 @@
 #     last 20 steps) and the final loss with no balancing, the auxiliary loss (0.01) and
 #     sigmoid_bias's bias (rates 1e-3, DeepSeek-V3's, and 1e-2).
 # CLEAVE_BENCH_SMOKE=1 (bench/common.sh): random tokens of vocab 256, the tiny model with experts
-# of 32 units (the dense MLP 64, all-8 experts 8), 6 steps in 1., 4 in 2. and 3., one round;
-# fp32 on a CPU without bf16 products.
+# of 32 units (the dense MLP 64, all-8 experts 8), 6 steps in 1., 4 in 2. and 3., one round.
 # Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] bench/moe.sh [ROUNDS=3] [STEPS=200]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +27,6 @@ speed_steps=20 tokens=2048 model=() expert=352 data=()  # tokens per step: 16 x 
 if [ "$smoke" = 1 ]; then
   rounds=1 steps=4 speed_steps=6 tokens=512 expert=32 data=(--set data.dir="$work/data")
   model=("${tiny[@]}" --set model.vocab_size=256)
-  [ "$lowp" = 1 ] || model+=(--set train.dtype=fp32)
   mkdir -p "$work/data"
   /usr/bin/python3 bench/random_tokens.py "$work/data" 256 200000
 else

@@ -55,11 +55,8 @@ dtype_args() {
     *) echo --set train.dtype="$1" ;;
   esac
 }
-dtypes=(fp32 bf16 fp16 fp8-delayed fp8-current fp8-blockwise fp8-mxfp8) low=bf16
-if [ "$smoke" = 1 ]; then  # one FP8 recipe; without bf16 products none, nor 5. (bench/common.sh)
-  dtypes=(fp32 bf16 fp16 fp8-delayed)
-  [ "$lowp" = 1 ] || dtypes=(fp32 fp16) low=fp16 model+=(--set train.dtype=fp32)
-fi
+dtypes=(fp32 bf16 fp16 fp8-delayed fp8-current fp8-blockwise fp8-mxfp8)
+[ "$smoke" = 1 ] && dtypes=(fp32 bf16 fp16 fp8-delayed)
 
 echo "== 1. dtypes on GPT-2 124M's shape (vocab 8192, 4 x 256 tokens per step)"
 printf "%-14s %10s %8s %10s\n" dtype "tokens/s" MFU "peak RSS"
@@ -76,7 +73,7 @@ text=../shared/data/tinyshakespeare.txt
 [ "$corpus_bytes" = 0 ] || { head -c "$corpus_bytes" "$text" > "$work/corpus.txt"; text=$work/corpus.txt; }
 "$cleave" tokenize configs/llama_small.toml "${text_model[@]}" --set data.corpus="$text" \
   --set data.dir="$work/text" > "$work/tokenize.log" 2>&1
-printf "%-14s %11s %9s %9s %9s %9s\n" dtype "train loss" "vs fp32" "val loss" "vs fp32" "vs $low"
+printf "%-14s %11s %9s %9s %9s %9s\n" dtype "train loss" "vs fp32" "val loss" "vs fp32" "vs bf16"
 for dtype in "${dtypes[@]}"; do
   train "loss-$dtype" configs/llama_small.toml --set data.dir="$work/text" $(dtype_args $dtype) \
     --set train.steps="$steps" --set train.val_interval="$steps" --set optim.warmup_steps=30
@@ -85,7 +82,7 @@ percent() { awk -v a="$1" -v b="$2" 'BEGIN {print 100 * (a / b - 1)}'; }
 for dtype in "${dtypes[@]}"; do
   loss=$(last "$work/loss-$dtype" loss 5) val=$(last "$work/loss-$dtype" val_loss)
   loss32=$(last "$work/loss-fp32" loss 5) val32=$(last "$work/loss-fp32" val_loss)
-  val16=$(last "$work/loss-$low" val_loss)
+  val16=$(last "$work/loss-bf16" val_loss)
   printf "%-14s %11.4f %+8.2f%% %9.4f %+8.2f%% %+8.2f%%\n" $dtype "$loss" "$(percent "$loss" "$loss32")" \
     "$val" "$(percent "$val" "$val32")" "$(percent "$val" "$val16")"
 done
@@ -133,10 +130,6 @@ for row in "in-memory" "moments --set optim.offload=file" \
     "$(field "$work/off-$name" tokens_per_s | awk -v n=$((wide_seq * wide_batch)) '{print 1e3 * n / $1}')"
 done
 
-if [ "$smoke" = 1 ] && [ "$lowp" = 0 ]; then
-  echo "== 5. FP8: left out (no bf16 products on this CPU)"
-  exit 0
-fi
 echo "== 5a. FP8 saved activations: llama_long, $layers layers, $seq tokens"
 train fp8-bf16 configs/llama_long.toml "${long[@]}" --set train.dtype=bf16
 train fp8-delayed configs/llama_long.toml "${long[@]}" --set train.dtype=fp8
