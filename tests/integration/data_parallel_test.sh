@@ -22,6 +22,12 @@ for accum in 1 2; do
     run "$name$np-a$accum" "$np" "${set_batch[@]}" --set parallel.dp_replicate=$replicate \
       --set parallel.dp_shard=$shard --set parallel.zero_stage=$zero
     $compare "$work/ref-a$accum" "$work/$name$np-a$accum"
+    # Every stage's collectives, measured, are what the run predicted for its stage: ZeRO-1 adds
+    # the gathers of the updated shards, ZeRO-3 gathers each unit as often as the step program
+    # says, HSDP all-reduces the shards over the replicas. (ZeRO-2 sends what DDP does, a
+    # reduce-scatter and an all-gather being an all-reduce; its one file per shard tells them apart
+    # below.)
+    axis_bytes dp "$name$np-a$accum"
   done
 done
 

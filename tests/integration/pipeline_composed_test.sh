@@ -32,8 +32,7 @@ layout ref-llama pp2-hsdp2x2 8 "${llama[@]}" --set parallel.pp=2 --set parallel.
 layout ref-llama pp2-tp2sp 4 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
   --set parallel.sequence_parallel=true --set parallel.pp_schedule=gpipe
 for axis in tp pp; do
-  axis_bytes $axis pp2-tp2sp 4 "${llama[@]}" --set parallel.pp=2 --set parallel.tp=2 \
-    --set parallel.sequence_parallel=true
+  axis_bytes $axis pp2-tp2sp
 done
 
 # bf16 on the 2-layer model and global batch 8 compare_runs.py's bf16 bounds were derived on (at 8

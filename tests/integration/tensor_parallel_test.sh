@@ -29,16 +29,16 @@ for tp in 2 4; do
   layout ref-llama "llama-tp$tp" "$tp" "${one_micro[@]}" "${llama[@]}" --set parallel.tp=$tp
   layout ref-llama "llama-tp$tp-sp" "$tp" "${one_micro[@]}" "${llama[@]}" --set parallel.tp=$tp "${sp[@]}"
 done
-axis_bytes tp gpt2-tp2 2 "${one_micro[@]}" --set parallel.tp=2
-axis_bytes tp gpt2-tp4-sp 4 "${one_micro[@]}" --set parallel.tp=4 "${sp[@]}"
-axis_bytes tp llama-tp4-sp 4 "${one_micro[@]}" "${llama[@]}" --set parallel.tp=4 "${sp[@]}"
+axis_bytes tp gpt2-tp2
+axis_bytes tp gpt2-tp4-sp
+axis_bytes tp llama-tp4-sp
 # Placement checks on every module boundary find nothing wrong in an honest layout.
 run gpt2-tp2-checked 2 "${one_micro[@]}" --set parallel.tp=2 --set parallel.check_placements=true
 $compare "$work/ref" "$work/gpt2-tp2-checked"
 # Each rank keeps one of the 2 kv heads, shared with one other rank.
 run ref-kv2 1 "${one_micro[@]}" "${llama_kv2[@]}"
 layout ref-kv2 llama-kv2-tp4 4 "${one_micro[@]}" "${llama_kv2[@]}" --set parallel.tp=4
-axis_bytes tp llama-kv2-tp4 4 "${one_micro[@]}" "${llama_kv2[@]}" --set parallel.tp=4
+axis_bytes tp llama-kv2-tp4
 run ref-v257 1 "${one_micro[@]}" "${vocab257[@]}"
 layout ref-v257 v257-tp2 2 "${one_micro[@]}" "${vocab257[@]}" --set parallel.tp=2
 layout ref-v257 v257-tp4-sp 4 "${one_micro[@]}" "${vocab257[@]}" --set parallel.tp=4 "${sp[@]}"
@@ -54,7 +54,7 @@ layout ref-a2 tp2-ddp2 4 "${accum2[@]}" --set parallel.tp=2 --set parallel.zero_
 layout ref-a2 tp2-zero1x2 4 "${accum2[@]}" --set parallel.tp=2 --set parallel.zero_stage=1
 layout ref-a2 tp2-zero2x2-sp 4 "${accum2[@]}" --set parallel.tp=2 --set parallel.zero_stage=2 "${sp[@]}"
 layout ref-a2 tp2-zero3x2 4 "${accum2[@]}" --set parallel.tp=2 --set parallel.zero_stage=3
-axis_bytes tp tp2-zero3x2 4 "${accum2[@]}" --set parallel.tp=2 --set parallel.zero_stage=3
+axis_bytes tp tp2-zero3x2
 layout ref-a2 hsdp2x2-tp2 8 "${accum2[@]}" --set parallel.tp=2 --set parallel.dp_replicate=2 \
   --set parallel.dp_shard=2 --set parallel.zero_stage=3
 

@@ -69,11 +69,18 @@ Config tiny_config(const std::string& dir, int zero_stage) {
   return c;
 }
 
-void expect_stop_before_update(int zero_stage) {
+void expect_stop_before_update(int zero_stage, bool ep = false) {
   const std::string dir = shared_folder();
-  const Config cfg = tiny_config(dir, zero_stage);
+  Config cfg = tiny_config(dir, zero_stage);
+  // Under ep each rank holds two experts of its own: rank 1's first local expert is global
+  // expert 2, whose gradient no other rank sees, and the report must name it so.
+  if (ep) {
+    cfg.model.moe_experts = 2 * test::world().size();
+    cfg.model.moe_ffn_hidden = 32;
+    cfg.parallel.ep = test::world().size();
+  }
   Trainer trainer(cfg, "");
-  const std::string poisoned = "blocks.1.mlp.fc.weight";
+  const std::string poisoned = ep ? "blocks.1.moe.experts.2.fc.weight" : "blocks.1.mlp.fc.weight";
   // Step index 2 (the third step), block 1 (unit 2), on rank 1 only, before the reduction.
   trainer.inject_gradient_fault([&](int64_t step, int unit, ParamStore& params) {
     if (step == 2 && unit == 2 && test::world().rank() == 1)
@@ -152,6 +159,8 @@ void expect_fp16_skip(int zero_stage) {
 TEST(TrainNonFinite, DdpStopsEveryRankBeforeTheUpdate) { expect_stop_before_update(0); }
 
 TEST(TrainNonFinite, Zero2StopsEveryRankBeforeTheUpdate) { expect_stop_before_update(2); }
+
+TEST(TrainNonFinite, EpNamesTheExpertOfTheRankHoldingIt) { expect_stop_before_update(0, true); }
 
 TEST(TrainNonFinite, Fp16DdpSkipsTheStepOnEveryRank) { expect_fp16_skip(0); }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # compare_builds.sh OLD_CLEAVE NEW_CLEAVE SRC DATA: runs every layout (one process, data, tensor
 # and pipeline parallelism and their compositions, fp32 and bf16) with two builds of cleave and
-# checks that losses, gradient norms and checkpoint files are bitwise identical. For changes that
+# checks that losses, gradient norms and checkpoint files are bitwise identical; context
+# parallelism, MoE with ep, fp16, FP8, activation checkpointing and the chunked loss too. For changes that
 # must not move a bit (the step-as-instructions rewrite, the model's modules): build the old
 # commit in its own folder (git worktree) and pass both binaries.
 set -euo pipefail
@@ -56,4 +57,21 @@ check pp2-tp2-zero2x2 8 "${pp[@]}" --set parallel.tp=2 --set parallel.dp_shard=2
   --set parallel.zero_stage=2 --set parallel.pp_schedule=zb1p
 check pp2-bf16 2 "${pp[@]}" "${bf16[@]}" --set parallel.pp_schedule=zb1p
 check pp2-tp2-bf16 4 "${pp[@]}" --set parallel.tp=2 "${bf16[@]}" "${llama[@]}"
+# Context parallelism in each mode, alone and with tp; MoE (one process, ep, ep x pp, bf16); the
+# other precisions and memory tools.
+check cp2-ring 2 --set parallel.cp=2 "${llama[@]}"
+check cp2-allgather 2 --set parallel.cp=2 --set parallel.cp_mode=allgather "${llama[@]}"
+check cp2-ulysses 2 --set parallel.cp=2 --set parallel.cp_mode=ulysses "${llama[@]}"
+check cp2-tp2-bf16 4 --set parallel.cp=2 --set parallel.tp=2 "${llama[@]}" "${bf16[@]}"
+moe=(--set model.moe_experts=4 --set model.moe_top_k=2 --set model.moe_ffn_hidden=64 "${llama[@]}")
+check moe 1 "${moe[@]}"
+check moe-bf16 1 "${moe[@]}" "${bf16[@]}"
+check moe-ep2 2 "${moe[@]}" --set parallel.dp_shard=2 --set parallel.ep=2
+check moe-ep2-pp2 4 "${moe[@]}" --set parallel.dp_shard=2 --set parallel.ep=2 "${pp[@]}"
+check fp16 2 --set train.dtype=fp16 --set parallel.dp_shard=2
+check fp8-delayed 2 --set train.dtype=fp8 --set parallel.tp=2
+check ac-full-zero3 2 --set train.activation_checkpointing=full --set parallel.dp_shard=2 \
+  --set parallel.zero_stage=3
+check ac-selective-pp2 2 --set train.activation_checkpointing=selective "${pp[@]}"
+check chunked-loss-tp2 2 --set train.loss_chunk=40 --set parallel.tp=2
 echo "every layout gave the same bits with both builds"

@@ -474,11 +474,12 @@ class PlannedTp final : public TpComm {
 std::unique_ptr<Transformer> Transformer::planned(const ModelConfig& cfg, int tp,
                                                   bool sequence_parallel,
                                                   std::vector<ModelChunk> chunks,
-                                                  Precision precision) {
+                                                  Precision precision,
+                                                  int64_t pad_multiple) {
   auto group = std::make_unique<PlannedTp>(tp);
   TensorParallelOptions options;
   if (tp > 1) options = {group.get(), sequence_parallel, false};
-  auto model = std::make_unique<Transformer>(cfg, precision, 0, 1, false, options,
+  auto model = std::make_unique<Transformer>(cfg, precision, 0, pad_multiple, false, options,
                                              std::move(chunks));
   model->planned_group_ = std::move(group);
   return model;

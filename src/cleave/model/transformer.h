@@ -130,10 +130,12 @@ class Transformer {
 
   // For planning: what tp rank 0 of tp ranks holds of `chunks`, built without communication and
   // without touching the parameter buffers (mapped, never written). It cannot run; its linears
-  // have the products of `precision` (which of them are FP8: ParamStore::fp8_weight).
+  // have the products of `precision` (which of them are FP8: ParamStore::fp8_weight), its units
+  // padded to pad_multiple as the trainer pads them for ZeRO's shards.
   static std::unique_ptr<Transformer> planned(const ModelConfig& cfg, int tp, bool sequence_parallel,
                                               std::vector<ModelChunk> chunks = {},
-                                              Precision precision = Precision::fp32);
+                                              Precision precision = Precision::fp32,
+                                              int64_t pad_multiple = 1);
 
   // Parameters that take part in matrix products (LM head included) of the whole model, counting
   // only a token's active experts in a MoE layer (the router, top_k experts and the shared

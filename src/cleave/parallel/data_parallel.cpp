@@ -106,6 +106,7 @@ void DataParallel::launch_ready_buckets() {
     if (!ready) continue;
     b.work = g_.dp->all_reduce(store_.grads().data() + b.begin, b.end - b.begin, CommType::f32,
                                CommAlgo::ours);
+    sent(ring_all_reduce_bytes((b.end - b.begin) * 4, g_.dp->size()));
     b.launched = true;
   }
 }
@@ -114,18 +115,21 @@ void DataParallel::unit_gradients_done(int unit) {
   grad_work_[unit] = g_.shard->reduce_scatter(store_.grads().data() + bounds_[unit],
                                               shard_grads_.data() + position_[unit], slice(unit),
                                               CommType::f32, CommAlgo::ours);
+  sent(slice(unit) * 4 * (g_.shard->size() - 1));
   // HSDP: the replicas sum the unit's shard as soon as it is reduced (operations run in issue
   // order), still under the rest of backward.
-  if (g_.replicate->size() > 1)
+  if (g_.replicate->size() > 1) {
     replicate_work_[unit] = g_.replicate->all_reduce(shard_grads_.data() + position_[unit],
                                                      slice(unit), CommType::f32, CommAlgo::ours);
+    sent(ring_all_reduce_bytes(slice(unit) * 4, g_.replicate->size()));
+  }
   // Release the gradients of units whose reduce-scatter has had time to finish, keeping at most
   // two in flight, so the whole gradient is never resident at once.
   grads_pending_.push_back(unit);
   while (grads_pending_.size() > 2) {
     const int u = grads_pending_.front();
     grads_pending_.erase(grads_pending_.begin());
-    exposed_ += grad_work_[u].wait();
+    waited(grad_work_[u].wait());
     release_range(store_.grads().data(), bounds_[u], bounds_[u + 1]);
   }
 }
@@ -137,18 +141,18 @@ DataParallel::OptimizerInputs DataParallel::finish_gradients() {
     launch_ready_buckets();
     final_.assign(size_t(n_units()), false);
     for (Bucket& b : buckets_) {
-      exposed_ += b.work.wait();
+      waited(b.work.wait());
       b.launched = false;
     }
     return {values, {store_.grads().data(), false}};
   }
   for (int u = 0; u < n_units(); ++u)
-    if (grad_work_[u].valid()) exposed_ += grad_work_[u].wait();
+    if (grad_work_[u].valid()) waited(grad_work_[u].wait());
   for (int u : grads_pending_) release_range(store_.grads().data(), bounds_[u], bounds_[u + 1]);
   grads_pending_.clear();
   grad_work_.assign(n_units(), Work());
   for (Work& w : replicate_work_)
-    if (w.valid()) exposed_ += w.wait();
+    if (w.valid()) waited(w.wait());
   replicate_work_.assign(n_units(), Work());
   return {values, {shard_grads_.data(), true}};
 }
@@ -158,8 +162,11 @@ double DataParallel::grad_sum_of_squares() {
     return sum_of_squares(store_.grads().data() + bounds_.front(), bounds_.back() - bounds_.front());
   // Each rank holds one shard: sum the shards' squares over dp_shard, in the group's fixed order,
   // at the double precision the whole buffer's sum has below ZeRO-2.
-  return sum_of_doubles(*g_.shard, sum_of_squares(shard_grads_.data(), shard_grads_.size()),
-                        &exposed_);
+  double seconds = 0;
+  const double sum = sum_of_doubles(*g_.shard, sum_of_squares(shard_grads_.data(), shard_grads_.size()),
+                                    &seconds);
+  waited(seconds);
+  return sum;
 }
 
 void DataParallel::after_optimizer_step() {
@@ -175,9 +182,9 @@ void DataParallel::gather(int unit) {
   if (resident_[unit]) return;
   prefetch(unit);
   if (fp8_ && fp8_->covers(unit)) {
-    exposed_ += fp8_->finish(unit);
+    waited(fp8_->finish(unit));
   } else {
-    exposed_ += gather_work_[unit].wait();
+    waited(gather_work_[unit].wait());
     gather_work_[unit] = Work();
   }
   gathering_[unit] = false;
@@ -191,12 +198,14 @@ void DataParallel::prefetch(int unit) {
   gathering_[unit] = true;
   if (shard_file_.data()) shard_file_.prefetch(position_[unit], position_[unit] + slice(unit));
   if (fp8_ && fp8_->covers(unit)) {
-    exposed_ += fp8_->start(unit, shard_source(unit));
+    waited(fp8_->start(unit, shard_source(unit)));
     gather_bytes_ += fp8_->bytes(unit);
+    sent(fp8_->bytes(unit) * (g_.shard->size() - 1));
     return;
   }
   gather_work_[unit] = g_.shard->all_gather(shard_source(unit), store_.values().data() + bounds_[unit],
                                             slice(unit), CommType::f32, CommAlgo::ours);
+  sent(slice(unit) * 4 * (g_.shard->size() - 1));
   if (zero_stage_ == 3) gather_bytes_ += 4 * slice(unit);
 }
 
@@ -245,6 +254,23 @@ std::vector<FlatRange> DataParallel::ranges_of(int shard_rank) const {
     out.push_back({begin, begin + slice(u)});
   }
   return out;
+}
+
+std::vector<int> zero3_gathers(const Program& program, int n_units) {
+  std::vector<int> gathers(size_t(n_units), 0);
+  std::vector<bool> resident(size_t(n_units), false), in_flight(size_t(n_units), false);
+  for (const Instruction& i : program.instructions) {
+    if (i.op != Op::gather && i.op != Op::prefetch && i.op != Op::release) continue;
+    const size_t u = size_t(i.unit);
+    if (i.op == Op::release) {
+      resident[u] = false;
+    } else if (!resident[u]) {
+      if (!in_flight[u]) ++gathers[u];
+      in_flight[u] = i.op == Op::prefetch;
+      resident[u] = i.op == Op::gather;
+    }
+  }
+  return gathers;
 }
 
 }  // namespace cleave

@@ -33,7 +33,9 @@
 #include "cleave/comm/group.h"
 #include "cleave/model/params.h"
 #include "cleave/optim/adamw.h"
+#include "cleave/parallel/comm_meter.h"
 #include "cleave/parallel/fp8_allgather.h"
+#include "cleave/pipeline/program.h"
 
 namespace cleave {
 
@@ -43,7 +45,9 @@ struct DataParallelGroups {
   Group* replicate = nullptr;  // this rank's dp_replicate group
 };
 
-class DataParallel {
+// Its CommMeter (the dp row of the step's traffic) counts every collective of the family: bucket
+// all-reduces, reduce-scatters, the replicas' all-reduces and parameter gathers, as rings.
+class DataParallel : public CommMeter {
  public:
   // unit_bounds: the group's ParamStore::unit_bounds(g), each a multiple of 16 x dp_shard.
   // Under ZeRO-3 the store's values are not materialised: the shards are initialised from seed.
@@ -93,8 +97,6 @@ class DataParallel {
   int checkpoint_file() const;
   std::vector<FlatRange> ranges_of(int shard_rank) const;
 
-  // Seconds this rank waited on collectives since the last call (exposed communication).
-  double take_exposed_seconds() { return std::exchange(exposed_, 0.0); }
   // ZeRO-3: the bytes this rank's slices sent into parameter gathers since the last call.
   int64_t take_gather_bytes() { return std::exchange(gather_bytes_, 0); }
   // ZeRO-3 with FP8 products: gather their weights as FP8 bytes (parallel/fp8_allgather.h), with
@@ -132,7 +134,11 @@ class DataParallel {
   std::unique_ptr<Fp8Allgather> fp8_;          // parallel.fp8_allgather
   int64_t gather_bytes_ = 0;
   std::vector<bool> final_;                    // DDP, ZeRO-1: the unit's gradients are final
-  double exposed_ = 0;
 };
+
+// How many times ZeRO-3 gathers each of n_units units' parameters in one run of `program`: its
+// gather and prefetch instructions start a gather of a unit neither resident nor in flight, and
+// release makes the unit absent again (DataParallel's rules, for predictions from the program).
+std::vector<int> zero3_gathers(const Program& program, int n_units);
 
 }  // namespace cleave

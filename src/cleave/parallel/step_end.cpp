@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 namespace cleave {
@@ -27,7 +28,8 @@ LossSum sum_losses(Group& batch, Group* pp, double loss_sum, double tokens, doub
 }
 
 void StepEnd::sum_loss(double loss_sum, double tokens, double expected) {
-  const LossSum s = sum_losses(*p_.batch, p_.pp, loss_sum, tokens, &r_.exposed_pp);
+  const LossSum s =
+      sum_losses(*p_.batch, p_.pp, loss_sum, tokens, &r_.comm[CommAxis::pp].exposed_s);
   CLEAVE_CHECK(s.tokens == expected, "step " << step_ + 1 << ": the ranks' batches hold "
                                              << s.tokens
                                              << " valid tokens; the gradients were scaled for "
@@ -36,6 +38,7 @@ void StepEnd::sum_loss(double loss_sum, double tokens, double expected) {
 }
 
 void StepEnd::grad_norm() {
+  double& dp_wait = r_.comm[CommAxis::dp].exposed_s;
   double squares = 0;
   for (size_t g = 0; g < p_.groups.size(); ++g) {
     DataParallel& dp = *p_.groups[g].dp;
@@ -48,13 +51,13 @@ void StepEnd::grad_norm() {
       local = owned_sum_of_squares(*p_.params, dp.ranges(), shards_[g].grads,
                                    p_.tp_grads ? p_.tp_grads->copy() : TpCopy{});
       if (p_.zero_stage > 0)
-        local = sum_of_doubles(*p_.groups[g].shard, local, &r_.exposed_dp);
+        local = sum_of_doubles(*p_.groups[g].shard, local, &dp_wait);
     }
-    if (p_.groups[g].spread) local = sum_of_doubles(*p_.groups[g].spread, local, &r_.exposed_dp);
+    if (p_.groups[g].spread) local = sum_of_doubles(*p_.groups[g].spread, local, &dp_wait);
     squares += local;
   }
-  if (p_.tp_grads) squares = p_.tp_grads->sum_over_tp(squares, &r_.exposed_tp);
-  if (p_.pp) squares = sum_of_doubles(*p_.pp, squares, &r_.exposed_pp);
+  if (p_.tp_grads) squares = p_.tp_grads->sum_over_tp(squares, &r_.comm[CommAxis::tp].exposed_s);
+  if (p_.pp) squares = sum_of_doubles(*p_.pp, squares, &r_.comm[CommAxis::pp].exposed_s);
   r_.grad_norm = std::sqrt(squares);
   // Both are the same on every rank, so every rank stops (or skips) here alike. The loss is
   // not scaled: a smaller scale cannot make a non-finite one finite.
@@ -104,7 +107,16 @@ void StepEnd::stop_non_finite() {
     }
   std::vector<float> firsts(static_cast<size_t>(p_.batch->size()));
   p_.batch->all_gather(&first, firsts.data(), 1, CommType::f32, CommAlgo::ours).wait();
-  const int tensor = int(*std::min_element(firsts.begin(), firsts.end()));
+  const auto owner = std::min_element(firsts.begin(), firsts.end());
+  const int tensor = int(*owner);
+  // Its name as the rank holding it knows it: under ep a tensor index is another expert on each
+  // ep rank, and only the owner's name (the global expert) is right. A broadcast moves bits.
+  float name[64] = {};
+  if (float(tensor) < none && p_.batch->rank() == int(owner - firsts.begin()))
+    std::strncpy(reinterpret_cast<char*>(name), p_.params->tensor(tensor).name.c_str(),
+                 sizeof name - 1);
+  if (float(tensor) < none)
+    p_.batch->broadcast(name, 64, CommType::f32, int(owner - firsts.begin())).wait();
   char numbers[160];
   std::snprintf(numbers, sizeof numbers, "loss %g, gradient norm %g", r_.loss, r_.grad_norm);
   std::string what = "step " + std::to_string(step_ + 1) + ": " + numbers;
@@ -114,7 +126,7 @@ void StepEnd::stop_non_finite() {
   }
   if (float(tensor) < none)
     what += "; the first parameter with a non-finite gradient is " +
-            p_.params->tensor(tensor).name;
+            std::string(reinterpret_cast<const char*>(name));
   throw EveryRankError(what + ". Stopped before the update: the parameters and optimizer state "
                        "are those of step " + std::to_string(step_) +
                        ", and no checkpoint of this step was written");

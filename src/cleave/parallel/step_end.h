@@ -15,6 +15,7 @@
 #include "cleave/model/params.h"
 #include "cleave/optim/adamw.h"
 #include "cleave/optim/loss_scaler.h"
+#include "cleave/parallel/comm_meter.h"
 #include "cleave/parallel/data_parallel.h"
 #include "cleave/parallel/tensor_parallel.h"
 
@@ -53,7 +54,7 @@ struct StepEndResult {
   double loss = 0, grad_norm = 0, clip = 1;
   double loss_scale = 1;  // the scale this step's gradients were made at (1 without a scaler)
   bool skipped = false;   // its gradients overflowed: nothing was updated
-  double exposed_dp = 0, exposed_tp = 0, exposed_pp = 0;
+  CommTraffic comm;       // the seconds waited on each axis
 };
 
 class StepEnd {

@@ -60,7 +60,7 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
   StepTimes out;
   auto wait = [&](Work& w) {
     if (!w.valid()) return;
-    out.exposed_pp += w.wait();
+    out.comm[CommAxis::pp].exposed_s += w.wait();
     w = Work();
   };
   const double t0 = now();
@@ -128,7 +128,7 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
         (fwd ? f.send_forward : f.send_backward) = parts_.pp->send(
             fwd ? model.chunk_output(i.chunk, i.slot) : model.chunk_input_grad(i.chunk, i.slot),
             floats, CommType::f32, i.peer, i.tag);
-        out.pp_bytes += floats * int64_t(sizeof(float));
+        out.comm[CommAxis::pp].bytes += floats * int64_t(sizeof(float));
         break;
       }
       case Op::recv_forward:
@@ -165,9 +165,10 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
         ParamStore& params = model.params();
         const int t = model.pipeline_tied_tensor();
         const int64_t n = params.tensor(t).numel;
-        out.exposed_pp += parts_.tied->all_reduce(params.grad(t), n, CommType::f32, CommAlgo::ours)
-                              .wait();
-        out.pp_bytes += ring_all_reduce_bytes(n * int64_t(sizeof(float)), parts_.tied->size());
+        AxisTraffic& pp = out.comm[CommAxis::pp];
+        pp.exposed_s +=
+            parts_.tied->all_reduce(params.grad(t), n, CommType::f32, CommAlgo::ours).wait();
+        pp.bytes += ring_all_reduce_bytes(n * int64_t(sizeof(float)), parts_.tied->size());
         break;
       }
       case Op::reduce_grads: {

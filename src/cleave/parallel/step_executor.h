@@ -58,8 +58,9 @@ struct StepTimes {
   int64_t loss_tokens = 0;   // how many of them count (the loss mask's)
   double seconds = 0;        // the whole program
   double busy_seconds = 0;   // in compute instructions
-  double exposed_pp = 0;     // waiting for transfers between stages, and the tied sum
-  int64_t pp_bytes = 0;      // sent to other stages and into the tied sum (as a ring)
+  // pp's row: waiting for transfers between stages and the tied sum, and the bytes sent to
+  // other stages and into the tied sum (as a ring).
+  CommTraffic comm;
   std::vector<TraceEvent> trace;  // per schedule action and step-end op, when asked
   StepEndResult end;              // training programs
 };

@@ -1,7 +1,10 @@
 #include "cleave/train/comm_volume.h"
 
+#include <cmath>
+
 #include "cleave/model/tensor_parallel.h"
 #include "cleave/model/transformer.h"
+#include "cleave/parallel/data_parallel.h"
 
 namespace cleave {
 
@@ -71,6 +74,18 @@ AxisVolume expert_volume(const Config& cfg, int ep, double tokens, double moe_la
 
 }  // namespace
 
+CommAxis AxisVolume::metered() const {
+  for (CommAxis a : {CommAxis::tp, CommAxis::pp, CommAxis::cp, CommAxis::ep})
+    if (axis == comm_axis_name(a)) return a;
+  return CommAxis::dp;
+}
+
+CommTraffic predicted_traffic(const std::vector<AxisVolume>& volumes) {
+  CommTraffic t;
+  for (const AxisVolume& v : volumes) t[v.metered()].bytes += std::llround(v.bytes);
+  return t;
+}
+
 std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   const Mesh& mesh = layout.mesh;
   const int tp = mesh.degree(Axis::tp), R = mesh.degree(Axis::dp_replicate);
@@ -104,21 +119,41 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   int ep = 1;
   for (const CarvedAxis& c : mesh.carved()) ep = c.name == kEp ? c.degree : ep;
   const std::unique_ptr<Transformer> model =
-      Transformer::planned(m, tp, cfg.parallel.sequence_parallel, chunks, t.dtype);
+      Transformer::planned(m, tp, cfg.parallel.sequence_parallel, chunks, t.dtype, 16 * S);
   const ParamStore& store = model->params();
   // ZeRO-3's gathers with parallel.fp8_allgather send the FP8 linears' weights as one byte per
   // value (parallel/fp8_allgather.h); fp8_floats: those weights, all and the experts'.
+  // fp8_of[g][u]: those of group g in unit u.
   double fp8_floats = 0, fp8_expert_floats = 0;
+  std::vector<std::vector<double>> fp8_of(size_t(store.n_groups()),
+                                          std::vector<double>(size_t(model->n_units()), 0.0));
   if (cfg.parallel.fp8_allgather)
     for (int i = 0; i < int(store.tensors().size()); ++i) {
       if (!store.fp8_weight(i)) continue;
       const ParamTensor& w = store.tensor(i);
       fp8_floats += double(w.numel);
+      fp8_of[size_t(w.group)][size_t(w.unit)] += double(w.numel);
       if (store.group_name(w.group) == "experts") fp8_expert_floats += double(w.numel);
     }
-  // A gather of n parameters over p ranks, f of them FP8 weights.
-  auto parameter_gather = [](double n, double f, int p) {
-    return ring_gather(n - f, p) + ring_gather(f, p) / 4;
+  // ZeRO-3's parameter gathers, as many of each unit as the step program starts: a gather of the
+  // unit's region of each group (the experts' or the others', a `share` of it on this rank) over
+  // p ranks, its FP8 weights at one byte per value.
+  const std::vector<int> gathers =
+      cfg.parallel.zero_stage == 3
+          ? zero3_gathers(training_program(cfg, layout, 0, *model), model->n_units())
+          : std::vector<int>(size_t(model->n_units()), 0);
+  auto parameter_gathers = [&](bool experts, double share, int p) {
+    double bytes = 0;
+    for (int g = 0; g < store.n_groups(); ++g) {
+      if ((store.group_name(g) == "experts") != experts) continue;
+      const std::vector<int64_t>& bounds = store.unit_bounds(g);
+      for (int u = 0; u < model->n_units(); ++u) {
+        const double n = double(bounds[size_t(u) + 1] - bounds[size_t(u)]) * share;
+        const double f = fp8_of[size_t(g)][size_t(u)] * share;
+        bytes += gathers[size_t(u)] * (ring_gather(n - f, p) + ring_gather(f, p) / 4);
+      }
+    }
+    return bytes;
   };
   double partial = 0;  // floats of gradients summed over tp (sequence parallelism's norms)
   double kv = 0;       // and over the ranks sharing a kv head
@@ -160,7 +195,7 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
     const double e = zero <= 1 ? ring_all_reduce(P_experts, edp) + (zero == 1 ? ring_gather(P_experts, efsdp) : 0)
                  : zero == 2 ? 2 * ring_gather(P_experts, efsdp) + ring_all_reduce(P_experts / efsdp, R)
                              : ring_gather(P_experts, efsdp) +
-                                   2 * accum * parameter_gather(P_experts, fp8_expert_floats / ep, efsdp) +
+                                   parameter_gathers(true, 1.0 / ep, efsdp) +
                                    ring_all_reduce(P_experts / efsdp, R);
     if (e > 0)
       out.push_back({"efsdp", e, "the experts' gradient reduction over dp_replicate x efsdp (" +
@@ -171,7 +206,12 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
                                           : "")});
   }
   if (dp > 1) {
-    const double P = double(store.count()) - (ep > 1 ? P_experts * ep : 0);
+    // Each group's region as the trainer lays it out, its units padded to equal shards: what
+    // its collectives move.
+    double P = 0;
+    for (int g = 0; g < store.n_groups(); ++g)
+      if (g == 0 || ep == 1)
+        P += double(store.unit_bounds(g).back() - store.unit_bounds(g).front());
     const int zero = cfg.parallel.zero_stage;
     if (zero <= 1) {
       out.push_back({"dp", ring_all_reduce(P, dp),
@@ -180,9 +220,10 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
       if (zero == 1)
         out.push_back({shard_axes, ring_gather(P, S), "all-gather of the updated shards"});
     } else {
-      const double dense_fp8 = fp8_floats - (ep > 1 ? fp8_expert_floats : 0);
-      const double gathers = zero == 2 ? ring_gather(P, S) : 2 * accum * parameter_gather(P, dense_fp8, S);
-      out.push_back({shard_axes, ring_gather(P, S) + gathers,
+      const double gathered = zero == 2 ? ring_gather(P, S)
+                                        : parameter_gathers(false, 1, S) +
+                                              (ep == 1 ? parameter_gathers(true, 1, S) : 0);
+      out.push_back({shard_axes, ring_gather(P, S) + gathered,
                      std::string("gradient reduce-scatter, ") +
                          (zero == 2 ? "all-gather of the updated shards"
                                     : "parameter all-gathers before each forward and backward") +

@@ -4,6 +4,7 @@
 
 #include "cleave/base/check.h"
 #include "cleave/model/tensor_parallel.h"
+#include "cleave/parallel/step_executor.h"
 
 namespace cleave {
 
@@ -181,6 +182,18 @@ std::vector<int> stage_layers(const ParallelConfig& p, const Schedule& s, int n_
   std::vector<int> layers(size_t(stages), n_layers / stages);
   for (int i = 0; i < n_layers % stages; ++i) ++layers[size_t(i)];
   return layers;
+}
+
+Program training_program(const Config& cfg, const Layout& layout, int rank, const Transformer& model) {
+  std::vector<bool> checkpoint(size_t(model.n_units()), false);
+  if (cfg.train.activation_checkpointing != "none")
+    for (int u = 0; u < model.n_units(); ++u) {
+      const Transformer::Unit& unit = model.units()[size_t(u)];
+      checkpoint[size_t(u)] = unit.kind == Transformer::UnitKind::block &&
+                              unit.layer % cfg.train.ac_every == 0;
+    }
+  return lower_schedule(layout.schedule, layout.check.stages, rank, unit_layout(model),
+                        {cfg.parallel.zero_stage == 3, true, model.params().n_groups(), checkpoint});
 }
 
 }  // namespace cleave

@@ -8,6 +8,7 @@
 #include "cleave/mesh/mesh.h"
 #include "cleave/model/context_parallel.h"
 #include "cleave/model/transformer.h"
+#include "cleave/pipeline/program.h"
 #include "cleave/pipeline/schedule.h"
 #include "cleave/train/config.h"
 
@@ -35,6 +36,11 @@ Layout plan_layout(const Config& cfg, int world);
 
 // The stages pp rank `rank` runs, as chunks of consecutive layers (what its model holds).
 std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank);
+
+// The training step program pp rank `rank` runs on `model` (its chunks of the layout), activation
+// checkpointing marking every ac_every-th block by its global layer: what the trainer runs and
+// what train/comm_volume.h counts the step's collectives from.
+Program training_program(const Config& cfg, const Layout& layout, int rank, const Transformer& model);
 
 // The schedule parallel names for pp ranks and the step's micro-batches (generated, or loaded
 // from pp_schedule_csv), and the layers of each of its stages.

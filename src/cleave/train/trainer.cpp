@@ -17,6 +17,7 @@
 #include "cleave/comm/errors.h"
 #include "cleave/optim/schedule.h"
 #include "cleave/train/checkpoint_io.h"
+#include "cleave/train/comm_volume.h"
 #include "cleave/train/layout.h"
 
 namespace fs = std::filesystem;
@@ -126,7 +127,14 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
       for (GroupParallel& part : groups_)
         part.dp->gather_fp8(t.fp8.recipe == kernels::Fp8Recipe::current, t.fp8.margin);
   }
+  for (GroupParallel& part : groups_) meters_.push_back({CommAxis::dp, part.dp.get()});
+  for (CommMeter* m : {process_.tp_comm.get(), process_.kv_comm.get()})
+    if (m) meters_.push_back({CommAxis::tp, m});
+  for (CommMeter* m : {process_.cp_ring.get(), process_.cp_ulysses.get()})
+    if (m) meters_.push_back({CommAxis::cp, m});
+  if (process_.ep_comm) meters_.push_back({CommAxis::ep, process_.ep_comm.get()});
   make_pipeline(*layout);
+  if (rank_ == 0) predicted_ = predicted_traffic(comm_volume(cfg_, *layout));
 
   // Each rank reads its own part of the checkpoint: a bad part may be seen by some ranks only.
   if (!from.empty()) agree_on_errors([&] { load_checkpoint(from); });
@@ -188,18 +196,8 @@ void Trainer::make_pipeline(const Layout& layout) {
   const UnitLayout units = unit_layout(*model_);
   const bool zero3 = cfg_.parallel.zero_stage == 3;
   const int n_groups = int(groups_.size());
-  // Activation checkpointing: every ac_every-th block (by its global layer) drops what it saved
-  // after its forward and runs it again just before its backward.
-  std::vector<bool> checkpoint(size_t(model_->n_units()), false);
   model_->set_selective_recompute(cfg_.train.activation_checkpointing == "selective");
-  if (cfg_.train.activation_checkpointing != "none")
-    for (int u = 0; u < model_->n_units(); ++u) {
-      const Transformer::Unit& unit = model_->units()[size_t(u)];
-      checkpoint[size_t(u)] = unit.kind == Transformer::UnitKind::block &&
-                              unit.layer % cfg_.train.ac_every == 0;
-    }
-  train_program_ = lower_schedule(layout.schedule, stages, pp_rank, units,
-                                  {zero3, true, n_groups, checkpoint});
+  train_program_ = training_program(cfg_, layout, pp_rank, *model_);
   val_program_ = lower_schedule(forward_only_schedule(stages, pp, int(cfg_.train.val_batches)),
                                 stages, pp_rank, units, {zero3, false, n_groups, {}});
   CLEAVE_CHECK((model_->pipeline_tied_tensor() >= 0) == bool(process_.tied),
@@ -252,11 +250,8 @@ StepResult Trainer::train_step(int64_t step) {
   const float grad_scale = scaler_ ? float(scaler_->scale() / double(mb * T * accum))
                                    : 1.0f / float(mb * T * accum);
   // What validation waited on and sent belongs to no step.
-  for (GroupParallel& part : groups_) part.dp->take_exposed_seconds(), part.dp->take_gather_bytes();
-  for (CommMeter* c : std::initializer_list<CommMeter*>{
-           process_.tp_comm.get(), process_.kv_comm.get(), process_.cp_ring.get(),
-           process_.cp_ulysses.get(), process_.ep_comm.get()})
-    if (c) c->take_exposed_seconds(), c->take_bytes();
+  for (GroupParallel& part : groups_) part.dp->take_gather_bytes();
+  for (auto& [axis, meter] : meters_) meter->take_exposed_seconds(), meter->take_bytes();
   for (GroupParallel& part : groups_) part.dp->zero_gradients();
   StepRun run;
   run.B = local_batch_;
@@ -280,31 +275,12 @@ StepResult Trainer::train_step(int64_t step) {
   if (r.skipped && rank_ == 0)
     std::printf("step %lld | skipped: the gradients overflowed at loss scale %g; the scale is now "
                 "%g\n", (long long)(step + 1), r.loss_scale, scaler_->scale());
-  r.exposed_dp_s = times.end.exposed_dp;
-  r.exposed_tp_s = times.end.exposed_tp;
-  r.exposed_pp_s = times.exposed_pp + times.end.exposed_pp;
-  for (GroupParallel& part : groups_) {
-    r.exposed_dp_s += part.dp->take_exposed_seconds();
-    r.gather_bytes += part.dp->take_gather_bytes();
-  }
-  // The kv replicas are tp ranks: their sums count as the tp axis's.
-  for (GroupTpComm* c : {process_.tp_comm.get(), process_.kv_comm.get()})
-    if (c) {
-      r.exposed_tp_s += c->take_exposed_seconds();
-      r.tp_bytes += c->take_bytes();
-    }
-  for (GroupCpComm* c : {process_.cp_ring.get(), process_.cp_ulysses.get()})
-    if (c) {
-      r.exposed_cp_s += c->take_exposed_seconds();
-      r.cp_bytes += c->take_bytes();
-    }
-  if (GroupEpComm* c = process_.ep_comm.get()) {
-    r.exposed_ep_s = c->take_exposed_seconds();
-    r.ep_bytes = c->take_bytes();
-  }
+  r.comm = times.comm;
+  r.comm += times.end.comm;
+  for (auto& [axis, meter] : meters_) meter->take_into(r.comm[axis]);
+  for (GroupParallel& part : groups_) r.gather_bytes += part.dp->take_gather_bytes();
   if (cfg_.model.moe_experts > 0) finish_moe_step(r.skipped);
   if (fp8_) fp8_->step_end();
-  r.pp_bytes = times.pp_bytes;
   r.busy_s = times.busy_seconds;
   r.program_s = times.seconds;
   if (run.trace) write_trace(step + 1, times.trace);
@@ -390,6 +366,11 @@ void Trainer::run(int64_t exit_after) {
                                                  peak_.source == PeakSource::cached
                                                    ? " GEMM peak" : "")
               << "); hardware FMA peak per rank " << describe(peak_.hardware) << "\n";
+    // What the layout should send, so a setting the run ignored shows beside the measured figure.
+    std::cout << "predicted bytes per step, rank 0:";
+    for (CommAxis a : kCommAxes)
+      if (predicted_[a].bytes > 0) std::cout << " " << comm_axis_name(a) << " " << predicted_[a].bytes;
+    std::cout << "\n";
     if (step_ > 0) std::cout << "resumed at step " << step_ << "\n";
     for (const std::string& change : resume_changes_)
       std::cout << "resume: " << change << ": the batches from step " << step_ + 1
@@ -409,18 +390,10 @@ void Trainer::run(int64_t exit_after) {
     ++steps_timed_;
     ++step_;
     ++interval_steps;
-    interval.exposed_dp_s += r.exposed_dp_s;
-    interval.exposed_tp_s += r.exposed_tp_s;
-    interval.exposed_pp_s += r.exposed_pp_s;
-    interval.exposed_cp_s += r.exposed_cp_s;
-    interval.cp_bytes += r.cp_bytes;
-    interval.exposed_ep_s += r.exposed_ep_s;
-    interval.ep_bytes += r.ep_bytes;
+    interval.comm += r.comm;
+    interval.gather_bytes += r.gather_bytes;
     interval.busy_s += r.busy_s;
     interval.program_s += r.program_s;
-    interval.tp_bytes += r.tp_bytes;
-    interval.pp_bytes += r.pp_bytes;
-    interval.gather_bytes += r.gather_bytes;
     if (step_ % t.log_interval == 0 || step_ == t.steps) {
       log_step(r, interval_seconds, interval_steps, interval);
       interval_seconds = 0;

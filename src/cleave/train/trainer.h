@@ -18,6 +18,7 @@
 #include "cleave/mesh/mesh.h"
 #include "cleave/model/transformer.h"
 #include "cleave/optim/adamw.h"
+#include "cleave/parallel/comm_meter.h"
 #include "cleave/parallel/data_parallel.h"
 #include "cleave/parallel/step_executor.h"
 #include "cleave/parallel/tensor_parallel.h"
@@ -32,13 +33,7 @@ namespace cleave {
 
 struct StepResult {
   double loss = 0, lr = 0, grad_norm = 0;
-  double exposed_dp_s = 0, exposed_tp_s = 0, exposed_pp_s = 0, exposed_cp_s = 0,  // seconds
-         exposed_ep_s = 0;
-                                                                                   // waited on each axis
-  int64_t tp_bytes = 0;       // bytes this rank sent into tp collectives
-  int64_t ep_bytes = 0;       // bytes this rank sent into the experts' all-to-alls
-  int64_t cp_bytes = 0;       // bytes this rank sent into attention's cp exchanges
-  int64_t pp_bytes = 0;       // bytes this rank sent to other stages and into the tied sum
+  CommTraffic comm;           // per mesh axis: seconds waited, bytes sent
   int64_t gather_bytes = 0;   // ZeRO-3: bytes this rank's shards sent into parameter gathers
   double busy_s = 0, program_s = 0;  // in compute instructions, in the whole step program
   double loss_scale = 1;  // fp16: the scale the step's gradients were made at
@@ -96,6 +91,9 @@ class Trainer {
   };
   AxisTable axes_;  // per parameter group, the axes of its reduction and sharding
   std::vector<GroupParallel> groups_;
+  // Every communicator's meter and the axis its traffic counts on (the kv replicas' sums are tp's).
+  std::vector<std::pair<CommAxis, CommMeter*>> meters_;
+  CommTraffic predicted_;  // rank 0: the bytes per step train/comm_volume.h predicts on each axis
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16
   std::unique_ptr<Fp8Scaling> fp8_;            // fp8 with per-tensor scales
   std::unique_ptr<StepEnd> step_end_;

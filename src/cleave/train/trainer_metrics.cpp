@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <tuple>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -75,26 +74,33 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                  model_gflops, source_name(peak_.source), peak_sum_,
                  precision_name(product_precision(t.dtype)), peak_.hardware.threads);
   }
-  const double dp_ms = 1e3 * interval.exposed_dp_s / double(steps);
-  const double tp_ms = 1e3 * interval.exposed_tp_s / double(steps);
-  const double pp_ms = 1e3 * interval.exposed_pp_s / double(steps);
-  const double cp_ms = 1e3 * interval.exposed_cp_s / double(steps);
-  const double ep_ms = 1e3 * interval.exposed_ep_s / double(steps);
-  const double comm_ms = dp_ms + tp_ms + pp_ms + cp_ms + ep_ms;
+  // Each axis the layout has: its exposed communication on the progress line, and its figures
+  // in metrics.jsonl (the bytes beside what the run predicted at its start).
   const bool pp = process_.pp->size() > 1;
+  auto present = [&](CommAxis a) {
+    for (const auto& [axis, meter] : meters_)
+      if (axis == a) return true;
+    return a == CommAxis::pp && pp;
+  };
+  double comm_ms = 0;
+  std::string axes;
+  char part[48];
+  nlohmann::json comm_record = nlohmann::json::object();
+  for (CommAxis a : kCommAxes) {
+    const std::string name = comm_axis_name(a);
+    const double ms = 1e3 * interval.comm[a].exposed_s / double(steps);
+    comm_ms += ms;
+    comm_record["exposed_comm_ms_" + name] = ms;
+    comm_record[name + "_bytes_per_step"] = double(interval.comm[a].bytes) / double(steps);
+    comm_record[name + "_bytes_per_step_predicted"] = predicted_[a].bytes;
+    if (a == CommAxis::dp || !present(a)) continue;
+    std::snprintf(part, sizeof part, ", %s %.0f", name.c_str(), ms);
+    axes += part;
+  }
+  const double dp_ms = 1e3 * interval.comm[CommAxis::dp].exposed_s / double(steps);
   double idle = 0;
   for (float f : idle_of) idle += f;
   idle /= double(world_);
-  // Each axis the layout has, beside dp.
-  std::string axes;
-  char part[48];
-  for (const auto& [name, ms, present] :
-       {std::tuple{"tp", tp_ms, bool(process_.tp_comm)}, std::tuple{"cp", cp_ms, cp_ > 1},
-        std::tuple{"ep", ep_ms, bool(process_.ep_comm)}, std::tuple{"pp", pp_ms, pp}})
-    if (present) {
-      std::snprintf(part, sizeof part, ", %s %.0f", name, ms);
-      axes += part;
-    }
   char comm[160];
   if (axes.empty())
     std::snprintf(comm, sizeof comm, "comm %.0f ms/step", comm_ms);
@@ -144,8 +150,7 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
       }
       layers.push_back(entry);
     }
-    moe_record = {{"moe_aux_loss", aux}, {"moe_z_loss", z}, {"moe_layers", layers},
-                  {"ep_bytes_per_step", double(interval.ep_bytes) / double(steps)}};
+    moe_record = {{"moe_aux_loss", aux}, {"moe_z_loss", z}, {"moe_layers", layers}};
     std::snprintf(moe_text, sizeof moe_text, " | moe aux %.4f z %.4f load %.2f (layer %d)", aux,
                   z, worst, worst_layer);
   }
@@ -175,17 +180,10 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                         {"peak_rss_mib", rss_max},
                         {"peak_rss_mib_per_rank", rss_of},
                         {"exposed_comm_ms", comm_ms},
-                        {"exposed_comm_ms_dp", dp_ms},
-                        {"exposed_comm_ms_tp", tp_ms},
-                        {"exposed_comm_ms_pp", pp_ms},
-                        {"exposed_comm_ms_cp", cp_ms},
-                        {"exposed_comm_ms_ep", ep_ms},
                         {"idle_fraction_per_rank", idle_of},
-                        {"tp_bytes_per_step", double(interval.tp_bytes) / double(steps)},
-                        {"pp_bytes_per_step", double(interval.pp_bytes) / double(steps)},
-                        {"cp_bytes_per_step", double(interval.cp_bytes) / double(steps)},
                         {"zero3_gather_bytes_per_step", double(interval.gather_bytes) / double(steps)},
-                             {"eta_s", eta}};
+                        {"eta_s", eta}};
+  record.update(comm_record);
   if (scaler_) {
     record["loss_scale"] = r.loss_scale;
     record["skipped_steps"] = skipped;
