@@ -32,16 +32,20 @@ same_bits one one-ac2 12
 run one-selective2 1 --set train.activation_checkpointing=selective --set train.ac_every=2
 same_bits one one-selective2 12
 pair bf16 1 --set train.dtype=bf16
-# The recomputes ran: a traced step has a span per recompute ("<stage>R<micro-batch>"), 4 blocks
-# x 2 micro-batches of them at ac_every 1 and half as many at 2, none without checkpointing.
+# The recomputes ran, in both modes: a traced step has a span per recompute
+# ("<stage>R<micro-batch>"), 4 blocks x 2 micro-batches of them at ac_every 1 and half as many at
+# 2, none without checkpointing. (Selective run as full would send full's tp bytes: below.)
 recomputes() { grep -o '"name": *"0R[0-9]*"' "$work/$1/trace_step_3.json" | wc -l; }
-for n in one one-ac one-ac2; do
-  run "$n-trace" 1 --set train.trace_step=3 --set train.steps=3 \
-    $( [ "$n" = one ] || echo "${full[@]}" ) $( [ "$n" = one-ac2 ] && echo --set train.ac_every=2 )
+run none-trace 1 --set train.trace_step=3 --set train.steps=3
+[ "$(recomputes none-trace)" -eq 0 ] || { echo "FAIL: recompute spans without checkpointing"; exit 1; }
+for mode in full selective; do
+  for every in 1 2; do
+    run "$mode$every-trace" 1 --set train.trace_step=3 --set train.steps=3 \
+      --set train.activation_checkpointing=$mode --set train.ac_every=$every
+    [ "$(recomputes "$mode$every-trace")" -eq $((8 / every)) ] \
+      || { echo "FAIL: $mode every $every: $(recomputes "$mode$every-trace") recompute spans, not $((8 / every))"; exit 1; }
+  done
 done
-[ "$(recomputes one-trace)" -eq 0 ] && [ "$(recomputes one-ac-trace)" -eq 8 ] \
-  && [ "$(recomputes one-ac2-trace)" -eq 4 ] \
-  || { echo "FAIL: recompute spans: none $(recomputes one-trace), full $(recomputes one-ac-trace), every 2nd $(recomputes one-ac2-trace)"; exit 1; }
 pair llama 1 "${llama[@]}"
 pair tp2 2 --set parallel.tp=2 --set parallel.dp_shard=1
 pair tp2-sp 2 --set parallel.tp=2 --set parallel.dp_shard=1 --set parallel.sequence_parallel=true
@@ -52,13 +56,13 @@ pair cp2-ring 2 --set parallel.cp=2 --set parallel.dp_shard=1
 pair cp2-ulysses 2 --set parallel.cp=2 --set parallel.dp_shard=1 --set parallel.cp_mode=ulysses
 echo "activation checkpointing is bitwise the run without it in every layout"
 # A recomputed block communicates its forward again: cleave mesh counts it.
-axis_bytes tp tp2-full 2 --set parallel.tp=2 --set parallel.dp_shard=1 "${full[@]}"
-axis_bytes tp tp2-sp-full 2 --set parallel.tp=2 --set parallel.dp_shard=1 --set parallel.sequence_parallel=true "${full[@]}"
-axis_bytes cp cp2-ring-full 2 --set parallel.cp=2 --set parallel.dp_shard=1 "${full[@]}"
-axis_bytes cp cp2-ulysses-full 2 --set parallel.cp=2 --set parallel.dp_shard=1 --set parallel.cp_mode=ulysses "${full[@]}"
+axis_bytes tp tp2-full
+axis_bytes tp tp2-sp-full
+axis_bytes cp cp2-ring-full
+axis_bytes cp cp2-ulysses-full
 
 expect_error 1 'train.activation_checkpointing = "some" is not a mode (none, full, selective)' \
   --set train.activation_checkpointing=some
 # Selective recompute runs no product and no collective: the bytes of the run without it.
-axis_bytes tp tp2-sp-selective 2 --set parallel.tp=2 --set parallel.dp_shard=1 --set parallel.sequence_parallel=true --set train.activation_checkpointing=selective
+axis_bytes tp tp2-sp-selective
 echo "cleave mesh counts the recomputed forwards' tp and cp bytes; bad modes are errors"
