@@ -94,6 +94,8 @@ moe)
 fp8)
   r=$6 seed=${7:-1234}
   common+=(--set train.seed="$seed")
+  work=$work/s$seed
+  mkdir -p "$work"
   source "$src/tests/integration/fp8_layouts.sh"
   layout() {  # as layouts.sh's, once, with the report
     local ref=$1 name=$2 np=$3; shift 3
