@@ -69,9 +69,11 @@ int schedule(int argc, char** argv) {
   std::fputs(timeline_text(s, c).c_str(), stdout);
   // Every rank ends a training step with the same instructions once its last backward is done.
   std::string end = "then on every rank, the step's end:";
-  for (const Instruction& i : step_end_instructions(1))
+  for (const Instruction& i : step_end_instructions(1, true, true))
     end += (end.back() == ':' ? " " : ", ") + to_string(i);
-  std::printf("%s\n", end.c_str());
+  std::printf("%s\n  (update and gather_params once per parameter group; moe_stats with MoE layers, "
+              "fp8_scales under FP8's delayed or current scaling)\n",
+              end.c_str());
 
   std::printf("\nmicro-batches in flight (most activations held at once), per rank%s:\n",
               v > 1 ? " and chunk" : "");

@@ -100,5 +100,33 @@ TEST(PipelineProgram, EveryGeneratedScheduleLowers) {
       }
 }
 
+// MoE's routing statistics and FP8's scale update are the step's last instructions when asked
+// for, after every group's update, and absent otherwise.
+TEST(PipelineProgram, StepEndHoldsMoeAndFp8Work) {
+  const Schedule s = generate_schedule("1f1b", 2, 4, 1);
+  const ScheduleCheck c = check_schedule(s);
+  const UnitLayout l = layout_of(c.stages, 0, true);
+  auto ops = [&](bool moe, bool fp8) {
+    LoweringOptions options{false, true, 2, {}};
+    options.moe_stats = moe;
+    options.fp8_scales = fp8;
+    std::vector<std::string> out;
+    for (const Instruction& i : lower_schedule(s, c.stages, 0, l, options).instructions)
+      if (is_step_end(i.op)) out.push_back(to_string(i));
+    return out;
+  };
+  const std::vector<std::string> plain = {"finish_grads",   "sum_loss",
+                                          "grad_norm",      "clip",
+                                          "update group 0", "gather_params group 0",
+                                          "update group 1", "gather_params group 1"};
+  EXPECT_EQ(ops(false, false), plain);
+  std::vector<std::string> both = plain;
+  both.push_back("moe_stats");
+  both.push_back("fp8_scales");
+  EXPECT_EQ(ops(true, true), both);
+  both.erase(both.end() - 2);
+  EXPECT_EQ(ops(false, true), both);
+}
+
 }  // namespace
 }  // namespace cleave

@@ -1,6 +1,7 @@
 // Group: checks the arguments of each operation, picks the algorithm, builds its task and queues it
 // on the engine (communicator.cpp). The decision table for CommAlgo::fastest is here.
 #include <algorithm>
+#include <cstring>
 
 #include "cleave/base/check.h"
 #include "cleave/comm/communicator.h"
@@ -269,6 +270,36 @@ std::vector<float> max_over(Group& group, const std::vector<float>& local, doubl
   for (int r = 1; r < group.size(); ++r)
     for (size_t i = 0; i < n; ++i) largest[i] = std::max(largest[i], every[size_t(r) * n + i]);
   return largest;
+}
+
+std::string broadcast_string(Group& group, std::string s, int root) {
+  float length = float(s.size());
+  group.broadcast(&length, 1, CommType::f32, root).wait();
+  const size_t n = size_t(length);
+  std::vector<float> words((n + 3) / 4);
+  std::memcpy(words.data(), s.data(), std::min(n, s.size()));
+  group.broadcast(words.data(), int64_t(words.size()), CommType::f32, root).wait();
+  s.assign(reinterpret_cast<const char*>(words.data()), n);
+  return s;
+}
+
+std::vector<std::string> gather_strings(const std::string& mine, int rank, int world) {
+  int length = int(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
+  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string all;
+  if (rank == 0) {
+    int at = 0;
+    for (int r = 0; r < world; ++r) displs[size_t(r)] = at, at += lengths[size_t(r)];
+    all.resize(size_t(at));
+  }
+  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR,
+              0, MPI_COMM_WORLD);
+  std::vector<std::string> out;
+  if (rank == 0)
+    for (int r = 0; r < world; ++r)
+      out.push_back(all.substr(size_t(displs[size_t(r)]), size_t(lengths[size_t(r)])));
+  return out;
 }
 
 }  // namespace cleave

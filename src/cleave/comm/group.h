@@ -107,6 +107,13 @@ double sum_of_doubles(Group& group, double local, double* waited = nullptr);
 // when given.
 std::vector<float> max_over(Group& group, const std::vector<float>& local, double* waited = nullptr);
 
+// The root's string on every member, through a broadcast of its bytes (a broadcast moves bits).
+std::string broadcast_string(Group& group, std::string s, int root = 0);
+
+// Every rank's string at rank 0 of the world (the others get nothing): what each checkpoint
+// writer lists in meta.json, each rank's traced spans. Collective over MPI_COMM_WORLD.
+std::vector<std::string> gather_strings(const std::string& mine, int rank, int world);
+
 // Process-wide setup, after MPI_Init_thread (MPI_THREAD_MULTIPLE, or at least SERIALIZED if the
 // application makes no MPI calls of its own meanwhile): options, the progress thread, the status
 // file, the SIGTERM report. Collective over MPI_COMM_WORLD. Idempotent; the options of the first

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <string>
 
 namespace cleave {
@@ -90,6 +89,28 @@ void StepEnd::gather_parameters(int group) {
   if (!r_.skipped) p_.groups[size_t(group)].dp->after_optimizer_step();
 }
 
+void StepEnd::moe_stats() {
+  moe_ = p_.model->take_moe_stats();
+  std::vector<float> sums;
+  for (const MoeLayerStats& s : moe_) {
+    sums.insert(sums.end(), s.tokens.begin(), s.tokens.end());
+    sums.insert(sums.end(), {float(s.dropped), float(s.aux), float(s.z)});
+  }
+  // Counts are whole numbers far below 2^24: exact in floats, and so the same on every rank.
+  if (!sums.empty())
+    p_.batch->all_reduce(sums.data(), int64_t(sums.size()), CommType::f32, CommAlgo::ours).wait();
+  size_t at = 0;
+  for (MoeLayerStats& s : moe_) {
+    for (double& t : s.tokens) t = sums[at++];
+    s.dropped = sums[at++];
+    s.aux = sums[at++];
+    s.z = sums[at++];
+    if (!r_.skipped) p_.model->update_moe_bias(s.layer, s.tokens);
+  }
+}
+
+void StepEnd::fp8_scales() { p_.fp8->step_end(); }
+
 void StepEnd::stop_non_finite() {
   // The first tensor (in the store's order) whose gradient this rank holds a non-finite value of;
   // the smallest over the batch's ranks is the first of the whole model.
@@ -110,13 +131,12 @@ void StepEnd::stop_non_finite() {
   const auto owner = std::min_element(firsts.begin(), firsts.end());
   const int tensor = int(*owner);
   // Its name as the rank holding it knows it: under ep a tensor index is another expert on each
-  // ep rank, and only the owner's name (the global expert) is right. A broadcast moves bits.
-  float name[64] = {};
-  if (float(tensor) < none && p_.batch->rank() == int(owner - firsts.begin()))
-    std::strncpy(reinterpret_cast<char*>(name), p_.params->tensor(tensor).name.c_str(),
-                 sizeof name - 1);
+  // ep rank, and only the owner's name (the global expert) is right.
+  const int root = int(owner - firsts.begin());
+  std::string name;
   if (float(tensor) < none)
-    p_.batch->broadcast(name, 64, CommType::f32, int(owner - firsts.begin())).wait();
+    name = broadcast_string(
+        *p_.batch, p_.batch->rank() == root ? p_.params->tensor(tensor).name : "", root);
   char numbers[160];
   std::snprintf(numbers, sizeof numbers, "loss %g, gradient norm %g", r_.loss, r_.grad_norm);
   std::string what = "step " + std::to_string(step_ + 1) + ": " + numbers;
@@ -126,7 +146,7 @@ void StepEnd::stop_non_finite() {
   }
   if (float(tensor) < none)
     what += "; the first parameter with a non-finite gradient is " +
-            std::string(reinterpret_cast<const char*>(name));
+            name;
   throw EveryRankError(what + ". Stopped before the update: the parameters and optimizer state "
                        "are those of step " + std::to_string(step_) +
                        ", and no checkpoint of this step was written");

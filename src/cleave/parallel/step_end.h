@@ -16,7 +16,9 @@
 #include "cleave/optim/adamw.h"
 #include "cleave/optim/loss_scaler.h"
 #include "cleave/parallel/comm_meter.h"
+#include "cleave/model/transformer.h"
 #include "cleave/parallel/data_parallel.h"
+#include "cleave/parallel/fp8_scaling.h"
 #include "cleave/parallel/tensor_parallel.h"
 
 namespace cleave {
@@ -47,6 +49,8 @@ struct StepEndParts {
   int zero_stage = 0;
   double grad_clip = 0;                     // 0: no clipping
   DynamicLossScaler* scaler = nullptr;      // fp16: the scale the step's gradients were made at
+  Transformer* model = nullptr;             // moe_stats: the MoE layers it holds
+  Fp8Scaling* fp8 = nullptr;                // fp8_scales: FP8 with per-tensor scales
 };
 
 // What one step's end found, and the seconds it waited on each axis.
@@ -76,6 +80,13 @@ class StepEnd {
   void clip();
   void update(int group, double lr);
   void gather_parameters(int group);
+  // The step's routing statistics of the model's MoE layers, summed over the ranks holding pieces
+  // of the batch, and (but on a skipped step) sigmoid_bias's update from them.
+  void moe_stats();
+  // FP8's per-tensor scales: the step's amaxes reduced over the world, the next step's scales.
+  void fp8_scales();
+  // The last step's MoE layers' statistics, as moe_stats summed them.
+  const std::vector<MoeLayerStats>& moe_layer_stats() const { return moe_; }
 
   const StepEndResult& result() const { return r_; }
 
@@ -86,6 +97,7 @@ class StepEnd {
   std::vector<DataParallel::OptimizerInputs> shards_;  // per group, after finish_gradients
   int64_t step_ = 0;
   StepEndResult r_;
+  std::vector<MoeLayerStats> moe_;
 };
 
 }  // namespace cleave

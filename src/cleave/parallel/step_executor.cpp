@@ -201,6 +201,12 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
       case Op::gather_params:
         parts_.end->gather_parameters(i.group);
         break;
+      case Op::moe_stats:
+        parts_.end->moe_stats();
+        break;
+      case Op::fp8_scales:
+        parts_.end->fp8_scales();
+        break;
     }
     if (is_step_end(i.op)) {
       out.end = parts_.end->result();

@@ -15,7 +15,7 @@ const char* op_name(Op op) {
       "gather",        "prefetch",      "release",        "tied_sum",        "reduce_grads",
       "drop_activations", "recompute",
       "finish_grads",  "sum_loss",      "grad_norm",      "clip",            "update",
-      "gather_params"};
+      "gather_params", "moe_stats",     "fp8_scales"};
   return names[int(op)];
 }
 
@@ -32,7 +32,7 @@ std::string to_string(const Instruction& i) {
   return out.str();
 }
 
-std::vector<Instruction> step_end_instructions(int groups) {
+std::vector<Instruction> step_end_instructions(int groups, bool moe_stats, bool fp8_scales) {
   std::vector<Instruction> end = {{Op::finish_grads}, {Op::sum_loss}, {Op::grad_norm}, {Op::clip}};
   for (int g = 0; g < groups; ++g) {
     Instruction update{Op::update}, gather{Op::gather_params};
@@ -40,6 +40,8 @@ std::vector<Instruction> step_end_instructions(int groups) {
     end.push_back(update);
     end.push_back(gather);
   }
+  if (moe_stats) end.push_back({Op::moe_stats});
+  if (fp8_scales) end.push_back({Op::fp8_scales});
   return end;
 }
 
@@ -246,7 +248,8 @@ Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
     for (int v : to_release) p.instructions.push_back({Op::release, v});
   }
   if (options.training)
-    for (const Instruction& i : step_end_instructions(options.parameter_groups))
+    for (const Instruction& i :
+         step_end_instructions(options.parameter_groups, options.moe_stats, options.fp8_scales))
       p.instructions.push_back(i);
   p.slots = slots.counts();
   return p;

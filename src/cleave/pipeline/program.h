@@ -41,6 +41,8 @@ enum class Op {
   clip,             // the clip factor from the norm
   update,           // group: the optimizer updates the group's parameters
   gather_params,    // group: ZeRO-1/2 gather the updated parameters
+  moe_stats,        // MoE: the routing statistics summed over the batch, the router biases' update
+  fp8_scales,       // FP8 per-tensor scaling: the amaxes reduced, the next step's scales
 };
 const char* op_name(Op op);
 inline bool is_compute(Op op) {
@@ -73,6 +75,9 @@ struct LoweringOptions {
   // training: per unit, whether its activations are checkpointed (dropped after its forward,
   // recomputed before its backward); empty: none.
   std::vector<bool> checkpoint;
+  // training: the step's end also sums the MoE layers' routing statistics (the model has MoE
+  // layers) and updates FP8's per-tensor scales (delayed or current scaling).
+  bool moe_stats = false, fp8_scales = false;
 };
 
 struct Program {
@@ -85,7 +90,8 @@ Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
                        const UnitLayout& layout, const LoweringOptions& options);
 
 // The instructions that end a training step over `groups` parameter groups, in order.
-std::vector<Instruction> step_end_instructions(int groups);
+std::vector<Instruction> step_end_instructions(int groups, bool moe_stats = false,
+                                               bool fp8_scales = false);
 
 // A forward-only schedule over the stages (validation): every micro-batch through every stage.
 Schedule forward_only_schedule(const StageMap& stages, int pp, int microbatches);

@@ -9,7 +9,7 @@
 #include "cleave/kernels/linear.h"
 #include "cleave/model/model_config.h"
 #include "cleave/optim/loss_scaler.h"
-#include "cleave/train/fp8_scaling.h"
+#include "cleave/parallel/fp8_scaling.h"
 #include "cleave/optim/optim_config.h"
 
 namespace cleave {

@@ -21,8 +21,7 @@ std::string quote(const std::string& s) {
 
 bool is_fp8(const Config& c) { return c.train.dtype == Precision::fp8; }
 bool per_tensor_fp8(const Config& c) {
-  return is_fp8(c) && (c.train.fp8.recipe == kernels::Fp8Recipe::delayed ||
-                       c.train.fp8.recipe == kernels::Fp8Recipe::current);
+  return is_fp8(c) && c.train.fp8.per_tensor();
 }
 bool delayed_fp8(const Config& c) {
   return is_fp8(c) && c.train.fp8.recipe == kernels::Fp8Recipe::delayed;

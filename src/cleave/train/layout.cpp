@@ -193,7 +193,9 @@ Program training_program(const Config& cfg, const Layout& layout, int rank, cons
                               unit.layer % cfg.train.ac_every == 0;
     }
   return lower_schedule(layout.schedule, layout.check.stages, rank, unit_layout(model),
-                        {cfg.parallel.zero_stage == 3, true, model.params().n_groups(), checkpoint});
+                        {cfg.parallel.zero_stage == 3, true, model.params().n_groups(), checkpoint,
+                         cfg.model.moe_experts > 0,
+                         cfg.train.dtype == Precision::fp8 && cfg.train.fp8.per_tensor()});
 }
 
 }  // namespace cleave

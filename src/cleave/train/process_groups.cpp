@@ -82,24 +82,4 @@ ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model
   return g;
 }
 
-std::vector<std::string> gather_strings(const std::string& mine, int rank, int world) {
-  int length = int(mine.size());
-  std::vector<int> lengths(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
-  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-  std::string all;
-  if (rank == 0) {
-    int at = 0;
-    for (int r = 0; r < world; ++r) displs[size_t(r)] = at, at += lengths[size_t(r)];
-    all.resize(size_t(at));
-  }
-  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR,
-              0, MPI_COMM_WORLD);
-  std::vector<std::string> out;
-  if (rank == 0)
-    for (int r = 0; r < world; ++r)
-      out.push_back(all.substr(size_t(displs[size_t(r)]), size_t(lengths[size_t(r)])));
-  return out;
-}
-
-
 }  // namespace cleave

@@ -54,8 +54,4 @@ struct ProcessGroups {
 ProcessGroups make_process_groups(Mesh& mesh, int rank, const ModelConfig& model,
                                   const StageMap& stages, CpMode cp_mode = CpMode::ring);
 
-// Every rank's string at rank 0 of the world (the others get nothing): what each checkpoint
-// writer lists in meta.json, each rank's traced spans.
-std::vector<std::string> gather_strings(const std::string& mine, int rank, int world);
-
 }  // namespace cleave

@@ -121,7 +121,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   if (t.dtype == Precision::fp16) scaler_ = std::make_unique<DynamicLossScaler>(t.loss_scale);
   if (t.dtype == Precision::fp8) {
     model_->set_fp8(t.fp8.recipe, t.fp8.margin);
-    if (t.fp8.recipe == kernels::Fp8Recipe::delayed || t.fp8.recipe == kernels::Fp8Recipe::current)
+    if (t.fp8.per_tensor())
       fp8_ = std::make_unique<Fp8Scaling>(*process_.world, model_->fp8_gemms(), t.fp8);
     if (cfg_.parallel.fp8_allgather)
       for (GroupParallel& part : groups_)
@@ -212,6 +212,8 @@ void Trainer::make_pipeline(const Layout& layout) {
   end.zero_stage = cfg_.parallel.zero_stage;
   end.grad_clip = cfg_.optim.grad_clip;
   end.scaler = scaler_.get();
+  end.model = model_.get();
+  end.fp8 = fp8_.get();
   step_end_ = std::make_unique<StepEnd>(std::move(end));
   StepParts parts;
   parts.model = model_.get();
@@ -279,33 +281,10 @@ StepResult Trainer::train_step(int64_t step) {
   r.comm += times.end.comm;
   for (auto& [axis, meter] : meters_) meter->take_into(r.comm[axis]);
   for (GroupParallel& part : groups_) r.gather_bytes += part.dp->take_gather_bytes();
-  if (cfg_.model.moe_experts > 0) finish_moe_step(r.skipped);
-  if (fp8_) fp8_->step_end();
   r.busy_s = times.busy_seconds;
   r.program_s = times.seconds;
   if (run.trace) write_trace(step + 1, times.trace);
   return r;
-}
-
-void Trainer::finish_moe_step(bool skipped) {
-  moe_stats_ = model_->take_moe_stats();
-  std::vector<float> sums;
-  for (const MoeLayerStats& s : moe_stats_) {
-    sums.insert(sums.end(), s.tokens.begin(), s.tokens.end());
-    sums.insert(sums.end(), {float(s.dropped), float(s.aux), float(s.z)});
-  }
-  // Counts are whole numbers far below 2^24: exact in floats, and so the same on every rank.
-  if (!sums.empty())
-    process_.along(axes_.batch)->all_reduce(sums.data(), int64_t(sums.size()), CommType::f32,
-                                            CommAlgo::ours).wait();
-  size_t at = 0;
-  for (MoeLayerStats& s : moe_stats_) {
-    for (double& t : s.tokens) t = sums[at++];
-    s.dropped = sums[at++];
-    s.aux = sums[at++];
-    s.z = sums[at++];
-    if (!skipped) model_->update_moe_bias(s.layer, s.tokens);
-  }
 }
 
 double Trainer::validate() {

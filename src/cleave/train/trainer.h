@@ -24,7 +24,7 @@
 #include "cleave/parallel/tensor_parallel.h"
 #include "cleave/train/axis_table.h"
 #include "cleave/train/config.h"
-#include "cleave/train/fp8_scaling.h"
+#include "cleave/parallel/fp8_scaling.h"
 #include "cleave/train/layout.h"
 #include "cleave/train/peak.h"
 #include "cleave/train/process_groups.h"
@@ -60,9 +60,6 @@ class Trainer {
   void load_checkpoint(const std::string& dir);
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
                 const StepResult& interval);
-  // After a step: every MoE layer's routing statistics summed over the ranks holding pieces of
-  // the batch, and sigmoid_bias's update from them (not on a skipped step).
-  void finish_moe_step(bool skipped);
   // Rank 0: the MoE fields of the progress line and metrics.jsonl, from every stage's layers.
   std::string moe_metrics(nlohmann::json& record);
   void make_pipeline(const Layout& layout);  // the model's chunks, programs and executor
@@ -111,7 +108,6 @@ class Trainer {
   bool warned_peak_ = false;
   GradientFault gradient_fault_;
   std::ofstream metrics_;
-  std::vector<MoeLayerStats> moe_stats_;  // the last step's, summed over the batch's ranks
   double elapsed_ = 0;  // training seconds so far in this process
   int64_t steps_timed_ = 0;
 };

@@ -45,7 +45,7 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   std::vector<std::string> moe_of_rank;
   if (cfg_.model.moe_experts > 0) {
     nlohmann::json layers = nlohmann::json::array();
-    for (const MoeLayerStats& s : moe_stats_)
+    for (const MoeLayerStats& s : step_end_->moe_layer_stats())
       layers.push_back({{"layer", s.layer}, {"tokens", s.tokens}, {"dropped", s.dropped},
                         {"aux", s.aux}, {"z", s.z}, {"bias", s.bias}});
     moe_of_rank = gather_strings(layers.dump(), rank_, world_);

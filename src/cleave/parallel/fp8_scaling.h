@@ -35,6 +35,10 @@ struct Fp8Options {
   int margin = 0;
   int64_t amax_history_len = 1024;
   bool amax_most_recent = false;  // "most_recent" rather than "max"
+  // Delayed or current scaling: per-tensor scales, which Fp8Scaling keeps between steps.
+  bool per_tensor() const {
+    return recipe == kernels::Fp8Recipe::delayed || recipe == kernels::Fp8Recipe::current;
+  }
 };
 
 class Fp8Scaling {

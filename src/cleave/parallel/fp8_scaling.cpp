@@ -1,4 +1,4 @@
-#include "cleave/train/fp8_scaling.h"
+#include "cleave/parallel/fp8_scaling.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "cleave/base/check.h"
-#include "cleave/train/process_groups.h"
 
 namespace cleave {
 
@@ -14,18 +13,6 @@ namespace {
 
 kernels::Fp8Format format_of(int operand) {
   return operand == fp8_dy ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3;
-}
-
-// rank 0's string on every rank of world, through a broadcast of its bytes.
-std::string broadcast_string(Group& world, std::string s) {
-  float length = float(s.size());
-  world.broadcast(&length, 1, CommType::f32, 0).wait();
-  const size_t n = size_t(length);
-  std::vector<float> words((n + 3) / 4);
-  std::memcpy(words.data(), s.data(), std::min(n, s.size()));
-  world.broadcast(words.data(), int64_t(words.size()), CommType::f32, 0).wait();
-  s.assign(reinterpret_cast<const char*>(words.data()), n);
-  return s;
 }
 
 }  // namespace
