@@ -157,6 +157,7 @@ def row_trim(n):
     """Elements of a row of n left out of its RMS: 1 in 16 (4 of a 64-wide row), none below 16."""
     return n // 16
 
+
 # A validation's samples: val_batches micro-batches of micro_batch_size sequences of seq_len.
 VALIDATION_KEYS = ("val_batches", "micro_batch_size", "seq_len")
 
@@ -233,7 +234,8 @@ def layer_of(name):
 
 def compare(ref, run_dir, from_step):
     """-> (dtype, worst relative loss error, {tensor: (error in lr units, relative error)},
-    elements left out, failures, whether validation losses were compared)"""
+    {row or expert: error in lr units}, elements left out, failures, whether validation losses
+    were compared)"""
     failures = []
     run = Checkpoint(run_dir)
     if run.dtype != ref.dtype:
@@ -288,7 +290,7 @@ def row_errors(ref, ref_p, run_p):
     """The trimmed whole-tensor RMS cannot see one vocabulary row or one expert go wrong (a row of
     embed.wte is 0.4% of it, less than TRIM). So each row of the vocabulary tensors (embed.wte,
     lm_head.weight), of the routers (a row per expert) and of every expert's tensors (a 1-d bias
-    is one row) is held on its own: the RMS error of its elements but its ROW_TRIM largest, in lr
+    is one row) is held on its own: the RMS error of its elements but its row_trim() largest, in lr
     units, every element included (an unseen token's row has no gradient and moves by weight
     decay alone, alike in every run). -> {tensor: (error, row)}, each tensor's worst row."""
     out = {}
@@ -317,7 +319,7 @@ def moe_bias_failures(ref, run):
     that the drops agree), hence the same biases; one flipped choice moves one by a whole step."""
     if set(ref.moe_bias) != set(run.moe_bias):
         return [f"moe_bias layers {sorted(run.moe_bias)} against the reference's {sorted(ref.moe_bias)}"]
-    rate = ref.config["model"].get("moe_bias_update_rate", 1e-3)
+    rate = ref.config["model"].get("moe_bias_update_rate", 1e-3) or 1e-3  # 0: biases never move
     out = []
     for layer in sorted(ref.moe_bias):
         a, b = ref.moe_bias[layer], run.moe_bias[layer]

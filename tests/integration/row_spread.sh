@@ -19,6 +19,7 @@
 #     320, sequences of 32, 8 x 4 micro-batches, lr 3e-3, 12 steps; one process of 4 x 8, DDP 2
 #     and tp 2 against one process of 8 x 4. Its token files are made in WORK.
 # STEPS (20 unless set) steps.
+# shellcheck disable=SC2046  # $(batch N) is two --set pairs, split on purpose
 set -euo pipefail
 cleave=$1 src=$2 data=$3 work=$4 mode=$5
 mkdir -p "$work"
@@ -45,20 +46,20 @@ dense)
     m=(--set train.dtype="$dtype" --set train.seed="$seed")
     [ $family = llama ] && m+=(--set model.family=llama --set model.n_kv_heads=2)
     p=$family-$dtype-s$seed
-    run $p-ref 1 "${m[@]}" $(batch 8)
-    run $p-ddp2 2 "${m[@]}" $(batch 8) --set parallel.dp_shard=2
-    run $p-zero3x2-a2 2 "${m[@]}" $(batch 4) --set parallel.dp_shard=2 --set parallel.zero_stage=3
-    run $p-tp2 2 "${m[@]}" $(batch 8) --set parallel.tp=2
-    run $p-tp2-sp 2 "${m[@]}" $(batch 8) --set parallel.tp=2 --set parallel.sequence_parallel=true
-    run $p-pp2 2 "${m[@]}" $(batch 4) --set parallel.pp=2
-    run $p-cp2 2 "${m[@]}" $(batch 8) --set parallel.cp=2
-    run $p-ddp4 4 "${m[@]}" $(batch 8) --set parallel.dp_shard=4
-    run $p-hsdp2x2 4 "${m[@]}" $(batch 4) --set parallel.dp_replicate=2 --set parallel.dp_shard=2 \
+    run "$p"-ref 1 "${m[@]}" $(batch 8)
+    run "$p"-ddp2 2 "${m[@]}" $(batch 8) --set parallel.dp_shard=2
+    run "$p"-zero3x2-a2 2 "${m[@]}" $(batch 4) --set parallel.dp_shard=2 --set parallel.zero_stage=3
+    run "$p"-tp2 2 "${m[@]}" $(batch 8) --set parallel.tp=2
+    run "$p"-tp2-sp 2 "${m[@]}" $(batch 8) --set parallel.tp=2 --set parallel.sequence_parallel=true
+    run "$p"-pp2 2 "${m[@]}" $(batch 4) --set parallel.pp=2
+    run "$p"-cp2 2 "${m[@]}" $(batch 8) --set parallel.cp=2
+    run "$p"-ddp4 4 "${m[@]}" $(batch 8) --set parallel.dp_shard=4
+    run "$p"-hsdp2x2 4 "${m[@]}" $(batch 4) --set parallel.dp_replicate=2 --set parallel.dp_shard=2 \
       --set parallel.zero_stage=3
-    run $p-tp2-dp2 4 "${m[@]}" $(batch 4) --set parallel.tp=2 --set parallel.dp_shard=2 \
+    run "$p"-tp2-dp2 4 "${m[@]}" $(batch 4) --set parallel.tp=2 --set parallel.dp_shard=2 \
       --set parallel.zero_stage=1
-    run $p-a2 1 "${m[@]}" $(batch 4)
-    run $p-a4 1 "${m[@]}" $(batch 2)
+    run "$p"-a2 1 "${m[@]}" $(batch 4)
+    run "$p"-a4 1 "${m[@]}" $(batch 2)
     echo "== $p"
     compare "$work/$p-ref" "$work/$p"-{ddp2,zero3x2-a2,tp2,tp2-sp,pp2,cp2,ddp4,hsdp2x2,tp2-dp2,a2,a4}
   done
@@ -68,8 +69,8 @@ dense)
   v=(--set data.dir="$work/v257" --set model.vocab_size=257 --set train.dtype="$dtype"
      --set train.seed="$seed" --set model.family=llama --set model.n_kv_heads=2)
   p=v257-$dtype-s$seed
-  run $p-ref 1 "${v[@]}" $(batch 8)
-  run $p-tp2 2 "${v[@]}" $(batch 8) --set parallel.tp=2
+  run "$p"-ref 1 "${v[@]}" $(batch 8)
+  run "$p"-tp2 2 "${v[@]}" $(batch 8) --set parallel.tp=2
   echo "== $p"
   compare "$work/$p-ref" "$work/$p-tp2"
   ;;
@@ -80,14 +81,14 @@ moe)
      --set model.moe_aux_loss_coef=0.01 --set model.moe_z_loss_coef=0.001
      --set model.moe_router=sigmoid_bias --set train.dtype="$dtype" --set train.seed="$seed")
   p=moe-$dtype-k$k-s$seed
-  run $p-ref 1 "${m[@]}" $(batch 4)
-  run $p-ep2 2 "${m[@]}" $(batch 4) --set parallel.dp_shard=2 --set parallel.ep=2
-  run $p-tp2 2 "${m[@]}" $(batch 4) --set parallel.tp=2
-  run $p-ep2-pp2 4 "${m[@]}" $(batch 4) --set parallel.dp_shard=2 --set parallel.ep=2 --set parallel.pp=2
-  run $p-cp2-ep2 2 "${m[@]}" $(batch 4) --set parallel.cp=2 --set parallel.ep=2
-  run $p-zero3-ep2 2 "${m[@]}" $(batch 4) --set parallel.dp_shard=2 --set parallel.zero_stage=3 \
+  run "$p"-ref 1 "${m[@]}" $(batch 4)
+  run "$p"-ep2 2 "${m[@]}" $(batch 4) --set parallel.dp_shard=2 --set parallel.ep=2
+  run "$p"-tp2 2 "${m[@]}" $(batch 4) --set parallel.tp=2
+  run "$p"-ep2-pp2 4 "${m[@]}" $(batch 4) --set parallel.dp_shard=2 --set parallel.ep=2 --set parallel.pp=2
+  run "$p"-cp2-ep2 2 "${m[@]}" $(batch 4) --set parallel.cp=2 --set parallel.ep=2
+  run "$p"-zero3-ep2 2 "${m[@]}" $(batch 4) --set parallel.dp_shard=2 --set parallel.zero_stage=3 \
     --set parallel.ep=2
-  run $p-a4 1 "${m[@]}" $(batch 2)
+  run "$p"-a4 1 "${m[@]}" $(batch 2)
   echo "== $p"
   compare "$work/$p-ref" "$work/$p"-{ep2,tp2,ep2-pp2,cp2-ep2,zero3-ep2,a4}
   ;;
@@ -113,11 +114,11 @@ llama4)
      --set model.n_layers=4 --set model.n_kv_heads=4 --set model.tie_embeddings=false
      --set train.dtype="${6:-bf16}" --set train.seq_len=32 --set optim.lr=3e-3)
   p=l4-${6:-bf16}
-  run $p-ref 1 "${m[@]}" --set train.micro_batch_size=8 --set train.grad_accum_steps=4
-  run $p-a8 1 "${m[@]}" --set train.micro_batch_size=4 --set train.grad_accum_steps=8
-  run $p-ddp2 2 "${m[@]}" --set train.micro_batch_size=8 --set train.grad_accum_steps=4 \
+  run "$p"-ref 1 "${m[@]}" --set train.micro_batch_size=8 --set train.grad_accum_steps=4
+  run "$p"-a8 1 "${m[@]}" --set train.micro_batch_size=4 --set train.grad_accum_steps=8
+  run "$p"-ddp2 2 "${m[@]}" --set train.micro_batch_size=8 --set train.grad_accum_steps=4 \
     --set parallel.dp_shard=2
-  run $p-tp2 2 "${m[@]}" --set train.micro_batch_size=8 --set train.grad_accum_steps=4 \
+  run "$p"-tp2 2 "${m[@]}" --set train.micro_batch_size=8 --set train.grad_accum_steps=4 \
     --set parallel.tp=2
   echo "== $p"
   compare "$work/$p-ref" "$work/$p"-{a8,ddp2,tp2}
