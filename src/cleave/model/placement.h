@@ -7,7 +7,7 @@
 // segments of the global [q | k | v]. Local rows past the last segment are padding (a vocabulary
 // not divisible by tp): they belong to no global element. The data-parallel axes place every
 // tensor of a parameter group alike (Replicate, or flat ZeRO shards), so the group's row of the
-// axis table says them (train/axis_table.h), not each tensor.
+// axis table says them (parallel/axis_table.h), not each tensor.
 #pragma once
 #include <cstdint>
 #include <string>

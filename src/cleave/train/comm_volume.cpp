@@ -91,7 +91,7 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   const int tp = mesh.degree(Axis::tp), R = mesh.degree(Axis::dp_replicate);
   const int cp = mesh.degree(Axis::cp);
   // cp ranks hold the same weights: the data axes are dp_replicate x dp_shard x cp, sharded over
-  // dp_shard x cp (train/axis_table.h).
+  // dp_shard x cp (parallel/axis_table.h).
   const int S = mesh.degree(Axis::dp_shard) * cp, dp = R * S;
   const std::string shard_axes = cp > 1 ? "dp_shard x cp" : "dp_shard";
   const ModelConfig& m = cfg.model;

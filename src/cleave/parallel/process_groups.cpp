@@ -1,4 +1,4 @@
-#include "cleave/train/process_groups.h"
+#include "cleave/parallel/process_groups.h"
 
 #include <algorithm>
 #include <vector>

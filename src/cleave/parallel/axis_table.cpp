@@ -1,4 +1,4 @@
-#include "cleave/train/axis_table.h"
+#include "cleave/parallel/axis_table.h"
 
 #include <algorithm>
 
