@@ -98,7 +98,7 @@ the same experts, so the loads are equal); one flipped choice moves a bias one w
 MOE_BIAS_BOUND is half a step. bf16 tests choose every expert, whose biases then never move.
 compare_sabotage_test.sh plants each fault (a row, the padded vocabulary's last row, a head row,
 an expert, an expert's row, a router row, a tp half, a pipeline stage's layer, a bias, a logged
-loss; a row in bf16 and fp16) in copies of honest runs and checks that this comparison fails
+loss; a row in bf16 and FP8) in copies of honest runs and checks that this comparison fails
 and names it.
 
 Depth and steps. The reduced-precision bounds hold for the 2-layer model and 20 steps they were
