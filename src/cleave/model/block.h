@@ -23,7 +23,7 @@
 #include "cleave/model/model_config.h"
 #include "cleave/model/self_attention.h"
 #include "cleave/model/spare_buffers.h"
-#include "cleave/model/tensor_parallel.h"
+#include "cleave/model/tp_share.h"
 
 namespace cleave {
 

@@ -16,7 +16,7 @@
 
 #include "cleave/base/buffer.h"
 #include "cleave/kernels/attention.h"
-#include "cleave/model/context_parallel.h"
+#include "cleave/model/cp_comm.h"
 
 namespace cleave {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cleave/kernels/linear.h"
-#include "cleave/model/context_parallel.h"
+#include "cleave/model/cp_comm.h"
 #include "cleave/model/tp_comm.h"
 
 namespace cleave {

@@ -24,18 +24,18 @@
 
 #include "cleave/base/batch.h"
 #include "cleave/base/buffer.h"
-#include "cleave/model/context_parallel.h"
+#include "cleave/model/cp_comm.h"
 #include "cleave/model/ep_comm.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/mlp.h"
 #include "cleave/model/model_config.h"
 #include "cleave/model/spare_buffers.h"
-#include "cleave/model/tensor_parallel.h"
+#include "cleave/model/tp_share.h"
 
 namespace cleave {
 
 // What the model's MoE layers need beyond tensor parallelism: the expert group, and the whole
-// cp group (its ranks hold the zigzag chunks of the same sequences: model/context_parallel.h),
+// cp group (its ranks hold the zigzag chunks of the same sequences: model/cp_comm.h),
 // over which each sequence's routing counts are gathered.
 struct MoeOptions {
   int expert_group = 0;        // the ParamStore group the experts join (the router stays dense)

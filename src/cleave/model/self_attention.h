@@ -18,7 +18,7 @@
 #include "cleave/model/layers.h"
 #include "cleave/model/model_config.h"
 #include "cleave/model/spare_buffers.h"
-#include "cleave/model/tensor_parallel.h"
+#include "cleave/model/tp_share.h"
 
 namespace cleave {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "cleave/comm/group.h"
-#include "cleave/model/context_parallel.h"
+#include "cleave/model/cp_comm.h"
 #include "cleave/parallel/comm_meter.h"
 
 namespace cleave {

@@ -10,7 +10,7 @@
 
 #include "cleave/comm/group.h"
 #include "cleave/model/params.h"
-#include "cleave/model/tensor_parallel.h"
+#include "cleave/model/tp_share.h"
 #include "cleave/parallel/comm_meter.h"
 
 namespace cleave {

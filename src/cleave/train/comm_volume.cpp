@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "cleave/model/tensor_parallel.h"
+#include "cleave/model/tp_share.h"
 #include "cleave/model/transformer.h"
 #include "cleave/parallel/data_parallel.h"
 

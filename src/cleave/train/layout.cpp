@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "cleave/base/check.h"
-#include "cleave/model/tensor_parallel.h"
+#include "cleave/model/tp_share.h"
 #include "cleave/parallel/step_executor.h"
 
 namespace cleave {

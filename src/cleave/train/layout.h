@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cleave/mesh/mesh.h"
-#include "cleave/model/context_parallel.h"
+#include "cleave/model/cp_comm.h"
 #include "cleave/model/transformer.h"
 #include "cleave/pipeline/program.h"
 #include "cleave/pipeline/schedule.h"

@@ -1,4 +1,4 @@
-#include "cleave/model/tensor_parallel.h"
+#include "cleave/model/tp_share.h"
 
 #include <algorithm>
 
