@@ -47,7 +47,7 @@ parameters in lr units: per layer, and the range of the 28 tensors' largest), as
 tests/integration/equivalence_spread.sh prints them:
 
           loss    embed    block 0  block 1  final    per tensor     bound: loss  params  factor
-    fp32  1.3e-7  4.3e-6   1.7e-5   1.2e-5   8.2e-6   9.3e-7-1.7e-5      1e-5   1e-4    79x, 6x
+    fp32  1.3e-7  4.3e-6   1.7e-5   1.2e-5   8.2e-6   9.3e-7-1.7e-5      1e-5   5e-4    79x, 2.8x
     bf16  1.5e-5  9.7e-3   1.05e-2  8.7e-3   4.1e-3   1.1e-3-1.05e-2     1e-4   5e-2    6.5x, 4.8x
     fp16  2.0e-6  6.1e-4   1.4e-3   1.1e-3   5.3e-4   2.0e-4-1.4e-3      1e-4   5e-2
 
@@ -113,8 +113,12 @@ MEASURED_STEPS fails. The same 4-layer Llama here (row_spread.sh ... llama4 DTYP
 corpus tokenized to 320 pieces; one process of 4 x 8, DDP 2, tp 2), whose step 11 did not jump:
 bf16 loss 6.1e-6, tensors 1.0e-2 lr, rows 2.0e-2 lr; fp16 2.6e-6, 3.9e-3, 4.8e-3 (within their
 bounds); fp32 loss 7.4e-8, rows 2.8e-4 lr, but tensors 1.76e-4 lr (blocks.0.norm1.weight; DDP 2
-1.3e-4, tp 2 9.3e-5): over fp32's 1e-4, which holds for the tests' models (2 layers, and the
-pipeline tests' 8 layers).
+1.3e-4, tp 2 9.3e-5). fp32's parameter bound was 1e-4, 6x the 2-layer spread above, but deeper
+models reach it on an AVX2-only CPU (Zen 3, whose oneDNN blocks its fp32 products otherwise):
+that 1.76e-4, and document_mask_test.sh's 4-layer tp 2 (with or without SP) 1.05e-4, all of it
+one LayerNorm weight element whose gradient's RMS is a third of its tensor's median (AdamW turns
+a small gradient's rounding into a larger step). So fp32's bound is 5e-4: 2.8x the largest honest
+error seen at any depth the tests use, and still 2000x below a tensor one lr off.
 
 The parameter bound is about 5x the largest honest error. The errors do not grow toward the
 embedding, so it is one number per dtype, not depth-aware. The fp32 loss tolerance is
@@ -134,7 +138,7 @@ import numpy as np
 
 FP8_RECIPES = ("delayed", "current", "blockwise", "mxfp8")
 LOSS_RTOL = {"fp32": 1e-5, "bf16": 1e-4, "fp16": 1e-4} | {f"fp8-{r}": 2e-3 for r in FP8_RECIPES}
-PARAM_BOUND = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 5e-2} | {f"fp8-{r}": 1.0 for r in FP8_RECIPES}  # RMS error of each tensor, in units of optim.lr
+PARAM_BOUND = {"fp32": 5e-4, "bf16": 5e-2, "fp16": 5e-2} | {f"fp8-{r}": 1.0 for r in FP8_RECIPES}  # RMS error of each tensor, in units of optim.lr
 # The 0.5% largest element errors of each tensor are left out of its RMS: a few elements whose
 # gradient is rounding noise in one run move lr-sized steps apart (Llama's untied embedding had
 # one row, token 180 of the test data, 1e-3-2.6e-3 lr off in fp32 while the rest of the tensor
