@@ -43,7 +43,8 @@
 #     Twins run for those rows and for FP8 rows with a schedule or checkpointing, whose
 #     bound (1 lr) would let such a fault by: FP8 under zb1p and zbv defers weight gradients onto
 #     kept FP8 copies, and a recompute recording its amax twice moves the scales. Checkpointing
-#     and offload are bitwise by design (docs/config.md, offload_test.sh), and so is a schedule
+#     and offload are bitwise by design (docs/config.md, offload_test.sh; checkpointing measured
+#     bitwise in fp16 and FP8 too, one process), and so is a schedule
 #     against another of the same placement (measured: 1f1b, zb1p, gpipe and the serial CSV in
 #     fp32 and FP8; interleaved and zbv against their serial CSVs in fp32, fp16 and FP8). Not
 #     with a tied embedding: under zbv rank 0 holds both ends and the order of their gradient
