@@ -13,8 +13,7 @@ void Block::Saved::release() {
   norm1 = NormStats();
   norm2 = NormStats();
   attn.release();
-  mlp.release();
-  moe.release();
+  if (ffn) ffn->release();
   B = T = 0;
 }
 
@@ -28,26 +27,20 @@ Block::Block(ParamStore& store, int layer, const ModelConfig& c, Precision p,
              tp.sequence_parallel ? kTpAxis : ""),
       norm2_(store, name_ + ".norm2", c.d_model, c.family == Family::gpt2, c.norm_eps,
              tp.sequence_parallel ? kTpAxis : ""),
-      attn_(store, name_ + ".attn", c, share_, p, rope, cp) {
-  if (c.is_moe_layer(layer))
-    moe_ = std::make_unique<Moe>(store, name_ + ".moe", layer, c, share_, p, tp, moe);
-  else
-    mlp_ = std::make_unique<Mlp>(store, name_ + ".mlp", c, share_, p);
-}
+      attn_(store, name_ + ".attn", c, share_, p, rope, cp),
+      ffn_(make_feed_forward(store, name_, layer, c, share_, p, tp, moe)) {}
 
 void Block::bind(ParamStore& store) {
   norm1_.bind(store);
   norm2_.bind(store);
   attn_.bind(store);
-  if (moe_) moe_->bind(store);
-  else mlp_->bind(store);
+  ffn_->bind(store);
 }
 
 void Block::reserve_grads(BlockGrads& g, int64_t N) const {
   const int64_t d = cfg_.d_model, n = local_rows(N);
   attn_.reserve(g.attn, N);
-  if (moe_) moe_->reserve(g.moe, N);
-  else mlp_->reserve(g.mlp, N);
+  ffn_->reserve(g.ffn, N);
   g.d_h2.resize(N * d);
   g.d_xmid.resize(n * d);
   g.d_h1.resize(N * d);
@@ -103,14 +96,10 @@ void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batc
 
   norm2_.forward(s.h2.data(), s.x_mid.data(), n, s.norm2);
   const float* h2 = enter_column(s.h2.data(), g.gathered.data(), N, "mlp.fc");
-  if (moe_)
-    moe_->forward(s.moe, g.moe, sp ? partial : x_out, h2, batch, !sp, grad_scale, count_stats,
-                  cache != nullptr);
-  else
-    mlp_->forward(s.mlp, sp ? partial : x_out, h2, N, !sp);
+  ffn_->forward(*s.ffn, g.ffn, sp ? partial : x_out, h2,
+                {batch, N, !sp, grad_scale, count_stats, cache != nullptr});
   leave_row(partial, x_out, N);
-  if (moe_) moe_->add_bias(x_out, n);
-  else mlp_->add_bias(x_out, n);
+  ffn_->add_bias(x_out, n);
   kernels::add_inplace(x_out, s.x_mid.data(), n * d);
 }
 
@@ -118,23 +107,21 @@ void Block::take_spares(Saved& s, int64_t N) const {
   const int64_t n = local_rows(N), d = cfg_.d_model;
   for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2}) spares_.floats.fill(*b, n * d);
   attn_.take_spares(s.attn, spares_, N);
-  if (moe_) moe_->take_spares(s.moe, spares_, N);
-  else mlp_->take_spares(s.mlp, spares_, N);
+  if (!s.ffn) s.ffn = ffn_->new_saved();
+  ffn_->take_spares(*s.ffn, spares_, N);
 }
 
 void Block::release_recomputable(Saved& s) const {
   spares_.floats.give(s.h1);
   spares_.floats.give(s.h2);
   attn_.release_input_copy(s.attn, spares_);
-  if (moe_) moe_->release_activation(s.moe, spares_);
-  else mlp_->release_activation(s.mlp, spares_);
+  ffn_->release_activation(*s.ffn, spares_);
 }
 
 void Block::release_all(Saved& s) const {
   for (Buffer<float>* b : {&s.h1, &s.x_mid, &s.h2}) spares_.floats.give(*b);
   attn_.give_all(s.attn, spares_);
-  if (moe_) moe_->give_all(s.moe, spares_);
-  else mlp_->give_all(s.mlp, spares_);
+  ffn_->give_all(*s.ffn, spares_);
   s.release();
 }
 
@@ -145,8 +132,7 @@ void Block::recompute_cheap(Saved& s) {
   norm1_.forward(s.h1.data(), s.x_in, n, s.norm1);
   norm2_.forward(s.h2.data(), s.x_mid.data(), n, s.norm2);
   attn_.recompute_input_copy(s.attn, s.h1.data());
-  if (moe_) moe_->recompute_activation(s.moe, s.h2.data());
-  else mlp_->recompute_activation(s.mlp, s.h2.data());
+  ffn_->recompute_activation(*s.ffn, s.h2.data());
 }
 
 void start_gather_rows(TpComm& comm, BlockGrads& g, const float* local, int64_t n) {
@@ -196,10 +182,9 @@ void Block::backward(Saved& s, float* dx_in, const float* dx_out, BlockGrads& g,
   const float* dy = dx_out;
   if (sp) dy = gathered_rows(*comm, g, dx_out, n * d);
   else tp_pairs::reduce_backward();
-  if (moe_) moe_->backward_input(s.moe, g.moe, d_h2_full, dy, defer);
-  else mlp_->backward_input(s.mlp, g.mlp, d_h2_full, dy, defer);
+  ffn_->backward_input(*s.ffn, g.ffn, d_h2_full, dy, defer);
   TpComm::Wait reduced = start_column_reduce(d_h2_full, d_h2);
-  if (!defer && !sp) ffn_backward_weight(s, s.h2.data());
+  if (!defer && !sp) ffn_->backward_weight(*s.ffn, s.h2.data());
   reduced();
   std::memcpy(g.d_xmid.data(), dx_out, n * d * sizeof(float));
   norm2_.backward_input(g.d_xmid.data(), d_h2, s.x_mid.data(), n, s.norm2);
@@ -210,7 +195,7 @@ void Block::backward(Saved& s, float* dx_in, const float* dx_out, BlockGrads& g,
     d_xmid = g.d_xmid_full.data();
     if (!defer) {
       h2_ready();
-      ffn_backward_weight(s, g.gathered.data());
+      ffn_->backward_weight(*s.ffn, g.gathered.data());
     }
   }
   if (!defer) norm2_.backward_weight(d_h2, s.x_mid.data(), n, s.norm2);
@@ -234,11 +219,6 @@ void Block::backward(Saved& s, float* dx_in, const float* dx_out, BlockGrads& g,
   if (!defer) norm1_.backward_weight(d_h1, s.x_in, n, s.norm1);
 }
 
-void Block::ffn_backward_weight(Saved& s, const float* h2) {
-  if (moe_) moe_->backward_weight(s.moe, h2);
-  else mlp_->backward_weight(s.mlp, h2);
-}
-
 void Block::weight_gradients(Saved& s, BlockGrads& g) {
   const int64_t N = s.B * s.T, n = local_rows(N), d = cfg_.d_model;
   const bool sp = tp_.sequence_parallel;
@@ -248,7 +228,7 @@ void Block::weight_gradients(Saved& s, BlockGrads& g) {
     tp_pairs::gather_forward(*tp_.comm, local.data(), g.gathered.data(), n * d)();
     return g.gathered.data();
   };
-  ffn_backward_weight(s, input_of(s.h2));
+  ffn_->backward_weight(*s.ffn, input_of(s.h2));
   norm2_.backward_weight(s.d_h2.data(), s.x_mid.data(), n, s.norm2);
   attn_.backward_weight(s.attn, input_of(s.h1));
   norm1_.backward_weight(s.d_h1.data(), s.x_in, n, s.norm1);

@@ -17,9 +17,8 @@
 #include "cleave/base/buffer.h"
 #include "cleave/kernels/rope.h"
 #include "cleave/model/kv_cache.h"
+#include "cleave/model/feed_forward.h"
 #include "cleave/model/layers.h"
-#include "cleave/model/mlp.h"
-#include "cleave/model/moe.h"
 #include "cleave/model/model_config.h"
 #include "cleave/model/self_attention.h"
 #include "cleave/model/spare_buffers.h"
@@ -31,8 +30,7 @@ namespace cleave {
 // Full: every row; local: the rank's rows (the same under sequence parallelism off).
 struct BlockGrads {
   SelfAttention::Scratch attn;
-  Mlp::Scratch mlp;
-  Moe::Scratch moe;
+  FeedForwardScratch ffn;
   Buffer<float> d_h2, d_xmid, d_h1;
   // Sequence parallelism only. A column-parallel linear's input is gathered into `gathered` for
   // its forward and again for its weight gradient (as Megatron does), so no block keeps a full-row
@@ -65,16 +63,15 @@ class Block {
     Buffer<float> h1, x_mid, h2;
     NormStats norm1, norm2;
     SelfAttention::Saved attn;
-    Mlp::Saved mlp;  // the MLP's, or the mixture of experts' in a MoE layer
-    Moe::Saved moe;
+    std::unique_ptr<FeedForward::Saved> ffn;  // the block's feed-forward module's kind
     Buffer<float> d_h1, d_h2;  // BackwardPart::input only
     // Frees everything but the input: a forward on the same input rebuilds it, bitwise.
     void release();
   };
 
   // spares: the model's, which every block's forward and recompute take their buffers from and
-  // activation checkpointing gives them back to. A layer cfg.is_moe_layer names holds a mixture
-  // of experts (model/moe.h) in place of the MLP.
+  // activation checkpointing gives them back to. Its feed-forward module is make_feed_forward's
+  // for the layer: the MLP, or a mixture of experts where cfg.is_moe_layer says so.
   Block(ParamStore& store, int layer, const ModelConfig& cfg, Precision precision,
         const kernels::RopeTable* rope, RecomputeSpares& spares,
         const TensorParallelOptions& tp = {}, const ContextParallelOptions& cp = {},
@@ -89,7 +86,7 @@ class Block {
   // with count_stats, adds the micro-batch to its routing statistics.
   void forward(Saved& s, float* x_out, const float* x_in, const Batch& batch, BlockGrads& g,
                KVCache* cache = nullptr, float grad_scale = 0, bool count_stats = false);
-  Moe* moe() { return moe_.get(); }  // null in a dense layer
+  Moe* moe() { return ffn_->moe(); }  // null in a dense layer
   // dx_in (=) from dx_out, and the weight gradients (+=), of s's micro-batch. With both, each
   // column-parallel linear's input gradient is reduced over tp while its and its row-parallel
   // partner's weight gradients run. part weight ignores dx_in and dx_out.
@@ -106,7 +103,6 @@ class Block {
 
  private:
   void weight_gradients(Saved& s, BlockGrads& g);
-  void ffn_backward_weight(Saved& s, const float* h2);  // the MLP's or the experts' 
   int64_t local_rows(int64_t N) const { return tp_.sequence_parallel ? N / tp_.size() : N; }
   // The input of a column-parallel linear: the norm's output, gathered from every rank's rows
   // under sequence parallelism (into full).
@@ -123,8 +119,7 @@ class Block {
   RecomputeSpares& spares_;
   Norm norm1_, norm2_;
   SelfAttention attn_;
-  std::unique_ptr<Mlp> mlp_;  // or
-  std::unique_ptr<Moe> moe_;
+  std::unique_ptr<FeedForward> ffn_;
 };
 
 }  // namespace cleave
