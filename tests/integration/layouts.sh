@@ -10,6 +10,9 @@ compare="/usr/bin/python3 $src/tests/integration/compare_runs.py"
 twenty_steps=(--set train.steps=20 --set train.log_interval=1 --set train.val_interval=10
               --set train.checkpoint_interval=10 --set train.threads=1 --set parallel.comm_timeout_s=60)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+# Each test's mpiruns keep their session folders in its own work folder: two mpiruns of tests that
+# ctest runs side by side can race to create the same one under /tmp ("File exists").
+export OMPI_MCA_orte_tmpdir_base=$work
 
 run() {  # name ranks [--set ...]: one training run into $work/name (log: $work/name.log)
   local name=$1 np=$2; shift 2
