@@ -229,8 +229,11 @@ void ContextAttention::gather_kv(const Geometry& g, const float* A) {
   permute(g, w.rows.data(), w.grads.data(), 2 * g.kv_cols, R_, true);
 }
 
-void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, int64_t T,
-                               const int32_t* documents) {
+void ContextAttention::forward(AttentionCore::Saved& saved, float* o, const float* qkv,
+                               const Rows& rows) {
+  Saved& s = static_cast<Saved&>(saved);
+  const int64_t B = rows.B, T = rows.T;
+  const int32_t* documents = rows.sequence_documents;
   const Geometry g = geometry(B, T);
   ContextWork& w = *opt_.work;
   size_to(s.lse, g.set_rows * heads_u_);
@@ -294,8 +297,11 @@ void ContextAttention::forward(Saved& s, float* o, const float* qkv, int64_t B, 
   if (U_ > 1) gather_heads(g, o, O, g.q_cols, 0, false, w.rows);
 }
 
-void ContextAttention::backward(Saved& s, float* d_qkv, const float* d_o, const float* qkv,
-                                const float* o, int64_t B, int64_t T, const int32_t* documents) {
+void ContextAttention::backward(AttentionCore::Saved& saved, float* d_qkv, const float* d_o,
+                                const float* qkv, const float* o, const Rows& rows) {
+  Saved& s = static_cast<Saved&>(saved);
+  const int64_t B = rows.B, T = rows.T;
+  const int32_t* documents = rows.sequence_documents;
   const Geometry g = geometry(B, T);
   ContextWork& w = *opt_.work;
   if (opt_.mode == CpMode::ulysses) {

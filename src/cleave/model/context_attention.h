@@ -16,6 +16,7 @@
 
 #include "cleave/base/buffer.h"
 #include "cleave/kernels/attention.h"
+#include "cleave/model/attention_core.h"
 #include "cleave/model/cp_comm.h"
 
 namespace cleave {
@@ -29,16 +30,16 @@ struct ContextWork {
   Buffer<float> rows, grads;
 };
 
-class ContextAttention {
+class ContextAttention final : public AttentionCore {
  public:
   // One micro-batch's, kept from forward for backward.
-  struct Saved {
+  struct Saved final : AttentionCore::Saved {
     // Ulysses and hybrid: q|k|v of this rank's heads over its group's rows (in sequence order
     // under ulysses). Their output is not kept: backward gets it again from the rank's rows.
     Buffer<float> qkv_u;
     // Per (group member, sequence, chunk): [heads, chunk rows]; under ulysses [B, heads, T x cp].
     Buffer<float> lse;
-    void release();
+    void release() override;
   };
 
   // heads, kv_heads: this rank's (its tp share), which Ulysses must be able to split (the layout
@@ -48,13 +49,18 @@ class ContextAttention {
   // o [B*T, heads*head_dim] (=) from qkv [B*T, (heads + 2 kv_heads) * head_dim] (q | k | v per
   // row), this rank's T = 2 chunks of each of B sequences. documents: the whole sequences'
   // document ids [B * T * cp], or null (one document per sequence).
-  void forward(Saved& s, float* o, const float* qkv, int64_t B, int64_t T,
-               const int32_t* documents);
+  // (AttentionCore: rows.sequence_documents are those.) Its buffers come from no spares.
+  std::unique_ptr<AttentionCore::Saved> new_saved() const override {
+    return std::make_unique<Saved>();
+  }
+  void take_spares(AttentionCore::Saved&, RecomputeSpares&, int64_t) const override {}
+  void give_all(AttentionCore::Saved&, RecomputeSpares&) const override {}
+  void forward(AttentionCore::Saved& s, float* o, const float* qkv, const Rows& rows) override;
   // Whether backward reads the qkv given to forward (under ulysses and hybrid it keeps its own).
-  bool reads_qkv() const { return U_ == 1; }
+  bool reads_qkv() const override { return U_ == 1; }
   // d_qkv (=) from d_o, given what forward kept and its qkv and o.
-  void backward(Saved& s, float* d_qkv, const float* d_o, const float* qkv, const float* o,
-                int64_t B, int64_t T, const int32_t* documents);
+  void backward(AttentionCore::Saved& s, float* d_qkv, const float* d_o, const float* qkv,
+                const float* o, const Rows& rows) override;
 
  private:
   struct Geometry;

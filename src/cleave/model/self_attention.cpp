@@ -24,8 +24,8 @@ Placement qkv_placement(const ModelConfig& c, const TpShare& s) {
 }  // namespace
 
 void SelfAttention::Saved::release() {
-  for (Buffer<float>* b : {&qkv, &o, &lse, &dy, &d_qkv}) *b = Buffer<float>();
-  cp.release();
+  for (Buffer<float>* b : {&qkv, &o, &dy, &d_qkv}) *b = Buffer<float>();
+  if (core) core->release();
   x_copy = OperandCopy();
   o_copy = OperandCopy();
   B = T = 0;
@@ -39,9 +39,8 @@ SelfAttention::SelfAttention(ParamStore& store, const std::string& name, const M
            c.init_std, p, qkv_placement(c, share)),
       out_(store, name + ".out", share.heads * c.head_dim(), c.d_model, c.family == Family::gpt2,
            c.residual_init_std(), p,
-           row_parallel(share, c.d_model, c.n_heads * c.head_dim(), share.heads * c.head_dim())) {
-  if (cp.enabled()) context_.emplace(cp, share.heads, share.kv_heads, c.head_dim());
-}
+           row_parallel(share, c.d_model, c.n_heads * c.head_dim(), share.heads * c.head_dim())),
+      core_(make_attention_core(cp, share.heads, share.kv_heads, c.head_dim())) {}
 
 void SelfAttention::bind(ParamStore& store) {
   qkv_.bind(store);
@@ -51,14 +50,6 @@ void SelfAttention::bind(ParamStore& store) {
 void SelfAttention::reserve(Scratch& g, int64_t N) const {
   g.d_o.resize(N * share_.heads * cfg_.head_dim());
   g.d_qkv.resize(N * share_.qkv_dim(cfg_.head_dim()));
-}
-
-kernels::AttentionShape SelfAttention::shape(const Saved& s) const {
-  const int64_t qkv_dim = share_.qkv_dim(cfg_.head_dim());
-  kernels::AttentionShape shape{s.B, s.T, share_.heads, share_.kv_heads, cfg_.head_dim(),
-                                qkv_dim, qkv_dim};
-  shape.q_seq = shape.k_seq = s.documents;
-  return shape;
 }
 
 void SelfAttention::rotate(Saved& s, const int32_t* positions) {
@@ -72,13 +63,15 @@ void SelfAttention::take_spares(Saved& s, RecomputeSpares& spares, int64_t N) co
   const int64_t hd = cfg_.head_dim(), q_dim = int64_t(share_.heads) * hd;
   spares.floats.fill(s.qkv, N * share_.qkv_dim(int(hd)));
   spares.floats.fill(s.o, N * q_dim);
-  if (!context_) spares.floats.fill(s.lse, N * share_.heads);
+  if (!s.core) s.core = core_->new_saved();
+  core_->take_spares(*s.core, spares, N);
   spares.copies.reuse(s.x_copy.data, N * qkv_.gemm().in_features());
   spares.copies.reuse(s.o_copy.data, N * q_dim);
 }
 
 void SelfAttention::give_all(Saved& s, RecomputeSpares& spares) const {
-  for (Buffer<float>* b : {&s.qkv, &s.o, &s.lse}) spares.floats.give(*b);
+  for (Buffer<float>* b : {&s.qkv, &s.o}) spares.floats.give(*b);
+  if (s.core) core_->give_all(*s.core, spares);
   spares.copies.give(s.x_copy.data);
   spares.copies.give(s.o_copy.data);
   s.release();
@@ -94,10 +87,10 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
   const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
   const int64_t qkv_dim = share_.qkv_dim(int(hd));
   // Sized once per slot (a resize maps fresh pages; under Ulysses qkv is freed after each
-  // forward); the log-sum-exps of cp's attention are its own.
+  // forward); the log-sum-exps are the attention core's.
   if (s.qkv.size() != N * qkv_dim) s.qkv.resize(N * qkv_dim);
   if (s.o.size() != N * q_dim) s.o.resize(N * q_dim);
-  if (!context_ && s.lse.size() != N * share_.heads) s.lse.resize(N * share_.heads);
+  if (!s.core) s.core = core_->new_saved();
   s.B = B, s.T = T;
   s.positions = batch.positions.data();
   s.documents = batch.documents.empty() ? nullptr : batch.documents.data();
@@ -107,15 +100,11 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
   qkv_.forward(s.qkv.data(), x, N, keep_x ? &s.x_copy : nullptr);
   rotate(s, s.positions);
   const float* q = s.qkv.data();
-  if (context_) {
-    CLEAVE_CHECK(!cache, "generation does not run under context parallelism");
-    context_->forward(s.cp, s.o.data(), q, B, T, s.sequence_documents);
+  if (!cache) {
+    core_->forward(*s.core, s.o.data(), q, rows(s));
     // Under Ulysses attention keeps its own copy of q, k and v (its heads over the sequence):
     // the rank's is freed, a page-fault per forward traded for a q|k|v per layer and micro-batch.
-    if (!context_->reads_qkv()) s.qkv = Buffer<float>();
-  } else if (!cache) {
-    kernels::attention_forward(s.o.data(), s.lse.data(), q, q + q_dim, q + q_dim + kv_dim,
-                               shape(s));
+    if (!core_->reads_qkv()) s.qkv = Buffer<float>();
   } else {
     CLEAVE_CHECK(B == 1, "generation runs one sequence, not " << B);
     const int64_t pos0 = cache->length;
@@ -133,22 +122,14 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
 }
 
 void SelfAttention::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer) {
-  const int64_t N = s.B * s.T, hd = cfg_.head_dim(), d = cfg_.d_model;
-  const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
-  const int64_t qkv_dim = share_.qkv_dim(int(hd));
+  const int64_t N = s.B * s.T, d = cfg_.d_model, qkv_dim = share_.qkv_dim(cfg_.head_dim());
   if (defer && s.d_qkv.size() != N * qkv_dim) {  // sized once per slot: a resize returns pages
     s.dy.resize(N * d);
     s.d_qkv.resize(N * qkv_dim);
   }
   float* d_qkv = defer ? s.d_qkv.data() : g.d_qkv.data();
   out_.backward_input(g.d_o.data(), dy, N, false, defer ? nullptr : &g.dy_copy);
-  const float* q = s.qkv.data();
-  if (context_)
-    context_->backward(s.cp, d_qkv, g.d_o.data(), q, s.o.data(), s.B, s.T, s.sequence_documents);
-  else
-    kernels::attention_backward(d_qkv, d_qkv + q_dim, d_qkv + q_dim + kv_dim, g.d_o.data(), q,
-                                q + q_dim, q + q_dim + kv_dim, s.o.data(), s.lse.data(),
-                                shape(s));
+  core_->backward(*s.core, d_qkv, g.d_o.data(), s.qkv.data(), s.o.data(), rows(s));
   if (rope_)
     kernels::rope_backward(d_qkv, *rope_, N, share_.heads + share_.kv_heads, qkv_dim,
                            s.positions);

@@ -7,13 +7,12 @@
 // owns (docs/architecture.md, Modules).
 #pragma once
 #include <cstdint>
-#include <optional>
 
 #include "cleave/base/batch.h"
 #include "cleave/base/buffer.h"
 #include "cleave/kernels/attention.h"
 #include "cleave/kernels/rope.h"
-#include "cleave/model/context_attention.h"
+#include "cleave/model/attention_core.h"
 #include "cleave/model/kv_cache.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/model_config.h"
@@ -30,8 +29,8 @@ class SelfAttention {
     const int32_t* positions = nullptr;  // the batch's, [B * T] (RoPE's backward)
     const int32_t* documents = nullptr;  // the batch's, or null: one document per sequence
     const int32_t* sequence_documents = nullptr;  // under cp: the whole sequences' (or null)
-    ContextAttention::Saved cp;                   // under cp
-    Buffer<float> qkv, o, lse;  // projections (after RoPE), attention output, log-sum-exp
+    std::unique_ptr<AttentionCore::Saved> core;   // the attention core's
+    Buffer<float> qkv, o;        // projections (after RoPE), attention output
     OperandCopy x_copy, o_copy;  // bf16 copies of the linears' inputs (x's when kept)
     bool x_kept = false;
     Buffer<float> dy, d_qkv;     // kept by a deferred input half
@@ -79,13 +78,15 @@ class SelfAttention {
 
  private:
   void rotate(Saved& s, const int32_t* positions);  // RoPE on q and k (Llama)
-  kernels::AttentionShape shape(const Saved& s) const;
+  AttentionCore::Rows rows(const Saved& s) const {
+    return {s.B, s.T, s.documents, s.sequence_documents};
+  }
 
   const ModelConfig& cfg_;
   TpShare share_;
   const kernels::RopeTable* rope_;  // null for GPT-2
   Linear qkv_, out_;
-  std::optional<ContextAttention> context_;  // cp > 1
+  std::unique_ptr<AttentionCore> core_;  // local, or context-parallel where cp > 1
 };
 
 }  // namespace cleave

@@ -5,6 +5,7 @@
 
 #include "cleave/kernels/cross_entropy.h"
 #include "cleave/kernels/embedding.h"
+#include "cleave/model/context_attention.h"
 #include "cleave/model/tp_pairs.h"
 
 namespace cleave {
