@@ -4,7 +4,8 @@
 #    caches it, reuses it on the next start and measures again with --refresh; the GEMM peak is
 #    no higher than the hardware's FMA peak measured beside it;
 #  - a tiny model, the quick start's model and GPT-2 124M each report MFU <= 100%, against the
-#    cached (or just measured) GEMM peak, naming its source in the progress line and metrics.jsonl.
+#    cached (or just measured) GEMM peak, naming its source in the progress line and metrics.jsonl;
+#  - bf16 forced to emulation (CLEAVE_EMULATE_BF16=1) says so and uses the fp32 peak.
 # Args: the cleave binary, the source folder, the tokenized test data (vocabulary 256).
 set -u
 cleave=$1 src=$2 data=$3
@@ -64,6 +65,14 @@ grep -q "(cached GEMM peak)" "$work/tiny.log" || fail "the tiny run should quote
 # The quick start's model (bf16) on the test data's vocabulary.
 train quickstart "$src/configs/quickstart.toml" --set data.dir="$data" \
   --set model.vocab_size=256 --set train.steps=12
+# Forced emulation of bf16 products (the path of a CPU without bf16 matmuls): the run says so and
+# quotes MFU against the fp32 peak cached above (a bf16 peak would be measured afresh).
+CLEAVE_EMULATE_BF16=1 train emulated "$src/tests/configs/tiny_train.toml" --set data.dir="$data" \
+  --set train.steps=4 --set train.dtype=bf16
+grep -q "bf16 products emulated in fp32" "$work/emulated.log" \
+  || fail "CLEAVE_EMULATE_BF16=1 should say the bf16 products are emulated"
+grep -q "(cached GEMM peak)" "$work/emulated.log" \
+  || fail "emulated bf16 should quote the cached fp32 peak"
 # GPT-2 124M as bench/vs_pytorch.sh runs it, fp32, on random tokens.
 mkdir -p "$work/tokens"
 /usr/bin/python3 "$src/bench/random_tokens.py" "$work/tokens" 8192 200000

@@ -345,6 +345,9 @@ void Trainer::run(int64_t exit_after) {
                                                  peak_.source == PeakSource::cached
                                                    ? " GEMM peak" : "")
               << "); hardware FMA peak per rank " << describe(peak_.hardware) << "\n";
+    if ((t.dtype == Precision::bf16 || t.dtype == Precision::fp8) && !native_bf16_products())
+      std::cout << "bf16 products emulated in fp32 (this CPU's oneDNN makes no bf16 matmul, or "
+                   "CLEAVE_EMULATE_BF16=1): the same values, fp32's speed and peak\n";
     // What the layout should send, so a setting the run ignored shows beside the measured figure.
     std::cout << "predicted bytes per step, rank 0:";
     for (CommAxis a : kCommAxes)
