@@ -26,6 +26,9 @@ enum class CommAlgo { fastest, ours, mpi };
 inline int64_t ring_all_reduce_bytes(int64_t bytes, int ranks) {
   return 2 * bytes * (ranks - 1) / ranks;
 }
+// The bytes each of `ranks` ranks sends in a ring all-gather or reduce-scatter whose share per
+// rank is `share` bytes (its own share, or each of the others', passed on).
+inline int64_t ring_gather_bytes(int64_t share, int ranks) { return share * (ranks - 1); }
 
 struct WorkState;
 

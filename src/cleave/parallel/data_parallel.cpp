@@ -115,7 +115,7 @@ void DataParallel::unit_gradients_done(int unit) {
   grad_work_[unit] = g_.shard->reduce_scatter(store_.grads().data() + bounds_[unit],
                                               shard_grads_.data() + position_[unit], slice(unit),
                                               CommType::f32, CommAlgo::ours);
-  sent(slice(unit) * 4 * (g_.shard->size() - 1));
+  sent(ring_gather_bytes(slice(unit) * 4, g_.shard->size()));
   // HSDP: the replicas sum the unit's shard as soon as it is reduced (operations run in issue
   // order), still under the rest of backward.
   if (g_.replicate->size() > 1) {
@@ -200,12 +200,12 @@ void DataParallel::prefetch(int unit) {
   if (fp8_ && fp8_->covers(unit)) {
     waited(fp8_->start(unit, shard_source(unit)));
     gather_bytes_ += fp8_->bytes(unit);
-    sent(fp8_->bytes(unit) * (g_.shard->size() - 1));
+    sent(ring_gather_bytes(fp8_->bytes(unit), g_.shard->size()));
     return;
   }
   gather_work_[unit] = g_.shard->all_gather(shard_source(unit), store_.values().data() + bounds_[unit],
                                             slice(unit), CommType::f32, CommAlgo::ours);
-  sent(slice(unit) * 4 * (g_.shard->size() - 1));
+  sent(ring_gather_bytes(slice(unit) * 4, g_.shard->size()));
   if (zero_stage_ == 3) gather_bytes_ += 4 * slice(unit);
 }
 

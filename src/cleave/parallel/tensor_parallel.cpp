@@ -12,12 +12,12 @@ TpComm::Wait GroupTpComm::all_reduce(float* buf, int64_t n) {
 }
 
 TpComm::Wait GroupTpComm::all_gather(const float* send, float* recv, int64_t n) {
-  sent(n * 4 * (size() - 1));
+  sent(ring_gather_bytes(n * 4, size()));
   return waiter(group_.all_gather(send, recv, n, CommType::f32, CommAlgo::ours));
 }
 
 TpComm::Wait GroupTpComm::reduce_scatter(const float* send, float* recv, int64_t n) {
-  sent(n * 4 * (size() - 1));
+  sent(ring_gather_bytes(n * 4, size()));
   return waiter(group_.reduce_scatter(send, recv, n, CommType::f32, CommAlgo::ours));
 }
 
