@@ -565,6 +565,11 @@ void LinearGemm::copy_operand(const float* a, int64_t count, OperandCopy& keep) 
   if (impl_->fp8) impl_->fp8->keep(a, count / impl_->in, impl_->in, fp8_x, keep);
 }
 
+int64_t LinearGemm::kept_copy_bytes(int64_t rows) const {
+  if (impl_->fp8) return impl_->fp8->kept_bytes(rows, impl_->in);
+  return impl_->precision == Precision::bf16 ? rows * impl_->in * int64_t(sizeof(bf16)) : 0;
+}
+
 void LinearGemm::backward_weight(float* dweight, float* dbias, const float* dy, const float* x,
                                  int64_t N, const OperandCopy* dy_copy,
                                  const OperandCopy* x_copy) {

@@ -97,6 +97,8 @@ class LinearGemm {
   // The copy of `count` floats at a that a product would keep (bf16 mode; nothing otherwise),
   // made without the product: a recompute that kept the product's output rebuilds its input.
   void copy_operand(const float* a, int64_t count, OperandCopy& keep);
+  // The bytes such a copy of `rows` input rows holds (0 where products keep no copy).
+  int64_t kept_copy_bytes(int64_t rows) const;
 
   // For an optimizer that packs W while it writes it, after set_weight: the rows per band (0 when
   // no copy can be packed this way; they are then packed at the next product, as usual).

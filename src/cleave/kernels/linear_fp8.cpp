@@ -112,6 +112,11 @@ void Fp8Operands::keep(const float* a, int64_t rows, int64_t cols, Fp8Operand wh
   keep_along_rows(a, rows, cols, which, keep, s);
 }
 
+int64_t Fp8Operands::kept_bytes(int64_t rows, int64_t cols) const {
+  const int64_t factors = per_tensor() ? 1 : tiles_along_rows(rows, cols).count();
+  return rows * cols + factors * int64_t(sizeof(float));
+}
+
 float Fp8Operands::inner_along_rows(bf16* image, const float* a, int64_t rows, int64_t cols,
                                     Fp8Operand which, const OperandCopy* copy) {
   if (!copy) {

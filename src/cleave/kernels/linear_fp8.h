@@ -55,6 +55,8 @@ class Fp8Operands {
                          Fp8Operand which, const OperandCopy* copy);
   // What inner_along_cols keeps, alone (a recompute rebuilding x's copy).
   void keep(const float* a, int64_t rows, int64_t cols, Fp8Operand which, OperandCopy& keep);
+  // The bytes keep fills for [rows, cols]: a code per element and a factor per tile.
+  int64_t kept_bytes(int64_t rows, int64_t cols) const;
 
  private:
   static Fp8Format format(Fp8Operand which) {

@@ -2,6 +2,7 @@
 
 #include "cleave/kernels/attention.h"
 #include "cleave/model/context_attention.h"
+#include "cleave/model/saved_bytes.h"
 
 namespace cleave {
 
@@ -26,6 +27,7 @@ class LocalAttention final : public AttentionCore {
   void give_all(AttentionCore::Saved& s, RecomputeSpares& spares) const override {
     spares.floats.give(mine(s).lse);
   }
+  int64_t saved_bytes(int64_t N) const override { return N * heads_ * kFloatBytes; }
   void forward(AttentionCore::Saved& s, float* o, const float* qkv, const Rows& rows) override {
     Buffer<float>& lse = mine(s).lse;
     // Sized once per slot: a resize maps fresh pages.

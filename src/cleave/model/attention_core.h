@@ -38,6 +38,8 @@ class AttentionCore {
   virtual void forward(Saved& s, float* o, const float* qkv, const Rows& rows) = 0;
   // Whether backward reads the qkv given to forward (else the caller may free it).
   virtual bool reads_qkv() const { return true; }
+  // The bytes forward keeps for N of this rank's rows (model/saved_bytes.h).
+  virtual int64_t saved_bytes(int64_t N) const = 0;
   // d_qkv (=) from d_o, given what forward kept and its qkv and o.
   virtual void backward(Saved& s, float* d_qkv, const float* d_o, const float* qkv,
                         const float* o, const Rows& rows) = 0;

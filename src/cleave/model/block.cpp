@@ -125,6 +125,17 @@ void Block::release_all(Saved& s) const {
   s.release();
 }
 
+SavedBytes Block::saved_bytes(int64_t N) const {
+  const int64_t n = local_rows(N), d = cfg_.d_model;
+  const bool keep_x = !tp_.sequence_parallel;  // as forward passes it
+  SavedBytes b = attn_.saved_bytes(N, keep_x);
+  b += ffn_->saved_bytes(N, keep_x);
+  b.kept += (n * d + 2 * 2 * n) * kFloatBytes;  // x_mid; both norms' means and rstds
+  b.recomputable += 2 * n * d * kFloatBytes;    // h1, h2
+  b.deferred += 2 * N * d * kFloatBytes;        // d_h1, d_h2
+  return b;
+}
+
 void Block::recompute_cheap(Saved& s) {
   const int64_t n = local_rows(s.B * s.T);
   take_spares(s, s.B * s.T);

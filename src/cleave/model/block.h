@@ -100,6 +100,9 @@ class Block {
   void release_recomputable(Saved& s) const;
   void release_all(Saved& s) const;
   void recompute_cheap(Saved& s);
+  // What a forward of N rows keeps in Saved (model/saved_bytes.h): kept by selective
+  // checkpointing, rebuilt by recompute_cheap, and kept by a deferred input half.
+  SavedBytes saved_bytes(int64_t N) const;
 
  private:
   void weight_gradients(Saved& s, BlockGrads& g);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "cleave/base/check.h"
+#include "cleave/model/saved_bytes.h"
 
 namespace cleave {
 
@@ -75,6 +76,13 @@ ContextAttention::Geometry ContextAttention::geometry(int64_t B, int64_t T) cons
   g.dim = g.q_cols + 2 * g.kv_cols;
   g.pos = opt_.ring ? opt_.ring->rank() : 0;
   return g;
+}
+
+int64_t ContextAttention::saved_bytes(int64_t N) const {
+  // The log-sum-exps of every head's rows, and under Ulysses its own q|k|v (every member's rows
+  // of this rank's heads).
+  const int64_t qkv_u = U_ > 1 ? U_ * N * (heads_u_ + 2 * int64_t(kv_heads_u_)) * head_dim_ : 0;
+  return (N * heads_ + qkv_u) * kFloatBytes;
 }
 
 void ContextAttention::pack_kv(const Geometry& g, float* kv, const float* A) const {

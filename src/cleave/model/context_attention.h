@@ -58,6 +58,7 @@ class ContextAttention final : public AttentionCore {
   void forward(AttentionCore::Saved& s, float* o, const float* qkv, const Rows& rows) override;
   // Whether backward reads the qkv given to forward (under ulysses and hybrid it keeps its own).
   bool reads_qkv() const override { return U_ == 1; }
+  int64_t saved_bytes(int64_t N) const override;
   // d_qkv (=) from d_o, given what forward kept and its qkv and o.
   void backward(AttentionCore::Saved& s, float* d_qkv, const float* d_o, const float* qkv,
                 const float* o, const Rows& rows) override;

@@ -45,6 +45,9 @@ class Adapter : public FeedForward {
   void recompute_activation(Saved& s, const float* x) override {
     m_.recompute_activation(saved<Module>(s), x);
   }
+  SavedBytes saved_bytes(int64_t rows, bool keep_x) const override {
+    return m_.saved_bytes(rows, keep_x);
+  }
 
  protected:
   Module m_;

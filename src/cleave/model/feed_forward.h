@@ -58,6 +58,9 @@ class FeedForward {
   virtual void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const = 0;
   virtual void give_all(Saved& s, RecomputeSpares& spares) const = 0;
   virtual void recompute_activation(Saved& s, const float* x) = 0;
+  // What forward keeps for `rows` tokens (model/saved_bytes.h); a mixture's experts counted
+  // with balanced routing.
+  virtual SavedBytes saved_bytes(int64_t rows, bool keep_x) const = 0;
   // The mixture of experts behind it, for the model's routing statistics and router biases;
   // null for a dense MLP.
   virtual Moe* moe() { return nullptr; }

@@ -86,6 +86,15 @@ void Mlp::take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
   spares.copies.reuse(s.act_copy.data, N * ffn_);
 }
 
+SavedBytes Mlp::saved_bytes(int64_t N, bool keep_x) const {
+  SavedBytes b;
+  b.kept = N * fc_width() * kFloatBytes;
+  b.recomputable = N * act_width() * kFloatBytes + proj_.gemm().kept_copy_bytes(N) +
+                   (keep_x ? fc_.gemm().kept_copy_bytes(N) : 0);
+  b.deferred = N * (cfg_.d_model + fc_width()) * kFloatBytes;  // dy, d_fc
+  return b;
+}
+
 void Mlp::recompute_activation(Saved& s, const float* x) {
   activate(s);
   proj_.gemm().copy_operand(s.act.data(), s.N * ffn_, s.act_copy);

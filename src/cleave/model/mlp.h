@@ -10,6 +10,7 @@
 #include "cleave/base/buffer.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/model_config.h"
+#include "cleave/model/saved_bytes.h"
 #include "cleave/model/spare_buffers.h"
 #include "cleave/model/tp_share.h"
 
@@ -50,6 +51,8 @@ class Mlp {
   void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const;
   void give_all(Saved& s, RecomputeSpares& spares) const;  // full recompute: every buffer
   void recompute_activation(Saved& s, const float* x);
+  // As SelfAttention's, over N tokens.
+  SavedBytes saved_bytes(int64_t N, bool keep_x) const;
   // Floats per row of Saved's fc and act.
   int64_t fc_width() const { return fc_.gemm().out_features(); }
   int64_t act_width() const { return ffn_; }

@@ -495,6 +495,21 @@ void Moe::give_all(Saved& s, RecomputeSpares& spares) const {
   s.release();  // the experts' buffers with the rest: their sizes change every step
 }
 
+SavedBytes Moe::saved_bytes(int64_t N, bool keep_x) const {
+  const int64_t d = cfg_.d_model, routed = N * k_;
+  const Mlp& first = *experts_.front();
+  const int64_t fc = first.fc_width(), act = first.act_width();
+  const int64_t copy = precision_ == Precision::bf16 ? int64_t(sizeof(bf16)) : 0;
+  SavedBytes b = shared_ ? shared_->saved_bytes(N, keep_x) : SavedBytes{};
+  // Router logits and gates; each choice's expert id (int32) and row (int64); the rows sent and
+  // received and the experts' outputs of their fc.
+  b.kept += (N * E_ + N * k_ + routed * (2 * d + fc)) * kFloatBytes +
+            routed * int64_t(sizeof(int32_t) + sizeof(int64_t));
+  b.recomputable += routed * (act * kFloatBytes + (d + act) * copy);
+  b.deferred += (routed * (d + fc) + N * E_) * kFloatBytes;  // dy, d_fc, the router's d_logits
+  return b;
+}
+
 void Moe::recompute_activation(Saved& s, const float* x) {
   const int64_t d = cfg_.d_model;
   lend(s, true, false);

@@ -25,6 +25,7 @@
 #include "cleave/base/batch.h"
 #include "cleave/base/buffer.h"
 #include "cleave/model/cp_comm.h"
+#include "cleave/model/saved_bytes.h"
 #include "cleave/model/ep_comm.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/mlp.h"
@@ -122,6 +123,9 @@ class Moe {
   void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const;
   void give_all(Saved& s, RecomputeSpares& spares) const;
   void recompute_activation(Saved& s, const float* x);
+  // What forward keeps for N tokens (model/saved_bytes.h), the experts' rows balanced: N x top_k
+  // sent, and as many received.
+  SavedBytes saved_bytes(int64_t N, bool keep_x) const;
 
   // The step's statistics (then zeroed), and sigmoid_bias's update from the step's global load
   // per expert: each bias moves by the rate toward the mean load, and the biases keep mean zero.

@@ -77,6 +77,16 @@ void SelfAttention::give_all(Saved& s, RecomputeSpares& spares) const {
   s.release();
 }
 
+SavedBytes SelfAttention::saved_bytes(int64_t N, bool keep_x) const {
+  const int64_t qkv_dim = share_.qkv_dim(cfg_.head_dim()), q_dim = int64_t(share_.heads) * cfg_.head_dim();
+  SavedBytes b;
+  b.kept = ((core_->reads_qkv() ? N * qkv_dim : 0) + N * q_dim) * kFloatBytes +
+           core_->saved_bytes(N) + out_.gemm().kept_copy_bytes(N);
+  b.recomputable = keep_x ? qkv_.gemm().kept_copy_bytes(N) : 0;
+  b.deferred = N * (cfg_.d_model + qkv_dim) * kFloatBytes;  // dy, d_qkv
+  return b;
+}
+
 void SelfAttention::recompute_input_copy(Saved& s, const float* x) {
   if (s.x_kept) qkv_.gemm().copy_operand(x, s.B * s.T * qkv_.gemm().in_features(), s.x_copy);
 }

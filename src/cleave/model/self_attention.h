@@ -16,6 +16,7 @@
 #include "cleave/model/kv_cache.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/model_config.h"
+#include "cleave/model/saved_bytes.h"
 #include "cleave/model/spare_buffers.h"
 #include "cleave/model/tp_share.h"
 
@@ -75,6 +76,9 @@ class SelfAttention {
   void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const;
   void give_all(Saved& s, RecomputeSpares& spares) const;
   void recompute_input_copy(Saved& s, const float* x);
+  // What forward keeps for N rows (keep_x as given to it), what release_input_copy frees, and
+  // what a deferred input half keeps (model/saved_bytes.h).
+  SavedBytes saved_bytes(int64_t N, bool keep_x) const;
 
  private:
   void rotate(Saved& s, const int32_t* positions);  // RoPE on q and k (Llama)

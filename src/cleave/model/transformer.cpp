@@ -121,7 +121,7 @@ void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
                slots.size() << " slot counts for " << chunks_.size() << " chunks");
   CLEAVE_CHECK(T <= cfg_.max_seq_len, "sequence of " << T << " tokens exceeds max_seq_len "
                                                      << cfg_.max_seq_len);
-  const int64_t N = B * T, n = local_rows(N), d = cfg_.d_model;
+  const int64_t N = B * T, n = local_rows(N);
   CLEAVE_CHECK(n * tp_.size() == N || !tp_.sequence_parallel,
                B << " x " << T << " tokens cannot be split in " << tp_.size()
                  << " equal parts for sequence parallelism");
@@ -131,35 +131,31 @@ void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
     if (same_shape && int(slots_[ch].size()) == slots[ch]) continue;
     slots_[ch].resize(size_t(slots[ch]));
     const ModelChunk& k = chunks_[ch];
+    const SlotShape shape = slot_shape(k, N);
     for (Slot& s : slots_[ch]) {
-      s.stream.resize(size_t(k.end_layer - k.first_layer + 1));
-      for (auto& r : s.stream) r.resize(n * d);
-      s.d_output.resize(n * d);
-      s.d_input.resize(n * d);
-      s.d_a.resize(n * d);
-      s.d_b.resize(n * d);
-      if (k.head) {
-        s.hf.resize(n * d);
-        s.logits.resize(head_chunk(N) * share_.vocab_rows);
-        s.losses.resize(N);
-        if (head_chunk(N) < N) s.d_head_in.resize(N * d);
-        if (tp_.sequence_parallel) s.hf_full.resize(N * d);
-      }
+      s.stream.resize(size_t(shape.streams));
+      for (auto& r : s.stream) r.resize(shape.stream);
+      for (Buffer<float>* b : {&s.d_output, &s.d_input, &s.d_a, &s.d_b}) b->resize(shape.stream);
+      if (!k.head) continue;
+      s.hf.resize(shape.hf);
+      s.logits.resize(shape.logits);
+      s.losses.resize(shape.losses);
+      if (shape.d_head_in > 0) s.d_head_in.resize(shape.d_head_in);
+      if (shape.hf_full > 0) s.hf_full.resize(shape.hf_full);
     }
   }
   for (int u = 0; u < n_units(); ++u)
     if (units_[size_t(u)].kind == UnitKind::block)
       saved_[size_t(u)].resize(size_t(slots[size_t(units_[size_t(u)].chunk)]));
   if (same_shape) return;
-  d_hf_.resize(N * d);
+  const ModelFloats own = model_floats(N);
+  d_hf_.resize(own.d_hf);
   if (tp_.comm) {
     stats_.resize(3 * head_chunk(N));
     all_stats_.resize(3 * head_chunk(N) * tp_.size());
   }
-  if (tp_.sequence_parallel) {
-    embed_full_.resize(N * d);
-    d_full_.resize(N * d);
-  }
+  embed_full_.resize(own.embed_full);
+  d_full_.resize(own.d_full);
   // The scratch is shared: the first dense block and the first MoE block size what each needs.
   bool dense = false, moe = false;
   for (auto& b : blocks_) {
@@ -168,6 +164,57 @@ void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
     seen = true;
   }
   B_ = B, T_ = T;
+}
+
+Transformer::SlotShape Transformer::slot_shape(const ModelChunk& k, int64_t N) const {
+  const int64_t d = cfg_.d_model, n = local_rows(N);
+  SlotShape s;
+  s.streams = k.end_layer - k.first_layer + 1;
+  s.stream = n * d;
+  if (!k.head) return s;
+  s.hf = n * d;
+  s.logits = head_chunk(N) * share_.vocab_rows;
+  s.losses = N;
+  if (head_chunk(N) < N) s.d_head_in = N * d;
+  if (tp_.sequence_parallel) s.hf_full = N * d;
+  return s;
+}
+
+Transformer::ModelFloats Transformer::model_floats(int64_t N) const {
+  const int64_t d = cfg_.d_model, n = local_rows(N);
+  const bool head = chunks_.back().head, chunked = head_chunk(N) < N, sp = tp_.sequence_parallel;
+  ModelFloats m;
+  // The head's input gradient: sequence parallelism gathers the rank's rows into d_hf_ (from
+  // d_full_ unless the loss is chunked); otherwise it is d_hf_ itself unless chunked.
+  if (head) m.d_hf = sp ? n * d : chunked ? 0 : N * d;
+  if (head && sp && !chunked) m.d_full = N * d;
+  if (chunks_.front().embedding && sp) m.embed_full = N * d;
+  return m;
+}
+
+SavedBytes Transformer::block_saved_bytes(int unit, int64_t B, int64_t T) const {
+  CLEAVE_CHECK(units_[size_t(unit)].kind == UnitKind::block, "unit " << unit << " is no block");
+  return blocks_[size_t(block_of_unit_[size_t(unit)])]->saved_bytes(B * T);
+}
+
+int64_t Transformer::slot_bytes(int64_t B, int64_t T, const std::vector<int>& slots) const {
+  const int64_t N = B * T, n = local_rows(N);
+  int64_t floats = 0, copies = 0;
+  for (size_t ch = 0; ch < chunks_.size(); ++ch) {
+    const ModelChunk& k = chunks_[ch];
+    floats += slots[ch] * slot_shape(k, N).floats();
+    // The head's: the final norm's statistics; its input's bf16 copy, per slot, and its output
+    // gradient's, once.
+    if (k.head) {
+      floats += slots[ch] * 2 * n;
+      copies += slots[ch] * head_gemm_->kept_copy_bytes(head_chunk(N));
+      if (head_gemm_->precision() == Precision::bf16)
+        copies += head_chunk(N) * share_.vocab_rows * int64_t(sizeof(bf16));
+    }
+  }
+  const ModelFloats own = model_floats(N);
+  floats += own.d_hf + own.d_full + own.embed_full;
+  return floats * kFloatBytes + copies;
 }
 
 float* Transformer::chunk_input(int chunk, int slot) { return slot_of(chunk, slot).stream.front().data(); }

@@ -142,6 +142,13 @@ class Transformer {
   // ones): the 6 * P of MFU.
   int64_t matmul_params() const;
 
+  // The activation memory formula's parts (parallel/activation_memory.h), for micro-batches of
+  // B x T tokens: what block unit `unit` saves per micro-batch, and the bytes of the buffers
+  // prepare(B, T, slots) sizes (every slot's stream, the gradients between units and the head's
+  // input, logits and losses, a loss chunk's rows at a time).
+  SavedBytes block_saved_bytes(int unit, int64_t B, int64_t T) const;
+  int64_t slot_bytes(int64_t B, int64_t T, const std::vector<int>& slots) const;
+
   // The MoE layers this rank holds: each one's routing statistics since the last call, and
   // sigmoid_bias's update from the step's global load per expert (Moe::update_bias).
   std::vector<MoeLayerStats> take_moe_stats();
@@ -165,6 +172,18 @@ class Transformer {
     NormStats final_norm;
     float grad_scale = 0;  // of its forward: a full recompute runs with the same
   };
+  // The floats of one slot's buffers of chunk k, for micro-batches of N tokens.
+  struct SlotShape {
+    int64_t streams = 0, stream = 0;         // the chunk's input and each block's output
+    int64_t hf = 0, hf_full = 0, logits = 0, losses = 0, d_head_in = 0;  // the head's
+    int64_t floats() const { return streams * stream + 4 * stream + hf + hf_full + logits + losses + d_head_in; }
+  };
+  SlotShape slot_shape(const ModelChunk& k, int64_t N) const;
+  // The floats of the model's own activation buffers (not per slot), likewise.
+  struct ModelFloats {
+    int64_t d_hf = 0, d_full = 0, embed_full = 0;
+  };
+  ModelFloats model_floats(int64_t N) const;
   Slot& slot_of(int chunk, int slot) { return slots_[size_t(chunk)].at(size_t(slot)); }
   const Slot& head_slot(int slot) const { return slots_.back().at(size_t(slot)); }
   void embed(float* out, const int32_t* tokens, const int32_t* positions, int64_t N);

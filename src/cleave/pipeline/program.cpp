@@ -121,7 +121,11 @@ Program lower_schedule(const Schedule& s, const StageMap& stages, int rank,
         const int slot = slots.take(c, a.mb);
         for (int u : units) {
           seq.push_back({Op::forward, u, c, slot, a.mb, -1, -1, -1, -1, a.stage});
-          if (checkpointed(u)) seq.push_back({Op::drop_activations, u, c, slot, a.mb});
+          // A forward-only program (validation) keeps nothing for a backward that never comes:
+          // each block's saved activations go as it ends, or validating an activation-
+          // checkpointed run would refill every block's.
+          if (checkpointed(u) || (!options.training && layout.has_weight_part[size_t(u)]))
+            seq.push_back({Op::drop_activations, u, c, slot, a.mb});
         }
         if (a.stage < last && local(a.stage + 1)) {
           const int next = chunk(a.stage + 1);

@@ -200,6 +200,16 @@ void Trainer::make_pipeline(const Layout& layout) {
   train_program_ = training_program(cfg_, layout, pp_rank, *model_);
   val_program_ = lower_schedule(forward_only_schedule(stages, pp, int(cfg_.train.val_batches)),
                                 stages, pp_rank, units, {zero3, false, n_groups, {}});
+  {
+    // Validation reuses the training step's sets (its own are given back block by block).
+    const bool selective = cfg_.train.activation_checkpointing == "selective";
+    const int64_t T = cfg_.train.seq_len / cp_;
+    const ActivationMemory train = predict_activation_memory(*model_, train_program_, local_batch_, T, selective);
+    const ActivationMemory val = predict_activation_memory(*model_, val_program_, local_batch_, T, selective);
+    activations_ = train;
+    activations_.slots = std::max(train.slots, val.slots);
+    activations_.saved = std::max(train.saved, val.saved);
+  }
   CLEAVE_CHECK((model_->pipeline_tied_tensor() >= 0) == bool(process_.tied),
                "the pp_tied group and the model disagree on where the tied embedding is");
   StepEndParts end;
@@ -353,6 +363,13 @@ void Trainer::run(int64_t exit_after) {
     for (CommAxis a : kCommAxes)
       if (predicted_[a].bytes > 0) std::cout << " " << comm_axis_name(a) << " " << predicted_[a].bytes;
     std::cout << "\n";
+    const double mib = 1.0 / (1 << 20);
+    std::printf("predicted activation memory, rank 0: %.1f MiB (saved for backward %.1f MiB at "
+                "the peak, %d micro-batch blocks whole and %d checkpointed selectively; slots "
+                "%.1f MiB)\n",
+                double(activations_.total()) * mib, double(activations_.saved) * mib,
+                activations_.sets_whole, activations_.sets_kept, double(activations_.slots) * mib);
+    std::fflush(stdout);
     if (step_ > 0) std::cout << "resumed at step " << step_ << "\n";
     for (const std::string& change : resume_changes_)
       std::cout << "resume: " << change << ": the batches from step " << step_ + 1

@@ -18,6 +18,7 @@
 #include "cleave/mesh/mesh.h"
 #include "cleave/model/transformer.h"
 #include "cleave/optim/adamw.h"
+#include "cleave/parallel/activation_memory.h"
 #include "cleave/parallel/comm_meter.h"
 #include "cleave/parallel/data_parallel.h"
 #include "cleave/parallel/step_executor.h"
@@ -91,6 +92,8 @@ class Trainer {
   // Every communicator's meter and the axis its traffic counts on (the kv replicas' sums are tp's).
   std::vector<std::pair<CommAxis, CommMeter*>> meters_;
   CommTraffic predicted_;  // rank 0: the bytes per step train/comm_volume.h predicts on each axis
+  // This rank's activation memory as parallel/activation_memory.h predicts it for its programs.
+  ActivationMemory activations_;
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16
   std::unique_ptr<Fp8Scaling> fp8_;            // fp8 with per-tensor scales
   std::unique_ptr<StepEnd> step_end_;

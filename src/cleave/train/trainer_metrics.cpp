@@ -38,9 +38,11 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   // Every rank's peak resident memory, so a layout whose ranks differ shows each.
   // and the fraction of its step program each rank spent outside compute (the pipeline bubble
   // and exposed communication).
-  float mine[2] = {float(peak_rss_mib()), float(1.0 - interval.busy_s / interval.program_s)};
-  std::vector<float> all(2 * static_cast<size_t>(world_));
-  process_.world->all_gather(mine, all.data(), 2, CommType::f32, CommAlgo::ours).wait();
+  // And what its activations were predicted to take (parallel/activation_memory.h), beside it.
+  float mine[3] = {float(peak_rss_mib()), float(1.0 - interval.busy_s / interval.program_s),
+                   float(double(activations_.total()) / (1 << 20))};
+  std::vector<float> all(3 * static_cast<size_t>(world_));
+  process_.world->all_gather(mine, all.data(), 3, CommType::f32, CommAlgo::ours).wait();
   // Each stage's MoE layers (the same on every rank of a stage), at rank 0.
   std::vector<std::string> moe_of_rank;
   if (cfg_.model.moe_experts > 0) {
@@ -51,10 +53,11 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
     moe_of_rank = gather_strings(layers.dump(), rank_, world_);
   }
   if (rank_ != 0) return;
-  std::vector<float> rss_of, idle_of;
+  std::vector<float> rss_of, idle_of, activations_of;
   for (int r = 0; r < world_; ++r) {
-    rss_of.push_back(all[2 * size_t(r)]);
-    idle_of.push_back(all[2 * size_t(r) + 1]);
+    rss_of.push_back(all[3 * size_t(r)]);
+    idle_of.push_back(all[3 * size_t(r) + 1]);
+    activations_of.push_back(all[3 * size_t(r) + 2]);
   }
   const TrainConfig& t = cfg_.train;
   const double tokens = double(steps) * t.micro_batch_size * t.grad_accum_steps * t.seq_len;
@@ -179,6 +182,7 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                         {"hardware_peak_gflops", peak_.hardware.gflops},
                         {"peak_rss_mib", rss_max},
                         {"peak_rss_mib_per_rank", rss_of},
+                        {"activation_mib_predicted_per_rank", activations_of},
                         {"exposed_comm_ms", comm_ms},
                         {"idle_fraction_per_rank", idle_of},
                         {"zero3_gather_bytes_per_step", double(interval.gather_bytes) / double(steps)},
