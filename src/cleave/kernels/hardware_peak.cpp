@@ -89,17 +89,18 @@ __attribute__((target("avx512f,avx512bf16"))) double dot_bf16(int64_t iters) {
   return double(iters) * kChains * 16 * 4;
 }
 
-// A chain of dependent integer adds retires one per cycle: adds per CPU second is the clock.
-double add_chain(int64_t iters) {
-  uint64_t x = 0;
+// A chain of dependent 64-bit multiplies, each 3 cycles on every x86 core of our kinds (Intel
+// since Nehalem, AMD since Zen): three times the multiplies per CPU second is the clock. A chain of
+// adds of an immediate is no clock: Golden Cove's renamer folds them, and it read 20 GHz there.
+double multiply_chain_cycles(int64_t iters) {
+  uint64_t x = 3, m = 5;
   for (int64_t i = 0; i < iters; ++i)
     asm volatile(
-        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
-        : "+r"(x));
-  return double(iters) * 16;
+        "imul %1, %0\n\timul %1, %0\n\timul %1, %0\n\timul %1, %0\n\t"
+        "imul %1, %0\n\timul %1, %0\n\timul %1, %0\n\timul %1, %0"
+        : "+r"(x)
+        : "r"(m));
+  return double(iters) * 8 * 3;
 }
 #endif
 
@@ -140,14 +141,18 @@ std::string cpu_info(const std::string& key) {
   return "";
 }
 
+bool plausible_clock(double ghz) { return ghz >= kMinPlausibleGhz && ghz <= kMaxPlausibleGhz; }
+
 HardwarePeak measure_hardware_peak(Precision precision, int threads) {
   HardwarePeak p;
   p.threads = threads;
 #if defined(__x86_64__)
-  const double ghz = best_rate([](int64_t n) { return add_chain(n); }, 1, 1 << 16, 200) * 1e-9;
+  const double ghz =
+      best_rate([](int64_t n) { return multiply_chain_cycles(n); }, 1, 1 << 15, 200) * 1e-9;
   if (precision == Precision::bf16 && cpu_has("amx_bf16")) {
     p.instruction = "AMX";
     p.derived = true;
+    if (!plausible_clock(ghz)) return p;  // unknown: nothing is derived from a clock not believed
     p.flops_per_cycle = 1024;
     p.ghz = ghz;
     p.gflops = threads * ghz * p.flops_per_cycle;
@@ -166,11 +171,16 @@ HardwarePeak measure_hardware_peak(Precision precision, int threads) {
   }
   if (!loop) return p;
   const double flops_per_s = best_rate([&](int64_t n) { return loop(n); }, threads, 1 << 18, 200);
+  p.gflops = flops_per_s * 1e-9;  // measured, whatever the clock says
+  if (!plausible_clock(ghz)) return p;
   // The nominal FLOPs per cycle is a power of two; the clock under FMA load (which may run below
-  // the integer clock) is what makes threads x GHz x FLOPs/cycle equal the measured rate.
-  p.flops_per_cycle = std::exp2(std::round(std::log2(flops_per_s / (threads * ghz * 1e9))));
-  p.ghz = flops_per_s / (threads * p.flops_per_cycle) * 1e-9;
-  p.gflops = flops_per_s * 1e-9;
+  // the integer clock) is what makes threads x GHz x FLOPs/cycle equal the measured rate. A
+  // split that needs a clock beyond belief is none: the clock and FLOPs per cycle stay unknown.
+  const double per_cycle = std::exp2(std::round(std::log2(flops_per_s / (threads * ghz * 1e9))));
+  const double fma_ghz = flops_per_s / (threads * per_cycle) * 1e-9;
+  if (!plausible_clock(fma_ghz)) return p;
+  p.flops_per_cycle = per_cycle;
+  p.ghz = fma_ghz;
 #else
   (void)precision;
 #endif
@@ -178,8 +188,16 @@ HardwarePeak measure_hardware_peak(Precision precision, int threads) {
 }
 
 std::string describe(const HardwarePeak& peak) {
-  if (peak.gflops <= 0) return "unknown on this CPU";
+  if (peak.gflops <= 0)
+    return peak.instruction.empty() ? "unknown on this CPU"
+                                    : "unknown (" + peak.instruction + ": the clock is unknown)";
   char buf[160];
+  if (peak.ghz <= 0) {
+    std::snprintf(buf, sizeof buf, "%.0f GF/s on %d thread%s (%s, measured; clock unknown)",
+                  peak.gflops, peak.threads, peak.threads == 1 ? "" : "s",
+                  peak.instruction.c_str());
+    return buf;
+  }
   std::snprintf(buf, sizeof buf, "%.0f GF/s: %d thread%s x %.2f GHz x %.0f FLOP/cycle (%s, %s)",
                 peak.gflops, peak.threads, peak.threads == 1 ? "" : "s", peak.ghz,
                 peak.flops_per_cycle, peak.instruction.c_str(),
