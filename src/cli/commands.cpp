@@ -15,7 +15,6 @@
 #include "cleave/model/generate.h"
 #include "cleave/model/hf_export.h"
 #include "cleave/train/checkpoint_io.h"
-#include "cleave/train/layout.h"
 #include "cleave/train/peak.h"
 #include "cleave/train/trainer.h"
 #include "cli/args.h"
@@ -47,7 +46,7 @@ int train(int argc, char** argv) {
   agree_on_errors([&] {
     a = Args::parse("train", argc, argv, {"--resume", "--exit-after"});
     cfg = config_from(a, "train");
-    plan_layout(cfg, world);
+    plan_layout(cfg.model, cfg.parallel, cfg.train, world);
     exit_after = int64_t(a.number("--exit-after", 0));
   });
   if (rank == 0) std::cout << "# resolved config\n" << to_toml(cfg) << std::endl;

@@ -71,8 +71,8 @@ Key real_key(std::string name, T Config::*section, auto field, double min, doubl
           [=](const Config& c) { return show_real((c.*section).*field); }};
 }
 
-template <class T>
-Key string_key(std::string name, T Config::*section, std::string T::*field) {
+template <class T, class U>
+Key string_key(std::string name, T Config::*section, std::string U::*field) {
   return {name, Kind::string, 0, 0, {},
           [=](Config& c, const toml::node& n) { (c.*section).*field = *n.value<std::string>(); },
           [=](const Config& c) { return quote((c.*section).*field); }};
@@ -99,8 +99,8 @@ Key loss_scale_key(const std::string& suffix, V LossScalerOptions::*field, doubl
 }
 
 // A string key that selects one of a fixed set of values of an enum.
-template <class T, class E>
-Key choice_key(std::string name, T Config::*section, E T::*field,
+template <class T, class U, class E>
+Key choice_key(std::string name, T Config::*section, E U::*field,
                std::vector<std::pair<std::string, E>> options) {
   std::vector<std::string> choices;
   for (auto& [s, e] : options) choices.push_back(s);
