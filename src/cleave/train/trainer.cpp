@@ -16,7 +16,6 @@
 #include "cleave/checkpoint/folder.h"
 #include "cleave/comm/errors.h"
 #include "cleave/optim/schedule.h"
-#include "cleave/train/checkpoint_io.h"
 #include "cleave/train/comm_volume.h"
 
 namespace fs = std::filesystem;
