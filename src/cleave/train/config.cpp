@@ -27,6 +27,7 @@ const std::vector<Key>& schema() {
     using C = Config;
     std::vector<Key> k;
     auto data = [&](ConfigKey<DataConfig> key) { k.push_back(nested_key(&C::data, key)); };
+    // [train]'s keys are StepOptions' or TrainConfig's own.
     auto train = [&](auto key) { k.push_back(nested_key(&C::train, key)); };
     auto optim = [&](ConfigKey<OptimConfig> key) { k.push_back(nested_key(&C::optim, key)); };
     auto parallel = [&](ConfigKey<ParallelConfig> key) {
