@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 
 #include "cleave/base/check.h"
 #include "cleave/base/toml_keys.h"
