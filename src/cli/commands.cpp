@@ -8,14 +8,13 @@
 #include <mpi.h>
 #include <omp.h>
 
+#include "cleave/checkpoint/load_model.h"
 #include "cleave/checkpoint/safetensors.h"
 #include "cleave/comm/errors.h"
 #include "cleave/data/tokenizer.h"
 #include "cleave/kernels/gemm_bench.h"
 #include "cleave/model/generate.h"
 #include "cleave/model/hf_export.h"
-#include "cleave/train/checkpoint_io.h"
-#include "cleave/train/layout.h"
 #include "cleave/train/peak.h"
 #include "cleave/train/trainer.h"
 #include "cli/args.h"
@@ -47,7 +46,7 @@ int train(int argc, char** argv) {
   agree_on_errors([&] {
     a = Args::parse("train", argc, argv, {"--resume", "--exit-after"});
     cfg = config_from(a, "train");
-    plan_layout(cfg, world);
+    plan_layout(cfg.model, cfg.parallel, cfg.train, world);
     exit_after = int64_t(a.number("--exit-after", 0));
   });
   if (rank == 0) std::cout << "# resolved config\n" << to_toml(cfg) << std::endl;
@@ -87,12 +86,13 @@ int generate(int argc, char** argv) {
   if (a.positional.size() != 1) throw Error("cleave generate: expected one CHECKPOINT_DIR");
   if (!a.has("--prompt")) throw Error("cleave generate: --prompt TEXT is required");
   if (a.has("--threads")) omp_set_num_threads(int(a.number("--threads", 0)));
-  Config cfg;
-  auto model = load_model(a.positional[0], Precision::fp32, &cfg);
-  const Tokenizer tok(a.get("--tokenizer", cfg.data.dir + "/tokenizer.model"));
-  if (tok.vocab_size() != cfg.model.vocab_size)
+  const LoadedModel loaded = load_model(a.positional[0], Precision::fp32);
+  Transformer& model = *loaded.model;
+  const Tokenizer tok(a.get("--tokenizer", loaded.data_dir + "/tokenizer.model"));
+  if (tok.vocab_size() != model.config().vocab_size)
     throw Error("tokenizer has " + std::to_string(tok.vocab_size()) +
-                " pieces but the model's vocab_size is " + std::to_string(cfg.model.vocab_size));
+                " pieces but the model's vocab_size is " +
+                std::to_string(model.config().vocab_size));
   std::vector<int32_t> prompt;
   for (uint32_t id : tok.encode(a.get("--prompt", ""))) prompt.push_back(int32_t(id));
   SamplingOptions o;
@@ -106,14 +106,14 @@ int generate(int argc, char** argv) {
   if (a.has("--ids")) {
     for (int32_t t : prompt) std::cout << t << " ";
     std::cout << "|";
-    for (int32_t t : generate(*model, prompt, o)) std::cout << " " << t;
+    for (int32_t t : generate(model, prompt, o)) std::cout << " " << t;
     std::cout << std::endl;
     return 0;
   }
   std::cout << a.get("--prompt", "") << std::flush;
   std::vector<uint32_t> produced;
   std::string shown;
-  generate(*model, prompt, o, [&](int32_t t) {
+  generate(model, prompt, o, [&](int32_t t) {
     if (t == o.stop_token) return;
     // Decode the whole continuation each time: pieces only join correctly in context.
     produced.push_back(uint32_t(t));
@@ -129,18 +129,18 @@ int generate(int argc, char** argv) {
 int export_hf(int argc, char** argv) {
   const Args a = Args::parse("export", argc, argv, {});
   if (a.positional.size() != 2) throw Error("cleave export: expected CHECKPOINT_DIR OUT_DIR");
-  Config cfg;
-  auto model = load_model(a.positional[0], Precision::fp32, &cfg);
+  const LoadedModel loaded = load_model(a.positional[0], Precision::fp32);
+  Transformer& model = *loaded.model;
   const std::string out = a.positional[1];
   fs::create_directories(out);
-  const auto tensors = hf_tensors(model->params(), cfg.model, model->params().values().data(),
-                                  model->moe_bias_values());
+  const auto tensors = hf_tensors(model.params(), model.config(), model.params().values().data(),
+                                  model.moe_bias_values());
   std::vector<TensorView> views;
   for (auto& t : tensors)
     views.push_back({t.name, "F32", t.shape, t.data.data(), uint64_t(t.data.size()) * 4});
   write_safetensors(out + "/model.safetensors", views, {{"format", "pt"}});
-  std::ofstream(out + "/config.json") << hf_config(cfg.model).dump(2) << "\n";
-  const std::string tok = cfg.data.dir + "/tokenizer.model";
+  std::ofstream(out + "/config.json") << hf_config(model.config()).dump(2) << "\n";
+  const std::string tok = loaded.data_dir + "/tokenizer.model";
   if (fs::exists(tok)) fs::copy_file(tok, out + "/tokenizer.model", fs::copy_options::overwrite_existing);
   std::printf("exported %zu tensors to %s/{config.json,model.safetensors}\n", tensors.size(), out.c_str());
   return 0;

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "cleave/mesh/mesh.h"
+#include "cleave/parallel/layout.h"
 #include "cleave/train/comm_volume.h"
-#include "cleave/train/layout.h"
 #include "cli/args.h"
 
 namespace cleave::cli {
@@ -63,7 +63,7 @@ int mesh(int argc, char** argv) {
     return 0;
   }
   const Config cfg = load_config(a.positional[0], a.overrides);
-  const Layout layout = plan_layout(cfg, world);
+  const Layout layout = plan_layout(cfg.model, cfg.parallel, cfg.train, world);
   std::fputs(describe_mesh(layout.mesh, per_host).c_str(), stdout);
   std::printf("\nbytes rank 0 sends per step (%d x %d tokens per micro-batch, %d micro-batches, "
               "fp32%s):\n",

@@ -52,7 +52,7 @@ ContextAttention::ContextAttention(const ContextParallelOptions& o, int heads, i
   R_ = o.ring ? o.ring->size() : 1;
   CLEAVE_CHECK(U_ * R_ == o.cp, "context parallelism: a Ulysses group of " << U_ << " x a ring of "
                                     << R_ << " ranks is not parallel.cp = " << o.cp);
-  // plan_layout (train/layout.cpp) reports these to the user, naming the config keys.
+  // plan_layout (parallel/layout.cpp) reports these to the user, naming the config keys.
   CLEAVE_CHECK(heads % U_ == 0, heads << " query heads do not divide over " << U_
                                       << " Ulysses ranks");
   CLEAVE_CHECK(kv_heads % U_ == 0 || U_ % kv_heads == 0,

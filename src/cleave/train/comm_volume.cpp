@@ -140,7 +140,7 @@ std::vector<AxisVolume> comm_volume(const Config& cfg, const Layout& layout) {
   // p ranks, its FP8 weights at one byte per value.
   const std::vector<int> gathers =
       cfg.parallel.zero_stage == 3
-          ? zero3_gathers(training_program(cfg, layout, 0, *model), model->n_units())
+          ? zero3_gathers(training_program(t, cfg.parallel, layout, 0, *model), model->n_units())
           : std::vector<int>(size_t(model->n_units()), 0);
   auto parameter_gathers = [&](bool experts, double share, int p) {
     double bytes = 0;

@@ -9,7 +9,7 @@
 
 #include "cleave/parallel/comm_meter.h"
 #include "cleave/train/config.h"
-#include "cleave/train/layout.h"
+#include "cleave/parallel/layout.h"
 
 namespace cleave {
 

@@ -1,23 +1,10 @@
 #include "cleave/train/config_rules.h"
 
-#include <cstdio>
-
 #include "cleave/base/check.h"
+#include "cleave/base/toml_keys.h"
+#include "cleave/model/model_keys.h"
 
 namespace cleave::config_rules {
-
-std::string quote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char ch : s) {
-    if (ch == '"' || ch == '\\') out += '\\', out += char(ch);
-    else if (ch < 0x20 || ch == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
-      out += buf;
-    } else out += char(ch);
-  }
-  return out + "\"";
-}
 
 bool is_fp8(const Config& c) { return c.train.dtype == Precision::fp8; }
 bool per_tensor_fp8(const Config& c) {
@@ -29,40 +16,8 @@ bool delayed_fp8(const Config& c) {
 
 void validate_and_resolve(Config& c, const std::set<std::string>& given, const std::string& origin) {
   auto fail = [&](const std::string& msg) { throw Error(origin + ": " + msg); };
-  ModelConfig& m = c.model;
-  if (!given.count("model.n_kv_heads")) m.n_kv_heads = m.n_heads;
-  if (!given.count("model.tie_embeddings")) m.tie_embeddings = m.family == Family::gpt2;
-  if (!given.count("model.ffn_hidden"))  // Llama's 2/3 * 4d, rounded up to a multiple of 32
-    m.ffn_hidden = m.family == Family::gpt2 ? 4 * m.d_model : (8 * m.d_model / 3 + 31) / 32 * 32;
-  if (!given.count("model.moe_ffn_hidden")) m.moe_ffn_hidden = m.ffn_hidden;
-  for (const std::string& key : given)
-    if (key.rfind("model.moe_", 0) == 0 && key != "model.moe_experts" && m.moe_experts == 0)
-      fail(key + " is set but model.moe_experts = 0: the model has no mixture-of-experts layer");
-  if (m.moe_experts > 0) {
-    if (m.moe_top_k > m.moe_experts)
-      fail("model.moe_top_k = " + std::to_string(m.moe_top_k) + " exceeds model.moe_experts = " +
-           std::to_string(m.moe_experts));
-    if (m.moe_layers() == 0)
-      fail("model.moe_first_dense = " + std::to_string(m.moe_first_dense) +
-           " and model.moe_every = " + std::to_string(m.moe_every) + " leave none of the " +
-           std::to_string(m.n_layers) + " layers a mixture of experts");
-    if (given.count("model.moe_bias_update_rate") && m.moe_router != MoeRouter::sigmoid_bias)
-      fail("model.moe_bias_update_rate is set but model.moe_router = \"" +
-           std::string(moe_router_name(m.moe_router)) + "\": only sigmoid_bias has a bias");
-  }
-  if (m.d_model % m.n_heads != 0)
-    fail("model.d_model = " + std::to_string(m.d_model) + " is not divisible by model.n_heads = " +
-         std::to_string(m.n_heads));
-  if (m.n_heads % m.n_kv_heads != 0)
-    fail("model.n_heads = " + std::to_string(m.n_heads) +
-         " is not divisible by model.n_kv_heads = " + std::to_string(m.n_kv_heads));
-  if (m.family == Family::gpt2 && m.n_kv_heads != m.n_heads)
-    fail("model.n_kv_heads = " + std::to_string(m.n_kv_heads) +
-         ": the gpt2 family has no grouped-query attention; it must equal model.n_heads = " +
-         std::to_string(m.n_heads) + " (use family = \"llama\")");
-  if (m.family == Family::llama && m.head_dim() % 2 != 0)
-    fail("head dimension model.d_model / model.n_heads = " + std::to_string(m.head_dim()) +
-         " must be even for rotary embeddings");
+  resolve_model_config(c.model, given, origin);
+  const ModelConfig& m = c.model;
   if (c.data.document_separator >= m.vocab_size)
     fail("data.document_separator = " + std::to_string(c.data.document_separator) +
          " is no token id of model.vocab_size = " + std::to_string(m.vocab_size));

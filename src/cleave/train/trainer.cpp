@@ -16,9 +16,7 @@
 #include "cleave/checkpoint/folder.h"
 #include "cleave/comm/errors.h"
 #include "cleave/optim/schedule.h"
-#include "cleave/train/checkpoint_io.h"
 #include "cleave/train/comm_volume.h"
-#include "cleave/train/layout.h"
 
 namespace fs = std::filesystem;
 
@@ -58,7 +56,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   std::string from;
   std::unique_ptr<Layout> layout;
   agree_on_errors([&] {
-    layout = std::make_unique<Layout>(plan_layout(cfg_, world_));
+    layout = std::make_unique<Layout>(plan_layout(cfg_.model, cfg_.parallel, cfg_.train, world_));
     mesh_ = std::make_unique<Mesh>(layout->mesh);
     local_batch_ = layout->local_batch;
     const std::string dir = cfg_.data.dir;
@@ -197,7 +195,7 @@ void Trainer::make_pipeline(const Layout& layout) {
   const bool zero3 = cfg_.parallel.zero_stage == 3;
   const int n_groups = int(groups_.size());
   model_->set_selective_recompute(cfg_.train.activation_checkpointing == "selective");
-  train_program_ = training_program(cfg_, layout, pp_rank, *model_);
+  train_program_ = training_program(cfg_.train, cfg_.parallel, layout, pp_rank, *model_);
   val_program_ = lower_schedule(forward_only_schedule(stages, pp, int(cfg_.train.val_batches)),
                                 stages, pp_rank, units, {zero3, false, n_groups, {}});
   {

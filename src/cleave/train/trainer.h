@@ -19,16 +19,16 @@
 #include "cleave/model/transformer.h"
 #include "cleave/optim/adamw.h"
 #include "cleave/parallel/activation_memory.h"
+#include "cleave/parallel/axis_table.h"
 #include "cleave/parallel/comm_meter.h"
 #include "cleave/parallel/data_parallel.h"
+#include "cleave/parallel/fp8_scaling.h"
+#include "cleave/parallel/layout.h"
+#include "cleave/parallel/process_groups.h"
 #include "cleave/parallel/step_executor.h"
 #include "cleave/parallel/tensor_parallel.h"
-#include "cleave/parallel/axis_table.h"
 #include "cleave/train/config.h"
-#include "cleave/parallel/fp8_scaling.h"
-#include "cleave/train/layout.h"
 #include "cleave/train/peak.h"
-#include "cleave/parallel/process_groups.h"
 
 namespace cleave {
 

@@ -11,7 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cleave/checkpoint/folder.h"
-#include "cleave/train/checkpoint_io.h"
+#include "cleave/checkpoint/training_state.h"
+#include "cleave/train/checkpoint_config.h"
 #include "cleave/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -71,8 +72,8 @@ void Trainer::save_checkpoint() {
       const nlohmann::json layers = nlohmann::json::parse(b);
       for (const auto& [layer, values] : layers.items()) moe_bias[layer] = values;
     }
-    finish_training_checkpoint(dir, job_tag_, cfg_, step_, entries_of_file, checksums,
-                               groups_.front().optim->steps_taken(), world_,
+    finish_training_checkpoint(dir, job_tag_, to_toml(cfg_), t.seed, step_, entries_of_file,
+                               checksums, groups_.front().optim->steps_taken(), world_,
                                scaler_ ? &scaler_->state() : nullptr, moe_bias,
                                fp8_ ? fp8_->state() : nlohmann::json());
     std::printf("saved checkpoint %s\n", dir.c_str());

@@ -1,16 +1,18 @@
-// How a training job's ranks divide the work: a pure function of the config and the world size,
-// with no MPI, so that every rank checks it before any rank communicates (a bad layout is then one
-// error, agreed on and reported once; see cleave/comm/errors.h). The trainer builds its groups
-// from it.
+// How a training job's ranks divide the work: a pure function of the model, the [parallel] and
+// step options and the world size, with no MPI, so that every rank checks it before any rank
+// communicates (a bad layout is then one error, agreed on and reported once; see
+// cleave/comm/errors.h). The trainer builds its groups from it.
 #pragma once
 #include <vector>
 
 #include "cleave/mesh/mesh.h"
 #include "cleave/model/cp_comm.h"
+#include "cleave/model/model_config.h"
 #include "cleave/model/transformer.h"
+#include "cleave/parallel/parallel_config.h"
+#include "cleave/parallel/step_options.h"
 #include "cleave/pipeline/program.h"
 #include "cleave/pipeline/schedule.h"
-#include "cleave/train/config.h"
 
 namespace cleave {
 
@@ -32,7 +34,8 @@ struct Layout {
 // a mesh axis this build does not have, degrees that do not make up the world, a micro-batch the
 // data-parallel ranks cannot split evenly, a schedule that cannot run or layers that do not split
 // over its stages.
-Layout plan_layout(const Config& cfg, int world);
+Layout plan_layout(const ModelConfig& model, const ParallelConfig& parallel,
+                   const StepOptions& step, int world);
 
 // The stages pp rank `rank` runs, as chunks of consecutive layers (what its model holds).
 std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank);
@@ -40,7 +43,8 @@ std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank);
 // The training step program pp rank `rank` runs on `model` (its chunks of the layout), activation
 // checkpointing marking every ac_every-th block by its global layer: what the trainer runs and
 // what train/comm_volume.h counts the step's collectives from.
-Program training_program(const Config& cfg, const Layout& layout, int rank, const Transformer& model);
+Program training_program(const StepOptions& step, const ParallelConfig& parallel,
+                         const Layout& layout, int rank, const Transformer& model);
 
 // The schedule parallel names for pp ranks and the step's micro-batches (generated, or loaded
 // from pp_schedule_csv), and the layers of each of its stages.

@@ -9,14 +9,16 @@
 #pragma once
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cleave/checkpoint/folder.h"
-#include "cleave/model/transformer.h"
-#include "cleave/train/config.h"
+#include "cleave/model/params.h"
+#include "cleave/model/placement.h"
+#include "cleave/optim/loss_scaler.h"
 
 namespace cleave {
 
@@ -39,28 +41,19 @@ std::string write_state_file(const std::string& tmp, int index, const ParamStore
 // {shape, dtype, pieces}. The writer computes it (only it knows its placements) for rank 0.
 nlohmann::json state_file_entries(int index, const ParamStore& params, const StateSlices& state);
 
-// Once every state file is written: meta.json (file i's entries_of_file[i]) and the folder
-// swapped into place (finish_checkpoint_folder). own_checksums: the files this rank wrote and what
-// write_state_file returned; the other files are read back for theirs.
-void finish_training_checkpoint(const std::string& dir, const std::string& tag, const Config& cfg,
-                                int64_t step, const std::vector<nlohmann::json>& entries_of_file,
+// Once every state file is written: meta.json (file i's entries_of_file[i]; `config`, the run's
+// resolved config as TOML, and `seed`, its train.seed) and the folder swapped into place
+// (finish_checkpoint_folder). own_checksums: the files this rank wrote and what write_state_file
+// returned; the other files are read back for theirs.
+void finish_training_checkpoint(const std::string& dir, const std::string& tag,
+                                const std::string& config, uint64_t seed, int64_t step,
+                                const std::vector<nlohmann::json>& entries_of_file,
                                 const std::map<int, std::string>& own_checksums,
                                 int64_t optimizer_steps, int world_size,
                                 const LossScalerState* loss_scaler = nullptr,
                                 const nlohmann::json& moe_bias = nullptr,
                                 const nlohmann::json& fp8 = nullptr);
 
-// The config the checkpoint was written with.
-Config checkpoint_config(const LoadedCheckpoint& ck, const std::string& dir);
-
-// Checks that the checkpoint's [model] matches cfg's; returns the checkpoint's step.
-int64_t checkpoint_step(const LoadedCheckpoint& ck, const std::string& dir, const Config& cfg);
-// What resuming under cfg changes in the run's data: a train.seed (it keys every batch), seq_len
-// or global batch (micro_batch_size x grad_accum_steps) other than the checkpoint's, one line
-// each. Each is a legitimate choice (a new seed steps past a loss spike, as Megatron-LM users
-// skip data; a new batch size follows a ramp), so the caller prints them instead of refusing.
-std::vector<std::string> resume_changes(const LoadedCheckpoint& ck, const std::string& dir,
-                                        const Config& cfg);
 int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string& dir);
 // fp16's loss scaler as the checkpoint saved it; nullopt when the run had none (it was not fp16).
 std::optional<LossScalerState> checkpoint_loss_scaler(const LoadedCheckpoint& ck,
@@ -75,9 +68,5 @@ void read_moe_biases(const LoadedCheckpoint& ck, const std::string& dir,
 // "<kind>/<name>" (kind: "param", "adam_m" or "adam_v") from whichever files hold them.
 void read_state(const LoadedCheckpoint& ck, const std::string& dir, const ParamStore& params,
                 const std::string& kind, const std::vector<FlatRange>& ranges, RangeBuffer out);
-
-// A model built from the checkpoint's own config, with its parameters, for generate and export.
-// `path` is a checkpoint folder, or a run folder (its newest checkpoint is used).
-std::unique_ptr<Transformer> load_model(const std::string& path, Precision precision, Config* cfg);
 
 }  // namespace cleave

@@ -1,4 +1,4 @@
-#include "cleave/train/layout.h"
+#include "cleave/parallel/layout.h"
 
 #include <utility>
 
@@ -11,14 +11,14 @@ namespace cleave {
 namespace {
 
 // The cp mode and the size of its Ulysses groups, or an error naming the keys and numbers.
-std::pair<CpMode, int> plan_context(const Config& cfg, int cp, int tp) {
-  const ParallelConfig& p = cfg.parallel;
+std::pair<CpMode, int> plan_context(const ModelConfig& model, const ParallelConfig& p,
+                                    const StepOptions& step, int cp, int tp) {
   const CpMode mode = parse_cp_mode(p.cp_mode);
   if (p.cp_ulysses != 0 && mode != CpMode::hybrid)
     throw Error("parallel.cp_ulysses = " + std::to_string(p.cp_ulysses) +
                 " is for parallel.cp_mode = \"hybrid\" only (the mode is \"" + p.cp_mode + "\")");
   if (cp == 1) return {mode, 1};
-  const int64_t seq = cfg.train.seq_len;
+  const int64_t seq = step.seq_len;
   if (seq % (2 * cp) != 0)
     throw Error("train.seq_len = " + std::to_string(seq) + " cannot be cut into 2 x parallel.cp = " +
                 std::to_string(2 * cp) + " equal chunks (the zigzag split of context parallelism)");
@@ -32,15 +32,15 @@ std::pair<CpMode, int> plan_context(const Config& cfg, int cp, int tp) {
                   " (Ulysses groups inside a ring of at least two), not " + std::to_string(U));
   }
   if (U > 1) {
-    const TpShare share = tp_share(cfg.model, tp, 0);
+    const TpShare share = tp_share(model, tp, 0);
     const std::string what = "parallel.cp_mode = \"" + p.cp_mode + "\" with " + std::to_string(U) +
                              " Ulysses ranks: ";
     if (share.heads % U != 0)
-      throw Error(what + "model.n_heads = " + std::to_string(cfg.model.n_heads) + " (" +
+      throw Error(what + "model.n_heads = " + std::to_string(model.n_heads) + " (" +
                   std::to_string(share.heads) + " per tp rank at parallel.tp = " +
                   std::to_string(tp) + ") do not divide by " + std::to_string(U));
     if (share.kv_heads % U != 0 && U % share.kv_heads != 0)
-      throw Error(what + "model.n_kv_heads = " + std::to_string(cfg.model.n_kv_heads) + " (" +
+      throw Error(what + "model.n_kv_heads = " + std::to_string(model.n_kv_heads) + " (" +
                   std::to_string(share.kv_heads) + " per tp rank at parallel.tp = " +
                   std::to_string(tp) + ") neither divide by " + std::to_string(U) +
                   " nor divide it (to be replicated)");
@@ -50,9 +50,9 @@ std::pair<CpMode, int> plan_context(const Config& cfg, int cp, int tp) {
 
 }  // namespace
 
-Layout plan_layout(const Config& cfg, int world) {
-  const ParallelConfig& p = cfg.parallel;
-  const std::string& ac = cfg.train.activation_checkpointing;
+Layout plan_layout(const ModelConfig& model, const ParallelConfig& p, const StepOptions& step,
+                   int world) {
+  const std::string& ac = step.activation_checkpointing;
   if (ac != "none" && ac != "full" && ac != "selective")
     throw Error("train.activation_checkpointing = \"" + ac +
                 "\" is not a mode (none, full, selective)");
@@ -64,11 +64,11 @@ Layout plan_layout(const Config& cfg, int world) {
   d.tp = p.tp;
   Mesh mesh(world, d);
   const int tp = mesh.degree(Axis::tp);
-  const auto [cp_mode, cp_ulysses] = plan_context(cfg, mesh.degree(Axis::cp), tp);
+  const auto [cp_mode, cp_ulysses] = plan_context(model, p, step, mesh.degree(Axis::cp), tp);
   if (cp_mode == CpMode::hybrid && mesh.degree(Axis::cp) > 1)
     mesh.carve(kCpUlyssesAxis, cp_ulysses, {Axis::cp}, kCpRingAxis);
   if (p.ep > 1) {
-    const int experts = cfg.model.moe_experts;
+    const int experts = model.moe_experts;
     const int data = mesh.degree(Axis::dp_shard) * mesh.degree(Axis::cp);
     if (experts == 0)
       throw Error("parallel.ep = " + std::to_string(p.ep) +
@@ -88,29 +88,29 @@ Layout plan_layout(const Config& cfg, int world) {
     throw Error("parallel.sequence_parallel = true needs parallel.tp > 1: it splits the rows "
                 "between the tensor-parallel linears over the tp ranks");
   if (tp > 1) {
-    tp_share(cfg.model, tp, 0);  // heads, kv heads and hidden units split over tp
-    const int64_t rows = (int64_t(cfg.model.vocab_size) + tp - 1) / tp;
-    if (rows * (tp - 1) >= cfg.model.vocab_size)
-      throw Error("model.vocab_size = " + std::to_string(cfg.model.vocab_size) +
+    tp_share(model, tp, 0);  // heads, kv heads and hidden units split over tp
+    const int64_t rows = (int64_t(model.vocab_size) + tp - 1) / tp;
+    if (rows * (tp - 1) >= model.vocab_size)
+      throw Error("model.vocab_size = " + std::to_string(model.vocab_size) +
                   " cannot be split over parallel.tp = " + std::to_string(tp) + ": with " +
                   std::to_string(rows) + " rows per rank the last rank would hold none");
   }
   const int dp = mesh.degree(Axis::dp_replicate) * mesh.degree(Axis::dp_shard);
-  const int micro = cfg.train.micro_batch_size;
+  const int micro = step.micro_batch_size;
   if (micro % dp != 0)
     throw Error("train.micro_batch_size = " + std::to_string(micro) +
                 " is not divisible by the data-parallel degree " + std::to_string(dp) +
                 " (dp_replicate x dp_shard): every rank takes an equal slice of each micro-batch");
-  const int64_t tokens = int64_t(micro / dp) * cfg.train.seq_len / mesh.degree(Axis::cp);
+  const int64_t tokens = int64_t(micro / dp) * step.seq_len / mesh.degree(Axis::cp);
   if (p.sequence_parallel && tokens % tp != 0)
     throw Error("parallel.sequence_parallel: a rank's " + std::to_string(micro / dp) + " x " +
-                std::to_string(cfg.train.seq_len / mesh.degree(Axis::cp)) + " = " +
+                std::to_string(step.seq_len / mesh.degree(Axis::cp)) + " = " +
                 std::to_string(tokens) +
                 " tokens per micro-batch cannot be split into parallel.tp = " +
                 std::to_string(tp) + " equal parts");
   const int pp = mesh.degree(Axis::pp);
-  Schedule schedule = pipeline_schedule(p, pp, cfg.train.grad_accum_steps);
-  std::vector<int> layers = stage_layers(p, schedule, cfg.model.n_layers);
+  Schedule schedule = pipeline_schedule(p, pp, step.grad_accum_steps);
+  std::vector<int> layers = stage_layers(p, schedule, model.n_layers);
   ScheduleCheck check = check_schedule(schedule);
   return Layout{std::move(mesh), micro / dp, std::move(schedule), std::move(check),
                 std::move(layers), cp_mode, cp_ulysses};
@@ -184,18 +184,19 @@ std::vector<int> stage_layers(const ParallelConfig& p, const Schedule& s, int n_
   return layers;
 }
 
-Program training_program(const Config& cfg, const Layout& layout, int rank, const Transformer& model) {
+Program training_program(const StepOptions& step, const ParallelConfig& parallel,
+                         const Layout& layout, int rank, const Transformer& model) {
   std::vector<bool> checkpoint(size_t(model.n_units()), false);
-  if (cfg.train.activation_checkpointing != "none")
+  if (step.activation_checkpointing != "none")
     for (int u = 0; u < model.n_units(); ++u) {
       const Transformer::Unit& unit = model.units()[size_t(u)];
       checkpoint[size_t(u)] = unit.kind == Transformer::UnitKind::block &&
-                              unit.layer % cfg.train.ac_every == 0;
+                              unit.layer % step.ac_every == 0;
     }
   return lower_schedule(layout.schedule, layout.check.stages, rank, unit_layout(model),
-                        {cfg.parallel.zero_stage == 3, true, model.params().n_groups(), checkpoint,
-                         cfg.model.moe_experts > 0,
-                         cfg.train.dtype == Precision::fp8 && cfg.train.fp8.per_tensor()});
+                        {parallel.zero_stage == 3, true, model.params().n_groups(), checkpoint,
+                         model.config().moe_experts > 0,
+                         step.dtype == Precision::fp8 && step.fp8.per_tensor()});
 }
 
 }  // namespace cleave
