@@ -66,3 +66,16 @@ run hsdp4-bf16-again 4 "${one_micro[@]}" --set train.dtype=bf16 --set parallel.d
 diff <(numbers "$work/hsdp4-bf16") <(numbers "$work/hsdp4-bf16-again") \
   || { echo "FAIL: rerun of HSDP 2x2 bf16 gave other losses"; exit 1; }
 echo "data-parallel layouts match the reference"
+
+# mpirun's default binding of 2 ranks puts each on one core, shared with its communication
+# progress thread: the run says so and which flag to pass; unbound, it says nothing.
+bound() {  # BIND: rank 0's start-up note under mpirun --bind-to BIND
+  mpirun --bind-to "$1" -np 2 "$cleave" train "$cfg" --set data.dir="$data" "${twenty_steps[@]}" \
+    --set train.steps=1 --set train.checkpoint_interval=-1 --set train.out_dir="$work/bind-$1" 2>&1 |
+    grep -c "cleave: note: rank 0 is bound to one CPU" || true
+}
+if [ "$(nproc)" -gt 1 ]; then
+  [ "$(bound core)" = 1 ] || { echo "FAIL: no note on a rank bound to one core"; exit 1; }
+  [ "$(bound none)" = 0 ] || { echo "FAIL: a note on unbound ranks"; exit 1; }
+  echo "a rank bound to one core is told to launch with --bind-to none"
+fi

@@ -328,11 +328,20 @@ void Trainer::run(int64_t exit_after) {
   // mpirun binds each rank to one core by default when ranks <= 2: its OpenMP threads then share
   // that core, which halves a 2-thread rank's speed without any other sign.
   cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < omp_get_max_threads())
+  const bool bound = sched_getaffinity(0, sizeof cpus, &cpus) == 0;
+  if (bound && CPU_COUNT(&cpus) < omp_get_max_threads())
     std::fprintf(stderr,
                  "cleave: warning: rank %d may run on %d CPU(s) but uses %d threads; under mpirun "
                  "pass --bind-to none or --map-by slot:PE=%d\n",
                  rank_, CPU_COUNT(&cpus), omp_get_max_threads(), omp_get_max_threads());
+  else if (bound && CPU_COUNT(&cpus) == 1 && world_ > 1 && rank_ == 0 &&
+           sysconf(_SC_NPROCESSORS_ONLN) > 1)
+    // Even one thread shares its core then, with the progress thread that drives its
+    // collectives (docs/data_parallel.md: unbound, DDP 2 x 1 ran 9-33% faster on 2 cores).
+    std::fprintf(stderr,
+                 "cleave: note: rank 0 is bound to one CPU, which its communication progress "
+                 "thread shares with its compute thread; under mpirun --bind-to none is faster "
+                 "where ranks have no spare core (DDP 2 x 1: 9-33%%, docs/data_parallel.md)\n");
   if (rank_ == 0) {
     std::cout << "cleave: " << family_name(cfg_.model.family) << " model, "
               << global_params_ << " parameters, "
