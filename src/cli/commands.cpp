@@ -175,9 +175,14 @@ int bench_gemm(int argc, char** argv) {
   if (a.has("--threads")) omp_set_num_threads(int(a.number("--threads", 0)));
   std::vector<std::tuple<int64_t, int, int>> shapes = gpt2_small_linear_shapes();
   std::string what = "GPT-2 124M, 1024 tokens";
+  int n_layers = 12, microbatches = 1;
+  bool dense = true;
   if (!a.positional.empty()) {
     const Config cfg = config_from(a, "bench-gemm");
     const ModelConfig& m = cfg.model;
+    n_layers = m.n_layers;
+    microbatches = cfg.train.grad_accum_steps;
+    dense = m.moe_experts == 0;
     const int64_t N = int64_t(cfg.train.micro_batch_size) * cfg.train.seq_len;
     shapes = {{N, m.d_model, m.qkv_dim()},
               {N, m.n_heads * m.head_dim(), m.d_model},
@@ -197,6 +202,12 @@ int bench_gemm(int argc, char** argv) {
       std::printf("%-6s %7lld %6d %6d %-10s %9.1f\n", name, (long long)r.N, r.in, r.out,
                   r.pass.c_str(), r.gflops);
     std::printf("%-6s overall (FLOP-weighted): %.1f GF/s\n", name, overall_gflops(results));
+    // What bench/vs_pytorch.sh sets a step's time against (a MoE layer's products are others).
+    if (dense)
+      std::printf("%-6s a training step's products: %.1f ms (%d layers x 4 linears and the LM "
+                  "head, 3 passes, %d micro-batch%s)\n",
+                  name, 1e3 * step_product_seconds(results, n_layers, microbatches), n_layers,
+                  microbatches, microbatches == 1 ? "" : "es");
   }
   std::printf("\nPacking a weight into its forward and backward_input layouts (cold weights), "
               "median ms:\n%-6s %6s %6s %9s %14s %6s\n",

@@ -13,6 +13,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "cleave/base/buffer.h"
+#include "cleave/base/check.h"
 #include "cleave/kernels/weight_pack.h"
 
 namespace cleave {
@@ -200,6 +201,14 @@ double overall_gflops(const std::vector<GemmBenchResult>& results) {
     seconds += r.seconds;
   }
   return seconds > 0 ? flops / seconds * 1e-9 : 0.0;
+}
+
+double step_product_seconds(const std::vector<GemmBenchResult>& results, int n_layers,
+                            int microbatches) {
+  CLEAVE_CHECK(results.size() == 15, results.size() << " results are not 5 shapes x 3 passes");
+  double block = 0, head = 0;
+  for (size_t i = 0; i < results.size(); ++i) (i < 12 ? block : head) += results[i].seconds;
+  return microbatches * (n_layers * block + head);
 }
 
 std::vector<std::tuple<int64_t, int, int>> gpt2_small_linear_shapes(int64_t N, int vocab) {

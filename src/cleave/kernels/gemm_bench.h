@@ -31,6 +31,13 @@ std::vector<GemmBenchResult> bench_linear_shapes(
     const std::vector<std::tuple<int64_t, int, int>>& shapes, Precision precision,
     double seconds_per_shape);
 
+// The seconds a training step's own products take, from bench_linear_shapes' results of a dense
+// model's shapes in gpt2_small_linear_shapes' order (the block's four linears, then the LM head):
+// every pass of the block's linears n_layers times and the head's once, per micro-batch. The
+// step's honest ceiling: the rest of the step is what it adds to this (docs/performance.md).
+double step_product_seconds(const std::vector<GemmBenchResult>& results, int n_layers,
+                            int microbatches);
+
 // Packing W into both of its layouts (forward, backward_input), as after every optimizer step:
 // pack_weight's one pass against oneDNN's reorder, once per layout. The weights rotate through
 // copies that together exceed the last-level cache, so each is read cold, as in a training step.
