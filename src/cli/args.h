@@ -4,6 +4,7 @@
 #include <climits>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,34 @@ struct Args {
     } catch (const std::exception&) {
     }
     throw Error(k + " expects a number, got '" + it->second + "'");
+  }
+  // A finite number in [lo, hi] (nan and infinities are none), or an error naming the option.
+  double number_in(const std::string& k, double def, double lo, double hi) const {
+    const double v = number(k, def);
+    if (!(v >= lo && v <= hi)) {  // false for nan
+      std::ostringstream range;
+      range << "[" << lo << ", " << hi << "]";
+      throw Error(k + " = " + get(k, "") + " is out of range " + range.str());
+    }
+    return v;
+  }
+  // A whole-string integer in [lo, hi], or an error naming the option and the text.
+  int64_t integer(const std::string& k, int64_t def, int64_t lo, int64_t hi) const {
+    auto it = options.find(k);
+    if (it == options.end()) return def;
+    int64_t v = 0;
+    try {
+      size_t used = 0;
+      v = std::stoll(it->second, &used);
+      if (used != it->second.size()) throw std::invalid_argument("trailing text");
+    } catch (const std::exception&) {
+      throw Error(k + " expects an integer, got '" + it->second + "'");
+    }
+    if (v < lo || v > hi)
+      throw Error(k + " = " + it->second + (hi == INT64_MAX ? " is below " + std::to_string(lo)
+                                            : " is out of range [" + std::to_string(lo) + ", " +
+                                                  std::to_string(hi) + "]"));
+    return v;
   }
 };
 

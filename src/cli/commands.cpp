@@ -47,7 +47,7 @@ int train(int argc, char** argv) {
     a = Args::parse("train", argc, argv, {"--resume", "--exit-after"});
     cfg = config_from(a, "train");
     plan_layout(cfg.model, cfg.parallel, cfg.train, world);
-    exit_after = int64_t(a.number("--exit-after", 0));
+    exit_after = a.integer("--exit-after", 0, 1, INT64_MAX);
   });
   if (rank == 0) std::cout << "# resolved config\n" << to_toml(cfg) << std::endl;
   CommOptions comm;
@@ -85,7 +85,11 @@ int generate(int argc, char** argv) {
                              {"--ids"});
   if (a.positional.size() != 1) throw Error("cleave generate: expected one CHECKPOINT_DIR");
   if (!a.has("--prompt")) throw Error("cleave generate: --prompt TEXT is required");
-  if (a.has("--threads")) omp_set_num_threads(int(a.number("--threads", 0)));
+  if (a.has("--threads")) omp_set_num_threads(int(a.integer("--threads", 1, 1, 4096)));
+  SamplingOptions o;
+  o.temperature = float(a.number_in("--temperature", 0.8, 0.0, 1e4));
+  o.top_k = int(a.integer("--top-k", 40, 0, INT32_MAX));  // 0: every token
+  o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
   const LoadedModel loaded = load_model(a.positional[0], Precision::fp32);
   Transformer& model = *loaded.model;
   const Tokenizer tok(a.get("--tokenizer", loaded.data_dir + "/tokenizer.model"));
@@ -95,11 +99,13 @@ int generate(int argc, char** argv) {
                 std::to_string(model.config().vocab_size));
   std::vector<int32_t> prompt;
   for (uint32_t id : tok.encode(a.get("--prompt", ""))) prompt.push_back(int32_t(id));
-  SamplingOptions o;
-  o.max_new_tokens = int(a.number("--max-new-tokens", 100));
-  o.temperature = float(a.number("--temperature", 0.8));
-  o.top_k = int(a.number("--top-k", 40));
-  o.seed = uint64_t(a.number("--seed", 0));
+  // The prompt and what follows it fit the model's context.
+  const int64_t room = model.config().max_seq_len - int64_t(prompt.size());
+  if (room < 1)
+    throw Error("cleave generate: the prompt is " + std::to_string(prompt.size()) +
+                " tokens, which leaves no room in the model's max_seq_len of " +
+                std::to_string(model.config().max_seq_len));
+  o.max_new_tokens = int(a.integer("--max-new-tokens", std::min<int64_t>(100, room), 0, room));
   o.stop_token = tok.eos_id();
   // --ids: the prompt's token ids and the continuation's, as numbers (to compare with another
   // implementation without a tokenizer).

@@ -30,7 +30,21 @@ expect_error "wrong type" "model.d_model must be an integer, got string" train -
 expect_error "out of range" "optim.beta2 = 1.5 is out of range" train --set optim.beta2=1.5
 expect_error "bad choice" "train.dtype = \"fp64\" is not one of \"fp32\", \"bf16\"" train --set train.dtype=fp64
 expect_error "heads do not divide" "model.d_model = 64 is not divisible by model.n_heads = 3" train --set model.n_heads=3
-expect_error "missing config" "cannot read config file $work/none.toml" "$cleave" train "$work/none.toml"
+expect_error "missing config" "config file $work/none.toml: No such file or directory" "$cleave" train "$work/none.toml"
+# Small inputs that would take unbounded memory or time are refused before anything is read or
+# allocated: a directory, a device or a FIFO given as a file; a schedule naming a huge stage.
+expect_error "directory as config" "config file $work is a directory, not a file" "$cleave" train "$work"
+expect_error "device as config" "config file /dev/zero is not a regular file" "$cleave" train /dev/zero
+mkfifo "$work/fifo"
+expect_error "FIFO as config" "config file $work/fifo is not a regular file" timeout 20 "$cleave" train "$work/fifo"
+printf '0F999999999\n' > "$work/huge_mb.csv"
+expect_error "schedule naming a huge micro-batch" "names stage 0 and micro-batch 999999999 but holds only 1 actions" "$cleave" schedule --load "$work/huge_mb.csv"
+printf '999999999F0\n' > "$work/huge_stage.csv"
+expect_error "schedule naming a huge stage" "names stage 999999999 and micro-batch 0" "$cleave" schedule --load "$work/huge_stage.csv"
+expect_error "list element beyond 32 bits" "parallel.pp_layers[0] = 4294967298 is out of range" train --set 'parallel.pp_layers=[4294967298]'
+expect_error "a whole table replaced" "--set model={}: model is a table" train --set 'model={}'
+expect_error "--exit-after 0" "--exit-after = 0 is below 1" train --exit-after 0
+expect_error "--exit-after -1" "--exit-after = -1 is below 1" train --exit-after -1
 
 mkdir -p "$work/trunc" "$work/foreign" "$work/novocab"
 cp "$data"/* "$work/trunc/"; cp "$data"/* "$work/foreign/"; cp "$data"/* "$work/novocab/"
@@ -44,7 +58,44 @@ expect_error "missing token file" "token file $work/empty/train.bin: cannot open
 # A good short run gives a checkpoint for the generate and checkpoint cases.
 train --set train.steps=2 --set train.checkpoint_interval=0 > "$work/train.log" 2>&1 || { echo "FAIL: short run"; cat "$work/train.log"; exit 1; }
 ck=$work/run/step_00000002
-expect_error "missing tokenizer" "tokenizer model $work/nothing.model: no such file" "$cleave" generate "$ck" --prompt "To be" --tokenizer "$work/nothing.model"
+expect_error "missing tokenizer" "tokenizer model $work/nothing.model: No such file or directory" "$cleave" generate "$ck" --prompt "To be" --tokenizer "$work/nothing.model"
+expect_error "device as tokenizer" "tokenizer model /dev/zero is not a regular file" timeout 20 "$cleave" generate "$ck" --prompt "To be" --tokenizer /dev/zero
+expect_error "temperature nan" "--temperature = nan is out of range [0, 10000]" "$cleave" generate "$ck" --prompt "To be" --temperature nan
+expect_error "top-k 1.5" "--top-k expects an integer, got '1.5'" "$cleave" generate "$ck" --prompt "To be" --top-k 1.5
+expect_error "top-k negative" "--top-k = -1 is out of range" "$cleave" generate "$ck" --prompt "To be" --top-k -1
+expect_error "max-new-tokens negative" "--max-new-tokens = -3 is out of range [0, " "$cleave" generate "$ck" --prompt "To be" --max-new-tokens -3
+expect_error "max-new-tokens past the context" "--max-new-tokens = 5000 is out of range [0, " "$cleave" generate "$ck" --prompt "To be" --max-new-tokens 5000
+# meta.json's values are checked before they steer a run or allocate: a step out of range, a
+# saved config asking for a model the saved tensors are not (checked before it is built).
+for bad in "-3" "9223372036854775800"; do
+  cp -r "$ck" "$work/step$bad"
+  /usr/bin/python3 - "$work/step$bad/meta.json" "$bad" <<'PY' || { echo "FAIL: cannot edit meta.json"; exit 1; }
+import json, sys
+meta = json.load(open(sys.argv[1]))
+meta["step"] = int(sys.argv[2])
+json.dump(meta, open(sys.argv[1], "w"))
+PY
+  expect_error "checkpoint step $bad" "meta.json: \"step\" = $bad is out of range [0, 2^53]" train --resume "$work/step$bad"
+done
+cp -r "$ck" "$work/hugevocab"
+/usr/bin/python3 - "$work/hugevocab/meta.json" <<'PY' || { echo "FAIL: cannot edit meta.json"; exit 1; }
+import json, sys
+meta = json.load(open(sys.argv[1]))
+meta["config"] = meta["config"].replace("vocab_size = 256", "vocab_size = 16000000")
+json.dump(meta, open(sys.argv[1], "w"))
+PY
+expect_error "saved config of a huge model" "tensor param/embed.wte has shape [256, 64], the model's is [16000000, 64]" \
+  "$cleave" generate "$work/hugevocab" --prompt "To be"
+# ... and the 4 GB of parameters it would hold never took memory (its pages mapped, untouched).
+peak_kib=$(/usr/bin/python3 -c '
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' "$cleave" generate "$work/hugevocab" --prompt "To be")
+if [ "$peak_kib" -gt 300000 ]; then
+  echo "FAIL huge saved config: refusing it took $peak_kib KiB"; failures=$((failures + 1))
+else
+  echo "ok   huge saved config refused within $peak_kib KiB"
+fi
 cp -r "$ck" "$work/corrupt"
 printf '\x42' | dd of="$work/corrupt/model-rank00000.safetensors" bs=1 seek=5000 conv=notrunc status=none
 expect_error "corrupted checkpoint" "checksum mismatch" "$cleave" generate "$work/corrupt" --prompt "To be" --tokenizer "$data/tokenizer.model"

@@ -29,7 +29,9 @@ struct EveryRankError : Error {
     throw ::cleave::Error(cleave_fail_os_.str());                               \
   } while (0)
 
+// The message says what is wrong and names the thing at fault; the file and line point a developer
+// to the check (its C++ expression would tell a user nothing).
 #define CLEAVE_CHECK(cond, msg)                                                 \
   do {                                                                          \
-    if (!(cond)) CLEAVE_FAIL("check failed: " #cond ": " << msg);               \
+    if (!(cond)) CLEAVE_FAIL(msg);                                              \
   } while (0)

@@ -1,5 +1,6 @@
 // Files written whole: readers of `path` see the old contents or the new, never half of them.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <ostream>
 #include <string>
@@ -13,5 +14,14 @@ namespace cleave {
 void write_file_atomic(const std::string& path, const char* what,
                        const std::function<void(std::ostream&)>& write);
 void write_file_atomic(const std::string& path, std::string_view bytes, const char* what);
+
+// The whole contents of `path`, a regular file of at most max_bytes: anything else (missing, a
+// directory, a FIFO or device such as /dev/zero, which would never end, or a file larger than
+// max_bytes) throws cleave::Error naming `what`, the path and the cause, before reading.
+std::string read_bounded_file(const std::string& path, const char* what, int64_t max_bytes);
+// The same checks alone, for a reader that opens the file itself (e.g. a library's loader);
+// returns the file's size.
+int64_t check_bounded_file(const std::string& path, const char* what, int64_t max_bytes);
+constexpr int64_t kMiB = int64_t(1) << 20;
 
 }  // namespace cleave

@@ -125,6 +125,15 @@ void check_value(KeyKind kind, double min, double max, const std::vector<std::st
                   describe(n).substr(describe(n).find(' ') + 1) + " is out of range [" +
                   show_bound(min) + ", " + show_bound(max) + "]");
   }
+  // Each element of an integer array in its range too: [4294967298] must not become [2].
+  if (kind == KeyKind::integer_list)
+    for (size_t i = 0; i < n.as_array()->size(); ++i) {
+      const int64_t v = *(*n.as_array())[i].value<int64_t>();
+      if (double(v) < min || double(v) > max)
+        throw Error(toml_where(n, origin) + ": " + name + "[" + std::to_string(i) + "] = " +
+                    std::to_string(v) + " is out of range [" + show_bound(min) + ", " +
+                    show_bound(max) + "]");
+    }
   if (!choices.empty()) {
     const std::string v = *n.value<std::string>();
     if (std::find(choices.begin(), choices.end(), v) == choices.end()) {

@@ -27,10 +27,13 @@ LoadedModel load_model(const std::string& path, Precision precision) {
   const std::optional<int64_t> seed = config["train"]["seed"].value<int64_t>();
   const std::optional<std::string> data_dir = config["data"]["dir"].value<std::string>();
   if (!seed || !data_dir) throw Error(origin + " has no train.seed or no data.dir");
+  // Unmaterialised: its parameters' pages stay untouched until read, so a saved config that asks
+  // for a huge model costs nothing before its shapes are compared with the saved tensors'.
   LoadedModel out{std::make_unique<Transformer>(read_model_config(config, origin), precision,
-                                                uint64_t(*seed)),
+                                                uint64_t(*seed), 1, false),
                   *data_dir};
   ParamStore& params = out.model->params();
+  check_saved_shapes(ck, dir, params, "param");
   read_state(ck, dir, params, "param", {{0, params.total()}}, {params.values().data()});
   params.wrote_all();
   read_moe_biases(ck, dir, out.model->moe_biases());

@@ -34,8 +34,8 @@ void as_2d(const std::vector<int64_t>& v, int64_t out[2], int64_t fill) {
 // kept each tensor whole in one file.
 std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::string& dir,
                                      const std::string& name, const std::vector<int64_t>& shape) {
-  CLEAVE_CHECK(ck.meta.contains("tensors") && ck.meta["tensors"].contains(name),
-               "checkpoint " << dir << " has no tensor " << name);
+  if (!ck.meta.contains("tensors") || !ck.meta["tensors"].contains(name))
+    throw Error("checkpoint " + dir + " has no tensor " + name);
   const nlohmann::json& t = ck.meta["tensors"][name];
   std::vector<int64_t> saved_shape;
   std::vector<nlohmann::json> listed;
@@ -51,9 +51,9 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
   } catch (const nlohmann::json::exception& e) {
     CLEAVE_FAIL("checkpoint " << dir << "/meta.json: tensor " << name << ": " << e.what());
   }
-  CLEAVE_CHECK(saved_shape == shape, "checkpoint " << dir << ": tensor " << name << " has shape "
-                                                   << shape_text(saved_shape)
-                                                   << ", the model's is " << shape_text(shape));
+  if (saved_shape != shape)
+    throw Error("checkpoint " + dir + ": tensor " + name + " has shape " +
+                shape_text(saved_shape) + ", the model's is " + shape_text(shape));
   auto file_of = [&](const std::string& file) {
     for (const SafetensorsFile& f : ck.files)
       if (f.path() == dir + "/" + file) return &f;
@@ -245,6 +245,12 @@ int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string
                    ck.meta["optimizer"]["steps_taken"].is_number_integer(),
                "checkpoint " << dir << "/meta.json has no integer optimizer.steps_taken");
   return ck.meta["optimizer"]["steps_taken"].get<int64_t>();
+}
+
+void check_saved_shapes(const LoadedCheckpoint& ck, const std::string& dir,
+                        const ParamStore& params, const std::string& kind) {
+  for (const ParamTensor& t : params.tensors())
+    saved_pieces(ck, dir, kind + "/" + t.name, t.global_shape());
 }
 
 void read_state(const LoadedCheckpoint& ck, const std::string& dir, const ParamStore& params,

@@ -64,6 +64,11 @@ std::optional<LossScalerState> checkpoint_loss_scaler(const LoadedCheckpoint& ck
 void read_moe_biases(const LoadedCheckpoint& ck, const std::string& dir,
                      const std::vector<std::pair<int, std::vector<float>*>>& biases);
 
+// Checks that every tensor of params is saved under "<kind>/<name>" with the model's global
+// shape, or throws naming the tensor and both shapes: before anything is read or initialised.
+void check_saved_shapes(const LoadedCheckpoint& ck, const std::string& dir,
+                        const ParamStore& params, const std::string& kind);
+
 // Reads the elements of `ranges` (in this model's flat layout) of the saved tensors
 // "<kind>/<name>" (kind: "param", "adam_m" or "adam_v") from whichever files hold them.
 void read_state(const LoadedCheckpoint& ck, const std::string& dir, const ParamStore& params,

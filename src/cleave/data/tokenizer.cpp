@@ -25,6 +25,8 @@ namespace cleave {
 
 namespace {
 
+constexpr int64_t kMaxTokenizerBytes = 1024 * kMiB;
+
 namespace fs = std::filesystem;
 namespace spm = sentencepiece;
 
@@ -206,9 +208,9 @@ void train_tokenizer(const std::string& corpus, const std::string& model_prefix,
 }
 
 Tokenizer::Tokenizer(const std::string& model_path) : sp_(new spm::SentencePieceProcessor) {
-  std::error_code ec;
-  if (!fs::exists(model_path, ec))
-    CLEAVE_FAIL("tokenizer model " << model_path << ": no such file");
+  // SentencePiece would read a FIFO or /dev/zero for ever: a model is a regular file of at most
+  // a few tens of MB (Llama 2's is 0.5 MB).
+  check_bounded_file(model_path, "tokenizer model", kMaxTokenizerBytes);
   const auto st = sp_->Load(model_path);
   if (!st.ok())
     CLEAVE_FAIL("tokenizer model " << model_path << ": cannot load: " << st.message());

@@ -14,6 +14,9 @@ namespace cleave {
 
 namespace {
 
+// A schedule of 64 ranks x 4096 micro-batches of zbv is some 40 MB of text.
+constexpr int64_t kMaxScheduleBytes = 256 * kMiB;
+
 std::string trimmed(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r");
   if (b == std::string::npos) return "";
@@ -23,8 +26,7 @@ std::string trimmed(const std::string& s) {
 }  // namespace
 
 Schedule load_schedule_csv(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("cannot open pipeline schedule " + path);
+  std::istringstream in(read_bounded_file(path, "pipeline schedule", kMaxScheduleBytes));
   Schedule s;
   s.name = path;
   int max_stage = -1, max_mb = -1;
@@ -50,8 +52,16 @@ Schedule load_schedule_csv(const std::string& path) {
     }
     s.ranks.push_back(std::move(actions));
   }
-  if (in.bad()) throw Error("error reading pipeline schedule " + path);
   if (max_stage < 0) throw Error("pipeline schedule " + path + " has no actions");
+  // Every micro-batch runs forward through every stage: a schedule naming more pairs than it has
+  // actions is wrong, and its sizes must not be allocated (stage 999999999 in 12 bytes).
+  int64_t n_actions = 0;
+  for (const auto& rank : s.ranks) n_actions += int64_t(rank.size());
+  if ((int64_t(max_stage) + 1) * (int64_t(max_mb) + 1) > n_actions)
+    throw Error("pipeline schedule " + path + " names stage " + std::to_string(max_stage) +
+                " and micro-batch " + std::to_string(max_mb) + " but holds only " +
+                std::to_string(n_actions) + " actions: every micro-batch runs forward through "
+                "every stage");
   s.pp = int(s.ranks.size());
   s.n_stages = max_stage + 1;
   s.microbatches = max_mb + 1;

@@ -1,5 +1,6 @@
 #include "cleave/train/checkpoint_config.h"
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -25,16 +26,24 @@ std::map<std::string, std::string> lines_of(const std::string& toml, const std::
 }  // namespace
 
 int64_t checkpoint_step(const LoadedCheckpoint& ck, const std::string& dir, const Config& cfg) {
-  CLEAVE_CHECK(ck.meta.contains("config") && ck.meta["config"].is_string(),
-               "checkpoint " << dir << "/meta.json has no \"config\"");
+  if (!ck.meta.contains("config") || !ck.meta["config"].is_string())
+    throw Error("checkpoint " + dir + "/meta.json has no \"config\"");
   const auto saved = lines_of(ck.meta["config"].get<std::string>(), "model");
   for (auto& [key, line] : lines_of(to_toml(cfg), "model"))
     if (saved.count(key) && saved.at(key) != line)
       throw Error("checkpoint " + dir + " was written with model." + saved.at(key) +
                   " but the config has model." + line);
-  CLEAVE_CHECK(ck.meta.contains("step") && ck.meta["step"].is_number_integer(),
-               "checkpoint " << dir << "/meta.json has no integer \"step\"");
-  return ck.meta["step"].get<int64_t>();
+  if (!ck.meta.contains("step") || !ck.meta["step"].is_number_integer())
+    throw Error("checkpoint " + dir + "/meta.json has no integer \"step\"");
+  // A step outside [0, 2^53] is no run's: negative, it would train at a negative learning rate;
+  // near 2^63, the next step wraps.
+  const nlohmann::json& saved_step = ck.meta["step"];
+  const bool beyond = saved_step.is_number_unsigned() && saved_step.get<uint64_t>() > uint64_t(INT64_MAX);
+  const int64_t step = beyond ? -1 : saved_step.get<int64_t>();
+  if (step < 0 || step > (int64_t(1) << 53))
+    throw Error("checkpoint " + dir + "/meta.json: \"step\" = " + saved_step.dump() +
+                " is out of range [0, 2^53]");
+  return step;
 }
 
 std::vector<std::string> resume_changes(const LoadedCheckpoint& ck, const std::string& dir,

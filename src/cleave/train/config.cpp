@@ -8,6 +8,7 @@
 #include <toml++/toml.h>
 
 #include "cleave/base/check.h"
+#include "cleave/base/file.h"
 #include "cleave/base/toml_keys.h"
 #include "cleave/model/model_keys.h"
 #include "cleave/train/config_rules.h"
@@ -21,6 +22,9 @@ using config_rules::is_fp8;
 using config_rules::per_tensor_fp8;
 
 using Key = ConfigKey<Config>;
+
+// A config is a few kilobytes; anything near this is not one.
+constexpr int64_t kMaxConfigBytes = 16 * kMiB;
 
 const std::vector<Key>& schema() {
   static const std::vector<Key> keys = [] {
@@ -165,7 +169,7 @@ const std::vector<Key>& schema() {
     parallel(integer_key("parallel.zero_stage", &ParallelConfig::zero_stage, 0, 3));
     parallel(string_key("parallel.pp_schedule", &ParallelConfig::pp_schedule));
     parallel(integer_key("parallel.pp_virtual", &ParallelConfig::pp_virtual, 0, 256));
-    k.push_back({"parallel.pp_layers", KeyKind::integer_list, 0, 0, {},
+    k.push_back({"parallel.pp_layers", KeyKind::integer_list, 0, 1 << 20, {},
                  [](C& c, const toml::node& n) {
                    c.parallel.pp_layers.clear();
                    for (auto& e : *n.as_array()) c.parallel.pp_layers.push_back(int(*e.value<int64_t>()));
@@ -201,6 +205,10 @@ void apply_override(toml::table& root, const std::string& assignment) {
   if (eq == std::string::npos || eq == 0)
     throw Error("--set " + assignment + ": expected key=value, e.g. --set train.steps=100");
   const std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  // One key at a time: `--set model={}` would replace the whole table with its defaults.
+  if (key.find('.') == std::string::npos)
+    throw Error("--set " + assignment + ": " + key + " is a table; set its keys one at a time, " +
+                "e.g. --set " + key + ".NAME=VALUE");
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + text, "--set " + key);
@@ -215,6 +223,8 @@ void apply_override(toml::table& root, const std::string& assignment) {
     table = (*table)[part].as_table();
     if (!table) throw Error("--set " + key + ": " + part + " is not a table");
   }
+  if (parsed["v"].is_table())
+    throw Error("--set " + assignment + ": " + key + " takes a value, not a table");
   table->insert_or_assign(key.substr(start), *parsed["v"].node());
 }
 
@@ -244,11 +254,7 @@ Config parse_config(const std::string& text, const std::string& origin,
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw Error("cannot read config file " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_config(ss.str(), path, overrides);
+  return parse_config(read_bounded_file(path, "config file", kMaxConfigBytes), path, overrides);
 }
 
 std::string to_toml(const Config& c) {
