@@ -117,6 +117,32 @@ del meta["tensors"]["param/blocks.0.attn.qkv.weight"]["pieces"][0]["end"]
 json.dump(meta, open(sys.argv[1], "w"))
 PY
 expect_error "checkpoint meta.json with a malformed piece" "$work/noend/meta.json: tensor param/blocks.0.attn.qkv.weight:" train --resume "$work/noend"
+# A file whose header disagrees with meta.json (a transposed shape, the same size, its checksum
+# made to match) is refused, not read as it lies.
+cp -r "$ck" "$work/transposed"
+/usr/bin/python3 - "$work/transposed/model-rank00000.safetensors" <<'PY' || { echo "FAIL: cannot edit the header"; exit 1; }
+import json, struct, sys
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+entry = header["param/blocks.0.attn.qkv.weight"]
+entry["shape"] = entry["shape"][::-1]
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (n - len(text))
+assert len(text) == n
+data[8:8 + n] = text
+open(path, "wb").write(bytes(data))
+PY
+found=$("$cleave" generate "$work/transposed" --prompt "To be" 2>&1 | sed -n 's/.*checksum mismatch.*found \([0-9a-f]*\).*/\1/p')
+/usr/bin/python3 - "$work/transposed/meta.json" "$found" <<'PY' || { echo "FAIL: cannot edit meta.json"; exit 1; }
+import json, sys
+meta = json.load(open(sys.argv[1]))
+meta["files"]["model-rank00000.safetensors"] = sys.argv[2]
+json.dump(meta, open(sys.argv[1], "w"))
+PY
+expect_error "safetensors header against meta.json" "holds param/blocks.0.attn.qkv.weight as F32 [64, 192], meta.json as F32 [192, 64]" \
+  "$cleave" generate "$work/transposed" --prompt "To be"
 expect_error "checkpoint of another model" "was written with model.d_model = 64 but the config has model.d_model = 32" train --resume "$ck" --set model.d_model=32
 expect_error "fresh run over an old one" "already holds checkpoints (newest $work/run/step_00000002): pass --resume latest" train
 expect_error "no checkpoint to resume" "no checkpoint" train --resume latest --set train.out_dir="$work/fresh"

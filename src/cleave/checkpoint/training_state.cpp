@@ -61,6 +61,7 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
                               << ", which meta.json does not list");
   };
   std::vector<SavedPiece> out;
+  std::vector<std::vector<int64_t>> stored;  // per piece
   for (const nlohmann::json& p : listed) {
     try {
       SavedPiece s{file_of(p.at("file").get<std::string>()), p.value("key", name), {0, 0}, {0, 0},
@@ -79,6 +80,10 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
                    "checkpoint " << dir << "/meta.json: tensor " << name << ": a piece in "
                                  << p.at("file").get<std::string>()
                                  << " lies outside the tensor or its box");
+      // What the file's header must say of it: the box's shape when the piece is the whole box,
+      // else flat (checked once the pieces are known to tile the tensor).
+      const bool whole = s.begin == 0 && s.end == s.shape[0] * s.shape[1];
+      stored.push_back(whole ? box : std::vector<int64_t>{s.end - s.begin});
       out.push_back(std::move(s));
     } catch (const nlohmann::json::exception& e) {
       CLEAVE_FAIL("checkpoint " << dir << "/meta.json: tensor " << name << ": " << e.what());
@@ -127,6 +132,19 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
     }
   CLEAVE_CHECK(volume == want, "checkpoint " << dir << ": the pieces of tensor " << name << " hold "
                                              << volume << " of its " << want << " elements");
+  // Each file's own header must agree with meta.json: a transposed shape of the same size would
+  // otherwise be read as it lies.
+  for (size_t i = 0; i < out.size(); ++i) {
+    const SavedPiece& s = out[i];
+    const auto held = s.file->tensors().find(s.key);
+    if (held == s.file->tensors().end())
+      throw Error("checkpoint " + dir + ": " + s.file->path() + " has no tensor " + s.key +
+                  " (meta.json lists it for " + name + ")");
+    if (held->second.dtype != "F32" || held->second.shape != stored[i])
+      throw Error("checkpoint " + dir + ": " + s.file->path() + " holds " + s.key + " as " +
+                  held->second.dtype + " " + shape_text(held->second.shape) +
+                  ", meta.json as F32 " + shape_text(stored[i]));
+  }
   return out;
 }
 
