@@ -8,6 +8,7 @@
 #include <mpi.h>
 #include <omp.h>
 
+#include "cleave/base/file.h"
 #include "cleave/checkpoint/load_model.h"
 #include "cleave/checkpoint/safetensors.h"
 #include "cleave/comm/errors.h"
@@ -138,6 +139,16 @@ int export_hf(int argc, char** argv) {
   const LoadedModel loaded = load_model(a.positional[0], Precision::fp32);
   Transformer& model = *loaded.model;
   const std::string out = a.positional[1];
+  // Nothing is written through a link: a file of OUT_DIR that is one would have its target
+  // overwritten (checked for every file before any is written).
+  for (const char* file : {"model.safetensors", "config.json", "tokenizer.model"}) {
+    const fs::path p = fs::path(out) / file;
+    std::error_code ec;
+    if (fs::is_symlink(fs::symlink_status(p, ec)))
+      throw Error("cleave export: " + p.string() + " is a symbolic link (to " +
+                  fs::read_symlink(p, ec).string() + "); export writes no file through a link: "
+                  "remove it or choose another OUT_DIR");
+  }
   fs::create_directories(out);
   const auto tensors = hf_tensors(model.params(), model.config(), model.params().values().data(),
                                   model.moe_bias_values());
@@ -145,7 +156,7 @@ int export_hf(int argc, char** argv) {
   for (auto& t : tensors)
     views.push_back({t.name, "F32", t.shape, t.data.data(), uint64_t(t.data.size()) * 4});
   write_safetensors(out + "/model.safetensors", views, {{"format", "pt"}});
-  std::ofstream(out + "/config.json") << hf_config(model.config()).dump(2) << "\n";
+  write_file_atomic(out + "/config.json", hf_config(model.config()).dump(2) + "\n", "config.json");
   const std::string tok = loaded.data_dir + "/tokenizer.model";
   if (fs::exists(tok)) fs::copy_file(tok, out + "/tokenizer.model", fs::copy_options::overwrite_existing);
   std::printf("exported %zu tensors to %s/{config.json,model.safetensors}\n", tensors.size(), out.c_str());

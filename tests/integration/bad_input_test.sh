@@ -143,6 +143,12 @@ json.dump(meta, open(sys.argv[1], "w"))
 PY
 expect_error "safetensors header against meta.json" "holds param/blocks.0.attn.qkv.weight as F32 [64, 192], meta.json as F32 [192, 64]" \
   "$cleave" generate "$work/transposed" --prompt "To be"
+mkdir -p "$work/export"
+echo "precious" > "$work/precious"
+ln -s "$work/precious" "$work/export/config.json"
+expect_error "export through a link" "$work/export/config.json is a symbolic link (to $work/precious)" \
+  "$cleave" export "$ck" "$work/export"
+grep -qx precious "$work/precious" || { echo "FAIL export wrote through a link"; failures=$((failures + 1)); }
 expect_error "checkpoint of another model" "was written with model.d_model = 64 but the config has model.d_model = 32" train --resume "$ck" --set model.d_model=32
 expect_error "fresh run over an old one" "already holds checkpoints (newest $work/run/step_00000002): pass --resume latest" train
 expect_error "no checkpoint to resume" "no checkpoint" train --resume latest --set train.out_dir="$work/fresh"
