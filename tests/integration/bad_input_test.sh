@@ -149,6 +149,11 @@ ln -s "$work/precious" "$work/export/config.json"
 expect_error "export through a link" "$work/export/config.json is a symbolic link (to $work/precious)" \
   "$cleave" export "$ck" "$work/export"
 grep -qx precious "$work/precious" || { echo "FAIL export wrote through a link"; failures=$((failures + 1)); }
+cp -r "$ck" "$work/dirfile"
+rm "$work/dirfile/model-rank00000.safetensors"
+mkdir "$work/dirfile/model-rank00000.safetensors"
+expect_error "state file that is a directory" "checkpoint file $work/dirfile/model-rank00000.safetensors listed in $work/dirfile/meta.json is a directory" \
+  "$cleave" generate "$work/dirfile" --prompt "To be"
 expect_error "checkpoint of another model" "was written with model.d_model = 64 but the config has model.d_model = 32" train --resume "$ck" --set model.d_model=32
 expect_error "fresh run over an old one" "already holds checkpoints (newest $work/run/step_00000002): pass --resume latest" train
 expect_error "no checkpoint to resume" "no checkpoint" train --resume latest --set train.out_dir="$work/fresh"

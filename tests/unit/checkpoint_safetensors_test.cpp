@@ -259,7 +259,10 @@ TEST_F(SafetensorsTest, InvalidEntriesRejected) {
   check(R"({"w": {"dtype": "X9", "shape": [6], "data_offsets": [0, 24]}})", "unknown dtype");
   check(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
             "v": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})",
-        "overlaps");
+        "tensor 'v' at bytes [8, 24) of the data section overlaps tensor 'w', which ends at byte 16");
+  check(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "v": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]}})",
+        "tensor 'v' at bytes [16, 24) of the data section leaves a gap after tensor 'w'");
   check(
       R"({"__metadata__": {"a": 1}, "w": {"dtype": "F32", "shape": [6], "data_offsets": [0, 24]}})",
       "not a string");

@@ -262,7 +262,10 @@ LoadedCheckpoint read_checkpoint_folder(const std::string& dir_in) {
                  meta_path << ": checksum of " << name << " is not a string");
     const std::string path = dir + "/" + name;
     CLEAVE_CHECK(fs::is_regular_file(path, ec),
-                 "checkpoint file " << path << " listed in " << meta_path << " is missing");
+                 "checkpoint file " << path << " listed in " << meta_path
+                                    << (!fs::exists(path, ec)    ? " is missing"
+                                        : fs::is_directory(path, ec) ? " is a directory"
+                                                                     : " is not a regular file (a FIFO, socket or device)"));
   }
   for (auto it = m["files"].begin(); it != m["files"].end(); ++it) {  // sorted: rank order
     out.files.emplace_back(dir + "/" + it.key(), it.value().get<std::string>());

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -277,7 +278,7 @@ void SafetensorsFile::load(const std::string* expected_checksum) {
   CLEAVE_CHECK(header.is_object(),
                "invalid safetensors file " << path << ": header is not a JSON object");
 
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;  // data bytes, tensor
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const nlohmann::json& v = it.value();
@@ -323,17 +324,21 @@ void SafetensorsFile::load(const std::string* expected_checksum) {
                  where << " of dtype " << info.dtype << " and shape " << shape_text(info.shape)
                        << " needs " << nbytes << " bytes, data_offsets give "
                        << info.end - info.begin);
-    ranges.emplace_back(info.begin, info.end);
+    ranges.emplace_back(info.begin, info.end, name);
     tensors_.emplace(name, std::move(info));
   }
   // The tensors must tile the data section: no overlap, no gap, no trailing bytes.
   std::sort(ranges.begin(), ranges.end());
   uint64_t pos = 0;
-  for (const auto& [b, e] : ranges) {
+  std::string previous = "the start of the data section";
+  for (const auto& [b, e, name] : ranges) {
     CLEAVE_CHECK(b == pos, "invalid safetensors file "
-                               << path << ": tensor data " << (b < pos ? "overlaps" : "has a gap")
-                               << " at byte " << std::min(b, pos) << " of the data section");
+                               << path << ": tensor '" << name << "' at bytes [" << b << ", " << e
+                               << ") of the data section "
+                               << (b < pos ? "overlaps " : "leaves a gap after ") << previous
+                               << ", which ends at byte " << pos);
     pos = e;
+    previous = "tensor '" + name + "'";
   }
   CLEAVE_CHECK(pos == data_size, "invalid safetensors file " << path << ": " << data_size - pos
                                                              << " bytes after the last tensor");
