@@ -156,6 +156,19 @@ expect_error "state file that is a directory" "checkpoint file $work/dirfile/mod
   "$cleave" generate "$work/dirfile" --prompt "To be"
 expect_error "checkpoint of another model" "was written with model.d_model = 64 but the config has model.d_model = 32" train --resume "$ck" --set model.d_model=32
 expect_error "fresh run over an old one" "already holds checkpoints (newest $work/run/step_00000002): pass --resume latest" train
-expect_error "no checkpoint to resume" "no checkpoint" train --resume latest --set train.out_dir="$work/fresh"
+# --resume latest serves a job's first start and every requeue: with no checkpoint it starts from
+# scratch and says so; a newest checkpoint cut off or corrupted is skipped and named.
+requeue() { "$cleave" train "$cfg" --set data.dir="$data" --set train.out_dir="$work/requeue" \
+  --set train.checkpoint_interval=2 --resume latest "$@" 2>&1; }
+expect_in() {  # what, substring, text
+  if grep -qF -- "$2" <<<"$3"; then echo "ok   $1: $2"; else
+    echo "FAIL $1: expected: $2"; tail -5 <<<"$3"; failures=$((failures + 1)); fi
+}
+expect_in "resume latest with no checkpoint" "--resume latest: no checkpoint that verifies in $work/requeue: starting from step 0" \
+  "$(requeue --set train.steps=4)"
+printf '\x42' | dd of="$work/requeue/step_00000004/model-rank00000.safetensors" bs=1 seek=3000 conv=notrunc status=none
+out=$(requeue --set train.steps=6)
+expect_in "resume latest past a corrupted checkpoint" "--resume latest: skipping $work/requeue/step_00000004: checksum mismatch" "$out"
+expect_in "resume latest from the one before" "resumed at step 2" "$out"
 expect_error "unknown command" "unknown command 'trian'" "$cleave" trian
 [ $failures -eq 0 ] || { echo "$failures bad-input cases failed"; exit 1; }

@@ -273,19 +273,28 @@ LoadedCheckpoint read_checkpoint_folder(const std::string& dir_in) {
   return out;
 }
 
-std::string latest_checkpoint(const std::string& run_dir) {
+std::vector<std::string> checkpoints_newest_first(const std::string& run_dir) {
   std::error_code ec;
-  if (!fs::is_directory(run_dir, ec)) return "";
-  std::string best;
+  if (!fs::is_directory(run_dir, ec)) return {};
+  std::vector<std::string> names;
   for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
     if (!is_step_name(name)) continue;  // also skips "step_N.tmp-<pid>" and "step_N.old-<pid>"
     std::error_code e2;
     if (!it->is_directory(e2) || !fs::is_regular_file(it->path() / "meta.json", e2)) continue;
-    if (best.empty() || step_less(best, name)) best = name;
+    names.push_back(std::move(name));
   }
   CLEAVE_CHECK(!ec, "cannot list " << run_dir << ": " << ec.message());
-  return best.empty() ? "" : (fs::path(run_dir) / best).string();
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    return step_less(b, a);
+  });
+  for (std::string& n : names) n = (fs::path(run_dir) / n).string();
+  return names;
+}
+
+std::string latest_checkpoint(const std::string& run_dir) {
+  const std::vector<std::string> all = checkpoints_newest_first(run_dir);
+  return all.empty() ? "" : all.front();
 }
 
 }  // namespace cleave

@@ -45,5 +45,7 @@ LoadedCheckpoint read_checkpoint_folder(const std::string& dir);
 // named "step_<digits>" with the largest number that contains meta.json ("<name>.tmp-<pid>" and
 // "<name>.old-<pid>" folders are ignored), or "" if there is none.
 std::string latest_checkpoint(const std::string& run_dir);
+// The same folders, newest first.
+std::vector<std::string> checkpoints_newest_first(const std::string& run_dir);
 
 }  // namespace cleave

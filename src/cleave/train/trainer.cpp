@@ -30,12 +30,23 @@ double now_seconds() {
 
 // The checkpoint folder a run continues from ("" for a fresh run), or an error that names the
 // folders involved.
-std::string checkpoint_to_resume(const std::string& resume, const std::string& out_dir) {
+// "latest" is the newest checkpoint that reads and verifies: one cut off or corrupted is skipped
+// and named, and with none at all the run starts from scratch and says so, so that one command
+// line serves a job's first start and every requeue. notes: what rank 0 prints about it.
+std::string checkpoint_to_resume(const std::string& resume, const std::string& out_dir,
+                                 std::vector<std::string>& notes) {
   if (resume == "latest") {
-    const std::string latest = latest_checkpoint(out_dir);
-    if (latest.empty())
-      throw Error("--resume latest: no checkpoint (step_NNNNNNNN folder) in " + out_dir);
-    return latest;
+    for (const std::string& dir : checkpoints_newest_first(out_dir)) {
+      try {
+        read_checkpoint_folder(dir);
+        return dir;
+      } catch (const Error& e) {
+        notes.push_back("--resume latest: skipping " + dir + ": " + e.what());
+      }
+    }
+    notes.push_back("--resume latest: no checkpoint that verifies in " + out_dir +
+                    ": starting from step 0");
+    return "";
   }
   if (resume.empty())
     if (const std::string existing = latest_checkpoint(out_dir); !existing.empty())
@@ -54,6 +65,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   // What can go wrong before the first collective is checked on every rank and agreed on: a bad
   // layout, data file or out_dir then ends the job alike on every rank, reported once.
   std::string from;
+  std::vector<std::string> resume_notes;
   std::unique_ptr<Layout> layout;
   agree_on_errors([&] {
     layout = std::make_unique<Layout>(plan_layout(cfg_.model, cfg_.parallel, cfg_.train, world_));
@@ -69,8 +81,11 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     train_loader_ =
         std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0, documents, split);
     val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1, documents, split);
-    from = checkpoint_to_resume(resume, t.out_dir);
+    resume_notes.clear();
+    from = checkpoint_to_resume(resume, t.out_dir, resume_notes);
   });
+  if (rank_ == 0)
+    for (const std::string& note : resume_notes) std::printf("cleave: %s\n", note.c_str());
   process_ = make_process_groups(*mesh_, rank_, cfg_.model, layout->check.stages,
                                  layout->cp_mode);
   cp_ = mesh_->degree(Axis::cp);
