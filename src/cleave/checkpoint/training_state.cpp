@@ -54,11 +54,14 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
   if (saved_shape != shape)
     throw Error("checkpoint " + dir + ": tensor " + name + " has shape " +
                 shape_text(saved_shape) + ", the model's is " + shape_text(shape));
+  std::map<std::string, const SafetensorsFile*> files;  // by path: one lookup per piece
+  for (const SafetensorsFile& f : ck.files) files[f.path()] = &f;
   auto file_of = [&](const std::string& file) {
-    for (const SafetensorsFile& f : ck.files)
-      if (f.path() == dir + "/" + file) return &f;
-    CLEAVE_FAIL("checkpoint " << dir << ": tensor " << name << " is in " << file
-                              << ", which meta.json does not list");
+    const auto it = files.find(dir + "/" + file);
+    if (it == files.end())
+      CLEAVE_FAIL("checkpoint " << dir << ": tensor " << name << " is in " << file
+                                << ", which meta.json does not list");
+    return it->second;
   };
   std::vector<SavedPiece> out;
   std::vector<std::vector<int64_t>> stored;  // per piece
@@ -98,8 +101,10 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
   });
   int64_t volume = 0, want = 1;
   for (int64_t d : shape) want *= d;
+  std::vector<const SavedPiece*> boxes;  // one piece of each distinct box
   for (size_t i = 0; i < sorted.size();) {
     const SavedPiece& first = *sorted[i];
+    boxes.push_back(&first);
     int64_t at = 0;
     for (; i < sorted.size() && sorted[i]->offset[0] == first.offset[0] &&
            sorted[i]->offset[1] == first.offset[1];
@@ -120,11 +125,11 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
                                << at << " of a box of " << first.shape[0] * first.shape[1]);
     volume += at;
   }
-  for (size_t i = 0; i < out.size(); ++i)
-    for (size_t j = i + 1; j < out.size(); ++j) {
-      const SavedPiece &a = out[i], &b = out[j];
-      const bool same_box = a.offset[0] == b.offset[0] && a.offset[1] == b.offset[1];
-      CLEAVE_CHECK(same_box || a.offset[0] + a.shape[0] <= b.offset[0] ||
+  // Boxes pairwise (a tensor has a few: its tp shards), not pieces (ZeRO's ranges, thousands).
+  for (size_t i = 0; i < boxes.size(); ++i)
+    for (size_t j = i + 1; j < boxes.size(); ++j) {
+      const SavedPiece &a = *boxes[i], &b = *boxes[j];
+      CLEAVE_CHECK(a.offset[0] + a.shape[0] <= b.offset[0] ||
                        b.offset[0] + b.shape[0] <= a.offset[0] ||
                        a.offset[1] + a.shape[1] <= b.offset[1] ||
                        b.offset[1] + b.shape[1] <= a.offset[1],
