@@ -19,11 +19,19 @@ ActivationMemory predict_activation_memory(const Transformer& model, const Progr
   out.slots = model.slot_bytes(B, T, program.slots);
   // Freed sets go to the model's spares and stay allocated (model/spare_buffers.h): the memory
   // they take is the most they ever took at once. A full drop frees a deferred half's buffers.
-  int64_t spared_peak = 0;
+  int64_t spared_peak = 0, held = 0, deferred = 0;  // held and deferred: now, over every set
+  int whole = 0, kept = 0;
+  auto count = [&](const Set& set, const SavedBytes& b, int sign) {
+    if (set.held == Held::whole) held += sign * b.whole(), whole += sign;
+    if (set.held == Held::kept) held += sign * b.kept, kept += sign;
+    if (set.deferred) deferred += sign * b.deferred;
+  };
   for (const Instruction& i : program.instructions) {
     if (i.unit < 0 || model.units()[size_t(i.unit)].kind != Transformer::UnitKind::block) continue;
     if (!bytes.count(i.unit)) bytes[i.unit] = model.block_saved_bytes(i.unit, B, T);
+    const SavedBytes& b = bytes[i.unit];
     Set& s = sets[{i.unit, i.slot}];
+    const Set before = s;
     switch (i.op) {
       case Op::forward:
       case Op::recompute: s.held = Held::whole; break;
@@ -34,14 +42,8 @@ ActivationMemory predict_activation_memory(const Transformer& model, const Progr
         break;
       default: continue;
     }
-    int64_t held = 0, deferred = 0;
-    int whole = 0, kept = 0;
-    for (const auto& [key, set] : sets) {
-      const SavedBytes& b = bytes[key.first];
-      if (set.held == Held::whole) held += b.whole(), ++whole;
-      if (set.held == Held::kept) held += b.kept, ++kept;
-      if (set.deferred) deferred += b.deferred;
-    }
+    count(before, b, -1);
+    count(s, b, +1);
     spared_peak = std::max(spared_peak, held);
     if (spared_peak + deferred > out.saved) {
       out.saved = spared_peak + deferred;

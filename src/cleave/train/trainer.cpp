@@ -32,13 +32,15 @@ double now_seconds() {
 // folders involved.
 // "latest" is the newest checkpoint that reads and verifies: one cut off or corrupted is skipped
 // and named, and with none at all the run starts from scratch and says so, so that one command
-// line serves a job's first start and every requeue. notes: what rank 0 prints about it.
+// line serves a job's first start and every requeue. notes: what rank 0 prints about it; opened:
+// the checkpoint verified on the way, which loading then takes instead of reading it again.
 std::string checkpoint_to_resume(const std::string& resume, const std::string& out_dir,
-                                 std::vector<std::string>& notes) {
+                                 std::vector<std::string>& notes,
+                                 std::optional<LoadedCheckpoint>& opened) {
   if (resume == "latest") {
     for (const std::string& dir : checkpoints_newest_first(out_dir)) {
       try {
-        read_checkpoint_folder(dir);
+        opened = read_checkpoint_folder(dir);
         return dir;
       } catch (const Error& e) {
         notes.push_back("--resume latest: skipping " + dir + ": " + e.what());
@@ -66,6 +68,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   // layout, data file or out_dir then ends the job alike on every rank, reported once.
   std::string from;
   std::vector<std::string> resume_notes;
+  std::optional<LoadedCheckpoint> opened;
   std::unique_ptr<Layout> layout;
   agree_on_errors([&] {
     layout = std::make_unique<Layout>(plan_layout(cfg_.model, cfg_.parallel, cfg_.train, world_));
@@ -81,8 +84,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     train_loader_ =
         std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0, documents, split);
     val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1, documents, split);
-    resume_notes.clear();
-    from = checkpoint_to_resume(resume, t.out_dir, resume_notes);
+    from = checkpoint_to_resume(resume, t.out_dir, resume_notes, opened);
   });
   if (rank_ == 0)
     for (const std::string& note : resume_notes) std::printf("cleave: %s\n", note.c_str());
@@ -150,7 +152,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   if (rank_ == 0) predicted_ = predicted_traffic(comm_volume(cfg_, *layout));
 
   // Each rank reads its own part of the checkpoint: a bad part may be seen by some ranks only.
-  if (!from.empty()) agree_on_errors([&] { load_checkpoint(from); });
+  if (!from.empty()) agree_on_errors([&] { load_checkpoint(from, std::move(opened)); });
 
   if (rank_ == 0) {
     fs::create_directories(t.out_dir);

@@ -8,11 +8,13 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "cleave/checkpoint/folder.h"
 #include "cleave/comm/group.h"
 #include "cleave/data/loader.h"
 #include "cleave/mesh/mesh.h"
@@ -58,7 +60,8 @@ class Trainer {
   void inject_gradient_fault(GradientFault fault) { gradient_fault_ = std::move(fault); }
 
  private:
-  void load_checkpoint(const std::string& dir);
+  // opened: dir already read and verified (--resume latest), else it is read here.
+  void load_checkpoint(const std::string& dir, std::optional<LoadedCheckpoint> opened);
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
                 const StepResult& interval);
   // Rank 0: the MoE fields of the progress line and metrics.jsonl, from every stage's layers.

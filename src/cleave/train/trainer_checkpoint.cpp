@@ -92,9 +92,9 @@ void Trainer::save_checkpoint() {
   process_.world->barrier().wait();  // nobody looks for the checkpoint before it is complete
 }
 
-void Trainer::load_checkpoint(const std::string& dir) {
+void Trainer::load_checkpoint(const std::string& dir, std::optional<LoadedCheckpoint> opened) {
   // Each rank reads only what it keeps, from whichever files hold it: any layout resumes any other.
-  const LoadedCheckpoint ck = read_checkpoint_folder(dir);
+  const LoadedCheckpoint ck = opened ? std::move(*opened) : read_checkpoint_folder(dir);
   step_ = checkpoint_step(ck, dir, cfg_);
   resume_changes_ = resume_changes(ck, dir, cfg_);
   ParamStore& params = model_->params();
