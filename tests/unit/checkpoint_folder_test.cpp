@@ -86,6 +86,10 @@ void flip_byte(const std::string& path, long from_end) {
   f.write(&c, 1);
 }
 
+nlohmann::json checksums_of(const std::string& file) {
+  return cleave::SafetensorsFile(file).compute_checksums(cleave::kChecksumChunkBytes).to_json();
+}
+
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
@@ -106,9 +110,9 @@ TEST_F(CheckpointFolderTest, Roundtrip) {
   EXPECT_EQ(ck.meta["tokens_seen"], 819200);
   EXPECT_EQ(ck.meta["config"]["d_model"], 8);
   EXPECT_EQ(ck.meta["format"], "cleave-checkpoint");
-  EXPECT_EQ(ck.meta["version"], 3);
+  EXPECT_EQ(ck.meta["version"], 4);
   const std::string file = dir + "/model-rank00000.safetensors";
-  EXPECT_EQ(ck.meta["files"]["model-rank00000.safetensors"], cleave::file_checksum(file));
+  EXPECT_EQ(ck.meta["files"]["model-rank00000.safetensors"], checksums_of(file));
   EXPECT_EQ(ck.files[0].path(), file);
   expect_state(ck, s);
 
@@ -128,16 +132,21 @@ TEST_F(CheckpointFolderTest, FlippedByteGivesChecksumError) {
   const std::string dir = step_dir(7);
   cleave::write_checkpoint_folder(dir, {{"step", 7}}, s.views());
   const std::string file = dir + "/model-rank00000.safetensors";
-  const std::string good = cleave::file_checksum(file);
+  // The last tensor's bytes: opening reads only the header, so the damage is found (and named
+  // with the tensor and its bytes) when that tensor is read, and the others still read.
   flip_byte(file, 5);
-  const std::string bad = cleave::file_checksum(file);
-  std::string msg = error_of([&] { cleave::read_checkpoint_folder(dir); });
-  EXPECT_NE(msg.find("checksum mismatch in " + file + ": expected " + good + ", found " + bad +
-                     "; the checkpoint is corrupted"),
+  const cleave::LoadedCheckpoint ck = cleave::read_checkpoint_folder(dir);
+  std::vector<int32_t> counters(2);
+  std::string msg = error_of([&] { ck.files[0].read("counters", "I32", {2}, counters.data()); });
+  EXPECT_NE(msg.find("checksum mismatch in " + file + ": tensor 'counters' bytes [0, 8): expected "),
             std::string::npos)
       << msg;
+  EXPECT_NE(msg.find("the checkpoint is corrupted"), std::string::npos) << msg;
+  std::vector<float> ln(8);
+  ck.files[0].read_f32("ln_f.weight", {8}, ln.data());
+  EXPECT_EQ(ln, s.ln);
 
-  // A flipped byte in the header is also reported as a checksum mismatch, not a parse error.
+  // A flipped byte in the header is reported as a checksum mismatch on opening, not a parse error.
   flip_byte(file, 5);  // restore
   EXPECT_NO_THROW(cleave::read_checkpoint_folder(dir));
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -145,7 +154,40 @@ TEST_F(CheckpointFolderTest, FlippedByteGivesChecksumError) {
   f.put('#');
   f.close();
   msg = error_of([&] { cleave::read_checkpoint_folder(dir); });
-  EXPECT_NE(msg.find("checksum mismatch in " + file), std::string::npos) << msg;
+  EXPECT_NE(msg.find("checksum mismatch in " + file + ": its header"), std::string::npos) << msg;
+
+  // A file cut off (or grown) is named on opening by its size.
+  std::vector<char> bytes(fs::file_size(file));
+  std::ifstream(file, std::ios::binary).read(bytes.data(), long(bytes.size()));
+  std::ofstream(file, std::ios::binary | std::ios::trunc).write(bytes.data(), long(bytes.size() - 3));
+  msg = error_of([&] { cleave::read_checkpoint_folder(dir); });
+  EXPECT_NE(msg.find(file + " is " + std::to_string(bytes.size() - 3) + " bytes where the checkpoint "
+                     "recorded " + std::to_string(bytes.size()) + ": cut off mid-write"),
+            std::string::npos)
+      << msg;
+}
+
+TEST_F(CheckpointFolderTest, VersionThreeStillLoads) {
+  // Format 3 recorded one checksum per file, checked by reading the file whole on opening.
+  State s(3.5f);
+  const std::string dir = step_dir(9);
+  cleave::write_checkpoint_folder(dir, {{"step", 9}}, s.views());
+  const std::string file = dir + "/model-rank00000.safetensors";
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(dir + "/meta.json"));
+  m["version"] = 3;
+  m["files"]["model-rank00000.safetensors"] = cleave::file_checksum(file);
+  write_text(dir + "/meta.json", m.dump());
+  const cleave::LoadedCheckpoint ck = cleave::read_checkpoint_folder(dir);
+  expect_state(ck, s);
+  EXPECT_GE(ck.bytes_read(), fs::file_size(file));  // it read the whole file
+
+  const std::string good = cleave::file_checksum(file);
+  flip_byte(file, 5);
+  const std::string msg = error_of([&] { cleave::read_checkpoint_folder(dir); });
+  EXPECT_NE(msg.find("checksum mismatch in " + file + ": expected " + good + ", found " +
+                     cleave::file_checksum(file) + "; the checkpoint is corrupted"),
+            std::string::npos)
+      << msg;
 }
 
 TEST_F(CheckpointFolderTest, MissingPiecesAreNamed) {
@@ -181,20 +223,22 @@ TEST_F(CheckpointFolderTest, MissingPiecesAreNamed) {
   EXPECT_NE(msg.find(meta_path), std::string::npos) << msg;
 
   m = nlohmann::json::parse(meta_text);
-  m["version"] = 4;
+  m["version"] = 5;
   write_text(meta_path, m.dump());
   msg = error_of([&] { cleave::read_checkpoint_folder(dir); });
-  EXPECT_NE(msg.find("unsupported checkpoint version 4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unsupported checkpoint version 5; this build reads versions 1 to 4"),
+            std::string::npos)
+      << msg;
 
   m = nlohmann::json::parse(meta_text);
-  m["files"]["model-rank00001.safetensors"] = "0123456789abcdef";
+  m["files"]["model-rank00001.safetensors"] = m["files"]["model-rank00000.safetensors"];
   write_text(meta_path, m.dump());
   msg = error_of([&] { cleave::read_checkpoint_folder(dir); });
   EXPECT_NE(msg.find(dir + "/model-rank00001.safetensors"), std::string::npos) << msg;
   EXPECT_NE(msg.find("missing"), std::string::npos) << msg;
 
   m = nlohmann::json::parse(meta_text);
-  m["files"]["../escape.safetensors"] = "0123456789abcdef";
+  m["files"]["../escape.safetensors"] = m["files"]["model-rank00000.safetensors"];
   write_text(meta_path, m.dump());
   msg = error_of([&] { cleave::read_checkpoint_folder(dir); });
   EXPECT_NE(msg.find("invalid file name"), std::string::npos) << msg;
@@ -302,8 +346,9 @@ TEST_F(CheckpointFolderTest, SeveralWritersOneFinisher) {
   cleave::write_safetensors(tmp + "/model-rank00000.safetensors", a.views(), {});
   cleave::write_safetensors(tmp + "/model-rank00001.safetensors", b.views(), {});
   EXPECT_EQ(cleave::latest_checkpoint(run_.string()), "");  // nothing installed yet
-  cleave::finish_checkpoint_folder(dir, "job7", {{"step", 400}},
-                                   {{"model-rank00000.safetensors", ""}, {"model-rank00001.safetensors", ""}});
+  cleave::finish_checkpoint_folder(
+      dir, "job7", {{"step", 400}},
+      {{"model-rank00000.safetensors", std::nullopt}, {"model-rank00001.safetensors", std::nullopt}});
   EXPECT_FALSE(fs::exists(tmp));
   const cleave::LoadedCheckpoint ck = cleave::read_checkpoint_folder(dir);
   ASSERT_EQ(ck.files.size(), 2u);
@@ -311,7 +356,7 @@ TEST_F(CheckpointFolderTest, SeveralWritersOneFinisher) {
   ck.files[1].read_f32("ln_f.weight", {8}, ln.data());
   EXPECT_EQ(ln, b.ln);
   EXPECT_EQ(ck.meta["files"]["model-rank00001.safetensors"],
-            cleave::file_checksum(dir + "/model-rank00001.safetensors"));
+            checksums_of(dir + "/model-rank00001.safetensors"));
 }
 
 TEST_F(CheckpointFolderTest, FinishNamesAFileNoWriterLeft) {
@@ -326,7 +371,8 @@ TEST_F(CheckpointFolderTest, FinishNamesAFileNoWriterLeft) {
   const std::string msg = error_of([&] {
     cleave::finish_checkpoint_folder(
         dir, "job8", {{"step", 500}},
-        {{"model-rank00000.safetensors", ""}, {"model-rank00001.safetensors", ""}});
+        {{"model-rank00000.safetensors", std::nullopt},
+         {"model-rank00001.safetensors", std::nullopt}});
   });
   EXPECT_NE(msg.find(tmp + "/model-rank00001.safetensors is missing"), std::string::npos) << msg;
   EXPECT_NE(msg.find("train.out_dir must be"), std::string::npos) << msg;

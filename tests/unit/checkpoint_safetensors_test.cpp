@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -84,9 +85,12 @@ TEST_F(SafetensorsTest, RoundtripF32I32Bf16AndMetadata) {
       {"empty", "F32", {0, 4}, nullptr, 0},
   };
   const std::string p = path("a.safetensors");
-  std::string sum = cleave::write_safetensors(p, tensors, {{"step", "12"}, {"note", "hello"}});
-  EXPECT_TRUE(is_hex16(sum)) << sum;
-  EXPECT_EQ(sum, cleave::file_checksum(p));
+  const cleave::FileChecksums sums =
+      cleave::write_safetensors(p, tensors, {{"step", "12"}, {"note", "hello"}});
+  EXPECT_TRUE(is_hex16(sums.header)) << sums.header;
+  EXPECT_EQ(sums.to_json(), SafetensorsFile(p).compute_checksums(cleave::kChecksumChunkBytes).to_json());
+  EXPECT_EQ(sums.chunks.at("layer.w").size(), 1u);
+  EXPECT_EQ(sums.chunks.at("empty").size(), 0u);
 
   // Header layout: 8-byte length, JSON padded with spaces so data starts 8-aligned.
   std::vector<char> bytes = slurp(p);
@@ -103,9 +107,9 @@ TEST_F(SafetensorsTest, RoundtripF32I32Bf16AndMetadata) {
   EXPECT_EQ(j["step"]["shape"], nlohmann::json::array());
   EXPECT_EQ(bytes.size(), 8 + hlen + (6 + 3 + 4) * 4 + 5 * 2 + 4);
 
-  SafetensorsFile f(p);
+  SafetensorsFile f(p, sums);
   EXPECT_EQ(f.path(), p);
-  EXPECT_EQ(f.checksum(), sum);
+  EXPECT_EQ(f.bytes_read(), 8 + hlen);  // the header only, until a tensor is read
   EXPECT_EQ(f.tensors().size(), 6u);
   EXPECT_EQ(f.metadata().at("step"), "12");
   EXPECT_EQ(f.metadata().at("note"), "hello");
@@ -146,14 +150,14 @@ TEST_F(SafetensorsTest, LargeTensorsAcrossWriteChunks) {
   for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<float>(i);
   for (size_t i = 0; i < big2.size(); ++i) big2[i] = -static_cast<float>(i % 101);
   const std::string p = path("big.safetensors");
-  std::string sum =
+  const cleave::FileChecksums sum =
       cleave::write_safetensors(p,
                                 {{"small0", "F32", {7}, small.data(), 28},
                                  {"big", "F32", {5'000'000}, big.data(), big.size() * 4},
                                  {"small1", "F32", {7}, small.data(), 28},
                                  {"big2", "F32", {3'000'001}, big2.data(), big2.size() * 4}},
                                 {});
-  EXPECT_EQ(sum, cleave::file_checksum(p));
+  EXPECT_EQ(sum.chunks.at("big").size(), 20u);  // 20,000,000 bytes in chunks of 1 MiB
   SafetensorsFile f(p, sum);
   std::vector<float> out(big.size());
   f.read_f32("big", {5'000'000}, out.data());
@@ -296,33 +300,68 @@ TEST_F(SafetensorsTest, ShapeDtypeAndMissingTensorMessages) {
   EXPECT_NE(msg.find(p), std::string::npos) << msg;
 }
 
-TEST_F(SafetensorsTest, ChecksumStableAndSensitive) {
-  std::vector<float> w(1000);
+TEST_F(SafetensorsTest, ChunkChecksumsStableAndSensitive) {
+  // 3,000 floats in chunks of 4,096 bytes: chunks of 1,024, 1,024 and 952 elements.
+  std::vector<float> w(3000);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) / 7.0f;
-  std::vector<TensorView> t = {{"w", "F32", {10, 100}, w.data(), w.size() * 4}};
+  std::vector<TensorView> t = {{"w", "F32", {30, 100}, w.data(), w.size() * 4}};
   const std::string a = path("a.safetensors"), b = path("b.safetensors");
-  std::string sa = cleave::write_safetensors(a, t, {{"k", "v"}});
-  std::string sb = cleave::write_safetensors(b, t, {{"k", "v"}});
-  EXPECT_EQ(sa, sb);  // same content, same checksum
-  EXPECT_EQ(cleave::file_checksum(a), sa);
-  EXPECT_EQ(cleave::file_checksum(a), cleave::file_checksum(a));
+  const cleave::FileChecksums sa = cleave::write_safetensors(a, t, {{"k", "v"}}, 4096);
+  const cleave::FileChecksums sb = cleave::write_safetensors(b, t, {{"k", "v"}}, 4096);
+  EXPECT_EQ(sa.to_json(), sb.to_json());  // same content, same checksums
+  ASSERT_EQ(sa.chunks.at("w").size(), 3u);
+  EXPECT_EQ(sa.bytes, fs::file_size(a));
 
   std::vector<char> bytes = slurp(a);
-  bytes[bytes.size() - 1234] ^= 0x10;  // one bit of the tensor data
+  bytes[bytes.size() - 12 - 4096] ^= 0x10;  // one bit in the second chunk
   spit(a, bytes);
-  std::string flipped = cleave::file_checksum(a);
-  EXPECT_TRUE(is_hex16(flipped));
-  EXPECT_NE(flipped, sa);
-  // The file still parses (only data changed), but the checked constructor refuses it.
-  EXPECT_NO_THROW(SafetensorsFile f(a));
-  std::string msg = error_of([&] { SafetensorsFile f(a, sa); });
-  EXPECT_NE(msg.find("checksum mismatch in " + a + ": expected " + sa + ", found " + flipped),
+  // The file still parses (only data changed) and opens; the damaged chunk is refused when read,
+  // and bytes of the other chunks still read.
+  SafetensorsFile f(a, sa);
+  std::vector<float> got(3000);
+  f.read_f32_elements("w", 3000, 0, 1024, got.data());
+  f.read_f32_elements("w", 3000, 2048, 952, got.data() + 2048);
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + 1024, w.begin()));
+  EXPECT_TRUE(std::equal(got.begin() + 2048, got.end(), w.begin() + 2048));
+  EXPECT_EQ(f.bytes_read(), 8 + (fs::file_size(a) - 12000 - 8) + 4096 + 3808);
+  std::string msg = error_of([&] { f.read_f32_elements("w", 3000, 1500, 1, got.data()); });
+  EXPECT_NE(msg.find("checksum mismatch in " + a + ": tensor 'w' bytes [4096, 8192): expected " +
+                     sa.chunks.at("w")[1]),
             std::string::npos)
+      << msg;
+  msg = error_of([&] { f.verify_all(); });
+  EXPECT_NE(msg.find("bytes [4096, 8192)"), std::string::npos) << msg;
+  // A reader of the whole file's checksum (format 3) refuses it on opening.
+  const std::string whole = cleave::file_checksum(b);
+  msg = error_of([&] { SafetensorsFile g(a, whole); });
+  EXPECT_NE(msg.find("checksum mismatch in " + a + ": expected " + whole), std::string::npos) << msg;
+  EXPECT_NO_THROW(SafetensorsFile g(b, whole));
+  // Checksums that do not cover the file's tensors are refused on opening.
+  cleave::FileChecksums wrong = sb;
+  wrong.chunks["w"].pop_back();
+  msg = error_of([&] { SafetensorsFile g(b, wrong); });
+  EXPECT_NE(msg.find("records 2 chunk checksums for tensor 'w', which has 3"), std::string::npos)
       << msg;
 
   const std::string missing = path("missing");
   msg = error_of([&] { cleave::file_checksum(missing); });
   EXPECT_NE(msg.find(missing), std::string::npos) << msg;
+}
+
+TEST_F(SafetensorsTest, PartialReadsCrossChunks) {
+  // Reads of any range, whole chunks or parts of them, return the written elements.
+  std::vector<float> w(5000);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f;
+  const std::string p = path("p.safetensors");
+  const cleave::FileChecksums sums =
+      cleave::write_safetensors(p, {{"w", "F32", {5000}, w.data(), 20000}}, {}, 4096);
+  SafetensorsFile f(p, sums);
+  for (auto [begin, count] : std::vector<std::pair<int, int>>{
+           {0, 5000}, {1, 1}, {1000, 100}, {1020, 10}, {1024, 1024}, {4095, 905}, {3, 4500}}) {
+    std::vector<float> got(static_cast<size_t>(count));
+    f.read_f32_elements("w", 5000, begin, count, got.data());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), w.begin() + begin)) << begin << " " << count;
+  }
 }
 
 TEST_F(SafetensorsTest, ChecksumOfKnownContent) {

@@ -13,11 +13,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "cleave/base/check.h"
+#include "cleave/base/file.h"
 
 namespace cleave {
 
@@ -26,8 +25,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "cleave-checkpoint";
-// 2: a tensor may be split in pieces over several files; 3: a piece is a box of the global tensor
-constexpr int kVersion = 3;
+// 2: a tensor may be split in pieces over several files; 3: a piece is a box of the global tensor;
+// 4: each file's checksums are its header's and each chunk's of every tensor, not the whole file's
+constexpr int kVersion = 4;
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -120,15 +120,6 @@ void install(const std::string& tmp, const std::string& dir) {
   fsync_path(parent, true);
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  CLEAVE_CHECK(in, "cannot open " << path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  CLEAVE_CHECK(!in.bad(), "cannot read " << path);
-  return ss.str();
-}
-
 bool is_step_name(const std::string& name) {
   if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return false;
   for (size_t i = 5; i < name.size(); ++i) {
@@ -173,22 +164,28 @@ void begin_checkpoint_folder(const std::string& dir_in, const std::string& tag) 
 
 void finish_checkpoint_folder(const std::string& dir_in, const std::string& tag,
                               const nlohmann::json& meta,
-                              const std::map<std::string, std::string>& files) {
+                              const std::map<std::string, std::optional<FileChecksums>>& files) {
   const std::string dir = strip_trailing_slashes(dir_in);
   const std::string tmp = checkpoint_temp_folder(dir, tag);
   CLEAVE_CHECK(meta.is_object() || meta.is_null(),
                "checkpoint " << dir << ": meta must be a JSON object");
   nlohmann::json checksums = nlohmann::json::object();
   for (const auto& [name, known] : files) {
-    if (!known.empty()) {
-      checksums[name] = known;
+    const std::string path = tmp + "/" + name;
+    std::error_code ec;
+    CLEAVE_CHECK(fs::is_regular_file(path, ec),
+                 "checkpoint file " << path << " is missing: its writer failed, or "
+                                    << "the folder is not shared by every host (train.out_dir must be)");
+    if (!known) {
+      checksums[name] = SafetensorsFile(path).compute_checksums(kChecksumChunkBytes).to_json();
       continue;
     }
-    std::error_code ec;
-    CLEAVE_CHECK(fs::is_regular_file(tmp + "/" + name, ec),
-                 "checkpoint file " << tmp << "/" << name << " is missing: its writer failed, or "
-                                    << "the folder is not shared by every host (train.out_dir must be)");
-    checksums[name] = file_checksum(tmp + "/" + name);
+    const uint64_t size = fs::file_size(path, ec);
+    CLEAVE_CHECK(!ec && size == known->bytes,
+                 "checkpoint file " << path << " is " << size << " bytes here, its writer wrote "
+                                    << known->bytes
+                                    << ": the folder is not shared alike by every host");
+    checksums[name] = known->to_json();
   }
   nlohmann::json m = meta.is_null() ? nlohmann::json::object() : meta;
   m["format"] = kFormat;
@@ -216,9 +213,9 @@ void write_checkpoint_folder(const std::string& dir, const nlohmann::json& meta,
   begin_checkpoint_folder(dir, tag);
   try {
     const std::string name = "model-rank00000.safetensors";
-    const std::string checksum = write_safetensors(checkpoint_temp_folder(dir, tag) + "/" + name,
-                                                   tensors, {{"format", kFormat}, {"rank", "0"}});
-    finish_checkpoint_folder(dir, tag, meta, {{name, checksum}});
+    const FileChecksums sums = write_safetensors(checkpoint_temp_folder(dir, tag) + "/" + name,
+                                                 tensors, {{"format", kFormat}, {"rank", "0"}});
+    finish_checkpoint_folder(dir, tag, meta, {{name, sums}});
   } catch (...) {
     abandon_checkpoint_folder(dir, tag);
     throw;
@@ -235,7 +232,9 @@ LoadedCheckpoint read_checkpoint_folder(const std::string& dir_in) {
                              << " is missing): incomplete or not a checkpoint");
   LoadedCheckpoint out;
   try {
-    out.meta = nlohmann::json::parse(read_text(meta_path));
+    const std::string text = read_bounded_file(meta_path, "checkpoint metadata", 1024 * kMiB);
+    out.meta_bytes = text.size();
+    out.meta = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     CLEAVE_FAIL("cannot parse " << meta_path << ": " << e.what());
   }
@@ -251,15 +250,18 @@ LoadedCheckpoint read_checkpoint_folder(const std::string& dir_in) {
       meta_path << ": unsupported checkpoint version "
                 << (m.contains("version") ? m["version"].dump() : "(missing)")
                 << "; this build reads versions 1 to " << kVersion);
+  const bool chunked = m["version"] >= 4;
   CLEAVE_CHECK(m.contains("files") && m["files"].is_object() && !m["files"].empty(),
-               meta_path << ": \"files\" must be a non-empty object {file name: checksum}");
+               meta_path << ": \"files\" must be a non-empty object {file name: "
+                         << (chunked ? "checksums}" : "checksum}"));
   for (auto it = m["files"].begin(); it != m["files"].end(); ++it) {
     const std::string& name = it.key();
     CLEAVE_CHECK(
         !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos,
         meta_path << ": invalid file name '" << name << "'");
-    CLEAVE_CHECK(it.value().is_string(),
-                 meta_path << ": checksum of " << name << " is not a string");
+    CLEAVE_CHECK(chunked ? it.value().is_object() : it.value().is_string(),
+                 meta_path << ": the checksum" << (chunked ? "s" : "") << " of " << name
+                           << (chunked ? " are not an object" : " is not a string"));
     const std::string path = dir + "/" + name;
     CLEAVE_CHECK(fs::is_regular_file(path, ec),
                  "checkpoint file " << path << " listed in " << meta_path
@@ -268,9 +270,20 @@ LoadedCheckpoint read_checkpoint_folder(const std::string& dir_in) {
                                                                      : " is not a regular file (a FIFO, socket or device)"));
   }
   for (auto it = m["files"].begin(); it != m["files"].end(); ++it) {  // sorted: rank order
-    out.files.emplace_back(dir + "/" + it.key(), it.value().get<std::string>());
+    const std::string path = dir + "/" + it.key();
+    if (chunked)
+      out.files.emplace_back(
+          path, FileChecksums::from_json(it.value(), meta_path + ": file " + it.key()));
+    else
+      out.files.emplace_back(path, it.value().get<std::string>());
   }
   return out;
+}
+
+uint64_t LoadedCheckpoint::bytes_read() const {
+  uint64_t n = meta_bytes;
+  for (const SafetensorsFile& f : files) n += f.bytes_read();
+  return n;
 }
 
 std::vector<std::string> checkpoints_newest_first(const std::string& run_dir) {

@@ -1,13 +1,12 @@
 // Safetensors writer and validating reader. The writer streams the header and tensor bytes through
-// one large buffer with POSIX write(), hashing every byte (XXH64) on its way out so the checksum
-// costs no second pass over a multi-gigabyte file, and starts the write-back of each chunk at once
-// (sync_file_range) so the final fsync has little left to do and dirty pages never pile up. The
-// reader maps the file (no heap copy of a multi-gigabyte file), hashes it, then checks the header
-// against the file before any tensor is handed out.
+// one large buffer with POSIX write() and starts the write-back of each chunk at once
+// (sync_file_range) so the final fsync has little left to do and dirty pages never pile up; it
+// hashes the header and each chunk of every tensor as it goes. The reader reads the header on
+// opening and a tensor's bytes with pread only when asked for them, verifying each chunk it reads,
+// so a rank that keeps a slice of a checkpoint reads (and checks) that slice and no more.
 #include "cleave/checkpoint/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -18,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -72,10 +72,10 @@ struct XxhState {
 };
 
 // Appends bytes to a file through a kChunk buffer; large spans bypass the buffer and go straight
-// from the caller's memory to write() in kChunk pieces. Every byte is hashed in file order.
-class HashingWriter {
+// from the caller's memory to write() in kChunk pieces.
+class FileWriter {
  public:
-  explicit HashingWriter(const std::string& path) : path_(path), buf_(new char[kChunk]) {
+  explicit FileWriter(const std::string& path) : path_(path), buf_(new char[kChunk]) {
     fd_.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     CLEAVE_CHECK(fd_.fd >= 0, "cannot create " << path << ": " << errno_text());
   }
@@ -102,13 +102,12 @@ class HashingWriter {
     }
   }
 
-  // Flushes, fsyncs and closes the file; returns the XXH64 of everything written.
-  uint64_t finish() {
+  // Flushes, fsyncs and closes the file.
+  void finish() {
     flush();
     CLEAVE_CHECK(::fsync(fd_.fd) == 0, "cannot fsync " << path_ << ": " << errno_text());
     int fd = std::exchange(fd_.fd, -1);
     CLEAVE_CHECK(::close(fd) == 0, "cannot close " << path_ << ": " << errno_text());
-    return XXH64_digest(hash_.s);
   }
 
   uint64_t written() const { return written_ + used_; }
@@ -121,7 +120,6 @@ class HashingWriter {
   }
 
   void emit(const char* p, size_t n) {
-    XXH64_update(hash_.s, p, n);
     written_ += n;
     while (n > 0) {
       ssize_t w = ::write(fd_.fd, p, n);
@@ -147,10 +145,43 @@ class HashingWriter {
   size_t used_ = 0;
   uint64_t written_ = 0;
   uint64_t synced_ = 0;  // bytes handed to write-back
-  XxhState hash_;
 };
 
+// The checksums of each chunk of n bytes at p.
+std::vector<std::string> chunk_checksums(const char* p, uint64_t n, uint64_t chunk_bytes) {
+  std::vector<std::string> out;
+  for (uint64_t at = 0; at < n; at += chunk_bytes)
+    out.push_back(hex16(XXH64(p + at, size_t(std::min(chunk_bytes, n - at)), 0)));
+  return out;
+}
+
+// Header lengths beyond this are refused before anything is allocated: 10,000 tensors take
+// about 1 MB of header.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{256} << 20;
+
 }  // namespace
+
+nlohmann::json FileChecksums::to_json() const {
+  return {{"bytes", bytes}, {"header_xxh64", header}, {"chunk_bytes", chunk_bytes},
+          {"chunks_xxh64", chunks}};
+}
+
+FileChecksums FileChecksums::from_json(const nlohmann::json& j, const std::string& where) {
+  FileChecksums out;
+  try {
+    out.bytes = j.at("bytes").get<uint64_t>();
+    out.header = j.at("header_xxh64").get<std::string>();
+    out.chunk_bytes = j.at("chunk_bytes").get<uint64_t>();
+    out.chunks = j.at("chunks_xxh64").get<std::map<std::string, std::vector<std::string>>>();
+  } catch (const nlohmann::json::exception& e) {
+    CLEAVE_FAIL(where << ": needs bytes, header_xxh64, chunk_bytes and chunks_xxh64 {tensor: "
+                         "[checksums]}: "
+                      << e.what());
+  }
+  CLEAVE_CHECK(out.chunk_bytes >= 4096 && out.chunk_bytes <= (uint64_t{1} << 30),
+               where << ": chunk_bytes " << out.chunk_bytes << " is outside [4096, 2^30]");
+  return out;
+}
 
 uint64_t safetensors_dtype_size(const std::string& dtype) {
   static const std::pair<const char*, uint64_t> kSizes[] = {
@@ -164,8 +195,9 @@ uint64_t safetensors_dtype_size(const std::string& dtype) {
   return 0;
 }
 
-std::string write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+FileChecksums write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                                const std::map<std::string, std::string>& metadata,
+                                uint64_t chunk_bytes) {
   // Header: tensors in the order given, laid out back to back, so data_offsets are contiguous
   // from 0 to the end of the file (what the reference reader requires).
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -209,69 +241,121 @@ std::string write_safetensors(const std::string& path, const std::vector<TensorV
   // Pad with spaces so the data section starts 8-byte aligned.
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
 
-  HashingWriter w(path);
-  unsigned char len[8];
+  FileChecksums sums;
+  sums.chunk_bytes = chunk_bytes;
+  CLEAVE_CHECK(chunk_bytes > 0, "writing " << path << ": chunk_bytes must be positive");
+  FileWriter w(path);
+  std::string head(8, '\0');
   uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  w.append(len, 8);
-  w.append(text.data(), text.size());
-  for (const TensorView& t : tensors) w.append(t.data, t.nbytes);
-  CLEAVE_CHECK(w.written() == 8 + text.size() + offset, "writing " << path << ": size mismatch");
-  return hex16(w.finish());
+  for (int i = 0; i < 8; ++i) head[size_t(i)] = static_cast<char>(n >> (8 * i));
+  head += text;
+  sums.header = hex16(XXH64(head.data(), head.size(), 0));
+  w.append(head.data(), head.size());
+  for (const TensorView& t : tensors) {
+    sums.chunks[t.name] = chunk_checksums(static_cast<const char*>(t.data), t.nbytes, chunk_bytes);
+    w.append(t.data, t.nbytes);
+  }
+  sums.bytes = w.written();
+  CLEAVE_CHECK(sums.bytes == head.size() + offset, "writing " << path << ": size mismatch");
+  w.finish();
+  return sums;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) { load(nullptr); }
+struct SafetensorsFile::Open {
+  int fd = -1;
+  uint64_t size = 0;
+  std::optional<FileChecksums> expected;
+  uint64_t bytes_read = 0;
+  // The chunks read last, each verified as it was read: reading a box row by row takes a few
+  // rows from every chunk.
+  struct Cached {
+    std::string tensor;
+    uint64_t chunk = 0, last_use = 0;
+    std::vector<char> bytes;
+  };
+  std::vector<Cached> cache;
+  uint64_t clock = 0;
 
-SafetensorsFile::SafetensorsFile(const std::string& path, const std::string& expected_checksum)
-    : path_(path) {
-  load(&expected_checksum);
-}
+  ~Open() {
+    if (fd >= 0) ::close(fd);
+  }
 
-void SafetensorsFile::load(const std::string* expected_checksum) {
-  const std::string& path = path_;
-  {
-    Fd fd;
-    fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    CLEAVE_CHECK(fd.fd >= 0, "cannot open safetensors file " << path << ": " << errno_text());
-    struct stat st {};
-    CLEAVE_CHECK(::fstat(fd.fd, &st) == 0, "cannot stat " << path << ": " << errno_text());
-    CLEAVE_CHECK(S_ISREG(st.st_mode), path << " is not a regular file");
-    size_ = static_cast<uint64_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.fd, 0);
-      CLEAVE_CHECK(p != MAP_FAILED, "cannot map " << path << ": " << errno_text());
-      const uint64_t len = size_;
-      bytes_ = std::shared_ptr<const char>(static_cast<const char*>(p), [len](const char* q) {
-        ::munmap(const_cast<char*>(q), len);
-      });
-      ::madvise(p, size_, MADV_SEQUENTIAL);  // read-ahead for the hash pass
+  void pread_exact(const std::string& path, uint64_t offset, uint64_t n, char* out) {
+    bytes_read += n;
+    while (n > 0) {
+      ssize_t r = ::pread(fd, out, size_t(std::min<uint64_t>(n, kChunk)), off_t(offset));
+      if (r < 0 && errno == EINTR) continue;
+      CLEAVE_CHECK(r > 0, "cannot read " << path << " at byte " << offset << ": "
+                                         << (r < 0 ? errno_text() : "the file ended early"));
+      out += r;
+      offset += uint64_t(r);
+      n -= uint64_t(r);
     }
   }
-  const char* bytes = bytes_.get();
-  checksum_ = hex16(XXH64(bytes, size_, 0));
-  if (size_ > 0) ::madvise(const_cast<char*>(bytes), size_, MADV_NORMAL);  // tensors: any order
-  if (expected_checksum != nullptr) {
-    CLEAVE_CHECK(checksum_ == *expected_checksum, "checksum mismatch in "
-                                                      << path << ": expected " << *expected_checksum
-                                                      << ", found " << checksum_
-                                                      << "; the checkpoint is corrupted");
-  }
+};
 
-  const uint64_t size = size_;
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) { load_header(); }
+
+SafetensorsFile::SafetensorsFile(const std::string& path, const FileChecksums& expected)
+    : path_(path) {
+  open_ = std::make_shared<Open>();
+  open_->expected = expected;
+  load_header();
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path, const std::string& expected_file_checksum)
+    : path_(path) {
+  const std::string found = file_checksum(path);
+  CLEAVE_CHECK(found == expected_file_checksum,
+               "checksum mismatch in " << path << ": expected " << expected_file_checksum
+                                       << ", found " << found << "; the checkpoint is corrupted");
+  load_header();
+  open_->bytes_read += open_->size;  // the checksum read all of it
+}
+
+void SafetensorsFile::load_header() {
+  const std::string& path = path_;
+  if (!open_) open_ = std::make_shared<Open>();
+  Open& o = *open_;
+  o.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  CLEAVE_CHECK(o.fd >= 0, "cannot open safetensors file " << path << ": " << errno_text());
+  struct stat st {};
+  CLEAVE_CHECK(::fstat(o.fd, &st) == 0, "cannot stat " << path << ": " << errno_text());
+  CLEAVE_CHECK(S_ISREG(st.st_mode), path << " is not a regular file");
+  o.size = static_cast<uint64_t>(st.st_size);
+  const uint64_t size = o.size;
+  if (o.expected)
+    CLEAVE_CHECK(size == o.expected->bytes,
+                 path << " is " << size << " bytes where the checkpoint recorded "
+                      << o.expected->bytes << ": cut off mid-write or replaced");
   CLEAVE_CHECK(size >= 8, "invalid safetensors file " << path << ": " << size
                                                       << " bytes, shorter than the 8-byte header "
                                                          "length");
+  char len[8];
+  o.pread_exact(path, 0, 8, len);
   uint64_t hlen = 0;
-  for (int i = 0; i < 8; ++i) hlen |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
+  for (int i = 0; i < 8; ++i) hlen |= uint64_t{static_cast<unsigned char>(len[i])} << (8 * i);
   CLEAVE_CHECK(hlen <= size - 8, "invalid safetensors file " << path << ": header length " << hlen
                                                              << " exceeds the file size " << size
                                                              << " (truncated or not safetensors)");
+  CLEAVE_CHECK(hlen <= kMaxHeaderBytes, "invalid safetensors file "
+                                            << path << ": header length " << hlen
+                                            << " exceeds the limit of " << kMaxHeaderBytes);
+  std::string head(len, 8);
+  head.resize(8 + hlen);
+  o.pread_exact(path, 8, hlen, head.data() + 8);
+  if (o.expected) {
+    const std::string found = hex16(XXH64(head.data(), head.size(), 0));
+    CLEAVE_CHECK(found == o.expected->header,
+                 "checksum mismatch in " << path << ": its header: expected " << o.expected->header
+                                         << ", found " << found << "; the checkpoint is corrupted");
+  }
   data_start_ = 8 + hlen;
   const uint64_t data_size = size - data_start_;
 
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes + 8, bytes + 8 + hlen);
+    header = nlohmann::json::parse(head.begin() + 8, head.end());
   } catch (const nlohmann::json::exception& e) {
     CLEAVE_FAIL("invalid safetensors file " << path << ": header is not JSON: " << e.what());
   }
@@ -342,12 +426,74 @@ void SafetensorsFile::load(const std::string* expected_checksum) {
   }
   CLEAVE_CHECK(pos == data_size, "invalid safetensors file " << path << ": " << data_size - pos
                                                              << " bytes after the last tensor");
+  if (o.expected) {  // a checksum for every chunk of every tensor, and none for anything else
+    for (const auto& [name, info] : tensors_) {
+      const auto it = o.expected->chunks.find(name);
+      const uint64_t want = (info.end - info.begin + o.expected->chunk_bytes - 1) /
+                            o.expected->chunk_bytes;
+      CLEAVE_CHECK(it != o.expected->chunks.end() && it->second.size() == want,
+                   path << ": the checkpoint records "
+                        << (it == o.expected->chunks.end() ? 0 : it->second.size())
+                        << " chunk checksums for tensor '" << name << "', which has " << want);
+    }
+    for (const auto& [name, sums] : o.expected->chunks)
+      CLEAVE_CHECK(tensors_.count(name), path << ": the checkpoint records checksums for tensor '"
+                                              << name << "', which the file does not hold");
+  }
 }
 
 const TensorInfo& SafetensorsFile::find(const std::string& name) const {
   auto it = tensors_.find(name);
   CLEAVE_CHECK(it != tensors_.end(), "tensor '" << name << "' not found in " << path_);
   return it->second;
+}
+
+void SafetensorsFile::read_bytes(const std::string& name, const TensorInfo& info, uint64_t begin,
+                                 uint64_t n, char* out) const {
+  Open& o = *open_;
+  const uint64_t base = data_start_ + info.begin, total = info.end - info.begin;
+  if (!o.expected) {
+    if (n > 0) o.pread_exact(path_, base + begin, n, out);
+    return;
+  }
+  const uint64_t C = o.expected->chunk_bytes;
+  const std::vector<std::string>& sums = o.expected->chunks.at(name);
+  auto verify = [&](uint64_t k, const char* bytes, uint64_t len) {
+    const std::string found = hex16(XXH64(bytes, size_t(len), 0));
+    CLEAVE_CHECK(found == sums[k], "checksum mismatch in "
+                                       << path_ << ": tensor '" << name << "' bytes ["
+                                       << k * C << ", " << k * C + len << "): expected " << sums[k]
+                                       << ", found " << found << "; the checkpoint is corrupted");
+  };
+  for (uint64_t at = begin; at < begin + n;) {
+    const uint64_t k = at / C, c0 = k * C, len = std::min(C, total - c0);
+    const uint64_t upto = std::min(begin + n, c0 + len);
+    char* dst = out + (at - begin);
+    if (at == c0 && upto == c0 + len) {  // the whole chunk: straight into place
+      o.pread_exact(path_, base + c0, len, dst);
+      verify(k, dst, len);
+    } else {
+      Open::Cached* hit = nullptr;
+      for (Open::Cached& c : o.cache)
+        if (c.chunk == k && c.tensor == name) hit = &c;
+      if (hit == nullptr) {
+        if (o.cache.size() < 4) {
+          hit = &o.cache.emplace_back();
+        } else {
+          hit = &*std::min_element(o.cache.begin(), o.cache.end(),
+                                   [](auto& a, auto& b) { return a.last_use < b.last_use; });
+        }
+        hit->tensor = name;
+        hit->chunk = k;
+        hit->bytes.resize(len);
+        o.pread_exact(path_, base + c0, len, hit->bytes.data());
+        verify(k, hit->bytes.data(), len);
+      }
+      hit->last_use = ++o.clock;
+      std::memcpy(dst, hit->bytes.data() + (at - c0), upto - at);
+    }
+    at = upto;
+  }
 }
 
 void SafetensorsFile::read(const std::string& name, const std::string& dtype,
@@ -358,9 +504,7 @@ void SafetensorsFile::read(const std::string& name, const std::string& dtype,
   CLEAVE_CHECK(info.shape == shape, "tensor '" << name << "' in " << path_ << ": expected shape "
                                                << shape_text(shape) << ", found "
                                                << shape_text(info.shape));
-  if (info.end > info.begin) {
-    std::memcpy(out, bytes_.get() + data_start_ + info.begin, info.end - info.begin);
-  }
+  read_bytes(name, info, 0, info.end - info.begin, static_cast<char*>(out));
 }
 
 void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& shape,
@@ -379,10 +523,47 @@ void SafetensorsFile::read_f32_elements(const std::string& name, int64_t numel, 
   CLEAVE_CHECK(0 <= begin && 0 <= count && begin + count <= numel,
                "tensor '" << name << "' in " << path_ << ": elements [" << begin << ", "
                           << begin + count << ") outside [0, " << numel << ")");
-  if (count > 0)
-    std::memcpy(out, bytes_.get() + data_start_ + info.begin + uint64_t(begin) * 4,
-                size_t(count) * 4);
+  read_bytes(name, info, uint64_t(begin) * 4, uint64_t(count) * 4, reinterpret_cast<char*>(out));
 }
+
+void SafetensorsFile::verify_all() const {
+  if (!open_->expected) return;
+  std::vector<char> buf;
+  for (const auto& [name, info] : tensors_) {
+    const uint64_t C = open_->expected->chunk_bytes, total = info.end - info.begin;
+    for (uint64_t at = 0; at < total; at += C) {
+      buf.resize(size_t(std::min(C, total - at)));
+      read_bytes(name, info, at, buf.size(), buf.data());
+    }
+  }
+}
+
+FileChecksums SafetensorsFile::compute_checksums(uint64_t chunk_bytes) const {
+  CLEAVE_CHECK(chunk_bytes > 0, "chunk_bytes must be positive");
+  FileChecksums out;
+  out.bytes = open_->size;
+  out.chunk_bytes = chunk_bytes;
+  std::vector<char> buf(size_t(std::min<uint64_t>(data_start_, kChunk)));
+  XxhState head;
+  for (uint64_t at = 0; at < data_start_; at += buf.size()) {
+    const uint64_t len = std::min<uint64_t>(buf.size(), data_start_ - at);
+    open_->pread_exact(path_, at, len, buf.data());
+    XXH64_update(head.s, buf.data(), size_t(len));
+  }
+  out.header = hex16(XXH64_digest(head.s));
+  for (const auto& [name, info] : tensors_) {
+    std::vector<std::string>& sums = out.chunks[name];
+    const uint64_t total = info.end - info.begin;
+    for (uint64_t at = 0; at < total; at += chunk_bytes) {
+      buf.resize(size_t(std::min(chunk_bytes, total - at)));
+      open_->pread_exact(path_, data_start_ + info.begin + at, buf.size(), buf.data());
+      sums.push_back(hex16(XXH64(buf.data(), buf.size(), 0)));
+    }
+  }
+  return out;
+}
+
+uint64_t SafetensorsFile::bytes_read() const { return open_->bytes_read; }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::ostringstream os;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace cleave {
 
 struct TensorView {  // what a writer is given: bytes that live elsewhere
@@ -18,10 +20,29 @@ struct TensorView {  // what a writer is given: bytes that live elsewhere
   uint64_t nbytes = 0;
 };
 
-// Writes the file (not atomically; callers write into a temporary folder). Returns the XXH64 of the
-// whole file as 16 hex digits.
-std::string write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
-                              const std::map<std::string, std::string>& metadata);
+// What proves a file intact piece by piece, so that a reader verifies exactly the bytes it reads:
+// the file's size, the XXH64 of its length field and header, and the XXH64 of each chunk of
+// chunk_bytes of every tensor's bytes (the last chunk of a tensor may be shorter).
+struct FileChecksums {
+  uint64_t bytes = 0;
+  std::string header;
+  uint64_t chunk_bytes = 0;
+  std::map<std::string, std::vector<std::string>> chunks;  // tensor -> one checksum per chunk
+
+  nlohmann::json to_json() const;
+  // Errors name `where` (e.g. "dir/meta.json: file model-rank00000.safetensors").
+  static FileChecksums from_json(const nlohmann::json& j, const std::string& where);
+};
+
+// 1 MiB: a reader reads at most a chunk beyond each end of what it keeps, and a 124M model's
+// state (1.5 GB) needs about 1,500 checksums.
+constexpr uint64_t kChecksumChunkBytes = uint64_t{1} << 20;
+
+// Writes the file (not atomically; callers write into a temporary folder), hashing every byte on
+// its way out.
+FileChecksums write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                                const std::map<std::string, std::string>& metadata,
+                                uint64_t chunk_bytes = kChecksumChunkBytes);
 
 struct TensorInfo {
   std::string dtype;
@@ -29,14 +50,18 @@ struct TensorInfo {
   uint64_t begin = 0, end = 0;  // byte offsets within the data section
 };
 
-// Maps a whole file read-only and validates its header against the file size; errors name the
-// file. The file must not be truncated while the object lives (checkpoint files never are).
+// Reads only the header on opening and validates it against the file size; errors name the file.
+// Tensor bytes are read with pread when asked for, so a rank reads only what it keeps (and the
+// kernel's read counters see it). Not safe for concurrent use; copies share one open file.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
-  // Also checks the file's XXH64 (computed over the whole file before the header is parsed)
-  // against `expected_checksum`: "checksum mismatch in <path>: expected X, found Y; ...".
-  SafetensorsFile(const std::string& path, const std::string& expected_checksum);
+  // Checks the size and the header's checksum on opening, and each chunk of a tensor the first
+  // time any of its bytes are read: "checksum mismatch in <path>: ...".
+  SafetensorsFile(const std::string& path, const FileChecksums& expected);
+  // Format versions 1-3: one XXH64 of the whole file, checked on opening by reading it all.
+  SafetensorsFile(const std::string& path, const std::string& expected_file_checksum);
+
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
@@ -50,18 +75,24 @@ class SafetensorsFile {
   // Elements [begin, begin + count) of F32 tensor `name`, which must hold `numel` elements.
   void read_f32_elements(const std::string& name, int64_t numel, int64_t begin, int64_t count,
                          float* out) const;
-  // XXH64 of the whole file, 16 hex digits (always computed on opening).
-  const std::string& checksum() const { return checksum_; }
+  // Reads and checks every chunk of every tensor (with per-chunk checksums; otherwise nothing is
+  // left to check after opening).
+  void verify_all() const;
+  // Reads the whole file: its FileChecksums, as the writer would have returned them.
+  FileChecksums compute_checksums(uint64_t chunk_bytes) const;
+  // Bytes read from the file so far, header included.
+  uint64_t bytes_read() const;
   const std::string& path() const { return path_; }
 
  private:
-  void load(const std::string* expected_checksum);
+  struct Open;  // the descriptor, the expected checksums, the verified chunks, the counter
+  void load_header();
   const TensorInfo& find(const std::string& name) const;
+  void read_bytes(const std::string& name, const TensorInfo& info, uint64_t begin, uint64_t n,
+                  char* out) const;
 
   std::string path_;
-  std::string checksum_;
-  std::shared_ptr<const char> bytes_;  // the file, mapped read-only (shared by copies)
-  uint64_t size_ = 0;
+  std::shared_ptr<Open> open_;
   uint64_t data_start_ = 0;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -187,7 +187,7 @@ std::string state_file_name(int index) {
   return buf;
 }
 
-std::string write_state_file(const std::string& tmp, int index, const ParamStore& params,
+FileChecksums write_state_file(const std::string& tmp, int index, const ParamStore& params,
                              const StateSlices& state) {
   std::vector<TensorView> views;
   const RangeBuffer buffers[] = {state.values, state.m, state.v};
@@ -231,15 +231,16 @@ nlohmann::json state_file_entries(int index, const ParamStore& params, const Sta
 void finish_training_checkpoint(const std::string& dir, const std::string& tag,
                                 const std::string& config, uint64_t seed, int64_t step,
                                 const std::vector<nlohmann::json>& entries_of_file,
-                                const std::map<int, std::string>& own_checksums,
+                                const std::map<int, FileChecksums>& written,
                                 int64_t optimizer_steps, int world_size,
                                 const LossScalerState* loss_scaler,
                                 const nlohmann::json& moe_bias, const nlohmann::json& fp8) {
   nlohmann::json tensors = nlohmann::json::object();
-  std::map<std::string, std::string> files;  // name -> checksum, "" where another rank wrote it
+  std::map<std::string, std::optional<FileChecksums>> files;  // nullopt: to be read back
   for (size_t i = 0; i < entries_of_file.size(); ++i) {
-    const auto own = own_checksums.find(int(i));
-    files[state_file_name(int(i))] = own != own_checksums.end() ? own->second : "";
+    const auto known = written.find(int(i));
+    files[state_file_name(int(i))] =
+        known != written.end() ? std::optional<FileChecksums>(known->second) : std::nullopt;
     for (const auto& [name, entry] : entries_of_file[i].items()) {
       nlohmann::json& merged = tensors[name];
       merged["shape"] = entry["shape"];

@@ -34,8 +34,8 @@ struct StateSlices {
 };
 
 // Writes state file `index` into the checkpoint's temporary folder `tmp` (begin_checkpoint_folder);
-// returns its checksum.
-std::string write_state_file(const std::string& tmp, int index, const ParamStore& params,
+// returns its checksums.
+FileChecksums write_state_file(const std::string& tmp, int index, const ParamStore& params,
                              const StateSlices& state);
 // What meta.json lists for state file `index` holding `ranges` of params: "<kind>/<name>" ->
 // {shape, dtype, pieces}. The writer computes it (only it knows its placements) for rank 0.
@@ -43,12 +43,12 @@ nlohmann::json state_file_entries(int index, const ParamStore& params, const Sta
 
 // Once every state file is written: meta.json (file i's entries_of_file[i]; `config`, the run's
 // resolved config as TOML, and `seed`, its train.seed) and the folder swapped into place
-// (finish_checkpoint_folder). own_checksums: the files this rank wrote and what write_state_file
-// returned; the other files are read back for theirs.
+// (finish_checkpoint_folder). written: what write_state_file returned to each file's writer (the
+// ranks send it to the finisher); a file missing from it is read back for its checksums.
 void finish_training_checkpoint(const std::string& dir, const std::string& tag,
                                 const std::string& config, uint64_t seed, int64_t step,
                                 const std::vector<nlohmann::json>& entries_of_file,
-                                const std::map<int, std::string>& own_checksums,
+                                const std::map<int, FileChecksums>& written,
                                 int64_t optimizer_steps, int world_size,
                                 const LossScalerState* loss_scaler = nullptr,
                                 const nlohmann::json& moe_bias = nullptr,

@@ -38,7 +38,6 @@ void Trainer::save_checkpoint() {
   int files_per_block = 0;
   for (GroupParallel& part : groups_) files_per_block += files_of(part);
   const int block = flat_coordinate(*mesh_, rank_, axes_.model);
-  std::map<int, std::string> checksums;  // of the files this rank wrote
   nlohmann::json entries = nlohmann::json::array();
   int group_first = 0;
   for (GroupParallel& part : groups_) {
@@ -49,8 +48,11 @@ void Trainer::save_checkpoint() {
       const StateSlices state{part.dp->ranges(), part.dp->values(),
                               {part.optim->m(), true}, {part.optim->v(), true},
                               tp_grads_ ? tp_grads_->copy() : TpCopy{}};
-      checksums[file] = write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params, state);
-      entries.push_back({{"file", file}, {"tensors", state_file_entries(file, params, state)}});
+      const FileChecksums sums =
+          write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params, state);
+      entries.push_back({{"file", file},
+                         {"tensors", state_file_entries(file, params, state)},
+                         {"checksums", sums.to_json()}});
       part.optim->drop_offloaded();
       part.dp->drop_offloaded();
     }
@@ -64,16 +66,19 @@ void Trainer::save_checkpoint() {
   if (rank_ == 0) {
     std::vector<nlohmann::json> entries_of_file(
         size_t(files_per_block * flat_size(*mesh_, axes_.model)));
+    std::map<int, FileChecksums> written;
     for (const std::string& e : listed)
-      for (const nlohmann::json& j : nlohmann::json::parse(e))
+      for (const nlohmann::json& j : nlohmann::json::parse(e)) {
         entries_of_file[j["file"].get<size_t>()] = j["tensors"];
+        written[j["file"].get<int>()] = FileChecksums::from_json(j["checksums"], "a writer's checksums");
+      }
     nlohmann::json moe_bias = nullptr;
     for (const std::string& b : bias_of_rank) {
       const nlohmann::json layers = nlohmann::json::parse(b);
       for (const auto& [layer, values] : layers.items()) moe_bias[layer] = values;
     }
     finish_training_checkpoint(dir, job_tag_, to_toml(cfg_), t.seed, step_, entries_of_file,
-                               checksums, groups_.front().optim->steps_taken(), world_,
+                               written, groups_.front().optim->steps_taken(), world_,
                                scaler_ ? &scaler_->state() : nullptr, moe_bias,
                                fp8_ ? fp8_->state() : nlohmann::json());
     std::printf("saved checkpoint %s\n", dir.c_str());
