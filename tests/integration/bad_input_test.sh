@@ -117,8 +117,8 @@ del meta["tensors"]["param/blocks.0.attn.qkv.weight"]["pieces"][0]["end"]
 json.dump(meta, open(sys.argv[1], "w"))
 PY
 expect_error "checkpoint meta.json with a malformed piece" "$work/noend/meta.json: tensor param/blocks.0.attn.qkv.weight:" train --resume "$work/noend"
-# A file whose header disagrees with meta.json (a transposed shape, the same size, its checksum
-# made to match) is refused, not read as it lies.
+# A file whose header disagrees with meta.json (a transposed shape, the same size, the header's
+# checksum made to match) is refused, not read as it lies.
 cp -r "$ck" "$work/transposed"
 /usr/bin/python3 - "$work/transposed/model-rank00000.safetensors" <<'PY' || { echo "FAIL: cannot edit the header"; exit 1; }
 import json, struct, sys
@@ -138,7 +138,7 @@ found=$("$cleave" generate "$work/transposed" --prompt "To be" 2>&1 | sed -n 's/
 /usr/bin/python3 - "$work/transposed/meta.json" "$found" <<'PY' || { echo "FAIL: cannot edit meta.json"; exit 1; }
 import json, sys
 meta = json.load(open(sys.argv[1]))
-meta["files"]["model-rank00000.safetensors"] = sys.argv[2]
+meta["files"]["model-rank00000.safetensors"]["header_xxh64"] = sys.argv[2]
 json.dump(meta, open(sys.argv[1], "w"))
 PY
 expect_error "safetensors header against meta.json" "holds param/blocks.0.attn.qkv.weight as F32 [64, 192], meta.json as F32 [192, 64]" \

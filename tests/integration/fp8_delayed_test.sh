@@ -27,11 +27,13 @@ run delayed-moe 1 "${fp8[@]}" "${moe[@]}"
 layout delayed-moe delayed-moe-ep2 2 "${fp8[@]}" "${moe[@]}" --set parallel.dp_shard=2 --set parallel.ep=2
 echo "fp8 delayed: every layout matches one process"
 
-/usr/bin/python3 - "$work" <<'PY'
-import glob, json, sys
+/usr/bin/python3 - "$work" "$src/tests/integration" <<'PY'
+import glob, sys
 work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from fp8_state import fp8_state
 def state(run):
-    return json.load(open(sorted(glob.glob(f"{work}/{run}/step_*"))[-1] + "/meta.json"))["fp8"]
+    return fp8_state(sorted(glob.glob(f"{work}/{run}/step_*"))[-1])
 ref = state("delayed-ref")
 assert len(ref) == 8, f"the reference holds {len(ref)} FP8 linears, not 8"
 for run in ["delayed-ref-m2", "delayed-ddp2", "delayed-zero3x2", "delayed-hsdp2x2",

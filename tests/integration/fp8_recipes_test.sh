@@ -60,12 +60,14 @@ run one-step-tp2 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 run one-step-cp2 2 --set parallel.cp=2
 run one-step-llama 1 "${llama[@]}"
 run one-step-llama-tp2 2 "${llama[@]}" --set parallel.tp=2
-/usr/bin/python3 - "$work" <<'PY'
-import glob, json, sys
+/usr/bin/python3 - "$work" "$src/tests/integration" <<'PY'
+import glob, sys
 work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from fp8_state import fp8_state
 def scales(run):
-    meta = json.load(open(sorted(glob.glob(f"{work}/{run}/step_*"))[-1] + "/meta.json"))
-    return {name: t["scales"] for name, t in meta["fp8"].items()}
+    state = fp8_state(sorted(glob.glob(f"{work}/{run}/step_*"))[-1])
+    return {name: t["scales"] for name, t in state.items()}
 for ref, runs in [("one-step", ["one-step-tp2", "one-step-cp2"]),
                   ("one-step-llama", ["one-step-llama-tp2"])]:
     want = scales(ref)

@@ -55,14 +55,16 @@ done
 # rewrite the newest gpt2 checkpoint's meta.json in that form and export it again.
 ck=$(ls -d "$work"/gpt2/step_* | tail -1)
 cp -r "$ck" "$work/v1"
-/usr/bin/python3 - "$work/v1/meta.json" <<'PY'
+/usr/bin/python3 - "$work/v1/meta.json" "$src/tests/integration" <<'PY'
 import json, sys
+sys.path.insert(0, sys.argv[2])
+from old_format import whole_file_checksums
 meta = json.load(open(sys.argv[1]))
-assert meta["version"] == 3 and len(meta["files"]) == 1, meta["files"]
+assert meta["version"] == 4 and len(meta["files"]) == 1, meta["files"]
 for t in meta["tensors"].values():
     (piece,) = t.pop("pieces")
     t["file"] = piece["file"]
-meta["version"] = 1
+whole_file_checksums(meta, sys.argv[1].rsplit("/", 1)[0], version=1)
 json.dump(meta, open(sys.argv[1], "w"))
 PY
 "$cleave" export "$work/v1" "$work/v1-hf" > /dev/null
@@ -71,14 +73,16 @@ cmp "$work/v1-hf/model.safetensors" "$work/gpt2-hf/model.safetensors" \
 echo "version 1 checkpoint: loads and exports the same tensors"
 # A version 2 checkpoint (pieces as element ranges of the whole tensor, no boxes) still loads.
 cp -r "$ck" "$work/v2"
-/usr/bin/python3 - "$work/v2/meta.json" <<'PY'
+/usr/bin/python3 - "$work/v2/meta.json" "$src/tests/integration" <<'PY'
 import json, sys
+sys.path.insert(0, sys.argv[2])
+from old_format import whole_file_checksums
 meta = json.load(open(sys.argv[1]))
 for t in meta["tensors"].values():
     for piece in t["pieces"]:
         for key in ("key", "offset", "box"):
             del piece[key]
-meta["version"] = 2
+whole_file_checksums(meta, sys.argv[1].rsplit("/", 1)[0], version=2)
 json.dump(meta, open(sys.argv[1], "w"))
 PY
 "$cleave" export "$work/v2" "$work/v2-hf" > /dev/null

@@ -72,4 +72,13 @@ std::string read_bounded_file(const std::string& path, const char* what, int64_t
   return bytes;
 }
 
+int64_t process_bytes_read() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (in >> key >> value)
+    if (key == "rchar:") return value;
+  return -1;
+}
+
 }  // namespace cleave

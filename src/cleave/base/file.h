@@ -24,4 +24,9 @@ std::string read_bounded_file(const std::string& path, const char* what, int64_t
 int64_t check_bounded_file(const std::string& path, const char* what, int64_t max_bytes);
 constexpr int64_t kMiB = int64_t(1) << 20;
 
+// The bytes this process has read with read-like system calls so far, as the kernel counts them
+// (/proc/self/io's rchar); -1 where the kernel does not say. A reader's own count is checked
+// against it.
+int64_t process_bytes_read();
+
 }  // namespace cleave

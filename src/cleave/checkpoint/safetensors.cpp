@@ -565,6 +565,8 @@ FileChecksums SafetensorsFile::compute_checksums(uint64_t chunk_bytes) const {
 
 uint64_t SafetensorsFile::bytes_read() const { return open_->bytes_read; }
 
+uint64_t SafetensorsFile::size() const { return open_->size; }
+
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::ostringstream os;
   os << '[';

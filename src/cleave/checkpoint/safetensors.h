@@ -83,6 +83,7 @@ class SafetensorsFile {
   // Bytes read from the file so far, header included.
   uint64_t bytes_read() const;
   const std::string& path() const { return path_; }
+  uint64_t size() const;  // the file's size in bytes
 
  private:
   struct Open;  // the descriptor, the expected checksums, the verified chunks, the counter

@@ -13,6 +13,7 @@ namespace cleave {
 namespace {
 
 constexpr const char* kKinds[] = {"param", "adam_m", "adam_v"};
+constexpr const char* kFp8File = "fp8-state.safetensors";
 
 // A box of the global tensor (offset and extent per dimension, as 2-D: a vector is one row) and
 // the range [begin, end) of its row-major elements that one file holds under `key`.
@@ -234,7 +235,7 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag,
                                 const std::map<int, FileChecksums>& written,
                                 int64_t optimizer_steps, int world_size,
                                 const LossScalerState* loss_scaler,
-                                const nlohmann::json& moe_bias, const nlohmann::json& fp8) {
+                                const nlohmann::json& moe_bias, const Fp8ScalingState* fp8) {
   nlohmann::json tensors = nlohmann::json::object();
   std::map<std::string, std::optional<FileChecksums>> files;  // nullopt: to be read back
   for (size_t i = 0; i < entries_of_file.size(); ++i) {
@@ -260,7 +261,23 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag,
                            {"good_steps", loss_scaler->good_steps},
                            {"hysteresis_left", loss_scaler->hysteresis_left}};
   if (!moe_bias.is_null()) meta["moe_bias"] = moe_bias;
-  if (!fp8.is_null()) meta["fp8"] = fp8;
+  if (fp8) {
+    const int64_t n = int64_t(fp8->names.size());
+    CLEAVE_CHECK(fp8->scales.size() == size_t(3 * n) &&
+                     fp8->history.size() == size_t(fp8->steps() * 3 * n),
+                 "checkpoint " << dir << ": the FP8 state has not 3 values per linear");
+    const std::vector<TensorView> views = {
+        {"scales", "F32", {n, 3}, fp8->scales.data(), uint64_t(fp8->scales.size()) * 4},
+        {"amax_history", "F32", {fp8->steps(), n, 3}, fp8->history.data(),
+         uint64_t(fp8->history.size()) * 4}};
+    files[kFp8File] = write_safetensors(
+        checkpoint_temp_folder(dir, tag) + "/" + kFp8File, views,
+        {{"format", "cleave-checkpoint"}, {"names", nlohmann::json(fp8->names).dump()}});
+    meta["fp8"] = {{"file", kFp8File},
+                   {"recipe", fp8->delayed ? "delayed" : "current"},
+                   {"linears", n},
+                   {"history_steps", fp8->steps()}};
+  }
   finish_checkpoint_folder(dir, tag, meta, files);
 }
 
@@ -275,6 +292,25 @@ void check_saved_shapes(const LoadedCheckpoint& ck, const std::string& dir,
                         const ParamStore& params, const std::string& kind) {
   for (const ParamTensor& t : params.tensors())
     saved_pieces(ck, dir, kind + "/" + t.name, t.global_shape());
+}
+
+void check_saved_pieces(const LoadedCheckpoint& ck, const std::string& dir) {
+  if (!ck.meta.contains("tensors")) return;
+  CLEAVE_CHECK(ck.meta["tensors"].is_object(), "checkpoint " << dir << "/meta.json: \"tensors\" "
+                                                                     "is not an object");
+  for (const auto& [name, t] : ck.meta["tensors"].items()) {
+    CLEAVE_CHECK(t.is_object() && t.contains("shape") && t["shape"].is_array(),
+                 "checkpoint " << dir << "/meta.json: tensor " << name << " has no shape");
+    std::vector<int64_t> shape;
+    for (const nlohmann::json& d : t["shape"]) {
+      CLEAVE_CHECK(d.is_number_unsigned(), "checkpoint " << dir << "/meta.json: tensor " << name
+                                                         << " has an invalid shape");
+      shape.push_back(d.get<int64_t>());
+    }
+    CLEAVE_CHECK(shape.size() <= 2, "checkpoint " << dir << "/meta.json: tensor " << name
+                                                  << " has " << shape.size() << " dimensions");
+    saved_pieces(ck, dir, name, shape);
+  }
 }
 
 void read_state(const LoadedCheckpoint& ck, const std::string& dir, const ParamStore& params,
@@ -311,6 +347,57 @@ void read_state(const LoadedCheckpoint& ck, const std::string& dir, const ParamS
       }
     }
   }
+}
+
+std::optional<Fp8ScalingState> checkpoint_fp8_state(const LoadedCheckpoint& ck,
+                                                    const std::string& dir) {
+  if (!ck.meta.contains("fp8") || ck.meta["fp8"].empty()) return std::nullopt;
+  const nlohmann::json& j = ck.meta["fp8"];
+  Fp8ScalingState out;
+  if (!j.contains("file")) {  // format 3: {linear: {"scales": [3], "amax_history": [[3]...]}}
+    try {
+      for (const auto& [name, t] : j.items()) {
+        out.names.push_back(name);
+        for (const nlohmann::json& v : t.at("scales")) out.scales.push_back(v.get<float>());
+        out.delayed = t.contains("amax_history");
+      }
+      const size_t steps = out.delayed ? j.begin()->at("amax_history").size() : 0;
+      out.history.assign(steps * 3 * out.names.size(), 0.0f);
+      for (size_t s = 0; s < out.names.size() && out.delayed; ++s) {
+        const nlohmann::json& rows = j[out.names[s]].at("amax_history");
+        CLEAVE_CHECK(rows.size() == steps, "checkpoint " << dir << "/meta.json: fp8 history of "
+                                                         << out.names[s] << " has "
+                                                         << rows.size() << " steps, not " << steps);
+        for (size_t i = 0; i < steps; ++i)
+          for (size_t k = 0; k < 3; ++k)
+            out.history[(i * out.names.size() + s) * 3 + k] = rows[i].at(k).get<float>();
+      }
+    } catch (const nlohmann::json::exception& e) {
+      CLEAVE_FAIL("checkpoint " << dir << "/meta.json: fp8: " << e.what());
+    }
+    return out;
+  }
+  const SafetensorsFile* file = nullptr;
+  for (const SafetensorsFile& f : ck.files)
+    if (f.path() == dir + "/" + kFp8File) file = &f;
+  CLEAVE_CHECK(file != nullptr, "checkpoint " << dir << "/meta.json names the FP8 state's file "
+                                              << kFp8File << " but does not list it in files");
+  try {
+    out.names = nlohmann::json::parse(file->metadata().at("names")).get<std::vector<std::string>>();
+  } catch (const std::exception& e) {
+    CLEAVE_FAIL(file->path() << ": no list of FP8 linears in its metadata: " << e.what());
+  }
+  const int64_t n = int64_t(out.names.size());
+  out.delayed = j.value("recipe", std::string()) == "delayed";
+  const auto history = file->tensors().find("amax_history");
+  CLEAVE_CHECK(history != file->tensors().end() && history->second.shape.size() == 3,
+               file->path() << ": no amax_history [steps, linears, 3]");
+  const int64_t steps = history->second.shape[0];
+  out.scales.resize(size_t(3 * n));
+  out.history.resize(size_t(steps * 3 * n));
+  file->read_f32("scales", {n, 3}, out.scales.data());
+  file->read_f32("amax_history", {steps, n, 3}, out.history.data());
+  return out;
 }
 
 void read_moe_biases(const LoadedCheckpoint& ck, const std::string& dir,

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cleave/checkpoint/folder.h"
+#include "cleave/model/fp8_state.h"
 #include "cleave/model/params.h"
 #include "cleave/model/placement.h"
 #include "cleave/optim/loss_scaler.h"
@@ -42,7 +43,8 @@ FileChecksums write_state_file(const std::string& tmp, int index, const ParamSto
 nlohmann::json state_file_entries(int index, const ParamStore& params, const StateSlices& state);
 
 // Once every state file is written: meta.json (file i's entries_of_file[i]; `config`, the run's
-// resolved config as TOML, and `seed`, its train.seed) and the folder swapped into place
+// resolved config as TOML, and `seed`, its train.seed), the FP8 state's file when there is one,
+// and the folder swapped into place
 // (finish_checkpoint_folder). written: what write_state_file returned to each file's writer (the
 // ranks send it to the finisher); a file missing from it is read back for its checksums.
 void finish_training_checkpoint(const std::string& dir, const std::string& tag,
@@ -52,12 +54,17 @@ void finish_training_checkpoint(const std::string& dir, const std::string& tag,
                                 int64_t optimizer_steps, int world_size,
                                 const LossScalerState* loss_scaler = nullptr,
                                 const nlohmann::json& moe_bias = nullptr,
-                                const nlohmann::json& fp8 = nullptr);
+                                const Fp8ScalingState* fp8 = nullptr);
 
 int64_t checkpoint_optimizer_steps(const LoadedCheckpoint& ck, const std::string& dir);
 // fp16's loss scaler as the checkpoint saved it; nullopt when the run had none (it was not fp16).
 std::optional<LossScalerState> checkpoint_loss_scaler(const LoadedCheckpoint& ck,
                                                       const std::string& dir);
+
+// FP8's scales and amax histories as the checkpoint saved them (the file fp8-state.safetensors;
+// format 3 kept them as JSON in meta.json); nullopt when the run was not FP8 with per-tensor scales.
+std::optional<Fp8ScalingState> checkpoint_fp8_state(const LoadedCheckpoint& ck,
+                                                    const std::string& dir);
 
 // sigmoid_bias's router biases as the checkpoint saved them ("moe_bias": layer -> [experts]):
 // into each of `biases` (by layer), or an error naming the layer and the checkpoint.
@@ -68,6 +75,10 @@ void read_moe_biases(const LoadedCheckpoint& ck, const std::string& dir,
 // shape, or throws naming the tensor and both shapes: before anything is read or initialised.
 void check_saved_shapes(const LoadedCheckpoint& ck, const std::string& dir,
                         const ParamStore& params, const std::string& kind);
+
+// Checks every tensor meta.json lists: its pieces lie inside it, tile it, and agree with the headers
+// of the files that hold them (what check_saved_shapes checks of a model's tensors, for all).
+void check_saved_pieces(const LoadedCheckpoint& ck, const std::string& dir);
 
 // Reads the elements of `ranges` (in this model's flat layout) of the saved tensors
 // "<kind>/<name>" (kind: "param", "adam_m" or "adam_v") from whichever files hold them.

@@ -85,37 +85,26 @@ void Fp8Scaling::apply_scales() {
   }
 }
 
-nlohmann::json Fp8Scaling::state() const {
-  // Per tensor: its scales and its history of [x, w, dy] amaxes, oldest first.
-  nlohmann::json tensors = nlohmann::json::object();
-  for (size_t s = 0; s < names_.size(); ++s) {
-    nlohmann::json rows = nlohmann::json::array();
-    for (const auto& step : history_)
-      rows.push_back({step[3 * s], step[3 * s + 1], step[3 * s + 2]});
-    tensors[names_[s]] = {{"scales", {scales_[3 * s], scales_[3 * s + 1], scales_[3 * s + 2]}}};
-    if (delayed()) tensors[names_[s]]["amax_history"] = rows;
-  }
-  return tensors;
+Fp8ScalingState Fp8Scaling::state() const {
+  Fp8ScalingState out{delayed(), names_, scales_, {}};
+  if (delayed())
+    for (const auto& step : history_) out.history.insert(out.history.end(), step.begin(), step.end());
+  return out;
 }
 
-void Fp8Scaling::restore(const nlohmann::json& state, const std::string& where) {
-  CLEAVE_CHECK(state.is_object(), where << ": fp8 must be an object of tensors");
-  size_t steps = 0;
-  for (size_t s = 0; s < names_.size(); ++s) {
-    CLEAVE_CHECK(state.contains(names_[s]), where << ": fp8 has no scales of " << names_[s]);
-    steps = std::max(steps, state[names_[s]]["amax_history"].size());
-  }
-  history_.assign(steps, std::vector<float>(3 * names_.size(), 0.0f));
-  for (size_t s = 0; s < names_.size(); ++s) {
-    const nlohmann::json& t = state[names_[s]];
-    const nlohmann::json& rows = t["amax_history"];
-    CLEAVE_CHECK(rows.size() == steps && t["scales"].size() == 3,
-                 where << ": fp8 state of " << names_[s] << " has another shape than the rest");
-    for (size_t k = 0; k < 3; ++k) {
-      scales_[3 * s + k] = t["scales"][k].get<float>();
-      for (size_t i = 0; i < steps; ++i) history_[i][3 * s + k] = rows[i][k].get<float>();
-    }
-  }
+void Fp8Scaling::restore(const Fp8ScalingState& state, const std::string& where) {
+  CLEAVE_CHECK(state.names == names_,
+               where << ": the FP8 state holds " << state.names.size()
+                     << " linears, not this model's " << names_.size() << " (or other names)");
+  CLEAVE_CHECK(state.scales.size() == 3 * names_.size() &&
+                   state.history.size() == size_t(state.steps()) * 3 * names_.size(),
+               where << ": the FP8 state's scales or history do not have 3 values per linear");
+  scales_ = state.scales;
+  history_.clear();
+  const size_t n = 3 * names_.size();
+  for (int64_t i = 0; i < state.steps(); ++i)
+    history_.emplace_back(state.history.begin() + ptrdiff_t(i * n),
+                          state.history.begin() + ptrdiff_t((i + 1) * n));
   while (int64_t(history_.size()) > options_.amax_history_len) history_.erase(history_.begin());
   apply_scales();
 }

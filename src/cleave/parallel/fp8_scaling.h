@@ -27,6 +27,7 @@
 #include "cleave/comm/group.h"
 #include "cleave/kernels/fp8.h"
 #include "cleave/kernels/linear.h"
+#include "cleave/model/fp8_state.h"
 
 namespace cleave {
 
@@ -53,9 +54,9 @@ class Fp8Scaling {
   // weights': the next step multiplies the same weights, and builds their FP8 images only once.
   void discard();
   // Checkpoints: the scales and (delayed) the history by tensor name (rank 0 writes it; every rank
-  // holds all of it). Only delayed scaling restores it.
-  nlohmann::json state() const;
-  void restore(const nlohmann::json& state, const std::string& where);
+  // holds all of it). Only delayed scaling restores it; `where` names the checkpoint in errors.
+  Fp8ScalingState state() const;
+  void restore(const Fp8ScalingState& state, const std::string& where);
   bool delayed() const { return options_.recipe == kernels::Fp8Recipe::delayed; }
 
  private:

@@ -28,33 +28,43 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The checkpoint folder a run continues from ("" for a fresh run), or an error that names the
-// folders involved.
-// "latest" is the newest checkpoint that reads and verifies: one cut off or corrupted is skipped
-// and named, and with none at all the run starts from scratch and says so, so that one command
-// line serves a job's first start and every requeue. notes: what rank 0 prints about it; opened:
-// the checkpoint verified on the way, which loading then takes instead of reading it again.
-std::string checkpoint_to_resume(const std::string& resume, const std::string& out_dir,
-                                 std::vector<std::string>& notes,
-                                 std::optional<LoadedCheckpoint>& opened) {
+// The checkpoint folders a run may continue from, in the order to try them (none for a fresh
+// run), or an error that names the folders involved.
+// "latest" is the newest checkpoint that opens (each file there at its recorded size, each header
+// intact): one cut off is skipped and named, and with none at all the run starts from scratch and
+// says so, so that one command line serves a job's first start and every requeue. Older ones
+// follow it, for a newest one whose bytes turn out corrupted as the ranks read them. notes: what
+// rank 0 prints about it; opened: the first one, which loading takes instead of opening it again.
+std::vector<std::string> checkpoints_to_resume(const std::string& resume,
+                                               const std::string& out_dir,
+                                               std::vector<std::string>& notes,
+                                               std::optional<LoadedCheckpoint>& opened) {
   if (resume == "latest") {
+    std::vector<std::string> out;
     for (const std::string& dir : checkpoints_newest_first(out_dir)) {
+      if (!out.empty()) {
+        out.push_back(dir);
+        continue;
+      }
       try {
         opened = read_checkpoint_folder(dir);
-        return dir;
+        out.push_back(dir);
       } catch (const Error& e) {
         notes.push_back("--resume latest: skipping " + dir + ": " + e.what());
       }
     }
-    notes.push_back("--resume latest: no checkpoint that verifies in " + out_dir +
-                    ": starting from step 0");
-    return "";
+    if (out.empty())
+      notes.push_back("--resume latest: no checkpoint that verifies in " + out_dir +
+                      ": starting from step 0");
+    return out;
   }
-  if (resume.empty())
+  if (resume.empty()) {
     if (const std::string existing = latest_checkpoint(out_dir); !existing.empty())
       throw Error("train.out_dir " + out_dir + " already holds checkpoints (newest " + existing +
                   "): pass --resume latest to continue that run, or choose another train.out_dir");
-  return resume;
+    return {};
+  }
+  return {resume};
 }
 
 }  // namespace
@@ -66,7 +76,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   // What can go wrong before the first collective is checked on every rank and agreed on: a bad
   // layout, data file or out_dir then ends the job alike on every rank, reported once.
-  std::string from;
+  std::vector<std::string> candidates;
   std::vector<std::string> resume_notes;
   std::optional<LoadedCheckpoint> opened;
   std::unique_ptr<Layout> layout;
@@ -84,7 +94,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     train_loader_ =
         std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0, documents, split);
     val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1, documents, split);
-    from = checkpoint_to_resume(resume, t.out_dir, resume_notes, opened);
+    candidates = checkpoints_to_resume(resume, t.out_dir, resume_notes, opened);
   });
   if (rank_ == 0)
     for (const std::string& note : resume_notes) std::printf("cleave: %s\n", note.c_str());
@@ -152,7 +162,22 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   if (rank_ == 0) predicted_ = predicted_traffic(comm_volume(cfg_, *layout));
 
   // Each rank reads its own part of the checkpoint: a bad part may be seen by some ranks only.
-  if (!from.empty()) agree_on_errors([&] { load_checkpoint(from, std::move(opened)); });
+  // Under --resume latest a checkpoint one of them finds corrupted is skipped for the next older
+  // one (which then overwrites everything the failed load wrote).
+  std::string from;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    try {
+      agree_on_errors([&] { load_checkpoint(candidates[i], std::move(opened)); });
+      from = candidates[i];
+      break;
+    } catch (const EveryRankError& e) {
+      if (i + 1 == candidates.size()) throw;
+      if (rank_ == 0)
+        std::printf("cleave: --resume latest: skipping %s: %s\n", candidates[i].c_str(), e.what());
+      opened.reset();
+    }
+  }
+  if (!from.empty()) report_resume_reads(from);
 
   if (rank_ == 0) {
     fs::create_directories(t.out_dir);

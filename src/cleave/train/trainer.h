@@ -62,6 +62,8 @@ class Trainer {
  private:
   // opened: dir already read and verified (--resume latest), else it is read here.
   void load_checkpoint(const std::string& dir, std::optional<LoadedCheckpoint> opened);
+  // Rank 0 prints what each rank read of the checkpoint it resumed from (collective).
+  void report_resume_reads(const std::string& dir);
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
                 const StepResult& interval);
   // Rank 0: the MoE fields of the progress line and metrics.jsonl, from every stage's layers.
@@ -108,6 +110,11 @@ class Trainer {
   int64_t global_params_ = 0;  // of the whole model, over every pipeline stage
   int64_t step_ = 0;  // steps completed
   std::vector<std::string> resume_changes_;  // what the config changes in the resumed run's data
+  // What this rank's resume read: bytes by cleave's count and the kernel's (read syscalls), and
+  // the bytes of state it keeps.
+  struct ResumeReads {
+    double counted = 0, kernel = 0, kept = 0;
+  } resume_reads_;
   std::string job_tag_;  // rank 0's pid: names the temporary folder all ranks write a checkpoint to
   ComputePeak peak_;                  // this rank's (rank 0's is printed)
   double peak_sum_ = 0, hardware_sum_ = 0;  // GF/s over every rank: MFU's denominators

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cleave/base/file.h"
 #include "cleave/checkpoint/folder.h"
 #include "cleave/checkpoint/training_state.h"
 #include "cleave/train/checkpoint_config.h"
@@ -64,6 +65,7 @@ void Trainer::save_checkpoint() {
   for (const auto& [layer, bias] : model_->moe_biases()) biases[std::to_string(layer)] = *bias;
   const std::vector<std::string> bias_of_rank = gather_strings(biases.dump(), rank_, world_);
   if (rank_ == 0) {
+    const Fp8ScalingState fp8_state = fp8_ ? fp8_->state() : Fp8ScalingState{};
     std::vector<nlohmann::json> entries_of_file(
         size_t(files_per_block * flat_size(*mesh_, axes_.model)));
     std::map<int, FileChecksums> written;
@@ -80,7 +82,7 @@ void Trainer::save_checkpoint() {
     finish_training_checkpoint(dir, job_tag_, to_toml(cfg_), t.seed, step_, entries_of_file,
                                written, groups_.front().optim->steps_taken(), world_,
                                scaler_ ? &scaler_->state() : nullptr, moe_bias,
-                               fp8_ ? fp8_->state() : nlohmann::json());
+                               fp8_ ? &fp8_state : nullptr);
     std::printf("saved checkpoint %s\n", dir.c_str());
     // Keep the newest keep_checkpoints folders.
     std::vector<int64_t> steps;
@@ -99,7 +101,10 @@ void Trainer::save_checkpoint() {
 
 void Trainer::load_checkpoint(const std::string& dir, std::optional<LoadedCheckpoint> opened) {
   // Each rank reads only what it keeps, from whichever files hold it: any layout resumes any other.
+  const int64_t kernel_before = process_bytes_read();
+  const uint64_t opened_bytes = opened ? opened->bytes_read() : 0;  // read before kernel_before
   const LoadedCheckpoint ck = opened ? std::move(*opened) : read_checkpoint_folder(dir);
+  double kept = 0;
   step_ = checkpoint_step(ck, dir, cfg_);
   resume_changes_ = resume_changes(ck, dir, cfg_);
   ParamStore& params = model_->params();
@@ -108,7 +113,10 @@ void Trainer::load_checkpoint(const std::string& dir, std::optional<LoadedCheckp
     // Below ZeRO-3 every rank holds the group's whole values; its optimizer state is its ranges.
     const std::vector<FlatRange> region = {{params.unit_bounds(g).front(), params.unit_bounds(g).back()}};
     const RangeBuffer values = part.dp->values();
-    read_state(ck, dir, params, "param", values.packed ? part.dp->ranges() : region, values);
+    const std::vector<FlatRange>& value_ranges = values.packed ? part.dp->ranges() : region;
+    for (const FlatRange& r : value_ranges) kept += 4.0 * double(r.end - r.begin);
+    for (const FlatRange& r : part.dp->ranges()) kept += 8.0 * double(r.end - r.begin);  // m, v
+    read_state(ck, dir, params, "param", value_ranges, values);
     read_state(ck, dir, params, "adam_m", part.dp->ranges(), {part.optim->m(), true});
     read_state(ck, dir, params, "adam_v", part.dp->ranges(), {part.optim->v(), true});
     part.optim->drop_offloaded();
@@ -121,9 +129,35 @@ void Trainer::load_checkpoint(const std::string& dir, std::optional<LoadedCheckp
   if (scaler_)
     if (const auto state = checkpoint_loss_scaler(ck, dir)) scaler_->restore(*state);
   // Likewise delayed FP8 scaling starts afresh after a run without its history.
-  if (fp8_ && fp8_->delayed() && ck.meta.contains("fp8") && !ck.meta["fp8"].empty() &&
-      ck.meta["fp8"].begin()->contains("amax_history"))
-    fp8_->restore(ck.meta["fp8"], dir + "/meta.json");
+  if (fp8_ && fp8_->delayed())
+    if (const std::optional<Fp8ScalingState> state = checkpoint_fp8_state(ck, dir);
+        state && state->delayed)
+      fp8_->restore(*state, "checkpoint " + dir);
+  const int64_t kernel_after = process_bytes_read();
+  resume_reads_ = {double(ck.bytes_read() - opened_bytes),
+                   kernel_before < 0 ? -1.0 : double(kernel_after - kernel_before), kept};
+}
+
+void Trainer::report_resume_reads(const std::string& dir) {
+  const double mine[3] = {resume_reads_.counted, resume_reads_.kernel, resume_reads_.kept};
+  std::vector<double> all(3 * size_t(world_));
+  MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  if (rank_ != 0) return;
+  uint64_t on_disk = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file()) on_disk += e.file_size();
+  auto list = [&](int k) {
+    std::string out;
+    char buf[32];
+    for (int r = 0; r < world_; ++r) {
+      std::snprintf(buf, sizeof buf, "%s%.3f", r ? " " : "", all[3 * size_t(r) + size_t(k)] / (1 << 20));
+      out += buf;
+    }
+    return out;
+  };
+  std::printf("resume read per rank (MiB, of %.3f in %s): %s; kernel-counted %s; state kept %s\n",
+              double(on_disk) / (1 << 20), dir.c_str(), list(0).c_str(), list(1).c_str(),
+              list(2).c_str());
 }
 
 }  // namespace cleave
