@@ -65,34 +65,30 @@ struct Args {
     return v;
   }
   // A whole-string integer in [lo, hi], or an error naming the option and the text.
-  int64_t integer(const std::string& k, int64_t def, int64_t lo, int64_t hi) const {
-    auto it = options.find(k);
-    if (it == options.end()) return def;
-    int64_t v = 0;
-    try {
-      size_t used = 0;
-      v = std::stoll(it->second, &used);
-      if (used != it->second.size()) throw std::invalid_argument("trailing text");
-    } catch (const std::exception&) {
-      throw Error(k + " expects an integer, got '" + it->second + "'");
-    }
-    if (v < lo || v > hi)
-      throw Error(k + " = " + it->second + (hi == INT64_MAX ? " is below " + std::to_string(lo)
-                                            : " is out of range [" + std::to_string(lo) + ", " +
-                                                  std::to_string(hi) + "]"));
-    return v;
-  }
+  int64_t integer(const std::string& k, int64_t def, int64_t lo, int64_t hi) const;
 };
 
-// A whole-string integer, or an error naming the command, the option and the text.
-inline int parse_int(const std::string& text, const std::string& what, const std::string& command) {
+// A whole-string integer in [lo, hi], or an error naming `what` (an option or a key) and the text.
+inline int64_t parse_integer(const std::string& text, const std::string& what, int64_t lo,
+                             int64_t hi) {
+  int64_t v = 0;
   try {
     size_t used = 0;
-    const long v = std::stol(text, &used);
-    if (used == text.size() && v >= INT32_MIN && v <= INT32_MAX) return int(v);
+    v = std::stoll(text, &used);
+    if (used != text.size()) throw std::invalid_argument("trailing text");
   } catch (const std::exception&) {
+    throw Error(what + " expects an integer, got '" + text + "'");
   }
-  throw Error("cleave " + command + ": " + what + " expects an integer, got '" + text + "'");
+  if (v < lo || v > hi)
+    throw Error(what + " = " + text + (hi == INT64_MAX ? " is below " + std::to_string(lo)
+                                       : " is out of range [" + std::to_string(lo) + ", " +
+                                             std::to_string(hi) + "]"));
+  return v;
+}
+
+inline int64_t Args::integer(const std::string& k, int64_t def, int64_t lo, int64_t hi) const {
+  auto it = options.find(k);
+  return it == options.end() ? def : parse_integer(it->second, k, lo, hi);
 }
 
 }  // namespace cleave::cli

@@ -35,9 +35,9 @@ int bench_comm(int argc, char** argv) {
                     {"--min-bytes", "--max-bytes", "--factor", "--ops", "--type", "--seconds",
                      "--overlap-bytes"},
                     {"--no-overlap"});
-    o.min_bytes = int64_t(a.number("--min-bytes", double(o.min_bytes)));
-    o.max_bytes = int64_t(a.number("--max-bytes", double(o.max_bytes)));
-    o.factor = int(a.number("--factor", o.factor));
+    o.min_bytes = a.integer("--min-bytes", o.min_bytes, 1, int64_t(1) << 40);
+    o.max_bytes = a.integer("--max-bytes", o.max_bytes, o.min_bytes, int64_t(1) << 40);
+    o.factor = int(a.integer("--factor", o.factor, 2, 1024));
     o.seconds_per_case = a.number("--seconds", o.seconds_per_case);
     if (a.has("--ops")) {
       o.ops.clear();
@@ -49,7 +49,7 @@ int bench_comm(int argc, char** argv) {
     else if (type == "bf16") o.types = {CommType::bf16};
     else if (type == "both") o.types = {CommType::f32, CommType::bf16};
     else throw Error("bench-comm: --type expects f32, bf16 or both, got '" + type + "'");
-    overlap_bytes = int64_t(a.number("--overlap-bytes", 16 << 20));
+    overlap_bytes = a.integer("--overlap-bytes", 16 << 20, 0, int64_t(1) << 40);
   });
 
   init_comm(CommOptions{});

@@ -166,7 +166,7 @@ int export_hf(int argc, char** argv) {
 int peak(int argc, char** argv) {
   const Args a = Args::parse("peak", argc, argv, {"--dtype", "--threads"}, {"--refresh"});
   if (!a.positional.empty()) throw Error("cleave peak: takes no positional arguments");
-  if (a.has("--threads")) omp_set_num_threads(int(a.number("--threads", 0)));
+  if (a.has("--threads")) omp_set_num_threads(int(a.integer("--threads", 0, 1, 4096)));
   const std::string dtypes = a.get("--dtype", "all");
   if (dtypes != "all" && dtypes != "fp32" && dtypes != "bf16")
     throw Error("cleave peak: --dtype must be fp32, bf16 or all, not '" + dtypes + "'");
@@ -189,7 +189,7 @@ int peak(int argc, char** argv) {
 
 int bench_gemm(int argc, char** argv) {
   const Args a = Args::parse("bench-gemm", argc, argv, {"--seconds", "--threads"});
-  if (a.has("--threads")) omp_set_num_threads(int(a.number("--threads", 0)));
+  if (a.has("--threads")) omp_set_num_threads(int(a.integer("--threads", 0, 1, 4096)));
   std::vector<std::tuple<int64_t, int, int>> shapes = gpt2_small_linear_shapes();
   std::string what = "GPT-2 124M, 1024 tokens";
   int n_layers = 12, microbatches = 1;

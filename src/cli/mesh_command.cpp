@@ -30,7 +30,7 @@ MeshDegrees degrees_from(const std::vector<std::string>& overrides) {
     bool known = false;
     for (Axis a : kMeshAxes) {
       if (key != std::string("parallel.") + axis_name(a)) continue;
-      d[a] = parse_int(o.substr(eq + 1), key, "mesh");
+      d[a] = int(parse_integer(o.substr(eq + 1), key, -1, INT32_MAX));
       known = true;
     }
     if (!known)
@@ -50,13 +50,9 @@ int mesh(int argc, char** argv) {
                 "' (usage: cleave mesh [CONFIG] --world N [--set parallel.tp=2 ...] "
                 "[--ranks-per-host K])");
   if (!a.has("--world")) throw Error("cleave mesh: --world N is required");
-  const int world = parse_int(a.get("--world", ""), "--world", "mesh");
-  if (world < 1) throw Error("cleave mesh: --world must be >= 1, got " + std::to_string(world));
+  const int world = int(a.integer("--world", 1, 1, INT32_MAX));
   // Without --ranks-per-host every rank is taken to be on one host.
-  const int per_host = a.has("--ranks-per-host") ? parse_int(a.get("--ranks-per-host", ""), "--ranks-per-host", "mesh")
-                                                 : world;
-  if (per_host < 1)
-    throw Error("cleave mesh: --ranks-per-host must be >= 1, got " + std::to_string(per_host));
+  const int per_host = int(a.integer("--ranks-per-host", world, 1, INT32_MAX));
   if (a.positional.empty()) {
     const Mesh m(world, degrees_from(a.overrides));
     std::fputs(describe_mesh(m, per_host).c_str(), stdout);

@@ -33,9 +33,10 @@ Schedule build(const Args& a) {
   const std::string name = a.get("--schedule", "");
   // The schedules with several chunks per rank take 2 unless told.
   const int chunks = name == "interleaved" || name == "zbv" ? 2 : 1;
-  const int v = a.has("--virtual") ? parse_int(a.get("--virtual", ""), "--virtual", "schedule") : chunks;
-  return generate_schedule(name, parse_int(a.get("--pp", ""), "--pp", "schedule"),
-                           parse_int(a.get("--microbatches", ""), "--microbatches", "schedule"), v);
+  const int v = int(a.integer("--virtual", chunks, INT32_MIN, INT32_MAX));
+  // generate_schedule names what it refuses of the numbers themselves.
+  return generate_schedule(name, int(a.integer("--pp", 0, INT32_MIN, INT32_MAX)),
+                           int(a.integer("--microbatches", 0, INT32_MIN, INT32_MAX)), v);
 }
 
 }  // namespace

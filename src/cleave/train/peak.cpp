@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -40,10 +39,9 @@ std::string cache_key(Precision precision, int threads) {
 nlohmann::json read_cache(const std::string& path) {
   if (path.empty() || !fs::exists(path)) return nlohmann::json::object();
   try {
-    std::ifstream in(path);
-    nlohmann::json j = nlohmann::json::parse(in);
+    nlohmann::json j = nlohmann::json::parse(read_bounded_file(path, "the peak cache", 16 * kMiB));
     if (j.is_object()) return j;
-  } catch (const nlohmann::json::exception&) {
+  } catch (const std::exception&) {  // not JSON, or not a readable file of a sane size
   }
   std::fprintf(stderr, "cleave: warning: the peak cache %s is not a JSON object; measuring again "
                        "and rewriting it\n", path.c_str());
