@@ -58,7 +58,9 @@ $compare "$work/ref" "$work/csv-pp2"
 "$cleave" schedule --load "$work/zb1p.csv" | grep -q "rank 1" \
   || { echo "FAIL: cleave schedule --load did not print the timeline"; exit 1; }
 
-# One traced step: a span per action on every rank.
+# One traced step: a span per action on every rank, and on each rank's communication track every
+# transfer between the stages with its bytes: 8 micro-batches' activations (2 samples x 32 tokens
+# x 64 features x 4 bytes) forward and as many gradients back.
 run traced-pp2 2 --set parallel.pp=2 --set train.steps=2 --set train.trace_step=2
 /usr/bin/python3 - "$work/traced-pp2/trace_step_2.json" <<'EOF'
 import json, sys
@@ -69,6 +71,12 @@ for rank, stage in ((0, 0), (1, 1)):
         for mb in range(8):
             assert (rank, f"{stage}{kind}{mb}") in names, (rank, stage, kind, mb)
 assert all(e["dur"] >= 0 for e in events)
+comm_track = 1 << 20
+for rank in (0, 1):
+    comm = [e for e in events if e["tid"] == comm_track + rank]
+    for op in ("send", "recv"):
+        sized = [e["args"]["bytes"] for e in comm if e["name"].startswith(op + " ")]
+        assert sized.count(2 * 32 * 64 * 4) == 8, f"rank {rank}: {op} of {sorted(sized)} bytes"
 EOF
 
 # Resume: pp 4 with 1f1b stops at step 10, pp 2 x dp 2 interleaved resumes; pp 2 stops and one

@@ -166,6 +166,16 @@ bool Communicator::start(const std::shared_ptr<WorkState>& w) {
 void Communicator::finish(WorkState& w, const std::string& error) {
   const double t = wall_seconds();
   recorder_.ended(w.record, t, !error.empty());
+  {
+    std::lock_guard<std::mutex> lock(capture_m_);
+    if (capturing_) {
+      auto seconds = [](std::chrono::steady_clock::time_point p) {
+        return std::chrono::duration<double>(p.time_since_epoch()).count();
+      };
+      captured_.push_back({comm_detail::op_name(w.op), w.group, w.bytes, w.peer,
+                           seconds(w.started), seconds(std::chrono::steady_clock::now())});
+    }
+  }
   status_.completed(w);
   {
     std::lock_guard<std::mutex> lock(active_m_);
@@ -388,6 +398,21 @@ void shutdown_comm() {
   g_instance.store(nullptr);
   delete c;
 }
+
+void Communicator::begin_capture() {
+  std::lock_guard<std::mutex> lock(capture_m_);
+  capturing_ = true;
+  captured_.clear();
+}
+
+std::vector<CommRecord> Communicator::end_capture() {
+  std::lock_guard<std::mutex> lock(capture_m_);
+  capturing_ = false;
+  return std::exchange(captured_, {});
+}
+
+void begin_comm_capture() { Communicator::get().begin_capture(); }
+std::vector<CommRecord> end_comm_capture() { return Communicator::get().end_capture(); }
 
 std::string flight_recorder_report() {
   Communicator* c = Communicator::instance();

@@ -35,6 +35,10 @@ class Communicator {
   void* scratch(int index, size_t bytes);
   static constexpr int kScratchBuffers = 4;
 
+  // What begin_comm_capture/end_comm_capture (group.h) record.
+  void begin_capture();
+  std::vector<CommRecord> end_capture();
+
   comm_detail::StatusBoard& status() { return status_; }
   comm_detail::FlightRecorder& recorder() { return recorder_; }
   const CommOptions& options() const { return options_; }
@@ -69,6 +73,10 @@ class Communicator {
 
   std::mutex active_m_;  // guards active_ (the progress thread changes it, the watchdog reads it)
   std::vector<std::shared_ptr<WorkState>> active_;
+
+  std::mutex capture_m_;
+  bool capturing_ = false;
+  std::vector<CommRecord> captured_;
 
   std::mutex watchdog_m_;
   std::condition_variable watchdog_cv_;

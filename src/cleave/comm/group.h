@@ -125,6 +125,18 @@ std::vector<std::string> gather_strings(const std::string& mine, int rank, int w
 void init_comm(const CommOptions& options);
 void shutdown_comm();
 
+// A traced step's communication: between begin_comm_capture() and end_comm_capture(), every
+// operation this rank completes is recorded (its kind, group, bytes, and when the progress thread
+// started and finished it, steady-clock seconds: the step executor's clock).
+struct CommRecord {
+  std::string op, group;
+  int64_t bytes = 0;
+  int peer = -1;  // send/recv: the other rank in the group
+  double started = 0, ended = 0;
+};
+void begin_comm_capture();
+std::vector<CommRecord> end_comm_capture();
+
 // The flight recorder of this rank as text (sequence, op, group, bytes, start, end of the last N
 // operations), for reports and tests.
 std::string flight_recorder_report();

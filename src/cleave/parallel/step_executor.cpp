@@ -64,6 +64,7 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
     w = Work();
   };
   const double t0 = now();
+  out.started = t0;
   double span_start = 0, span_end = 0;
   const Instruction* span = nullptr;  // the schedule action being traced
   auto close_span = [&](double at) {
@@ -71,7 +72,7 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
     out.trace.push_back({parts_.rank,
                          std::to_string(span->stage) + action_letter(span->op) +
                              std::to_string(span->mb),
-                         1e6 * (span_start - t0), 1e6 * (at - span_start)});
+                         1e6 * (span_start - t0), 1e6 * (at - span_start), -1, ""});
     span = nullptr;
   };
 
@@ -215,7 +216,7 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
         const double end = now();
         std::string name = op_name(i.op);
         if (i.group >= 0) name.append(" ").append(std::to_string(i.group));
-        out.trace.push_back({parts_.rank, name, 1e6 * (start - t0), 1e6 * (end - start)});
+        out.trace.push_back({parts_.rank, name, 1e6 * (start - t0), 1e6 * (end - start), -1, ""});
       }
     }
     if (is_compute(i.op)) {

@@ -57,6 +57,7 @@ struct StepTimes {
   double loss_sum = 0;       // of the tokens whose loss this rank computed
   int64_t loss_tokens = 0;   // how many of them count (the loss mask's)
   double seconds = 0;        // the whole program
+  double started = 0;        // when it started, steady-clock seconds (the trace's zero)
   double busy_seconds = 0;   // in compute instructions
   // pp's row: waiting for transfers between stages and the tied sum, and the bytes sent to
   // other stages and into the tied sum (as a ring).

@@ -103,6 +103,10 @@ struct TraceEvent {
   int rank = 0;
   std::string name;
   double start_us = 0, duration_us = 0;
+  // A communication operation (bytes >= 0): drawn on the rank's second track, "rank R comm",
+  // with its bytes and group.
+  int64_t bytes = -1;
+  std::string group;
 };
 void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& events);
 std::vector<TraceEvent> simulated_trace(const Schedule& s, const ScheduleCheck& c,

@@ -101,17 +101,30 @@ std::vector<TraceEvent> simulated_trace(const Schedule& s, const ScheduleCheck& 
 
 void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& events) {
   nlohmann::json list = nlohmann::json::array();
-  std::set<int> ranks;
+  std::set<int> ranks, comm_ranks;
+  // Compute spans on track `rank`, a rank's communication on track kCommTrack + rank, sorted
+  // right under it.
+  constexpr int kCommTrack = 1 << 20;
   for (const TraceEvent& e : events) {
-    list.push_back({{"name", e.name}, {"ph", "X"}, {"pid", 0}, {"tid", e.rank},
-                    {"ts", e.start_us}, {"dur", e.duration_us}});
-    ranks.insert(e.rank);
+    const bool comm = e.bytes >= 0;
+    nlohmann::json event = {{"name", e.name}, {"ph", "X"}, {"pid", 0},
+                            {"tid", comm ? kCommTrack + e.rank : e.rank},
+                            {"ts", e.start_us}, {"dur", e.duration_us}};
+    if (comm) event["args"] = {{"bytes", e.bytes}, {"group", e.group}};
+    list.push_back(std::move(event));
+    (comm ? comm_ranks : ranks).insert(e.rank);
   }
   for (int r : ranks) {
     list.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
                     {"args", {{"name", "rank " + std::to_string(r)}}}});
     list.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
-                    {"args", {{"sort_index", r}}}});
+                    {"args", {{"sort_index", 2 * r}}}});
+  }
+  for (int r : comm_ranks) {
+    list.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", kCommTrack + r},
+                    {"args", {{"name", "rank " + std::to_string(r) + " comm"}}}});
+    list.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 0}, {"tid", kCommTrack + r},
+                    {"args", {{"sort_index", 2 * r + 1}}}});
   }
   // A viewer never loads half a trace.
   const nlohmann::json trace = {{"traceEvents", list}, {"displayTimeUnit", "ms"}};

@@ -317,6 +317,7 @@ StepResult Trainer::train_step(int64_t step) {
   run.lr = learning_rate(cfg_.optim, step, t.steps);
   // Every target of the loader's windows counts: the step's valid tokens are its global batch's.
   run.loss_tokens = double(mb * T * accum);
+  if (run.trace) begin_comm_capture();
   const StepTimes times = executor_->run(train_program_, run);
   StepResult r;
   r.loss = times.end.loss;
@@ -333,7 +334,13 @@ StepResult Trainer::train_step(int64_t step) {
   for (GroupParallel& part : groups_) r.gather_bytes += part.dp->take_gather_bytes();
   r.busy_s = times.busy_seconds;
   r.program_s = times.seconds;
-  if (run.trace) write_trace(step + 1, times.trace);
+  if (run.trace) {
+    std::vector<TraceEvent> events = times.trace;
+    for (const CommRecord& c : end_comm_capture())
+      events.push_back({rank_, c.op + " " + c.group, 1e6 * (c.started - times.started),
+                        1e6 * (c.ended - c.started), c.bytes, c.group});
+    write_trace(step + 1, events);
+  }
   return r;
 }
 
@@ -353,13 +360,15 @@ double Trainer::validate() {
 void Trainer::write_trace(int64_t step, const std::vector<TraceEvent>& mine) {
   // Every rank's spans at rank 0, one track per world rank.
   nlohmann::json list = nlohmann::json::array();
-  for (const TraceEvent& e : mine) list.push_back({e.name, e.start_us, e.duration_us});
+  for (const TraceEvent& e : mine)
+    list.push_back({e.name, e.start_us, e.duration_us, e.bytes, e.group});
   const std::vector<std::string> all = gather_strings(list.dump(), rank_, world_);
   if (rank_ != 0) return;
   std::vector<TraceEvent> events;
   for (int r = 0; r < world_; ++r)
     for (const nlohmann::json& e : nlohmann::json::parse(all[size_t(r)]))
-      events.push_back({r, e[0].get<std::string>(), e[1].get<double>(), e[2].get<double>()});
+      events.push_back({r, e[0].get<std::string>(), e[1].get<double>(), e[2].get<double>(),
+                        e[3].get<int64_t>(), e[4].get<std::string>()});
   const std::string path = cfg_.train.out_dir + "/trace_step_" + std::to_string(step) + ".json";
   write_chrome_trace(path, events);
   std::printf("wrote %s\n", path.c_str());
