@@ -8,7 +8,8 @@
 # and no PMI2 support), 2 ranks per host in HSDP (dp_replicate 2 across the hosts x dp_shard 2
 # within each). Checked: each rank ran where Slurm placed it, the replicate groups' traffic crossed
 # the bridge, cleave's binding note names srun's option (task/affinity binds each task to one
-# CPU), and the losses and parameters are the single-process reference's.
+# CPU), and the losses and parameters are the single-process reference's. Then a task of 2
+# threads bound to one CPU must be told srun's --cpus-per-task=2, and with it not be warned.
 # Skipped (exit 77) without root, network namespaces or the Slurm packages (testhosts.sh), or
 # where slurmd cannot start because the machine has no cgroup filesystem it can use.
 # Args: the cleave binary, the source folder, the tokenized test data.
@@ -46,9 +47,13 @@ for ((i = 0; i < 50; ++i)); do [ -S "$s/munge/socket" ] && break; sleep 0.1; don
 [ -S "$s/munge/socket" ] || { cat "$s/munged.out"; fail "munged made no socket"; }
 
 # Per-node paths carry %n (the node name): both slurmds share this filesystem. TmpFS too: Slurm's
-# PMIx plugin makes its client folder there, named by job and step only.
+# PMIx plugin makes its client folder there, named by job and step only. Job numbers start at
+# random: OpenMPI names its shared-memory files and session folders by host and job (PMIx's
+# namespace, slurm.pmix.JOB.STEP), and what a killed run left behind must not meet a later run's
+# job of the same number (job 1 of every fresh cluster).
 cat > "$s/slurm.conf" <<EOF
 ClusterName=cleavetest
+FirstJobId=$((1000 + (RANDOM << 8 | $$ & 255)))
 SlurmctldHost=host1(10.77.0.11)
 AuthType=auth/munge
 CredType=cred/munge
@@ -135,7 +140,7 @@ timeout 180 sbatch --wait --output="$work/job.log" --chdir="$work" "$work/job.sh
 rc=$?
 crossed=$(( $(veth_bytes) - before ))
 [ "$rc" -eq 0 ] || { cat "$work/sbatch.log"; tail -30 "$work/job.log"; tail -n 5 "$s"/slurmd-host*.log; fail "the job exited with $rc"; }
-echo "slurm: $(cat "$work/sbatch.log"), $((SECONDS - t0)) s"
+echo "slurm: $(cat "$work/sbatch.log"), done in $((SECONDS - t0)) s"
 grep -q "4 ranks (dp_replicate 2 x dp_shard 2 x tp 1, ZeRO-3)" "$work/job.log" \
   || { cat "$work/job.log"; fail "the trainer did not report 4 ranks in HSDP 2 x 2"; }
 /usr/bin/python3 - "$work/job.log" <<'EOF' || { cat "$work/job.log"; fail "placement check failed"; }
@@ -155,4 +160,20 @@ grep -q "cleave: note: rank 0 is bound to one CPU, .*srun --cpu-bind=none" "$wor
   || { cat "$work/job.log"; fail "rank 0, bound to one CPU by srun, was not told srun's option"; }
 $compare "$work/ref" "$work/hsdp" || fail "HSDP under srun differs from the single-process reference"
 echo "slurm: HSDP 2 x 2 on 2 hosts under srun --mpi=pmix matches the reference ($crossed bytes crossed hosts)"
+
+# srun straight from the login node: one task of 2 threads is bound to one CPU and told srun's
+# option, and given 2 CPUs by that option, it is not.
+threads() {  # NAME [srun options]: a 1-step run of 2 threads; its warnings counted
+  local name=$1; shift
+  timeout 60 srun --nodes=1 --ntasks=1 "$@" --mpi=pmix "$cleave" train "$cfg" "${common[@]}" \
+    --set train.threads=2 --set train.steps=1 --set train.checkpoint_interval=-1 \
+    --set train.out_dir="$work/$name" > "$work/$name.log" 2>&1 9>&- \
+    || { cat "$work/$name.log"; fail "srun $* of 1 task x 2 threads failed"; }
+  grep -c "cleave: warning: rank 0 may run on 1 CPU(s) but uses 2 threads; under srun pass --cpus-per-task=2 (or --cpu-bind=none)" \
+    "$work/$name.log"
+}
+[ "$(threads one-cpu)" = 1 ] || { cat "$work/one-cpu.log"; fail "2 threads on one CPU were not told srun's option"; }
+[ "$(threads two-cpus --cpus-per-task=2)" = 0 ] \
+  || { cat "$work/two-cpus.log"; fail "2 threads on 2 CPUs (srun --cpus-per-task=2) were warned"; }
+echo "slurm: 2 threads bound to one CPU are told srun's --cpus-per-task=2, which ends the warning"
 echo "slurm test: OK in $((SECONDS - t_start)) s"

@@ -58,6 +58,9 @@ work=$(mktemp -d)
 export TESTHOSTS_DIR=$work/hosts
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export OMP_NUM_THREADS=1
+# OpenMPI's session folders (ompi.<host>.<uid>/, named by host and job) in the work folder: the
+# ranks and daemons the tests end by kill -9 leave theirs behind.
+export OMPI_MCA_orte_tmpdir_base=$work
 cleanup() {
   declare -F before_teardown >/dev/null && before_teardown
   # End what runs in the hosts first, with the link up, and let TCP finish closing the connections
