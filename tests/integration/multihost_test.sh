@@ -17,93 +17,19 @@
 #        cut-keepalive: with OpenMPI's daemon keepalive set short, mpirun notices the lost host
 #                      itself, with the link still down, and the ranks print their report as
 #                      they are stopped.
-# Needs root (ip netns); otherwise, or without ../shared/testhosts, it is skipped (exit 77).
-# Args: the cleave binary, the source folder, the tokenized test data.
-# No pipefail: `... | grep -q` may end its writer early, which is no failure here.
+# Needs root (ip netns); otherwise, or without ../shared/testhosts, it is skipped (exit 77):
+# testhosts.sh. Args: the cleave binary, the source folder, the tokenized test data.
 set -u
-cleave=$1 src=$2 data=$3
-tool=$src/../shared/testhosts/run.sh
-skip() { echo "SKIP (multihost): $*"; exit 77; }
-fail() { echo "FAIL (multihost): $*"; exit 1; }
-[ -f "$tool" ] || skip "no simulated-hosts tool at $tool (CI puts ../shared beside the checkout)"
-[ "$(id -u)" -eq 0 ] || skip "simulated hosts need root (network namespaces), running as uid $(id -u)"
-for cmd in ip unshare mountpoint mpirun /usr/bin/python3; do
-  command -v "$cmd" >/dev/null || skip "$cmd is not installed"
-done
-# `ip -n` and `ip netns exec` make / a slave mount, which fails (EINVAL) where / is no mount point:
-# inside a plain chroot, such as ../shared/fresh's new Debian root. There the test runs again in a
-# mount namespace of its own whose root is a bind mount of /, with the same paths.
-if ! mountpoint -q /; then
-  [ -z "${CLEAVE_MULTIHOST_REROOTED:-}" ] || fail "/ is still no mount point after re-rooting"
-  newroot=$(mktemp -d)
-  unshare --mount --propagation unchanged sh -c '
-    mount --rbind / "$1" || exit 1
-    exec chroot "$1" env CLEAVE_MULTIHOST_REROOTED=1 sh -c "cd \"\$1\" && exec bash \"\$2\" \"\$3\" \"\$4\" \"\$5\"" \
-      reroot "$2" "$3" "$4" "$5" "$6"' reroot "$newroot" "$PWD" "$0" "$cleave" "$src" "$data"
-  rc=$?
-  rmdir "$newroot"
-  exit $rc
-fi
-probe_ns=cleave-multihost-probe-$$
-if ! err=$(ip netns add "$probe_ns" 2>&1); then
-  skip "'ip netns add' is not permitted here (needs CAP_NET_ADMIN): $err"
-fi
-ip netns del "$probe_ns"
-# Whether simulated hosts exist. Deleted namespaces can live on for a minute or so, with their
-# veth ports, while orphaned TCP sockets in them retransmit; `up` then fails on the names.
-hosts_exist() {
-  local state
-  state="$(ip netns list) $(ip -br link)"  # captured whole: no early-exit grep in a pipe
-  [[ $state == *mpih* || $state == *mpibr0* || $state == *veth-h* ]]
-}
-wait_hosts_gone() {  # seconds
-  local i
-  for ((i = 0; i < $1 * 5; ++i)); do hosts_exist || return 0; sleep 0.2; done
-  ! hosts_exist
-}
-# ctest's RESOURCE_LOCK keeps one suite's testhosts users apart; the lock, concurrent suites (the
-# bridge and namespace names are fixed); the check, anyone else.
-exec 9>/tmp/cleave-testhosts.lock  # (closed for the jobs started below: 9>&-)
-flock -w 300 9 || fail "another run has held /tmp/cleave-testhosts.lock for 300 s"
-wait_hosts_gone 90 || fail "simulated hosts already exist (another user, or left over: $tool down): $(ip -br link | grep -E 'veth-h|mpibr0' | tr -s ' \n' ' ')"
-
-work=$(mktemp -d)
-export TESTHOSTS_DIR=$work/hosts
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-export OMP_NUM_THREADS=1
+cleave=$1 src=$2 data=$3 test=multihost
 guard_pid=  # the `timeout` wrapping a background mpirun (its child is mpirun: run.sh execs it)
-cleanup() {
+before_teardown() {
   if [ -n "$guard_pid" ]; then
     pkill -KILL -P "$guard_pid" 2>/dev/null
     kill -KILL "$guard_pid" 2>/dev/null
   fi
-  # End what runs in the hosts first, with the link up, and let TCP finish closing the connections
-  # (all sockets in TIME-WAIT, which does not outlive a namespace): a socket still sending when the
-  # namespace of its peer goes retransmits for a minute or two, and keeps its own namespace (and
-  # the names `up` needs) alive meanwhile.
-  ip link set veth-h2 up 2>/dev/null
-  local ns pids i t=$SECONDS
-  for ns in mpih1 mpih2; do
-    pids=$(ip netns pids $ns 2>/dev/null)
-    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
-  done
-  for ((i = 0; i < 150; ++i)); do
-    for ns in mpih1 mpih2; do ip netns exec $ns ss -tanH 2>/dev/null; done > "$work/sockets"
-    grep -qv '^TIME-WAIT' "$work/sockets" || break
-    sleep 0.2
-  done
-  timeout 120 bash "$tool" down >/dev/null 2>&1 || echo "multihost: '$tool down' failed or timed out"
-  wait_hosts_gone 90 || echo "multihost: the simulated hosts' ports are still there 90 s after '$tool down'"
-  echo "multihost: teardown $((SECONDS - t)) s"
-  rm -rf "$work"
 }
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-t_start=$SECONDS
-bash "$tool" up 2 || fail "'$tool up 2' failed"
+source "$src/tests/integration/testhosts.sh"
 
-cfg=$src/tests/configs/tiny_train.toml
-compare="/usr/bin/python3 $src/tests/integration/compare_runs.py"
 # Each rank first prints where it runs, then becomes the program. `--status-per-host DIR` gives
 # each host its own status folder DIR/<host>, as a /tmp that is not shared would.
 cat > "$work/place.sh" <<'EOF'
@@ -122,19 +48,9 @@ steps=12
 equal=("${common[@]}" --set train.steps=$steps --set train.val_interval=6
        --set train.checkpoint_interval=6 --set parallel.comm_timeout_s=60)
 
-veth_bytes() { echo $(( $(cat /sys/class/net/veth-h2/statistics/tx_bytes) +
-                        $(cat /sys/class/net/veth-h2/statistics/rx_bytes) )); }
-ranks_left() {  # cleave processes still running in the simulated hosts
-  local i p
-  for i in 1 2; do
-    for p in $(ip netns pids mpih$i 2>/dev/null); do cat "/proc/$p/comm" 2>/dev/null; done
-  done | grep -cx cleave
-}
-
 # ---- (a) layouts across hosts against the single-process reference ----
 t0=$SECONDS
-timeout 120 mpirun -np 1 "$cleave" train "$cfg" "${equal[@]}" --set train.out_dir="$work/ref" \
-  > "$work/ref.log" 2>&1 9>&- || { tail -20 "$work/ref.log"; fail "the 1-rank reference run failed"; }
+reference ref "${equal[@]}"
 params=$(grep -oE 'model, [0-9]+ parameters' "$work/ref.log" | grep -oE '[0-9]+')
 [ -n "$params" ] || fail "the reference run printed no parameter count"
 

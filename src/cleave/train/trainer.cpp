@@ -15,6 +15,7 @@
 
 #include "cleave/checkpoint/folder.h"
 #include "cleave/comm/errors.h"
+#include "cleave/comm/launcher.h"
 #include "cleave/optim/schedule.h"
 #include "cleave/train/comm_volume.h"
 
@@ -376,23 +377,29 @@ void Trainer::write_trace(int64_t step, const std::vector<TraceEvent>& mine) {
 
 void Trainer::run(int64_t exit_after) {
   const TrainConfig& t = cfg_.train;
-  // mpirun binds each rank to one core by default when ranks <= 2: its OpenMP threads then share
-  // that core, which halves a 2-thread rank's speed without any other sign.
+  // mpirun binds each rank to one core by default when ranks <= 2, and srun (with Slurm's
+  // task/affinity) to its --cpus-per-task CPUs, one by default: the OpenMP threads then share
+  // them, which halves a 2-thread rank's speed without any other sign.
   cpu_set_t cpus;
   const bool bound = sched_getaffinity(0, sizeof cpus, &cpus) == 0;
-  if (bound && CPU_COUNT(&cpus) < omp_get_max_threads())
-    std::fprintf(stderr,
-                 "cleave: warning: rank %d may run on %d CPU(s) but uses %d threads; under mpirun "
-                 "pass --bind-to none or --map-by slot:PE=%d\n",
-                 rank_, CPU_COUNT(&cpus), omp_get_max_threads(), omp_get_max_threads());
+  const bool srun = launcher() == Launcher::srun;
+  const int threads = omp_get_max_threads();
+  if (bound && CPU_COUNT(&cpus) < threads)
+    std::fprintf(stderr, "cleave: warning: rank %d may run on %d CPU(s) but uses %d threads; %s\n",
+                 rank_, CPU_COUNT(&cpus), threads,
+                 (srun ? "under srun pass --cpus-per-task=" + std::to_string(threads) +
+                             " (or --cpu-bind=none)"
+                       : "under mpirun pass --bind-to none or --map-by slot:PE=" +
+                             std::to_string(threads)).c_str());
   else if (bound && CPU_COUNT(&cpus) == 1 && world_ > 1 && rank_ == 0 &&
            sysconf(_SC_NPROCESSORS_ONLN) > 1)
     // Even one thread shares its core then, with the progress thread that drives its
     // collectives (docs/data_parallel.md: unbound, DDP 2 x 1 ran 9-33% faster on 2 cores).
     std::fprintf(stderr,
                  "cleave: note: rank 0 is bound to one CPU, which its communication progress "
-                 "thread shares with its compute thread; under mpirun --bind-to none is faster "
-                 "where ranks have no spare core (DDP 2 x 1: 9-33%%, docs/data_parallel.md)\n");
+                 "thread shares with its compute thread; %s is faster where ranks have no spare "
+                 "core (DDP 2 x 1: 9-33%%, docs/data_parallel.md)\n",
+                 srun ? "under srun --cpu-bind=none" : "under mpirun --bind-to none");
   if (rank_ == 0) {
     std::cout << "cleave: " << family_name(cfg_.model.family) << " model, "
               << global_params_ << " parameters, "
