@@ -8,6 +8,7 @@ cd "$(dirname "$0")"
 # ocl-icd-opencl-dev: oneDNN's dnnl-config.cmake requires OpenCL, but libdnnl-dev only recommends
 # it (and recommends are not installed). iproute2 and procps: the multi-host test's ip and pkill.
 # slurmctld, slurmd, slurm-client and munge: slurm_test's private cluster on the simulated hosts.
+# python3-matplotlib: cleave plot.
 packages=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev
           openmpi-bin libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libgtest-dev
           libxxhash-dev python3 python3-numpy python3-matplotlib python3-torch fortunes iproute2 procps)
