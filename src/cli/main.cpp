@@ -15,6 +15,7 @@ int train(int argc, char** argv);
 int tokenize(int argc, char** argv);
 int generate(int argc, char** argv);
 int export_hf(int argc, char** argv);
+int import_hf(int argc, char** argv);
 int bench_gemm(int argc, char** argv);
 int peak(int argc, char** argv);
 int bench_comm(int argc, char** argv);
@@ -30,6 +31,8 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   generate CHECKPOINT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
            [--seed S] [--tokenizer MODEL] [--ids]   (--ids: token ids, not text)
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
+  import HF_DIR OUT_CHECKPOINT     a Hugging Face folder (GPT-2, Llama, Mixtral; F32, BF16, F16,
+                                   sharded or not) as a checkpoint of step 0 for train.init_from
   bench-gemm [CONFIG.toml] [--set key=value ...] [--seconds S]   GEMM GF/s, fp32 and bf16
   peak [--dtype fp32|bf16] [--threads N] [--refresh]   the peaks MFU is quoted against (cached)
   bench-comm (under mpirun)                        collective algbw/busbw, cleave's and MPI's
@@ -74,6 +77,7 @@ int main(int argc, char** argv) {
       else if (cmd == "tokenize") rc = cleave::cli::tokenize(argc - 2, argv + 2);
       else if (cmd == "generate") rc = cleave::cli::generate(argc - 2, argv + 2);
       else if (cmd == "export") rc = cleave::cli::export_hf(argc - 2, argv + 2);
+      else if (cmd == "import") rc = cleave::cli::import_hf(argc - 2, argv + 2);
       else if (cmd == "bench-gemm") rc = cleave::cli::bench_gemm(argc - 2, argv + 2);
       else if (cmd == "peak") rc = cleave::cli::peak(argc - 2, argv + 2);
       else {

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -97,21 +99,16 @@ void Trainer::load_checkpoint(const std::string& dir, std::optional<LoadedCheckp
   const LoadedCheckpoint ck = opened ? std::move(*opened) : read_checkpoint_folder(dir);
   step_ = checkpoint_step(ck, dir, cfg_);
   resume_changes_ = resume_changes(ck, dir, cfg_);
+  read_parameters(ck, dir);
   ParamStore& params = model_->params();
   for (int g = 0; g < params.n_groups(); ++g) {
     GroupParallel& part = groups_[size_t(g)];
-    // Below ZeRO-3 every rank holds the group's whole values; its optimizer state is its ranges.
-    const std::vector<FlatRange> region = {{params.unit_bounds(g).front(), params.unit_bounds(g).back()}};
-    const RangeBuffer values = part.dp->values();
-    read_state(ck, dir, params, "param", values.packed ? part.dp->ranges() : region, values);
+    // The optimizer state is this rank's ranges.
     read_state(ck, dir, params, "adam_m", part.dp->ranges(), {part.optim->m(), true});
     read_state(ck, dir, params, "adam_v", part.dp->ranges(), {part.optim->v(), true});
     part.optim->drop_offloaded();
-    part.dp->drop_offloaded();
     part.optim->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
   }
-  params.wrote_all();
-  read_moe_biases(ck, dir, model_->moe_biases());
   // A run that was not fp16 leaves the scaler at its initial state.
   if (scaler_)
     if (const auto state = checkpoint_loss_scaler(ck, dir)) scaler_->restore(*state);
@@ -119,6 +116,54 @@ void Trainer::load_checkpoint(const std::string& dir, std::optional<LoadedCheckp
   if (fp8_ && fp8_->delayed() && ck.meta.contains("fp8") && !ck.meta["fp8"].empty() &&
       ck.meta["fp8"].begin()->contains("amax_history"))
     fp8_->restore(ck.meta["fp8"], dir + "/meta.json");
+}
+
+void Trainer::read_parameters(const LoadedCheckpoint& ck, const std::string& dir) {
+  ParamStore& params = model_->params();
+  for (int g = 0; g < params.n_groups(); ++g) {
+    GroupParallel& part = groups_[size_t(g)];
+    // Below ZeRO-3 every rank holds the group's whole values; ZeRO-3 its ranges.
+    const std::vector<FlatRange> region = {{params.unit_bounds(g).front(), params.unit_bounds(g).back()}};
+    const RangeBuffer values = part.dp->values();
+    read_state(ck, dir, params, "param", values.packed ? part.dp->ranges() : region, values);
+    part.dp->drop_offloaded();
+  }
+  params.wrote_all();
+  read_moe_biases(ck, dir, model_->moe_biases());
+}
+
+std::string Trainer::init_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec))
+    throw Error("train.init_from = " + path + ": " +
+                (fs::exists(path, ec) ? "not a folder" : "no such folder"));
+  if (fs::exists(path + "/meta.json", ec)) return path;
+  const std::string latest = latest_checkpoint(path);
+  if (latest.empty())
+    throw Error("train.init_from = " + path + ": neither a checkpoint (it has no meta.json) nor " +
+                "a run folder with one");
+  return latest;
+}
+
+void Trainer::load_init_from() {
+  const std::string& dir = init_dir_;
+  try {
+    const LoadedCheckpoint ck = read_checkpoint_folder(dir);
+    // The whole model's tensors, not only this rank's: a checkpoint of another width or depth
+    // fails on every rank alike, naming the tensor, before anything is read.
+    const std::unique_ptr<Transformer> whole = Transformer::planned(cfg_.model, 1, false);
+    check_saved_shapes(ck, dir, whole->params(), "param");
+    std::set<std::string> names;
+    for (const ParamTensor& t : whole->params().tensors()) names.insert("param/" + t.name);
+    for (const auto& [name, entry] : ck.meta["tensors"].items())
+      if (name.rfind("param/", 0) == 0 && !names.count(name))
+        throw Error("checkpoint " + dir + " has tensor " + name +
+                    ", which the model of this config does not");
+    read_parameters(ck, dir);
+    init_changes_ = model_differences(ck, dir, cfg_);
+  } catch (const Error& e) {
+    throw Error("train.init_from = " + cfg_.train.init_from + ": " + e.what());
+  }
 }
 
 }  // namespace cleave
