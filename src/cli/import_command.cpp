@@ -29,18 +29,21 @@ int import_hf(int argc, char** argv) {
   cfg.train.seq_len = std::min<int64_t>(cfg.train.seq_len, cfg.model.max_seq_len);
   const int64_t params = hf.write_checkpoint(out, to_toml(cfg), cfg.train.seed);
   const ModelConfig& m = cfg.model;
+  std::string shape = std::to_string(m.n_layers) + " layers, d_model " + std::to_string(m.d_model) +
+                      ", " + std::to_string(m.n_heads) + " heads, " + std::to_string(m.n_kv_heads) +
+                      " kv heads, vocabulary " + std::to_string(m.vocab_size);
+  if (m.tie_embeddings) shape += ", tied embeddings";
+  if (m.moe_experts > 0)
+    shape += ", " + std::to_string(m.moe_experts) + " experts, top " + std::to_string(m.moe_top_k);
+  if (hf.model_type() == "cleave_moe")
+    shape += ", " + std::string(family_name(m.family)) + " family";
   std::string dtypes;
   for (const auto& [dtype, n] : hf.dtypes())
     dtypes += (dtypes.empty() ? "" : ", ") + std::to_string(n) + " " + dtype;
-  std::printf("imported %s (%s family, %d layers, d_model %d, %d heads, %d kv heads, vocabulary "
-              "%d%s%s) from %s: %lld parameters in %d tensors (%s) of %zu file%s, as fp32\n",
-              hf.model_type().c_str(), family_name(m.family), m.n_layers, m.d_model, m.n_heads,
-              m.n_kv_heads, m.vocab_size, m.tie_embeddings ? ", tied embeddings" : "",
-              m.moe_experts > 0 ? (", " + std::to_string(m.moe_experts) + " experts, top " +
-                                   std::to_string(m.moe_top_k)).c_str()
-                                : "",
-              a.positional[0].c_str(), (long long)params, hf.tensors(), dtypes.c_str(),
-              hf.files().size(), hf.files().size() == 1 ? "" : "s");
+  std::printf("imported %s (%s) from %s: %lld parameters in %d tensors (%s) of %zu file%s, as "
+              "fp32\n",
+              hf.model_type().c_str(), shape.c_str(), a.positional[0].c_str(), (long long)params,
+              hf.tensors(), dtypes.c_str(), hf.files().size(), hf.files().size() == 1 ? "" : "s");
   if (!hf.ignored().empty())
     std::printf("left out %zu buffers that are no parameters (%s, ...)\n", hf.ignored().size(),
                 hf.ignored().front().c_str());

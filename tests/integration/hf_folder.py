@@ -12,6 +12,10 @@
       `cleave export` wrote of the imported checkpoint): the same names, shapes and bits.
   hf_folder.py check-import CHECKPOINT_DIR
       the imported checkpoint's AdamW moments are zero and its step 0.
+  hf_folder.py edit FILE drop|add|transpose|f64 NAME
+      damages one safetensors file: drops tensor NAME, adds one, transposes it, or stores it F64.
+  hf_folder.py index DIR NAME FILE
+      model.safetensors.index.json of DIR lists tensor NAME in FILE.
   hf_folder.py same-params CHECKPOINT_A CHECKPOINT_B
       two cleave checkpoints written by one rank hold bitwise the same parameters and router
       biases.
@@ -64,6 +68,44 @@ def write_safetensors(path, tensors):
             f.write(data)
 
 
+def read_raw(path):
+    """[(name, dtype name, shape, bytes)] of a safetensors file, in its data order."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    out = [(name, i["dtype"], i["shape"], data[i["data_offsets"][0]:i["data_offsets"][1]])
+           for name, i in header.items() if name != "__metadata__"]
+    return sorted(out, key=lambda t: header[t[0]]["data_offsets"][0])
+
+
+def edit(path, op, name):
+    tensors = read_raw(path)
+    if op == "add":
+        tensors.append((name, "F32", [4], np.ones(4, "<f4").tobytes()))
+    else:
+        (k,) = [i for i, t in enumerate(tensors) if t[0] == name]
+        _, dtype, shape, data = tensors[k]
+        a = widen(np.frombuffer(data, {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}[dtype]), dtype)
+        if op == "drop":
+            del tensors[k]
+        elif op == "transpose":
+            t = np.ascontiguousarray(a.reshape(shape).T)
+            stored, data = encode(t, {"F32": "f32", "F16": "f16", "BF16": "bf16"}[dtype])
+            tensors[k] = (name, stored, list(t.shape), data)
+        elif op == "f64":
+            tensors[k] = (name, "F64", shape, a.astype("<f8").tobytes())
+    write_safetensors(path, tensors)
+
+
+def set_index(folder, name, shard):
+    path = os.path.join(folder, "model.safetensors.index.json")
+    index = json.load(open(path))
+    index["weight_map"][name] = shard
+    json.dump(index, open(path, "w"), indent=2)
+
+
 def read_safetensors(path):
     with open(path, "rb") as f:
         raw = f.read()
@@ -93,8 +135,12 @@ def read_folder(folder):
 
 def model(kind, rng):
     """(config.json, [(name, float32 array)]) of a tiny model of `kind`."""
-    def w(*shape, std=0.3):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
+    # Weights large enough that the greedy continuations vary (a near-uniform model repeats one
+    # token, which would compare little).
+    scale = 0.3 if kind == "gpt2" else 0.15
+
+    def w(*shape, std=None):
+        return (rng.standard_normal(shape) * (scale if std is None else std)).astype(np.float32)
 
     def norm():
         return (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
@@ -265,6 +311,12 @@ def main():
         return compare(sys.argv[2], sys.argv[3])
     if cmd == "check-import":
         return check_import(sys.argv[2])
+    if cmd == "edit":
+        edit(*sys.argv[2:5])
+        return 0
+    if cmd == "index":
+        set_index(*sys.argv[2:5])
+        return 0
     if cmd == "same-params":
         return same_params(sys.argv[2], sys.argv[3])
     raise SystemExit(f"unknown command {cmd}")

@@ -198,7 +198,8 @@ void expect_refused(nlohmann::json config, const std::vector<std::string>& named
   } catch (const Error& e) {
     const std::string what = e.what();
     EXPECT_EQ(what.rfind("hf/config.json", 0), 0u) << what;
-    for (const std::string& n : named) EXPECT_NE(what.find(n), std::string::npos) << n << ": " << what;
+    for (const std::string& n : named)
+      EXPECT_NE(what.find(n), std::string::npos) << n << ": " << what;
   }
 }
 

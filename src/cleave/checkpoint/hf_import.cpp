@@ -46,7 +46,8 @@ bool plain_file_name(const std::string& name) {
 // causal mask (attn.bias, and attn.masked_bias in older files) and Llama's rotary frequencies.
 bool is_buffer(Family family, const std::string& name) {
   auto ends_with = [&](const std::string& tail) {
-    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
   return family == Family::gpt2 ? ends_with(".attn.bias") || ends_with(".attn.masked_bias")
                                 : ends_with(".rotary_emb.inv_freq");
@@ -76,7 +77,8 @@ void write_synced(const std::string& path, const std::string& bytes) {
 HfFolder::HfFolder(const std::string& dir) : dir_(dir) {
   std::error_code ec;
   if (!fs::is_directory(dir_, ec))
-    throw Error("Hugging Face folder " + dir_ + (fs::exists(dir_, ec) ? " is not a folder" : " does not exist"));
+    throw Error("Hugging Face folder " + dir_ +
+                (fs::exists(dir_, ec) ? " is not a folder" : " does not exist"));
   const std::string config_path = dir_ + "/config.json";
   const nlohmann::json config = read_json(config_path, "Hugging Face config");
   model_ = model_config_from_hf(config, config_path);
@@ -167,17 +169,19 @@ void HfFolder::open_weights() {
     }
     const int f = opened[file];
     if (!files_[size_t(f)].contains(name))
-      throw Error(index_path + " lists tensor " + name + " in " + file + ", which does not hold it");
+      throw Error(index_path + " lists tensor " + name + " in " + file +
+                  ", which does not hold it");
     file_of_[name] = f;
   }
   if (files_.empty()) throw Error(index_path + ": weight_map lists no tensor");
-  // The index and the shards agree: no shard holds a tensor the index lists elsewhere or not at all.
+  // The index and the shards agree: no shard holds a tensor the index lists elsewhere or not.
   for (size_t f = 0; f < files_.size(); ++f)
     for (const auto& [name, info] : files_[f].tensors()) {
       const auto it = file_of_.find(name);
       if (it == file_of_.end() || it->second != int(f))
         throw Error(files_[f].path() + " holds tensor " + name + ", which " + index_path +
-                    (it == file_of_.end() ? " does not list" : " lists in " + file_names_[size_t(it->second)]));
+                    (it == file_of_.end() ? " does not list"
+                                          : " lists in " + file_names_[size_t(it->second)]));
     }
 }
 
@@ -210,17 +214,24 @@ int64_t HfFolder::write_checkpoint(const std::string& out, const std::string& co
   params.allocate(0, 1, false);
   std::vector<int64_t> filled(params.tensors().size(), 0);
   nlohmann::json moe_bias = nullptr;
-  std::vector<float> hf;
+  std::vector<float> hf;  // a tensor that is not rows of its parameter as they are
   for (const Source& s : sources_) {
-    hf.resize(size_t(s.entry.hf_numel()));
-    read_f32(s, hf.data());
-    if (s.entry.layout == HfLayout::router_bias) {
-      moe_bias[std::to_string(s.entry.layer)] = hf;
+    const HfEntry& e = s.entry;
+    if (e.layout == HfLayout::router_bias) {
+      hf.resize(size_t(e.hf_numel()));
+      read_f32(s, hf.data());
+      moe_bias[std::to_string(e.layer)] = hf;
       continue;
     }
-    const int i = params.find(s.entry.param);
-    s.entry.from_hf(hf.data(), params.value(i));
-    filled[size_t(i)] += s.entry.hf_numel();
+    const int i = params.find(e.param);
+    if (e.layout == HfLayout::transposed) {
+      hf.resize(size_t(e.hf_numel()));
+      read_f32(s, hf.data());
+      e.from_hf(hf.data(), params.value(i));
+    } else {  // straight into its rows
+      read_f32(s, params.value(i) + (e.layout == HfLayout::rows ? e.row0 * e.param_shape[1] : 0));
+    }
+    filled[size_t(i)] += e.hf_numel();
   }
   for (size_t i = 0; i < filled.size(); ++i)
     CLEAVE_CHECK(filled[i] == params.tensor(int(i)).numel,

@@ -44,7 +44,7 @@ class HfFolder {
     std::string key;  // its name in the file (GPT-2's without "transformer.", as OpenAI's are)
   };
   void open_weights();
-  void read_f32(const Source& s, float* out) const;
+  void read_f32(const Source& s, float* out) const;  // its hf_numel() elements, widened
 
   std::string dir_;
   ModelConfig model_;

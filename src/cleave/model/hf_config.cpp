@@ -41,7 +41,7 @@ struct HfFixed {
   std::string hf;
   nlohmann::json value;
   bool written;  // export writes it
-  bool checked;  // import refuses any other value (an absent key is Hugging Face's default: the same)
+  bool checked;  // import refuses another value (an absent key is Hugging Face's default: this)
 };
 
 struct HfArchitecture {

@@ -88,7 +88,8 @@ void visit_hf_layout(const ModelConfig& c, const std::function<bool(const HfEntr
   auto moe_layer = [&](int l, const std::string& b, const std::string& gate,
                        const std::string& expert, const std::string& shared, auto&& mlp) {
     t.same(gate + ".weight", b + ".moe.router.weight", {E, d});
-    if (c.moe_router == MoeRouter::sigmoid_bias) t.router_bias(gate + ".e_score_correction_bias", l, E);
+    if (c.moe_router == MoeRouter::sigmoid_bias)
+      t.router_bias(gate + ".e_score_correction_bias", l, E);
     for (int x = 0; x < c.moe_experts && t.going; ++x)
       mlp(expert + "." + std::to_string(x), b + ".moe.experts." + std::to_string(x),
           int64_t(c.moe_ffn_hidden));

@@ -21,7 +21,7 @@ enum class HfLayout {
   same,         // the tensor as it is
   rows,         // rows [row0, row0 + rows) of a [R, C] tensor (q, k, v of qkv; gate, up of fc)
   transposed,   // a [out, in] weight stored [in, out] (GPT-2's Conv1D)
-  router_bias,  // sigmoid_bias's bias of one MoE layer, which is no parameter (Transformer::moe_biases)
+  router_bias,  // sigmoid_bias's bias of a MoE layer: no parameter (Transformer::moe_biases)
 };
 
 struct HfEntry {

@@ -404,7 +404,8 @@ void Trainer::run(int64_t exit_after) {
     if (!init_dir_.empty())
       std::cout << "initialised from " << init_dir_
                 << " (train.init_from): its parameters, a fresh optimizer, step 0\n";
-    for (const std::string& change : init_changes_) std::cout << "train.init_from: " << change << "\n";
+    for (const std::string& change : init_changes_)
+      std::cout << "train.init_from: " << change << "\n";
     for (const std::string& change : resume_changes_)
       std::cout << "resume: " << change << ": the batches from step " << step_ + 1
                 << " on are not those the checkpointed run would have drawn\n";

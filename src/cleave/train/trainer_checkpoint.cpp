@@ -1,6 +1,6 @@
 // The trainer's checkpoints: every writer's shard of the state into one temporary folder that
 // rank 0 completes and swaps into place, and a resume that reads, on each rank, only what it
-// keeps (docs/checkpoints.md).
+// keeps (docs/checkpoints.md); and train.init_from, which reads a checkpoint's parameters alone.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -123,7 +123,8 @@ void Trainer::read_parameters(const LoadedCheckpoint& ck, const std::string& dir
   for (int g = 0; g < params.n_groups(); ++g) {
     GroupParallel& part = groups_[size_t(g)];
     // Below ZeRO-3 every rank holds the group's whole values; ZeRO-3 its ranges.
-    const std::vector<FlatRange> region = {{params.unit_bounds(g).front(), params.unit_bounds(g).back()}};
+    const std::vector<FlatRange> region = {
+        {params.unit_bounds(g).front(), params.unit_bounds(g).back()}};
     const RangeBuffer values = part.dp->values();
     read_state(ck, dir, params, "param", values.packed ? part.dp->ranges() : region, values);
     part.dp->drop_offloaded();
