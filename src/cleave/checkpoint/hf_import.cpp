@@ -93,7 +93,8 @@ HfFolder::HfFolder(const std::string& dir) : dir_(dir) {
     std::string key = e.hf;
     // A checkpoint of the base model without its head (OpenAI's GPT-2) names the same tensors
     // without the base model's prefix.
-    if (!file_of_.count(key) && key.rfind(base, 0) == 0 && file_of_.count(key.substr(base.size())))
+    const bool prefixed = key.rfind(base, 0) == 0;
+    if (!file_of_.count(key) && prefixed && file_of_.count(key.substr(base.size())))
       key = key.substr(base.size());
     const auto at = file_of_.find(key);
     if (at == file_of_.end())

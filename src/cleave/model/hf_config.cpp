@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
