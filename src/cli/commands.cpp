@@ -33,6 +33,14 @@ Config config_from(const Args& a, const std::string& command) {
   return load_config(a.positional[0], a.overrides);
 }
 
+// The tokenizer of the model loaded from `path`: the checkpoint's own (an import copies the Hugging
+// Face folder's into it, and it moves with the folder), else its run's data.dir's.
+std::string tokenizer_of(const std::string& path, const LoadedModel& loaded) {
+  const std::string own = path + "/tokenizer.model";
+  std::error_code ec;
+  return fs::exists(own, ec) ? own : loaded.data_dir + "/tokenizer.model";
+}
+
 }  // namespace
 
 int train(int argc, char** argv) {
@@ -93,7 +101,7 @@ int generate(int argc, char** argv) {
   o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
   const LoadedModel loaded = load_model(a.positional[0], Precision::fp32);
   Transformer& model = *loaded.model;
-  const Tokenizer tok(a.get("--tokenizer", loaded.data_dir + "/tokenizer.model"));
+  const Tokenizer tok(a.get("--tokenizer", tokenizer_of(a.positional[0], loaded)));
   if (tok.vocab_size() != model.config().vocab_size)
     throw Error("tokenizer has " + std::to_string(tok.vocab_size()) +
                 " pieces but the model's vocab_size is " +
@@ -157,7 +165,7 @@ int export_hf(int argc, char** argv) {
     views.push_back({t.name, "F32", t.shape, t.data.data(), uint64_t(t.data.size()) * 4});
   write_safetensors(out + "/model.safetensors", views, {{"format", "pt"}});
   write_file_atomic(out + "/config.json", hf_config(model.config()).dump(2) + "\n", "config.json");
-  const std::string tok = loaded.data_dir + "/tokenizer.model";
+  const std::string tok = tokenizer_of(a.positional[0], loaded);
   if (fs::exists(tok)) fs::copy_file(tok, out + "/tokenizer.model", fs::copy_options::overwrite_existing);
   std::printf("exported %zu tensors to %s/{config.json,model.safetensors}\n", tensors.size(), out.c_str());
   return 0;

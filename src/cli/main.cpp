@@ -17,6 +17,7 @@ int generate(int argc, char** argv);
 int export_hf(int argc, char** argv);
 int checkpoint(int argc, char** argv);
 int plot(int argc, char** argv);
+int import_hf(int argc, char** argv);
 int bench_gemm(int argc, char** argv);
 int peak(int argc, char** argv);
 int bench_comm(int argc, char** argv);
@@ -34,6 +35,8 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   checkpoint info|verify CHECKPOINT_DIR           what a checkpoint holds | check every checksum
   plot RUN_DIR... [--out FILE.svg|.png|.pdf]      loss, validation loss, tokens/s, MFU by step
+  import HF_DIR OUT_CHECKPOINT     a Hugging Face folder (GPT-2, Llama, Mixtral; F32, BF16, F16,
+                                   sharded or not) as a checkpoint of step 0 for train.init_from
   bench-gemm [CONFIG.toml] [--set key=value ...] [--seconds S]   GEMM GF/s, fp32 and bf16
   peak [--dtype fp32|bf16] [--threads N] [--refresh]   the peaks MFU is quoted against (cached)
   bench-comm (under mpirun)                        collective algbw/busbw, cleave's and MPI's
@@ -80,6 +83,7 @@ int main(int argc, char** argv) {
       else if (cmd == "export") rc = cleave::cli::export_hf(argc - 2, argv + 2);
       else if (cmd == "checkpoint") rc = cleave::cli::checkpoint(argc - 2, argv + 2);
       else if (cmd == "plot") rc = cleave::cli::plot(argc - 2, argv + 2);
+      else if (cmd == "import") rc = cleave::cli::import_hf(argc - 2, argv + 2);
       else if (cmd == "bench-gemm") rc = cleave::cli::bench_gemm(argc - 2, argv + 2);
       else if (cmd == "peak") rc = cleave::cli::peak(argc - 2, argv + 2);
       else {

@@ -8,8 +8,8 @@ A mixture of experts (MixtralForCausalLM, or cleave's own "cleave_moe" layout: d
 is rebuilt the same way, every expert run on every token and weighted by its gate (zero unless
 chosen); the loss differentiated adds the balancing terms as cleave defines them (the auxiliary
 loss per sequence, the z-loss per token), while the loss compared is the cross-entropy alone.
---greedy HF_DIR decodes greedily from --prompt-ids with the reference (no cache) and prints the
-prompt and continuation ids as `cleave generate --ids` does.
+--greedy HF_DIR [HF_DIR ...] decodes greedily from --prompt-ids with the reference (no cache) and
+prints the prompt and continuation ids as `cleave generate --ids` does, a line per folder.
 
 Each DUMP_DIR is what tests/tools/model_dump wrote: config.json (Hugging Face config),
 model.safetensors (parameters under Hugging Face names and layouts), grads.safetensors (cleave's
@@ -502,7 +502,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dumps", nargs="*", help="folders written by model_dump")
-    ap.add_argument("--greedy", metavar="HF_DIR", help="decode greedily from an exported folder")
+    ap.add_argument("--greedy", metavar="HF_DIR", nargs="+",
+                    help="decode greedily from exported folders")
     ap.add_argument("--prompt-ids", default="", help="--greedy's prompt, token ids")
     ap.add_argument("--max-new-tokens", type=int, default=20)
     ap.add_argument("--tolerance", type=float, default=1e-4,
@@ -519,8 +520,9 @@ def main():
     torch.set_default_dtype(dtype)
     if args.greedy:
         prompt = [int(t) for t in args.prompt_ids.split()]
-        ids = greedy(args.greedy, prompt, args.max_new_tokens)
-        print(" ".join(map(str, prompt)) + " | " + " ".join(map(str, ids[len(prompt):])))
+        for folder in args.greedy:
+            ids = greedy(folder, prompt, args.max_new_tokens)
+            print(" ".join(map(str, prompt)) + " | " + " ".join(map(str, ids[len(prompt):])))
         return 0
 
     all_failures = []

@@ -1,5 +1,5 @@
 // fp32 <-> bf16: round to nearest even (ties, overflow to inf), NaN stays NaN, exact widening,
-// and every bf16 value round-trips.
+// and every bf16 value round-trips; every fp16 value widens exactly.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -99,6 +99,25 @@ TEST(Convert, EveryBf16RoundTrips) {
       ASSERT_TRUE(std::isnan(widen(back[i])));
     else
       ASSERT_EQ(back[i], all[i]) << i;
+  }
+}
+
+// Every fp16 bit pattern against the format's definition: (-1)^s 2^(e-15) (1 + m/1024) for a
+// normal, 2^-14 (m/1024) for a subnormal, inf and NaN at e = 31.
+TEST(Convert, EveryFp16Widens) {
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; i++) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> f(65536);
+  k::f16_to_f32(f.data(), all.data(), 65536);
+  for (uint32_t i = 0; i < 65536; i++) {
+    const int s = int(i >> 15), e = int((i >> 10) & 31), m = int(i & 1023);
+    if (e == 31) {
+      ASSERT_TRUE(m == 0 ? std::isinf(f[i]) && std::signbit(f[i]) == bool(s) : std::isnan(f[i])) << i;
+      continue;
+    }
+    const double magnitude = e == 0 ? std::ldexp(double(m), -24) : std::ldexp(1024.0 + m, e - 25);
+    ASSERT_EQ(double(f[i]), s ? -magnitude : magnitude) << i;
+    ASSERT_EQ(std::signbit(f[i]), bool(s)) << i;
   }
 }
 

@@ -84,7 +84,7 @@ TEST(Config, ResolvedTomlRoundTrips) {
   // ZeRO-3's FP8 gathers, so that every key applies in one of them and is written.
   const Config c = parse_config("[model]\nfamily = \"llama\"\nd_model = 96\nn_heads = 6\nn_kv_heads = 2\n"
                                 "moe_experts = 4\nmoe_router = \"sigmoid_bias\"\n"
-                                "[train]\ndtype = \"fp16\"\nout_dir = \"runs/x\"\n"
+                                "[train]\ndtype = \"fp16\"\nout_dir = \"runs/x\"\ninit_from = \"runs/base\"\n"
                                 "[optim]\nno_decay = [\"embed\"]\ndecay = \"linear\"\n"
                                 "offload = \"file\"\n",
                                 "t");
@@ -105,6 +105,7 @@ TEST(Config, ResolvedTomlRoundTrips) {
   EXPECT_EQ(plain.find("offload_dir"), std::string::npos);
   EXPECT_EQ(plain.find("moe_top_k"), std::string::npos);
   EXPECT_EQ(plain.find("fp8_"), std::string::npos);
+  EXPECT_EQ(plain.find("init_from"), std::string::npos);
   EXPECT_EQ(to_toml(parse_config(plain, "resolved")), plain);
 }
 

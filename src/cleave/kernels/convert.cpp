@@ -3,6 +3,8 @@
 
 #include <immintrin.h>
 
+#include <bit>
+
 #include "cleave/kernels/for_blocks.h"
 
 namespace cleave::kernels {
@@ -21,6 +23,12 @@ void f32_to_bf16(bf16* out, const float* in, int64_t n) {
 void bf16_to_f32(float* out, const bf16* in, int64_t n) {
   for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) out[i] = from_bf16(in[i]);
+  });
+}
+
+void f16_to_f32(float* out, const uint16_t* in, int64_t n) {
+  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) out[i] = float(std::bit_cast<_Float16>(in[i]));
   });
 }
 

@@ -1,5 +1,5 @@
-// fp32 <-> bf16 (round to nearest even; NaN stays NaN), and fp32 rounded to fp16's or bf16's
-// values.
+// fp32 <-> bf16 (round to nearest even; NaN stays NaN), fp16 widened to fp32, and fp32 rounded to
+// fp16's or bf16's values.
 #pragma once
 #include <cstdint>
 
@@ -11,6 +11,8 @@ using cleave::bf16;
 
 void f32_to_bf16(bf16* out, const float* in, int64_t n);
 void bf16_to_f32(float* out, const bf16* in, int64_t n);
+// IEEE half precision (its bits, as safetensors' F16 stores them) widened to fp32: exact.
+void f16_to_f32(float* out, const uint16_t* in, int64_t n);
 
 // Each value rounded to the nearest fp16 (ties to even), kept as fp32: beyond fp16's largest
 // (65504) it becomes +-inf, below its smallest subnormal (2^-24) 0, as a cast to fp16 would. The

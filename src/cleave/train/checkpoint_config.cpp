@@ -76,4 +76,19 @@ std::vector<std::string> resume_changes(const LoadedCheckpoint& ck, const std::s
   return out;
 }
 
+std::vector<std::string> model_differences(const LoadedCheckpoint& ck, const std::string& dir,
+                                           const Config& cfg) {
+  if (!ck.meta.contains("config") || !ck.meta["config"].is_string())
+    throw Error("checkpoint " + dir + "/meta.json has no \"config\"");
+  const auto saved = lines_of(ck.meta["config"].get<std::string>(), "model");
+  std::vector<std::string> out;
+  for (auto& [key, line] : lines_of(to_toml(cfg), "model"))
+    if (saved.count(key) && saved.at(key) != line) {
+      const std::string& was = saved.at(key);
+      out.push_back("model." + line + " in this run, " + was.substr(was.find('=') + 2) +
+                    " in checkpoint " + dir);
+    }
+  return out;
+}
+
 }  // namespace cleave

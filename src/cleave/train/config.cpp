@@ -120,6 +120,11 @@ const std::vector<Key>& schema() {
     train(integer_key("train.checkpoint_interval", &TrainConfig::checkpoint_interval, -1, 1e12));
     train(integer_key("train.keep_checkpoints", &TrainConfig::keep_checkpoints, 1, 1e6));
     train(string_key("train.out_dir", &TrainConfig::out_dir));
+    k.push_back({"train.init_from", KeyKind::string, 0, 0, {},
+                 [](C& c, const toml::node& n) { c.train.init_from = *n.value<std::string>(); },
+                 [](const C& c) {
+                   return c.train.init_from.empty() ? std::string() : quote(c.train.init_from);
+                 }});
     train(integer_key("train.trace_step", &TrainConfig::trace_step, 0, 1e15));
     train(real_key("train.peak_gflops", &TrainConfig::peak_gflops, 0.0, 1e9));
     train(choice_key("train.mfu_peak", &TrainConfig::mfu_peak,

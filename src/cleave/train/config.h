@@ -40,6 +40,10 @@ struct TrainConfig : StepOptions {
   int64_t checkpoint_interval = 0;  // 0: only at the end; -1: never (benchmarks)
   int64_t keep_checkpoints = 2;
   std::string out_dir = "runs/default";
+  // A checkpoint (or a run folder: its newest) whose parameters a fresh run starts from: a fresh
+  // optimizer at step 0, this run's data and schedule (fine-tuning, e.g. of `cleave import`'s
+  // output). "": none. A resumed run continues from its own checkpoint instead.
+  std::string init_from;
   // The peak MFU is quoted against, GF/s per rank; 0: the one mfu_peak names (train/peak.h).
   double peak_gflops = 0;
   MfuPeak mfu_peak = MfuPeak::gemm;

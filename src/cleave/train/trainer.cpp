@@ -96,6 +96,11 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
         std::make_unique<BatchLoader>(*train_shard_, t.seq_len, t.seed, 0, documents, split);
     val_loader_ = std::make_unique<BatchLoader>(*val_shard_, t.seq_len, t.seed, 1, documents, split);
     candidates = checkpoints_to_resume(resume, t.out_dir, resume_notes, opened);
+    // A resumed run continues from its own checkpoint, which has long left train.init_from's.
+    if (candidates.empty() && !t.init_from.empty()) init_dir_ = init_checkpoint(t.init_from);
+    else if (!t.init_from.empty())
+      resume_notes.push_back("train.init_from = " + t.init_from + " is not read: the run " +
+                             "continues from " + candidates.front());
   });
   if (rank_ == 0)
     for (const std::string& note : resume_notes) std::printf("cleave: %s\n", note.c_str());
@@ -179,6 +184,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     }
   }
   if (!from.empty()) report_resume_reads(from);
+  else if (!init_dir_.empty()) agree_on_errors([&] { load_init_from(); });
 
   if (rank_ == 0) {
     fs::create_directories(t.out_dir);
@@ -436,6 +442,11 @@ void Trainer::run(int64_t exit_after) {
                 activations_.sets_whole, activations_.sets_kept, double(activations_.slots) * mib);
     std::fflush(stdout);
     if (step_ > 0) std::cout << "resumed at step " << step_ << "\n";
+    if (!init_dir_.empty())
+      std::cout << "initialised from " << init_dir_
+                << " (train.init_from): its parameters, a fresh optimizer, step 0\n";
+    for (const std::string& change : init_changes_)
+      std::cout << "train.init_from: " << change << "\n";
     for (const std::string& change : resume_changes_)
       std::cout << "resume: " << change << ": the batches from step " << step_ + 1
                 << " on are not those the checkpointed run would have drawn\n";

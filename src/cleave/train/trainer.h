@@ -64,6 +64,13 @@ class Trainer {
   void load_checkpoint(const std::string& dir, std::optional<LoadedCheckpoint> opened);
   // Rank 0 prints what each rank read of the checkpoint it resumed from (collective).
   void report_resume_reads(const std::string& dir);
+  // The parameters (and router biases) this rank holds, from a checkpoint of any layout; returns
+  // their bytes.
+  double read_parameters(const LoadedCheckpoint& ck, const std::string& dir);
+  // train.init_from: the checkpoint folder it names (a run folder's newest), or an error naming
+  // the key; then its parameters, once the whole model's shapes are checked against it.
+  static std::string init_checkpoint(const std::string& path);
+  void load_init_from();
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
                 const StepResult& interval);
   // Rank 0: the MoE fields of the progress line and metrics.jsonl, from every stage's layers.
@@ -115,6 +122,8 @@ class Trainer {
   struct ResumeReads {
     double counted = 0, kernel = 0, kept = 0;
   } resume_reads_;
+  std::string init_dir_;  // train.init_from's checkpoint, when the run starts from it
+  std::vector<std::string> init_changes_;  // the [model] keys the run sets otherwise than it
   std::string job_tag_;  // rank 0's pid: names the temporary folder all ranks write a checkpoint to
   ComputePeak peak_;                  // this rank's (rank 0's is printed)
   double peak_sum_ = 0, hardware_sum_ = 0;  // GF/s over every rank: MFU's denominators

@@ -1,10 +1,12 @@
 // The trainer's checkpoints: every writer's shard of the state into one temporary folder that
 // rank 0 completes and swaps into place, and a resume that reads, on each rank, only what it
-// keeps (docs/checkpoints.md).
+// keeps (docs/checkpoints.md); and train.init_from, which reads a checkpoint's parameters alone.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -104,27 +106,19 @@ void Trainer::load_checkpoint(const std::string& dir, std::optional<LoadedCheckp
   const int64_t kernel_before = process_bytes_read();
   const uint64_t opened_bytes = opened ? opened->bytes_read() : 0;  // read before kernel_before
   const LoadedCheckpoint ck = opened ? std::move(*opened) : read_checkpoint_folder(dir);
-  double kept = 0;
   step_ = checkpoint_step(ck, dir, cfg_);
   resume_changes_ = resume_changes(ck, dir, cfg_);
+  double kept = read_parameters(ck, dir);
   ParamStore& params = model_->params();
   for (int g = 0; g < params.n_groups(); ++g) {
     GroupParallel& part = groups_[size_t(g)];
-    // Below ZeRO-3 every rank holds the group's whole values; its optimizer state is its ranges.
-    const std::vector<FlatRange> region = {{params.unit_bounds(g).front(), params.unit_bounds(g).back()}};
-    const RangeBuffer values = part.dp->values();
-    const std::vector<FlatRange>& value_ranges = values.packed ? part.dp->ranges() : region;
-    for (const FlatRange& r : value_ranges) kept += 4.0 * double(r.end - r.begin);
+    // The optimizer state is this rank's ranges.
     for (const FlatRange& r : part.dp->ranges()) kept += 8.0 * double(r.end - r.begin);  // m, v
-    read_state(ck, dir, params, "param", value_ranges, values);
     read_state(ck, dir, params, "adam_m", part.dp->ranges(), {part.optim->m(), true});
     read_state(ck, dir, params, "adam_v", part.dp->ranges(), {part.optim->v(), true});
     part.optim->drop_offloaded();
-    part.dp->drop_offloaded();
     part.optim->set_steps_taken(checkpoint_optimizer_steps(ck, dir));
   }
-  params.wrote_all();
-  read_moe_biases(ck, dir, model_->moe_biases());
   // A run that was not fp16 leaves the scaler at its initial state.
   if (scaler_)
     if (const auto state = checkpoint_loss_scaler(ck, dir)) scaler_->restore(*state);
@@ -158,6 +152,59 @@ void Trainer::report_resume_reads(const std::string& dir) {
   std::printf("resume read per rank (MiB, of %.3f in %s): %s; kernel-counted %s; state kept %s\n",
               double(on_disk) / (1 << 20), dir.c_str(), list(0).c_str(), list(1).c_str(),
               list(2).c_str());
+}
+
+double Trainer::read_parameters(const LoadedCheckpoint& ck, const std::string& dir) {
+  ParamStore& params = model_->params();
+  double bytes = 0;
+  for (int g = 0; g < params.n_groups(); ++g) {
+    GroupParallel& part = groups_[size_t(g)];
+    // Below ZeRO-3 every rank holds the group's whole values; ZeRO-3 its ranges.
+    const std::vector<FlatRange> region = {
+        {params.unit_bounds(g).front(), params.unit_bounds(g).back()}};
+    const RangeBuffer values = part.dp->values();
+    const std::vector<FlatRange>& ranges = values.packed ? part.dp->ranges() : region;
+    for (const FlatRange& r : ranges) bytes += 4.0 * double(r.end - r.begin);
+    read_state(ck, dir, params, "param", ranges, values);
+    part.dp->drop_offloaded();
+  }
+  params.wrote_all();
+  read_moe_biases(ck, dir, model_->moe_biases());
+  return bytes;
+}
+
+std::string Trainer::init_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec))
+    throw Error("train.init_from = " + path + ": " +
+                (fs::exists(path, ec) ? "not a folder" : "no such folder"));
+  if (fs::exists(path + "/meta.json", ec)) return path;
+  const std::string latest = latest_checkpoint(path);
+  if (latest.empty())
+    throw Error("train.init_from = " + path + ": neither a checkpoint (it has no meta.json) nor " +
+                "a run folder with one");
+  return latest;
+}
+
+void Trainer::load_init_from() {
+  const std::string& dir = init_dir_;
+  try {
+    const LoadedCheckpoint ck = read_checkpoint_folder(dir);
+    // The whole model's tensors, not only this rank's: a checkpoint of another width or depth
+    // fails on every rank alike, naming the tensor, before anything is read.
+    const std::unique_ptr<Transformer> whole = Transformer::planned(cfg_.model, 1, false);
+    check_saved_shapes(ck, dir, whole->params(), "param");
+    std::set<std::string> names;
+    for (const ParamTensor& t : whole->params().tensors()) names.insert("param/" + t.name);
+    for (const auto& [name, entry] : ck.meta["tensors"].items())
+      if (name.rfind("param/", 0) == 0 && !names.count(name))
+        throw Error("checkpoint " + dir + " has tensor " + name +
+                    ", which the model of this config does not");
+    read_parameters(ck, dir);
+    init_changes_ = model_differences(ck, dir, cfg_);
+  } catch (const Error& e) {
+    throw Error("train.init_from = " + cfg_.train.init_from + ": " + e.what());
+  }
 }
 
 }  // namespace cleave
