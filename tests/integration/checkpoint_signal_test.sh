@@ -10,13 +10,13 @@
 #      process resumes the checkpoint (reading and verifying all of it);
 #  (d) one process gets a second SIGTERM while it saves: it ends at once, killed by the signal, and
 #      the checkpoint it was writing never appears. strace holds the save in its first fsync for
-#      5 s (its syscall delay injection: no hook in cleave), so the second signal lands mid-save.
+#      2 s (its syscall delay injection: no hook in cleave), so the second signal lands mid-save.
 # Without the key, SIGTERM ends a rank with the communication report (comm_fault_test.sh).
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 source "$src/tests/integration/layouts.sh"
 command -v strace > /dev/null || { echo "FAIL: strace is not installed (setup.sh installs it)"; exit 1; }
-steps=50
+steps=30
 common=(--set data.dir="$data" --set train.steps=$steps --set train.log_interval=1
         --set train.val_interval=0 --set train.checkpoint_interval=-1 --set train.threads=1
         --set parallel.comm_timeout_s=60 --set parallel.tp=2 --set parallel.dp_shard=2
@@ -104,7 +104,7 @@ grep -q "^resumed at step $step$" "$work/mpirun-resume.log" || fail "mpirun's ch
 echo "mpirun: mpirun exited with $rc, the ranks saved step $step and exited with 0"
 
 # (d) A second SIGTERM while saving.
-strace -f -o /dev/null -e trace=fsync -e inject=fsync:delay_enter=5000000 \
+strace -f -o /dev/null -e trace=fsync -e inject=fsync:delay_enter=2000000 \
   "$cleave" train "$cfg" --set data.dir="$data" --set train.steps=1000000 \
   --set train.log_interval=100000 --set train.checkpoint_interval=-1 \
   --set train.checkpoint_on_signal=true --set train.out_dir="$work/twice" > "$work/twice.log" 2>&1 &
