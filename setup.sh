@@ -9,9 +9,11 @@ cd "$(dirname "$0")"
 # it (and recommends are not installed). iproute2 and procps: the multi-host test's ip and pkill.
 # slurmctld, slurmd, slurm-client and munge: slurm_test's private cluster on the simulated hosts.
 # python3-matplotlib: cleave plot.
+# strace: the checkpoint tests hold a save in fsync with its syscall delay injection.
 packages=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev
           openmpi-bin libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libgtest-dev
-          libxxhash-dev python3 python3-numpy python3-matplotlib python3-torch fortunes iproute2 procps)
+          libxxhash-dev python3 python3-numpy python3-matplotlib python3-torch fortunes iproute2 procps
+          strace)
 packages+=(slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${packages[@]}"; do

@@ -15,7 +15,10 @@
 //
 // SIGTERM. mpirun stops the other ranks with it when one dies or calls MPI_Abort: each then reports
 // where every rank stood, unless a rank marked itself failed (an error of its own, which it
-// reported: no communication fault to explain).
+// reported: no communication fault to explain). A scheduler sends it too, before it preempts a
+// job: with sigterm_requests_checkpoint() (train.checkpoint_on_signal) the first SIGTERM only
+// raises a flag, which the trainer answers with a checkpoint and a clean exit at the next step's
+// end; a second one (the scheduler's or mpirun's patience running out) ends the rank as before.
 #include "cleave/comm/communicator.h"
 
 #include <signal.h>
@@ -38,9 +41,27 @@ std::atomic<Communicator*> g_instance{nullptr};
 std::mutex g_init_m;
 struct sigaction g_old_sigterm;
 bool g_sigterm_installed = false;
+// Lock-free atomics: the handler reads and counts them (async-signal-safe).
+std::atomic<bool> g_sigterm_saves{false};
+std::atomic<int> g_sigterms{0};  // received while g_sigterm_saves
 
 extern "C" void on_sigterm(int signo) {
-  if (Communicator* c = g_instance.load()) c->write_signal_report(signo);
+  Communicator* c = g_instance.load();
+  // mpirun stopping the job for a rank's error (which marked it, or removed the folder) is no
+  // request: nothing would answer it.
+  auto for_error = [c] {
+    return c && (c->status().failed_rank() >= 0 || !c->status().own_file_present());
+  };
+  if (g_sigterm_saves.load() && !for_error() && g_sigterms.fetch_add(1) == 0) {
+    // The request: the training thread sees sigterm_received() at its next step's end.
+    int fd = 2;
+    SafeText out(SafeText::fd_sink, &fd);
+    out.str("cleave: rank ").num(c ? c->world_rank() : 0)
+        .str(" received SIGTERM: a checkpoint is saved at the next step's end, then the run "
+             "exits (a second SIGTERM ends it at once)\n");
+    return;
+  }
+  if (c) c->write_signal_report(signo);
   // Then do what would have happened without us: the previous handler, or die of the signal.
   if (g_old_sigterm.sa_handler != SIG_DFL && g_old_sigterm.sa_handler != SIG_IGN &&
       !(g_old_sigterm.sa_flags & SA_SIGINFO)) {
@@ -320,8 +341,11 @@ void Communicator::write_signal_report(int signo) {
   // the folder (its file last, so a missing file of that rank means this rank's is gone too).
   if (status_.failed_rank() < 0 && status_.own_file_present()) {
     SafeText out(SafeText::fd_sink, &fd);
-    out.str("\ncleave comm: rank ").num(world_rank_).str(" terminated by signal ").num(signo)
-        .str(" (the job is being stopped: another rank died, failed or timed out)\n");
+    out.str("\ncleave comm: rank ").num(world_rank_).str(" terminated by signal ").num(signo);
+    if (g_sigterms.load() > 1)
+      out.str(" (a second SIGTERM: the first asked for a checkpoint, which was cut short)\n");
+    else
+      out.str(" (the job is being stopped: another rank died, failed or timed out)\n");
     status_.write_report(out, -1, 0, Op::barrier);
     recorder_.write(out);
   }
@@ -385,6 +409,8 @@ void init_comm(const CommOptions& options) {
   struct sigaction sa = {};
   sa.sa_handler = on_sigterm;
   sigemptyset(&sa.sa_mask);
+  // A SIGTERM that only asks for a checkpoint returns: the system calls it interrupted go on.
+  sa.sa_flags = SA_RESTART;
   g_sigterm_installed = sigaction(SIGTERM, &sa, &g_old_sigterm) == 0;
 }
 
@@ -413,6 +439,10 @@ std::vector<CommRecord> Communicator::end_capture() {
 
 void begin_comm_capture() { Communicator::get().begin_capture(); }
 std::vector<CommRecord> end_comm_capture() { return Communicator::get().end_capture(); }
+
+void sigterm_requests_checkpoint() { g_sigterm_saves.store(true); }
+
+bool sigterm_received() { return g_sigterms.load() > 0; }
 
 std::string flight_recorder_report() {
   Communicator* c = Communicator::instance();

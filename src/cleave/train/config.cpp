@@ -119,6 +119,8 @@ const std::vector<Key>& schema() {
     train(integer_key("train.ac_every", &TrainConfig::ac_every, 1, 1 << 20));
     train(integer_key("train.checkpoint_interval", &TrainConfig::checkpoint_interval, -1, 1e12));
     train(integer_key("train.keep_checkpoints", &TrainConfig::keep_checkpoints, 1, 1e6));
+    train(bool_key("train.async_checkpoint", &TrainConfig::async_checkpoint));
+    train(bool_key("train.checkpoint_on_signal", &TrainConfig::checkpoint_on_signal));
     train(string_key("train.out_dir", &TrainConfig::out_dir));
     k.push_back({"train.init_from", KeyKind::string, 0, 0, {},
                  [](C& c, const toml::node& n) { c.train.init_from = *n.value<std::string>(); },

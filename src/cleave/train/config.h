@@ -39,6 +39,12 @@ struct TrainConfig : StepOptions {
   int64_t val_batches = 8;
   int64_t checkpoint_interval = 0;  // 0: only at the end; -1: never (benchmarks)
   int64_t keep_checkpoints = 2;
+  // A checkpoint's state is copied into memory at the step's end and its files written on a
+  // thread of their own while training goes on (docs/checkpoints.md, Async checkpoints).
+  bool async_checkpoint = false;
+  // SIGTERM (a scheduler's notice before preemption) saves a checkpoint at the next step's end
+  // and ends the run with exit code 0; a second SIGTERM ends it at once.
+  bool checkpoint_on_signal = false;
   std::string out_dir = "runs/default";
   // A checkpoint (or a run folder: its newest) whose parameters a fresh run starts from: a fresh
   // optimizer at step 0, this run's data and schedule (fine-tuning, e.g. of `cleave import`'s

@@ -71,6 +71,8 @@ std::vector<std::string> checkpoints_to_resume(const std::string& resume,
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
+  // From here on: a SIGTERM while the model is built or loaded is answered at the first step's end.
+  if (cfg_.train.checkpoint_on_signal) sigterm_requests_checkpoint();
   if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
   const TrainConfig& t = cfg_.train;
   MPI_Comm_size(MPI_COMM_WORLD, &world_);
@@ -447,6 +449,13 @@ void Trainer::run(int64_t exit_after) {
                 << " (train.init_from): its parameters, a fresh optimizer, step 0\n";
     for (const std::string& change : init_changes_)
       std::cout << "train.init_from: " << change << "\n";
+    if (t.async_checkpoint)
+      std::cout << "checkpoints: the state copied at the step's end, the files written in the "
+                   "background (train.async_checkpoint)\n";
+    if (t.checkpoint_on_signal)
+      std::cout << "checkpoints: SIGTERM saves one at the next step's end, then the run exits "
+                   "(train.checkpoint_on_signal)\n";
+    std::cout << std::flush;
     for (const std::string& change : resume_changes_)
       std::cout << "resume: " << change << ": the batches from step " << step_ + 1
                 << " on are not those the checkpointed run would have drawn\n";
@@ -456,6 +465,7 @@ void Trainer::run(int64_t exit_after) {
   StepResult interval;  // sums over the interval's steps
   int64_t interval_steps = 0;
   const int64_t first_step = step_;
+  bool stopped_by_signal = false;
   while (step_ < t.steps) {
     const double t0 = now_seconds();
     const StepResult r = train_step(step_);
@@ -475,7 +485,9 @@ void Trainer::run(int64_t exit_after) {
       interval_steps = 0;
       interval = StepResult();
     }
-    if (t.val_interval > 0 && (step_ % t.val_interval == 0 || step_ == t.steps)) {
+    // A SIGTERM skips the step's validation: the scheduler's grace period goes to the save.
+    const bool signalled = agree_at_step_end();
+    if (!signalled && t.val_interval > 0 && (step_ % t.val_interval == 0 || step_ == t.steps)) {
       const double v = validate();
       if (rank_ == 0) {
         std::printf("step %lld | val loss %.4f\n", (long long)step_, v);
@@ -485,12 +497,22 @@ void Trainer::run(int64_t exit_after) {
     const bool exiting = exit_after > 0 && step_ - first_step == exit_after;
     const bool due = t.checkpoint_interval > 0 ? step_ % t.checkpoint_interval == 0 || step_ == t.steps
                                                : t.checkpoint_interval == 0 && step_ == t.steps;
-    if (due || exiting) save_checkpoint();
-    if (exiting) {
-      if (rank_ == 0) std::printf("exiting after %lld steps (--exit-after)\n", (long long)exit_after);
+    if (signalled && rank_ == 0) {
+      std::printf("SIGTERM: saving checkpoint at step %lld before exit\n", (long long)step_);
+      std::fflush(stdout);
+    }
+    if (due || exiting || signalled) save_checkpoint();
+    stopped_by_signal = signalled;
+    if (exiting || signalled) {
+      if (rank_ == 0 && exiting)
+        std::printf("exiting after %lld steps (--exit-after)\n", (long long)exit_after);
       break;
     }
   }
+  complete_pending_save();
+  if (rank_ == 0 && stopped_by_signal)
+    std::printf("exiting at step %lld after SIGTERM (train.checkpoint_on_signal)\n",
+                (long long)step_);
   std::fflush(stdout);
 }
 

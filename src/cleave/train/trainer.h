@@ -29,6 +29,7 @@
 #include "cleave/parallel/process_groups.h"
 #include "cleave/parallel/step_executor.h"
 #include "cleave/parallel/tensor_parallel.h"
+#include "cleave/train/background_save.h"
 #include "cleave/train/config.h"
 #include "cleave/train/peak.h"
 
@@ -52,6 +53,8 @@ class Trainer {
   void run(int64_t exit_after = 0);
   StepResult train_step(int64_t step);
   double validate();
+  // Saves a checkpoint of the steps completed: synchronously, or with train.async_checkpoint
+  // started in the background (a save still in flight completes first).
   void save_checkpoint();
   int64_t step() const { return step_; }
   // Fault injection for tests: called with (step, unit) on this rank once backward has finished a
@@ -71,6 +74,14 @@ class Trainer {
   // the key; then its parameters, once the whole model's shapes are checked against it.
   static std::string init_checkpoint(const std::string& path);
   void load_init_from();
+  // At every step's end, where needed, one collective tells every rank whether any rank received
+  // SIGTERM (train.checkpoint_on_signal; the return value) and whether every rank has written its
+  // files of the background save, which rank 0 then completes in the background.
+  bool agree_at_step_end();
+  // Waits for the background save, if any, to be complete on every rank (collective while its
+  // files are being written).
+  void complete_pending_save();
+  void report_background_save();  // rank 0, once it is complete
   void log_step(const StepResult& r, double seconds, int64_t steps_in_interval,
                 const StepResult& interval);
   // Rank 0: the MoE fields of the progress line and metrics.jsonl, from every stage's layers.
@@ -125,6 +136,12 @@ class Trainer {
   std::string init_dir_;  // train.init_from's checkpoint, when the run starts from it
   std::vector<std::string> init_changes_;  // the [model] keys the run sets otherwise than it
   std::string job_tag_;  // rank 0's pid: names the temporary folder all ranks write a checkpoint to
+  // train.async_checkpoint: the copies of the state the save in flight writes from, one per file
+  // this rank writes, kept from save to save (no page faults after the first); and that save (on
+  // rank 0 until meta.json is in place, elsewhere until every rank's files are written), declared
+  // after what its threads read so that it goes first.
+  std::vector<Buffer<float>> snapshots_;
+  std::unique_ptr<BackgroundSave> pending_save_;
   ComputePeak peak_;                  // this rank's (rank 0's is printed)
   double peak_sum_ = 0, hardware_sum_ = 0;  // GF/s over every rank: MFU's denominators
   bool warned_peak_ = false;

@@ -1,11 +1,16 @@
 // The trainer's checkpoints: every writer's shard of the state into one temporary folder that
-// rank 0 completes and swaps into place, and a resume that reads, on each rank, only what it
-// keeps (docs/checkpoints.md); and train.init_from, which reads a checkpoint's parameters alone.
+// rank 0 completes and swaps into place, at the step's end or in the background
+// (train.async_checkpoint), and a resume that reads, on each rank, only what it keeps
+// (docs/checkpoints.md); and train.init_from, which reads a checkpoint's parameters alone.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,14 +27,72 @@ namespace fs = std::filesystem;
 
 namespace cleave {
 
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A copy of `live`'s ranges in `into` (values, then m, then v, each packed): what a background
+// save writes while training changes the live state. Bitwise the same floats, so the same files.
+StateSlices snapshot(const StateSlices& live, Buffer<float>& into) {
+  int64_t n = 0;
+  for (const FlatRange& r : live.ranges) n += r.end - r.begin;
+  float* out = into.grow(3 * n);
+  // Copied in blocks of at most 1 MiB over the threads: the copy is most of the training
+  // thread's stall.
+  struct Block {
+    const float* src;
+    float* dst;
+    int64_t len;
+  };
+  constexpr int64_t kBlock = int64_t(1) << 18;
+  std::vector<Block> blocks;
+  const RangeBuffer from[3] = {live.values, live.m, live.v};
+  int64_t at = 0;  // where the range starts in a packed buffer
+  for (const FlatRange& r : live.ranges) {
+    const int64_t len = r.end - r.begin;
+    for (int k = 0; k < 3; ++k) {
+      const float* src = from[k].data + (from[k].packed ? at : r.begin);
+      for (int64_t b = 0; b < len; b += kBlock)
+        blocks.push_back({src + b, out + k * n + at + b, std::min(kBlock, len - b)});
+    }
+    at += len;
+  }
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < blocks.size(); ++i)
+    std::memcpy(blocks[i].dst, blocks[i].src, size_t(blocks[i].len) * sizeof(float));
+  return {live.ranges, {out, true}, {out + n, true}, {out + 2 * n, true}, live.copy};
+}
+
+// Keeps the newest `keep` step_N folders of out_dir.
+void prune_checkpoints(const std::string& out_dir, int64_t keep) {
+  std::vector<int64_t> steps;
+  for (auto& e : fs::directory_iterator(out_dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() == 13 && n.rfind("step_", 0) == 0 &&
+        n.find_first_not_of("0123456789", 5) == std::string::npos)
+      steps.push_back(std::stoll(n.substr(5)));
+  }
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i)
+    fs::remove_all(out_dir + "/" + checkpoint_name(steps[i]));
+}
+
+}  // namespace
+
 void Trainer::save_checkpoint() {
+  const double t0 = now_seconds();
   const TrainConfig& t = cfg_.train;
   ParamStore& params = model_->params();
+  // At most one save in flight: its copies of the state are about to be overwritten.
+  complete_pending_save();
   // Every writer puts its shard of the state into one temporary folder; rank 0 then checks the
   // files, records them in meta.json and swaps the folder into place. Nothing is gathered but
   // what each writer's file holds. Each pipeline rank and tp rank writes its own files (its
   // data-parallel shards).
   const std::string dir = t.out_dir + "/" + checkpoint_name(step_);
+  const std::string tmp = checkpoint_temp_folder(dir, job_tag_);
   if (rank_ == 0) begin_checkpoint_folder(dir, job_tag_);
   process_.world->barrier().wait();
   // Files: a block per place on the model axes (pipeline stage, tp rank), in it each group's
@@ -41,6 +104,8 @@ void Trainer::save_checkpoint() {
   int files_per_block = 0;
   for (GroupParallel& part : groups_) files_per_block += files_of(part);
   const int block = flat_coordinate(*mesh_, rank_, axes_.model);
+  BackgroundSave::Checksums checksums;  // of the files this rank wrote (synchronous saves)
+  std::vector<std::pair<int, StateSlices>> copies;  // what a background save writes
   nlohmann::json entries = nlohmann::json::array();
   int group_first = 0;
   for (GroupParallel& part : groups_) {
@@ -51,11 +116,17 @@ void Trainer::save_checkpoint() {
       const StateSlices state{part.dp->ranges(), part.dp->values(),
                               {part.optim->m(), true}, {part.optim->v(), true},
                               tp_grads_ ? tp_grads_->copy() : TpCopy{}};
-      const FileChecksums sums =
-          write_state_file(checkpoint_temp_folder(dir, job_tag_), file, params, state);
-      entries.push_back({{"file", file},
-                         {"tensors", state_file_entries(file, params, state)},
-                         {"checksums", sums.to_json()}});
+      if (t.async_checkpoint) {
+        if (copies.size() == snapshots_.size()) snapshots_.emplace_back();
+        copies.push_back({file, snapshot(state, snapshots_[copies.size()])});
+        entries.push_back({{"file", file}, {"tensors", state_file_entries(file, params, state)}});
+      } else {
+        // Its checksums go to rank 0 with its pieces: rank 0 reads no other rank's file back.
+        checksums[file] = write_state_file(tmp, file, params, state);
+        entries.push_back({{"file", file},
+                           {"tensors", state_file_entries(file, params, state)},
+                           {"checksums", checksums[file].to_json()}});
+      }
       part.optim->drop_offloaded();
       part.dp->drop_offloaded();
     }
@@ -66,39 +137,92 @@ void Trainer::save_checkpoint() {
   nlohmann::json biases = nlohmann::json::object();
   for (const auto& [layer, bias] : model_->moe_biases()) biases[std::to_string(layer)] = *bias;
   const std::vector<std::string> bias_of_rank = gather_strings(biases.dump(), rank_, world_);
+  // Rank 0's completion, from what the step's end holds: it may run after training went on.
+  std::function<void(const BackgroundSave::Checksums&)> finish;
   if (rank_ == 0) {
-    const Fp8ScalingState fp8_state = fp8_ ? fp8_->state() : Fp8ScalingState{};
     std::vector<nlohmann::json> entries_of_file(
         size_t(files_per_block * flat_size(*mesh_, axes_.model)));
-    std::map<int, FileChecksums> written;
+    BackgroundSave::Checksums written;  // the synchronous writers'
     for (const std::string& e : listed)
       for (const nlohmann::json& j : nlohmann::json::parse(e)) {
         entries_of_file[j["file"].get<size_t>()] = j["tensors"];
-        written[j["file"].get<int>()] = FileChecksums::from_json(j["checksums"], "a writer's checksums");
+        if (j.contains("checksums"))
+          written[j["file"].get<int>()] =
+              FileChecksums::from_json(j["checksums"], "a writer's checksums");
       }
     nlohmann::json moe_bias = nullptr;
     for (const std::string& b : bias_of_rank) {
       const nlohmann::json layers = nlohmann::json::parse(b);
       for (const auto& [layer, values] : layers.items()) moe_bias[layer] = values;
     }
-    finish_training_checkpoint(dir, job_tag_, to_toml(cfg_), t.seed, step_, entries_of_file,
-                               written, groups_.front().optim->steps_taken(), world_,
-                               scaler_ ? &scaler_->state() : nullptr, moe_bias,
-                               fp8_ ? &fp8_state : nullptr);
-    std::printf("saved checkpoint %s\n", dir.c_str());
-    // Keep the newest keep_checkpoints folders.
-    std::vector<int64_t> steps;
-    for (auto& e : fs::directory_iterator(t.out_dir)) {
-      const std::string n = e.path().filename().string();
-      if (n.size() == 13 && n.rfind("step_", 0) == 0 &&
-          n.find_first_not_of("0123456789", 5) == std::string::npos)
-        steps.push_back(std::stoll(n.substr(5)));
-    }
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + t.keep_checkpoints < steps.size(); ++i)
-      fs::remove_all(t.out_dir + "/" + checkpoint_name(steps[i]));
+    const std::optional<LossScalerState> scaler =
+        scaler_ ? std::optional<LossScalerState>(scaler_->state()) : std::nullopt;
+    const std::optional<Fp8ScalingState> fp8 =
+        fp8_ ? std::optional<Fp8ScalingState>(fp8_->state()) : std::nullopt;
+    // A background save's other writers report no checksums: rank 0 reads their files back.
+    finish = [dir, tag = job_tag_, config = to_toml(cfg_), seed = t.seed, step = step_,
+              entries_of_file = std::move(entries_of_file), written = std::move(written),
+              optimizer_steps = groups_.front().optim->steps_taken(), world = world_, scaler,
+              moe_bias = std::move(moe_bias), fp8, out_dir = t.out_dir,
+              keep = t.keep_checkpoints](const BackgroundSave::Checksums& own) {
+      BackgroundSave::Checksums all = written;
+      all.insert(own.begin(), own.end());
+      finish_training_checkpoint(dir, tag, config, seed, step, entries_of_file, all,
+                                 optimizer_steps, world, scaler ? &*scaler : nullptr, moe_bias,
+                                 fp8 ? &*fp8 : nullptr);
+      prune_checkpoints(out_dir, keep);
+    };
+  }
+  if (t.async_checkpoint) {
+    auto write = [tmp, &params, copies = std::move(copies)] {
+      BackgroundSave::Checksums own;
+      for (const auto& [file, state] : copies) own[file] = write_state_file(tmp, file, params, state);
+      return own;
+    };
+    pending_save_ = std::make_unique<BackgroundSave>(step_, now_seconds() - t0, std::move(write),
+                                                     std::move(finish));
+    return;
+  }
+  if (rank_ == 0) {
+    finish(checksums);
+    std::printf("saved checkpoint %s (stall %.1f ms)\n", dir.c_str(), 1e3 * (now_seconds() - t0));
   }
   process_.world->barrier().wait();  // nobody looks for the checkpoint before it is complete
+}
+
+bool Trainer::agree_at_step_end() {
+  const bool writing = pending_save_ && !pending_save_->agreed();
+  bool signalled = false;
+  if (cfg_.train.checkpoint_on_signal || writing) {
+    const std::vector<float> any = max_over(
+        *process_.world, {sigterm_received() ? 1.0f : 0.0f,
+                          writing && !pending_save_->written() ? 1.0f : 0.0f});
+    signalled = any[0] > 0;
+    if (writing && any[1] == 0) pending_save_->all_written();
+  }
+  if (pending_save_ && pending_save_->done()) report_background_save();
+  return signalled;
+}
+
+void Trainer::complete_pending_save() {
+  if (!pending_save_) return;
+  if (!pending_save_->agreed()) {
+    // Each rank's writer, then every rank's: rank 0 completes the folder only after all of them.
+    pending_save_->wait_written();
+    process_.world->barrier().wait();
+    pending_save_->all_written();
+  }
+  report_background_save();
+}
+
+void Trainer::report_background_save() {
+  pending_save_->wait();
+  if (rank_ == 0)
+    std::printf("saved checkpoint %s/%s (async, stall %.1f ms, written in the background in "
+                "%.0f ms)\n",
+                cfg_.train.out_dir.c_str(), checkpoint_name(pending_save_->step()).c_str(),
+                1e3 * pending_save_->stall_seconds(), 1e3 * pending_save_->busy_seconds());
+  pending_save_.reset();
 }
 
 void Trainer::load_checkpoint(const std::string& dir, std::optional<LoadedCheckpoint> opened) {
