@@ -10,6 +10,9 @@
 #include <string>
 #include <string_view>
 #include <typeinfo>
+#include <vector>
+
+#include <sys/stat.h>
 
 #include "cleave/base/check.h"
 
@@ -66,6 +69,29 @@ bool accepted(Read&& read, const std::string& must_name) {
   } catch (const std::exception& e) {
     finding(std::string("not a cleave::Error but ") + typeid(e).name() + ": " + e.what());
   }
+}
+
+// A folder and a FIFO in the scratch folder, and /dev/zero: files a path-taking reader must refuse
+// by name before it reads (read as empty, blocking forever, never ending).
+inline const std::vector<std::string>& special_files() {
+  static const std::vector<std::string> paths = [] {
+    const std::string dir = scratch() + "/a_folder", fifo = scratch() + "/a_fifo";
+    if (::mkdir(dir.c_str(), 0755) != 0 || ::mkfifo(fifo.c_str(), 0644) != 0)
+      finding("cannot create " + dir + " and " + fifo);
+    return std::vector<std::string>{dir, fifo, "/dev/zero"};
+  }();
+  return paths;
+}
+
+// Once per process: `read(path)` refuses each of `paths` (a hang is a finding through libFuzzer's
+// -timeout).
+template <class Read>
+void refuses_once(const std::vector<std::string>& paths, Read&& read) {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  for (const std::string& p : paths)
+    if (accepted([&] { read(p); }, p)) finding(p + " accepted as a file");
 }
 
 }  // namespace cleave::fuzz

@@ -1,6 +1,6 @@
 // The input is a pipeline schedule CSV, taken as `cleave schedule --load` takes it: loaded,
 // checked by simulation (refusals name the file when loading; the check names the rank and action
-// instead), and its timeline printed.
+// instead), and its timeline printed. A folder, a FIFO or a device is refused by name.
 #include <string>
 
 #include "cleave/pipeline/schedule.h"
@@ -8,6 +8,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace cleave;
+  fuzz::refuses_once(fuzz::special_files(), [](const std::string& p) { load_schedule_csv(p); });
   const std::string path = fuzz::scratch() + "/input.csv";
   fuzz::write_bytes(path, {reinterpret_cast<const char*>(data), size});
   Schedule s;

@@ -1,5 +1,6 @@
 // The input is a token shard. TokenShard must refuse it (naming the file) or hold exactly the
-// tokens the file has, every id below the shard's vocabulary size.
+// tokens the file has, every id below the shard's vocabulary size. A folder, a FIFO or a device is
+// refused by name.
 #include <string>
 
 #include "cleave/data/tokens.h"
@@ -7,6 +8,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace cleave;
+  fuzz::refuses_once(fuzz::special_files(), [](const std::string& p) { TokenShard(p, 0); });
   const std::string path = fuzz::scratch() + "/input.bin";
   fuzz::write_bytes(path, {reinterpret_cast<const char*>(data), size});
   fuzz::accepted(
