@@ -2,6 +2,7 @@
 // tensors whose every byte lies in the file: each is read into a buffer of exactly its size, so
 // AddressSanitizer sees any byte copied past it, and a read with another dtype or shape must be
 // refused. A folder or a device is refused by name.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,25 +48,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           // Every element takes at least a byte of the file, so an accepted shape cannot hold
           // more elements than the file has bytes (checked before anything is allocated).
           uint64_t numel = 1;
-          for (int64_t d : info.shape) {
-            if (d < 0 || __builtin_mul_overflow(numel, uint64_t(d), &numel) || numel > size)
-              fuzz::finding("tensor '" + name + "' accepted with shape " + text(info.shape) +
-                            " in a file of " + std::to_string(size) + " bytes");
-          }
+          bool overflow = false;
+          for (int64_t d : info.shape)
+            overflow |= __builtin_mul_overflow(numel, uint64_t(d), &numel);
+          const bool empty =
+              std::find(info.shape.begin(), info.shape.end(), 0) != info.shape.end();
+          if (empty) numel = 0;
+          if (std::any_of(info.shape.begin(), info.shape.end(), [](int64_t d) { return d < 0; }) ||
+              (overflow && !empty) || numel > size)
+            fuzz::finding("tensor '" + name + "' accepted with shape " + text(info.shape) +
+                          " in a file of " + std::to_string(size) + " bytes");
           const uint64_t esize = element_bytes(info.dtype);
           std::vector<char> out(esize != 0 ? numel * esize : numel * 8);
           file.read(name, info.dtype, info.shape, out.data());
-          const bool wrong_dtype = fuzz::accepted(
-              [&] { file.read(name, info.dtype == "F32" ? "I32" : "F32", info.shape, out.data()); },
-              path);
-          std::vector<int64_t> other_shape = info.shape;
-          other_shape.push_back(1);
-          const bool wrong_shape =
-              fuzz::accepted([&] { file.read(name, info.dtype, other_shape, out.data()); }, path);
-          if (wrong_dtype || wrong_shape)
-            fuzz::finding("tensor '" + name + "' of " + info.dtype + " " +
-                          text(info.shape) + " read as another " +
-                          (wrong_dtype ? "dtype" : "shape"));
+          const std::string other_dtype = info.dtype == "F32" ? "I32" : "F32";
+          if (fuzz::accepted([&] { file.read(name, other_dtype, info.shape, out.data()); }, path))
+            fuzz::finding("tensor '" + name + "' of " + info.dtype + " read as " + other_dtype);
+          // The same elements in another shape: one more axis, or the axes reversed (a
+          // transposed tensor).
+          std::vector<std::vector<int64_t>> other_shapes = {
+              info.shape, {info.shape.rbegin(), info.shape.rend()}};
+          other_shapes[0].push_back(1);
+          if (other_shapes[1] == info.shape) other_shapes.pop_back();
+          for (const std::vector<int64_t>& other : other_shapes)
+            if (fuzz::accepted([&] { file.read(name, info.dtype, other, out.data()); }, path))
+              fuzz::finding("tensor '" + name + "' of shape " + text(info.shape) + " read as " +
+                            text(other));
         }
       },
       path);
