@@ -1,13 +1,16 @@
 // The input is a checkpoint's meta.json, in a folder that also holds two valid safetensors files
 // (model-rank00000.safetensors and model-rank00001.safetensors, whose checksums the seeds name),
 // a folder, a FIFO and a link to /dev/zero under safetensors names. read_checkpoint_folder must
-// refuse the checkpoint (naming the folder) or open what meta.json lists without hanging.
+// refuse the checkpoint (naming the folder) or open what meta.json lists without hanging; then the
+// trainer's reading of its config and step (train/checkpoint_config.h) against a tiny GPT-2's
+// config refuses it (naming the folder) or returns a step in [0, 2^53].
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <string>
 
 #include "cleave/checkpoint/folder.h"
+#include "cleave/train/checkpoint_config.h"
 #include "fuzz_util.h"
 
 namespace {
@@ -47,6 +50,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace cleave;
   const std::string& dir = checkpoint_dir();
   fuzz::write_bytes(dir + "/meta.json", {reinterpret_cast<const char*>(data), size});
-  fuzz::accepted([&] { read_checkpoint_folder(dir); }, dir);
+  LoadedCheckpoint ck;
+  if (!fuzz::accepted([&] { ck = read_checkpoint_folder(dir); }, dir)) return 0;
+  static const Config cfg = parse_config(
+      "[model]\nfamily = \"gpt2\"\nvocab_size = 256\nd_model = 64\nn_layers = 2\nn_heads = 4\n"
+      "max_seq_len = 64\n[train]\nseq_len = 32\n",
+      "tiny.toml");
+  fuzz::accepted(
+      [&] {
+        const int64_t step = checkpoint_step(ck, dir, cfg);
+        if (step < 0 || step > (int64_t(1) << 53))
+          fuzz::finding("checkpoint step " + std::to_string(step) + " accepted");
+        resume_changes(ck, dir, cfg);
+      },
+      dir);
   return 0;
 }
