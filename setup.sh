@@ -10,10 +10,12 @@ cd "$(dirname "$0")"
 # slurmctld, slurmd, slurm-client and munge: slurm_test's private cluster on the simulated hosts.
 # python3-matplotlib: cleave plot.
 # strace: the checkpoint tests hold a save in fsync with its syscall delay injection.
+# clang and libclang-rt-dev: the fuzz targets (tests/fuzz), which need clang's libFuzzer; clang only
+# recommends the runtime that holds it.
 packages=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev
           openmpi-bin libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libgtest-dev
           libxxhash-dev python3 python3-numpy python3-matplotlib python3-torch fortunes iproute2 procps
-          strace)
+          strace clang libclang-rt-dev)
 packages+=(slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,7 @@
 #include "cleave/data/tokens.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -117,6 +118,12 @@ TEST_F(TokensTest, MissingFile) {
 TEST_F(TokensTest, DirectoryIsNotAShard) {
   fs::create_directories(path("adir"));
   expect_shard_error(path("adir"), 0, "is a directory");
+}
+
+TEST_F(TokensTest, FifoOrDeviceIsNotAShard) {
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
+  expect_shard_error(path("fifo"), 0, "is not a regular file (a FIFO, socket or device)");
+  expect_shard_error("/dev/zero", 0, "is not a regular file (a FIFO, socket or device)");
 }
 
 TEST_F(TokensTest, ShorterThanHeader) {

@@ -77,6 +77,9 @@ TokenShard::TokenShard(const std::string& path, uint32_t expected_vocab_size) : 
   if (ec || !fs::exists(status))
     CLEAVE_FAIL("token file " << path << ": cannot open: no such file");
   if (fs::is_directory(status)) CLEAVE_FAIL("token file " << path << ": is a directory");
+  // A FIFO or device has no size to check against the header, and /dev/zero would never end.
+  if (!fs::is_regular_file(status))
+    CLEAVE_FAIL("token file " << path << ": is not a regular file (a FIFO, socket or device)");
   const uint64_t file_bytes = fs::file_size(path, ec);
   if (ec) CLEAVE_FAIL("token file " << path << ": cannot read its size: " << ec.message());
 

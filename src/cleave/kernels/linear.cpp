@@ -402,16 +402,6 @@ struct LinearGemm::Impl {
   }
 };
 
-const char* precision_name(Precision p) {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
-    case Precision::fp8: return "fp8";
-  }
-  return "?";
-}
-
 LinearGemm::LinearGemm(int in_features, int out_features, Precision precision)
     : impl_(std::make_unique<Impl>(in_features, out_features, precision)) {
   CLEAVE_CHECK(in_features > 0 && out_features > 0,

@@ -21,8 +21,17 @@ namespace cleave {
 
 enum class Precision { fp32, bf16, fp16, fp8 };
 
-// "fp32", "bf16", "fp16", "fp8".
-const char* precision_name(Precision p);
+// "fp32", "bf16", "fp16", "fp8". Inline: the config's rules name precisions without linking the
+// kernels (tests/fuzz builds the config reader alone).
+inline const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+    case Precision::fp8: return "fp8";
+  }
+  return "?";
+}
 // Whether this CPU's oneDNN makes bf16 matmuls (AVX-512 BF16, AMX, or AVX-512 alone, which it
 // emulates). Where it cannot (an AVX2-only CPU, such as AMD Zen 3), bf16 and FP8 products are fp32
 // products of the same bf16 values: exact products, fp32 accumulation as oneDNN's, only the
