@@ -317,7 +317,8 @@ void SafetensorsFile::load_header() {
   const std::string& path = path_;
   if (!open_) open_ = std::make_shared<Open>();
   Open& o = *open_;
-  o.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer before it is refused as no file.
+  o.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   CLEAVE_CHECK(o.fd >= 0, "cannot open safetensors file " << path << ": " << errno_text());
   struct stat st {};
   CLEAVE_CHECK(::fstat(o.fd, &st) == 0, "cannot stat " << path << ": " << errno_text());
