@@ -31,12 +31,13 @@ ACTION = re.compile(r"(\d+)([FBIWR])(\d+)")
 
 
 def events_of(path):
-    """The spans of a trace: rank -> [(name, start_ms, duration_ms)], in time order."""
+    """The compute spans of a trace: rank -> [(name, start_ms, duration_ms)], in time order (a
+    rank's collectives, on their own track, are not its schedule's actions)."""
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     ranks = defaultdict(list)
     for e in events:
-        if e.get("ph") == "X":
+        if e.get("ph") == "X" and e.get("cat") != "comm":
             ranks[e["tid"]].append((e["name"], e["ts"] / 1e3, e["dur"] / 1e3))
     return {r: sorted(ranks[r], key=lambda a: a[1]) for r in sorted(ranks)}
 

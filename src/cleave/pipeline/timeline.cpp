@@ -107,7 +107,8 @@ void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& 
   constexpr int kCommTrack = 1 << 20;
   for (const TraceEvent& e : events) {
     const bool comm = e.bytes >= 0;
-    nlohmann::json event = {{"name", e.name}, {"ph", "X"}, {"pid", 0},
+    nlohmann::json event = {{"name", e.name}, {"cat", comm ? "comm" : "compute"},
+                            {"ph", "X"}, {"pid", 0},
                             {"tid", comm ? kCommTrack + e.rank : e.rank},
                             {"ts", e.start_us}, {"dur", e.duration_us}};
     if (comm) event["args"] = {{"bytes", e.bytes}, {"group", e.group}};
