@@ -33,6 +33,16 @@ Config config_from(const Args& a, const std::string& command) {
   return load_config(a.positional[0], a.overrides);
 }
 
+// The tokenizer a checkpoint comes with: the one its folder carries (an imported model's), else
+// the one in its run's data folder; "" when neither has one.
+std::string carried_tokenizer(const LoadedModel& loaded) {
+  for (const std::string& dir : {loaded.dir, loaded.data_dir}) {
+    const std::string found = find_tokenizer(dir);
+    if (!found.empty()) return found;
+  }
+  return "";
+}
+
 }  // namespace
 
 int train(int argc, char** argv) {
@@ -93,10 +103,18 @@ int generate(int argc, char** argv) {
   o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
   const LoadedModel loaded = load_model(a.positional[0], Precision::fp32);
   Transformer& model = *loaded.model;
-  const Tokenizer tok(a.get("--tokenizer", loaded.data_dir + "/tokenizer.model"));
+  const std::string tokenizer_path = a.get("--tokenizer", carried_tokenizer(loaded));
+  if (tokenizer_path.empty())
+    throw Error("cleave generate: no tokenizer: neither the checkpoint " + loaded.dir +
+                " nor the data folder " + loaded.data_dir +
+                " holds a tokenizer.model or tokenizer.json; give one with --tokenizer");
+  const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(tokenizer_path);
+  const Tokenizer& tok = *tokenizer;
+  std::cerr << "# tokenizer: " << tok.path() << " (" << tok.kind() << ", vocabulary "
+            << tok.vocab_size() << ")" << std::endl;
   if (tok.vocab_size() != model.config().vocab_size)
-    throw Error("tokenizer has " + std::to_string(tok.vocab_size()) +
-                " pieces but the model's vocab_size is " +
+    throw Error("tokenizer " + tok.path() + " has " + std::to_string(tok.vocab_size()) +
+                " tokens but the model's vocab_size is " +
                 std::to_string(model.config().vocab_size));
   std::vector<int32_t> prompt;
   for (uint32_t id : tok.encode(a.get("--prompt", ""))) prompt.push_back(int32_t(id));
@@ -120,15 +138,25 @@ int generate(int argc, char** argv) {
   std::cout << a.get("--prompt", "") << std::flush;
   std::vector<uint32_t> produced;
   std::string shown;
-  generate(model, prompt, o, [&](int32_t t) {
-    if (t == o.stop_token) return;
-    // Decode the whole continuation each time: pieces only join correctly in context.
-    produced.push_back(uint32_t(t));
-    const std::string text = tok.decode(produced);
+  // Decode the whole continuation each time: pieces only join correctly in context. A character
+  // whose bytes are split over tokens decodes as U+FFFD until its last byte comes: one at the end
+  // is held back until then.
+  const std::string replacement = "\xEF\xBF\xBD";
+  auto show = [&](bool last) {
+    std::string text = tok.decode(produced);
+    while (!last && text.size() >= replacement.size() &&
+           text.compare(text.size() - replacement.size(), replacement.size(), replacement) == 0)
+      text.resize(text.size() - replacement.size());
     if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0)
       std::cout << text.substr(shown.size()) << std::flush;
     shown = text;
+  };
+  generate(model, prompt, o, [&](int32_t t) {
+    if (t == o.stop_token) return;
+    produced.push_back(uint32_t(t));
+    show(false);
   });
+  show(true);
   std::cout << std::endl;
   return 0;
 }
@@ -141,7 +169,8 @@ int export_hf(int argc, char** argv) {
   const std::string out = a.positional[1];
   // Nothing is written through a link: a file of OUT_DIR that is one would have its target
   // overwritten (checked for every file before any is written).
-  for (const char* file : {"model.safetensors", "config.json", "tokenizer.model"}) {
+  for (const char* file : {"model.safetensors", "config.json", "tokenizer.model", "tokenizer.json",
+                           "tokenizer_config.json"}) {
     const fs::path p = fs::path(out) / file;
     std::error_code ec;
     if (fs::is_symlink(fs::symlink_status(p, ec)))
@@ -157,9 +186,18 @@ int export_hf(int argc, char** argv) {
     views.push_back({t.name, "F32", t.shape, t.data.data(), uint64_t(t.data.size()) * 4});
   write_safetensors(out + "/model.safetensors", views, {{"format", "pt"}});
   write_file_atomic(out + "/config.json", hf_config(model.config()).dump(2) + "\n", "config.json");
-  const std::string tok = loaded.data_dir + "/tokenizer.model";
-  if (fs::exists(tok)) fs::copy_file(tok, out + "/tokenizer.model", fs::copy_options::overwrite_existing);
-  std::printf("exported %zu tensors to %s/{config.json,model.safetensors}\n", tensors.size(), out.c_str());
+  // The tokenizer goes along, with the tokenizer_config.json beside it (its chat template).
+  std::string tokenizer_files;
+  if (const std::string tok = carried_tokenizer(loaded); !tok.empty()) {
+    const fs::path config = fs::path(tok).parent_path() / "tokenizer_config.json";
+    for (const fs::path& f : {fs::path(tok), config}) {
+      if (!fs::exists(f)) continue;
+      fs::copy_file(f, fs::path(out) / f.filename(), fs::copy_options::overwrite_existing);
+      tokenizer_files += "," + f.filename().string();
+    }
+  }
+  std::printf("exported %zu tensors to %s/{config.json,model.safetensors%s}\n", tensors.size(),
+              out.c_str(), tokenizer_files.c_str());
   return 0;
 }
 
