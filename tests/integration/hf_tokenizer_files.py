@@ -193,9 +193,9 @@ def texts(out_path, corpora):
         with open(path, encoding="utf-8", errors="replace") as f:
             lines = f.read().split("\n")
         # Spread over the corpus: lines, then paragraphs of 2 to 8 lines (blank lines kept).
-        step = max(1, len(lines) // 1500)
-        out += [l for l in lines[::step][:1500] if l.strip()]
-        for _ in range(250):
+        step = max(1, len(lines) // 2500)
+        out += [l for l in lines[::step][:2500] if l.strip()]
+        for _ in range(300):
             i = rng.randrange(len(lines))
             out.append("\n".join(lines[i:i + rng.randint(2, 8)]))
     for _ in range(1000):
