@@ -7,9 +7,13 @@ cd "$(dirname "$0")"
 
 # ocl-icd-opencl-dev: oneDNN's dnnl-config.cmake requires OpenCL, but libdnnl-dev only recommends
 # it (and recommends are not installed). iproute2 and procps: the multi-host test's ip and pkill.
+# libonig-dev: tokenizer.json patterns; nodejs and npm: the tokenizer test's transformers.js (npm
+# only where no node of another origin brings its own, which would conflict with Debian's).
 packages=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev
           openmpi-bin libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libgtest-dev
-          libxxhash-dev python3 python3-numpy python3-torch fortunes iproute2 procps)
+          libxxhash-dev python3 python3-numpy python3-torch fortunes iproute2 procps
+          libonig-dev nodejs)
+command -v npm > /dev/null || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
