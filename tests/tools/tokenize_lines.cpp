@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
     const auto t1 = std::chrono::steady_clock::now();
     std::ifstream in(argv[2]);
     std::ofstream out(argv[3]);
-    if (!in || !out) throw std::runtime_error(std::string("cannot open ") + argv[2] + " or " + argv[3]);
+    if (!in || !out)
+      throw std::runtime_error(std::string("cannot open ") + argv[2] + " or " + argv[3]);
     std::string line;
     size_t texts = 0, tokens = 0, lost = 0;
     while (std::getline(in, line)) {

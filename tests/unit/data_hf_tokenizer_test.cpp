@@ -148,12 +148,13 @@ TEST_F(HfTokenizerTest, Llama3StyleSplitThenByteLevelWithTemplateAndIgnoreMerges
   j["model"]["ignore_merges"] = true;
   const json config = {{"bos_token", "<|begin_of_text|>"},
                        {"eos_token", {{"content", "<|eot_id|>"}, {"__type", "AddedToken"}}},
-                       {"chat_template", "{{ bos_token }}{% for m in messages %}{{ m }}{% endfor %}"}};
+                       {"chat_template", "{{ bos_token }}{% for m in messages %}{{ m }}"}};
   const auto tok = open(j, "llama", config);
   EXPECT_EQ(tok->encode("abc"), (Ids{260, 257}));
   // Digits by threes; the case-insensitive contraction; the template's token even before a
   // special token written in the text.
-  EXPECT_EQ(tok->encode_text("1234 IT'S"), (Ids{'1', '2', '3', '4', ' ', 'I', 'T', '\'', 'S'}));
+  EXPECT_EQ(tok->encode_text("1234 IT'S"),
+            (Ids{'1', '2', '3', '4', ' ', 'I', 'T', '\'', 'S'}));
   EXPECT_EQ(tok->encode("<|eot_id|>abc"), (Ids{260, 261, 257}));
   EXPECT_EQ(tok->vocab_size(), 262);
   EXPECT_EQ(tok->bos_id(), 260);
@@ -204,11 +205,13 @@ TEST_F(HfTokenizerTest, UnsupportedFeaturesAreRefusedByKey) {
       {with("/model/dropout", 0.1), "model.dropout: is 0.1"},
       {with("/model/continuing_subword_prefix", "##"), "model.continuing_subword_prefix"},
       {with("/model/merges/0", "a b c"), "model.merges[0]: must be two tokens"},
-      {with("/model/merges/0", "a q"), "model.merges[0] (\"a\", \"q\"): \"aq\" is not in the vocabulary"},
+      {with("/model/merges/0", "a q"),
+       "model.merges[0] (\"a\", \"q\"): \"aq\" is not in the vocabulary"},
       {with("/model/vocab/ab", 5000), "model.vocab[\"ab\"]: must be an integer id from 0 to 256"},
       {with("/model/vocab/ab", 7), "model.vocab: id 7 is given to both"},
       {with("/normalizer", {{"type", "NFC"}}), "normalizer: is {\"type\":\"NFC\"}"},
-      {with("/pre_tokenizer", {{"type", "Metaspace"}}), "pre_tokenizer.type: \"Metaspace\" is unsupported"},
+      {with("/pre_tokenizer", {{"type", "Metaspace"}}),
+       "pre_tokenizer.type: \"Metaspace\" is unsupported"},
       {with("/pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", json::array()}}),
        "pre_tokenizer: has 0 ByteLevel steps"},
       {with("/pre_tokenizer", json::parse(R"({"type": "Sequence", "pretokenizers": [
@@ -221,18 +224,22 @@ TEST_F(HfTokenizerTest, UnsupportedFeaturesAreRefusedByKey) {
             {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated"}]})")),
        "pre_tokenizer.pretokenizers[0].pattern: is {\"String\":\" \"}: unsupported"},
       {with("/pre_tokenizer/add_prefix_space", nullptr), "pre_tokenizer.add_prefix_space"},
-      {with("/post_processor", {{"type", "RobertaProcessing"}}), "post_processor.type: \"RobertaProcessing\""},
+      {with("/post_processor", {{"type", "RobertaProcessing"}}),
+       "post_processor.type: \"RobertaProcessing\""},
       {with("/decoder", nullptr), "decoder: is missing"},
       {with("/decoder", {{"type", "Metaspace"}}), "decoder.type: \"Metaspace\" is unsupported"},
       {with("/truncation", {{"max_length", 512}}), "truncation: must be null"},
-      {with("/added_tokens", json::array({added("<x>", 300)})), "added_tokens[0].id: must be an integer id"},
-      {with("/added_tokens", json::array({added("<x>", 256)})), "added_tokens[0].id: 256 (\"<x>\") is already the id of \"ab\""},
+      {with("/added_tokens", json::array({added("<x>", 300)})),
+       "added_tokens[0].id: must be an integer id"},
+      {with("/added_tokens", json::array({added("<x>", 256)})),
+       "added_tokens[0].id: 256 (\"<x>\") is already the id of \"ab\""},
       {with("/added_tokens", json::array({{{"id", 257}, {"content", "<x>"}, {"lstrip", true}}})),
        "added_tokens[0].lstrip: is true"},
   };
   for (const auto& [j, expected] : cases) {
     const std::string msg = error(j);
-    EXPECT_NE(msg.find(expected), std::string::npos) << "expected: " << expected << "\ngot: " << msg;
+    EXPECT_NE(msg.find(expected), std::string::npos) << "expected: " << expected
+                                                      << "\ngot: " << msg;
     EXPECT_NE(msg.find((dir_ / "bad" / "tokenizer.json").string()), std::string::npos) << msg;
   }
   // Missing byte characters: a vocabulary that is not byte-level.

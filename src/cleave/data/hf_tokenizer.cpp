@@ -119,6 +119,110 @@ std::vector<Segment> split_added(const std::vector<Segment>& in,
   return out;
 }
 
+// The pre-tokenizer: ByteLevel alone, or a Sequence of Split patterns and one ByteLevel.
+std::vector<HfTokenizer::Step> read_pre_tokenizer(const Keys& k, const json& root) {
+  const json& pre = k.need(root, "", "pre_tokenizer");
+  std::vector<std::pair<const json*, std::string>> listed;  // each step and its key path
+  if (k.type(pre, "pre_tokenizer") == "Sequence") {
+    const json& list = k.need(pre, "pre_tokenizer", "pretokenizers");
+    if (!list.is_array()) k.fail("pre_tokenizer.pretokenizers", "must be a list");
+    for (size_t i = 0; i < list.size(); ++i)
+      listed.emplace_back(&list[i], "pre_tokenizer.pretokenizers[" + std::to_string(i) + "]");
+  } else {
+    listed.emplace_back(&pre, "pre_tokenizer");
+  }
+  std::vector<HfTokenizer::Step> steps;
+  int byte_levels = 0;
+  for (const auto& [step, at] : listed) {
+    const std::string type = k.type(*step, at);
+    HfTokenizer::Step s;
+    if (type == "ByteLevel") {
+      ++byte_levels;
+      s.byte_level = true;
+      const json* prefix = k.find(*step, at, "add_prefix_space");
+      if (!prefix || !prefix->is_boolean())
+        k.fail(at + ".add_prefix_space", "must be true or false");
+      s.add_prefix_space = prefix->get<bool>();
+      if (k.flag(*step, at, "use_regex", true))
+        s.regex = std::make_unique<TokenizerRegex>(kGpt2Pattern, "ByteLevel's GPT-2 pattern");
+    } else if (type == "Split") {
+      const json& pattern = k.need(*step, at, "pattern");
+      const json* regex = k.find(pattern, at + ".pattern", "Regex");
+      if (!regex || !regex->is_string())
+        k.fail(at + ".pattern", "is " + Keys::brief(pattern) +
+                                    ": unsupported (this reader handles {\"Regex\": pattern})");
+      const std::string behavior = k.string(*step, at, "behavior");
+      if (behavior != "Isolated")
+        k.fail(at + ".behavior", in_quotes(behavior) + " is unsupported (this reader handles "
+                                                    "\"Isolated\")");
+      // With Isolated, matches and the text between them are all pieces: invert changes nothing.
+      k.flag(*step, at, "invert", false);
+      s.regex = std::make_unique<TokenizerRegex>(
+          regex->get<std::string>(), "tokenizer.json " + k.file + ": " + at + ".pattern");
+    } else {
+      k.fail(at + ".type", in_quotes(type) + " is unsupported (this reader handles ByteLevel, and "
+                                          "Split with a Regex, alone or in a Sequence)");
+    }
+    steps.push_back(std::move(s));
+  }
+  if (byte_levels != 1)
+    k.fail("pre_tokenizer", "has " + std::to_string(byte_levels) +
+                                " ByteLevel steps: a byte-level BPE tokenizer has exactly one");
+  return steps;
+}
+
+// The post-processor: the ids TemplateProcessing's "single" template puts before and after a
+// sequence.
+void read_template(const Keys& k, const json& root, size_t vocab_size,
+                   std::vector<uint32_t>& before, std::vector<uint32_t>& after) {
+  const json* post = k.find(root, "", "post_processor");
+  if (!post) return;
+  std::vector<std::pair<const json*, std::string>> procs;
+  if (k.type(*post, "post_processor") == "Sequence") {
+    const json& list = k.need(*post, "post_processor", "processors");
+    if (!list.is_array()) k.fail("post_processor.processors", "must be a list");
+    for (size_t i = 0; i < list.size(); ++i)
+      procs.emplace_back(&list[i], "post_processor.processors[" + std::to_string(i) + "]");
+  } else {
+    procs.emplace_back(post, "post_processor");
+  }
+  bool templated = false;
+  for (const auto& [proc, at] : procs) {
+    const std::string type = k.type(*proc, at);
+    if (type == "ByteLevel") continue;  // it trims offsets, which cleave does not keep
+    if (type != "TemplateProcessing")
+      k.fail(at + ".type", in_quotes(type) + " is unsupported (this reader handles ByteLevel and "
+                                          "TemplateProcessing, alone or in a Sequence)");
+    if (templated) k.fail(at, "is a second TemplateProcessing");
+    templated = true;
+    const json& single = k.need(*proc, at, "single");
+    const json& specials = k.need(*proc, at, "special_tokens");
+    if (!single.is_array()) k.fail(at + ".single", "must be a list");
+    int sequences = 0;
+    for (size_t i = 0; i < single.size(); ++i) {
+      const std::string item = at + ".single[" + std::to_string(i) + "]";
+      if (const json* seq = k.find(single[i], item, "Sequence")) {
+        if (k.string(*seq, item + ".Sequence", "id") != "A")
+          k.fail(item + ".Sequence.id", "must be \"A\" in the template of one sequence");
+        ++sequences;
+        continue;
+      }
+      const json* sp = k.find(single[i], item, "SpecialToken");
+      if (!sp) k.fail(item, "must be {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+      const std::string name = k.string(*sp, item + ".SpecialToken", "id");
+      const std::string entry = at + ".special_tokens[" + in_quotes(name) + "]";
+      const json* st = k.find(specials, at + ".special_tokens", name.c_str());
+      if (!st) k.fail(entry, "is missing (the template names it)");
+      const json& ids = k.need(*st, entry, "ids");
+      if (!ids.is_array()) k.fail(entry + ".ids", "must be a list");
+      for (size_t j = 0; j < ids.size(); ++j)
+        (sequences ? after : before)
+            .push_back(k.id(ids[j], entry + ".ids[" + std::to_string(j) + "]", vocab_size));
+    }
+    if (sequences != 1) k.fail(at + ".single", "must hold the sequence ($A) exactly once");
+  }
+}
+
 }  // namespace
 
 HfTokenizer::HfTokenizer(const std::string& path) {
@@ -206,8 +310,9 @@ HfTokenizer::HfTokenizer(const std::string& path) {
       k.fail(at, "must be \"left right\" or [\"left\", \"right\"], not " + Keys::brief(m));
     }
   }
-  bpe_ = std::make_unique<BpeModel>(vocab, merges, ignore_merges,
+  bpe_ = std::make_unique<BpeModel>(std::move(vocab), merges, ignore_merges,
                                     "tokenizer.json " + path + ": model.merges");
+  const std::unordered_map<std::string, uint32_t>& tokens = bpe_->vocab();
 
   // Added tokens: special or not, each is read as itself wherever it appears in the text.
   std::unordered_map<std::string, uint32_t> added_ids;
@@ -223,11 +328,11 @@ HfTokenizer::HfTokenizer(const std::string& path) {
       if (k.flag(a, at, key, false))
         k.fail(Keys::join(at, key), "is true: unsupported (this reader matches added tokens "
                                     "exactly, without absorbing the spaces around them)");
-    const auto in_vocab = vocab.find(content);
-    if ((in_vocab != vocab.end() && in_vocab->second != id) ||
-        (in_vocab == vocab.end() && known_[id] && tokens_[id] != content))
-      k.fail(at + ".id", std::to_string(id) + " (" + in_quotes(content) + ") is already the id of " +
-                             in_quotes(tokens_[id]));
+    const auto in_vocab = tokens.find(content);
+    if ((in_vocab != tokens.end() && in_vocab->second != id) ||
+        (in_vocab == tokens.end() && known_[id] && tokens_[id] != content))
+      k.fail(at + ".id", std::to_string(id) + " (" + in_quotes(content) +
+                             ") is already the id of " + in_quotes(tokens_[id]));
     if (added_ids.count(content)) k.fail(at + ".content", in_quotes(content) + " is listed twice");
     added_ids.emplace(content, id);
     known_[id] = true;
@@ -243,100 +348,8 @@ HfTokenizer::HfTokenizer(const std::string& path) {
     tokens_.pop_back();
   }
 
-  // The pre-tokenizer: ByteLevel alone, or a Sequence of Split patterns and one ByteLevel.
-  const json& pre = k.need(root, "", "pre_tokenizer");
-  std::vector<std::pair<const json*, std::string>> steps;  // each step and its key path
-  if (k.type(pre, "pre_tokenizer") == "Sequence") {
-    const json& list = k.need(pre, "pre_tokenizer", "pretokenizers");
-    if (!list.is_array()) k.fail("pre_tokenizer.pretokenizers", "must be a list");
-    for (size_t i = 0; i < list.size(); ++i)
-      steps.emplace_back(&list[i], "pre_tokenizer.pretokenizers[" + std::to_string(i) + "]");
-  } else {
-    steps.emplace_back(&pre, "pre_tokenizer");
-  }
-  int byte_levels = 0;
-  for (const auto& [step, at] : steps) {
-    const std::string type = k.type(*step, at);
-    Step s;
-    if (type == "ByteLevel") {
-      ++byte_levels;
-      s.byte_level = true;
-      const json* prefix = k.find(*step, at, "add_prefix_space");
-      if (!prefix || !prefix->is_boolean()) k.fail(at + ".add_prefix_space", "must be true or false");
-      s.add_prefix_space = prefix->get<bool>();
-      if (k.flag(*step, at, "use_regex", true))
-        s.regex = std::make_unique<TokenizerRegex>(kGpt2Pattern, "ByteLevel's GPT-2 pattern");
-    } else if (type == "Split") {
-      const json& pattern = k.need(*step, at, "pattern");
-      const json* regex = k.find(pattern, at + ".pattern", "Regex");
-      if (!regex || !regex->is_string())
-        k.fail(at + ".pattern", "is " + Keys::brief(pattern) +
-                                    ": unsupported (this reader handles {\"Regex\": pattern})");
-      const std::string behavior = k.string(*step, at, "behavior");
-      if (behavior != "Isolated")
-        k.fail(at + ".behavior", in_quotes(behavior) + " is unsupported (this reader handles "
-                                                    "\"Isolated\")");
-      // With Isolated, matches and the text between them are all pieces: invert changes nothing.
-      k.flag(*step, at, "invert", false);
-      s.regex = std::make_unique<TokenizerRegex>(regex->get<std::string>(),
-                                                 "tokenizer.json " + path + ": " + at + ".pattern");
-    } else {
-      k.fail(at + ".type", in_quotes(type) + " is unsupported (this reader handles ByteLevel, and "
-                                          "Split with a Regex, alone or in a Sequence)");
-    }
-    steps_.push_back(std::move(s));
-  }
-  if (byte_levels != 1)
-    k.fail("pre_tokenizer", "has " + std::to_string(byte_levels) +
-                                " ByteLevel steps: a byte-level BPE tokenizer has exactly one");
-
-  // The post-processor: what surrounds one sequence (TemplateProcessing's "single").
-  if (const json* post = k.find(root, "", "post_processor")) {
-    std::vector<std::pair<const json*, std::string>> procs;
-    if (k.type(*post, "post_processor") == "Sequence") {
-      const json& list = k.need(*post, "post_processor", "processors");
-      if (!list.is_array()) k.fail("post_processor.processors", "must be a list");
-      for (size_t i = 0; i < list.size(); ++i)
-        procs.emplace_back(&list[i], "post_processor.processors[" + std::to_string(i) + "]");
-    } else {
-      procs.emplace_back(post, "post_processor");
-    }
-    bool templated = false;
-    for (const auto& [proc, at] : procs) {
-      const std::string type = k.type(*proc, at);
-      if (type == "ByteLevel") continue;  // it trims offsets, which cleave does not keep
-      if (type != "TemplateProcessing")
-        k.fail(at + ".type", in_quotes(type) + " is unsupported (this reader handles ByteLevel and "
-                                            "TemplateProcessing, alone or in a Sequence)");
-      if (templated) k.fail(at, "is a second TemplateProcessing");
-      templated = true;
-      const json& single = k.need(*proc, at, "single");
-      const json& specials = k.need(*proc, at, "special_tokens");
-      if (!single.is_array()) k.fail(at + ".single", "must be a list");
-      int sequences = 0;
-      for (size_t i = 0; i < single.size(); ++i) {
-        const std::string item = at + ".single[" + std::to_string(i) + "]";
-        if (const json* seq = k.find(single[i], item, "Sequence")) {
-          if (k.string(*seq, item + ".Sequence", "id") != "A")
-            k.fail(item + ".Sequence.id", "must be \"A\" in the template of one sequence");
-          ++sequences;
-          continue;
-        }
-        const json* sp = k.find(single[i], item, "SpecialToken");
-        if (!sp) k.fail(item, "must be {\"Sequence\": ...} or {\"SpecialToken\": ...}");
-        const std::string name = k.string(*sp, item + ".SpecialToken", "id");
-        const std::string entry = at + ".special_tokens[" + in_quotes(name) + "]";
-        const json* st = k.find(specials, at + ".special_tokens", name.c_str());
-        if (!st) k.fail(entry, "is missing (the template names it)");
-        const json& ids = k.need(*st, entry, "ids");
-        if (!ids.is_array()) k.fail(entry + ".ids", "must be a list");
-        for (size_t j = 0; j < ids.size(); ++j)
-          (sequences ? after_ : before_)
-              .push_back(k.id(ids[j], entry + ".ids[" + std::to_string(j) + "]", tokens_.size()));
-      }
-      if (sequences != 1) k.fail(at + ".single", "must hold the sequence ($A) exactly once");
-    }
-  }
+  steps_ = read_pre_tokenizer(k, root);
+  read_template(k, root, tokens_.size(), before_, after_);
 
   const json& decoder = k.need(root, "", "decoder");
   const std::string decoder_type = k.type(decoder, "decoder");
@@ -350,8 +363,8 @@ HfTokenizer::HfTokenizer(const std::string& path) {
     if (!token) return -1;
     const auto a = added_ids.find(*token);
     if (a != added_ids.end()) return int(a->second);
-    const auto v = vocab.find(*token);
-    if (v != vocab.end()) return int(v->second);
+    const auto v = tokens.find(*token);
+    if (v != tokens.end()) return int(v->second);
     CLEAVE_FAIL(config.path << ": " << key << " " << in_quotes(*token) << " is not a token of "
                             << path);
   };

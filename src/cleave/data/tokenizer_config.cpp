@@ -21,8 +21,8 @@ std::optional<std::string> token_text(const nlohmann::json& j, const std::string
   if (v.is_string()) return v.get<std::string>();
   if (v.is_object() && v.contains("content") && v["content"].is_string())
     return v["content"].get<std::string>();
-  CLEAVE_FAIL(path << ": " << key << " must be a string or an object with a string \"content\", not "
-                   << v.dump().substr(0, 80));
+  CLEAVE_FAIL(path << ": " << key << " must be a string or an object with a string "
+                   << "\"content\", not " << v.dump().substr(0, 80));
 }
 
 bool flag(const nlohmann::json& j, const std::string& path, const char* key) {
@@ -55,7 +55,8 @@ std::string chat_template(const nlohmann::json& j, const std::string& path) {
 TokenizerConfig read_tokenizer_config(const std::string& tokenizer_path) {
   namespace fs = std::filesystem;
   TokenizerConfig out;
-  const std::string path = (fs::path(tokenizer_path).parent_path() / "tokenizer_config.json").string();
+  const std::string path =
+      (fs::path(tokenizer_path).parent_path() / "tokenizer_config.json").string();
   std::error_code ec;
   if (!fs::exists(path, ec)) return out;
   const std::string text = read_bounded_file(path, "tokenizer config", kMaxConfigBytes);
