@@ -285,15 +285,15 @@ std::string find_tokenizer(const std::string& dir) {
 
 std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path) {
   std::error_code ec;
+  std::string file = path;
   if (fs::is_directory(path, ec)) {
-    const std::string found = find_tokenizer(path);
-    if (found.empty())
+    file = find_tokenizer(path);
+    if (file.empty())
       CLEAVE_FAIL("tokenizer folder " << path << " holds neither tokenizer.model nor "
                                          "tokenizer.json");
-    return open_tokenizer(found);
   }
-  if (fs::path(path).extension() == ".json") return std::make_unique<HfTokenizer>(path);
-  return std::make_unique<SentencePieceTokenizer>(path);
+  if (fs::path(file).extension() == ".json") return std::make_unique<HfTokenizer>(file);
+  return std::make_unique<SentencePieceTokenizer>(file);
 }
 
 TokenizeReport tokenize_corpus(const std::string& corpus, const std::string& out_dir,
