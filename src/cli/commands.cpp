@@ -136,27 +136,11 @@ int generate(int argc, char** argv) {
     return 0;
   }
   std::cout << a.get("--prompt", "") << std::flush;
-  std::vector<uint32_t> produced;
-  std::string shown;
-  // Decode the whole continuation each time: pieces only join correctly in context. A character
-  // whose bytes are split over tokens decodes as U+FFFD until its last byte comes: one at the end
-  // is held back until then.
-  const std::string replacement = "\xEF\xBF\xBD";
-  auto show = [&](bool last) {
-    std::string text = tok.decode(produced);
-    while (!last && text.size() >= replacement.size() &&
-           text.compare(text.size() - replacement.size(), replacement.size(), replacement) == 0)
-      text.resize(text.size() - replacement.size());
-    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0)
-      std::cout << text.substr(shown.size()) << std::flush;
-    shown = text;
-  };
+  DecodeStream stream(tok);
   generate(model, prompt, o, [&](int32_t t) {
-    if (t == o.stop_token) return;
-    produced.push_back(uint32_t(t));
-    show(false);
+    if (t != o.stop_token) std::cout << stream.next(uint32_t(t)) << std::flush;
   });
-  show(true);
+  std::cout << stream.finish();
   std::cout << std::endl;
   return 0;
 }

@@ -192,6 +192,24 @@ TEST_F(HfTokenizerTest, MergesAsPairsAndTokensThatAreNotBytesDecodeAsThemselves)
   EXPECT_NE(text_msg.find("not valid UTF-8 (at byte 2)"), std::string::npos) << text_msg;
 }
 
+TEST_F(HfTokenizerTest, DecodeStreamHoldsACutCharacterBackUntilItIsWhole) {
+  const auto tok = open(gpt2_style({}, {}));
+  cleave::DecodeStream stream(*tok);
+  // "a你b": 你 is E4 BD A0, one byte per id.
+  std::vector<std::string> shown;
+  for (uint32_t id : Ids{'a', 0xE4, 0xBD, 0xA0, 'b'}) shown.push_back(stream.next(id));
+  EXPECT_EQ(shown, (std::vector<std::string>{"a", "", "", "你", "b"}));
+  EXPECT_EQ(stream.finish(), "");
+  // Bytes that never form a character are shown as U+FFFD once the next byte says so, and a cut
+  // character at the end by finish().
+  cleave::DecodeStream bad(*tok);
+  EXPECT_EQ(bad.next(0xC3), "");
+  EXPECT_EQ(bad.next('x'), "\xEF\xBF\xBDx");
+  EXPECT_EQ(bad.next(0xF0), "");
+  EXPECT_EQ(bad.next(0x9F), "");
+  EXPECT_EQ(bad.finish(), "\xEF\xBF\xBD");
+}
+
 TEST_F(HfTokenizerTest, UnsupportedFeaturesAreRefusedByKey) {
   const json base = gpt2_style({"ab"}, {"a b"});
   auto with = [&](const std::string& pointer, const json& value) {

@@ -274,6 +274,27 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
   return ids;
 }
 
+std::string DecodeStream::next(uint32_t id) {
+  ids_.push_back(id);
+  return show(false);
+}
+
+std::string DecodeStream::finish() { return show(true); }
+
+std::string DecodeStream::show(bool last) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  std::string text = tokenizer_.decode(ids_);
+  while (!last && text.size() >= kReplacement.size() &&
+         text.compare(text.size() - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
+    text.resize(text.size() - kReplacement.size());
+  // Text that changed before its end (a tokenizer may rewrite it in context) is not shown again.
+  std::string out;
+  if (text.size() > shown_.size() && text.compare(0, shown_.size(), shown_) == 0)
+    out = text.substr(shown_.size());
+  shown_ = std::move(text);
+  return out;
+}
+
 std::string find_tokenizer(const std::string& dir) {
   std::error_code ec;
   for (const char* name : {"tokenizer.model", "tokenizer.json"}) {

@@ -53,6 +53,23 @@ class Tokenizer {
   std::vector<uint32_t> before_, after_;  // put around encode_text's ids by encode
 };
 
+// Text as ids come, for printing while generating: each call gives what to show next. The whole
+// sequence is decoded each time (pieces only join correctly in context); a character whose bytes
+// are split over ids decodes as U+FFFD until its last byte comes, so a U+FFFD at the end is held
+// back until the next id (finish() gives what is still held).
+class DecodeStream {
+ public:
+  explicit DecodeStream(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  std::string next(uint32_t id);
+  std::string finish();
+
+ private:
+  std::string show(bool last);
+  const Tokenizer& tokenizer_;
+  std::vector<uint32_t> ids_;
+  std::string shown_;
+};
+
 // Opens the tokenizer at `path`: a tokenizer.json (a file whose name ends in .json) is read as a
 // Hugging Face byte-level BPE tokenizer, any other file as a SentencePiece model; a folder is
 // looked into with find_tokenizer. Errors name the path and, for a tokenizer.json, the key at
