@@ -12,11 +12,14 @@ cd "$(dirname "$0")"
 # strace: the checkpoint tests hold a save in fsync with its syscall delay injection.
 # clang and libclang-rt-dev: the fuzz targets (tests/fuzz), which need clang's libFuzzer; clang only
 # recommends the runtime that holds it.
+# libonig-dev: tokenizer.json patterns; nodejs and npm: the tokenizer test's transformers.js (npm
+# only where no node of another origin brings its own, which would conflict with Debian's).
 packages=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev
           openmpi-bin libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libgtest-dev
           libxxhash-dev python3 python3-numpy python3-matplotlib python3-torch fortunes iproute2 procps
-          strace clang libclang-rt-dev)
+          strace clang libclang-rt-dev libonig-dev nodejs)
 packages+=(slurmctld slurmd slurm-client munge)
+command -v npm > /dev/null || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -33,12 +33,14 @@ Config config_from(const Args& a, const std::string& command) {
   return load_config(a.positional[0], a.overrides);
 }
 
-// The tokenizer of the model loaded from `path`: the checkpoint's own (an import copies the Hugging
-// Face folder's into it, and it moves with the folder), else its run's data.dir's.
-std::string tokenizer_of(const std::string& path, const LoadedModel& loaded) {
-  const std::string own = path + "/tokenizer.model";
-  std::error_code ec;
-  return fs::exists(own, ec) ? own : loaded.data_dir + "/tokenizer.model";
+// The tokenizer a checkpoint comes with: the one its folder carries (an imported model's), else
+// the one in its run's data folder; "" when neither has one.
+std::string carried_tokenizer(const LoadedModel& loaded) {
+  for (const std::string& dir : {loaded.dir, loaded.data_dir}) {
+    const std::string found = find_tokenizer(dir);
+    if (!found.empty()) return found;
+  }
+  return "";
 }
 
 }  // namespace
@@ -101,10 +103,18 @@ int generate(int argc, char** argv) {
   o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
   const LoadedModel loaded = load_model(a.positional[0], Precision::fp32);
   Transformer& model = *loaded.model;
-  const Tokenizer tok(a.get("--tokenizer", tokenizer_of(a.positional[0], loaded)));
+  const std::string tokenizer_path = a.get("--tokenizer", carried_tokenizer(loaded));
+  if (tokenizer_path.empty())
+    throw Error("cleave generate: no tokenizer: neither the checkpoint " + loaded.dir +
+                " nor the data folder " + loaded.data_dir +
+                " holds a tokenizer.model or tokenizer.json; give one with --tokenizer");
+  const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(tokenizer_path);
+  const Tokenizer& tok = *tokenizer;
+  std::cerr << "# tokenizer: " << tok.path() << " (" << tok.kind() << ", vocabulary "
+            << tok.vocab_size() << ")" << std::endl;
   if (tok.vocab_size() != model.config().vocab_size)
-    throw Error("tokenizer has " + std::to_string(tok.vocab_size()) +
-                " pieces but the model's vocab_size is " +
+    throw Error("tokenizer " + tok.path() + " has " + std::to_string(tok.vocab_size()) +
+                " tokens but the model's vocab_size is " +
                 std::to_string(model.config().vocab_size));
   std::vector<int32_t> prompt;
   for (uint32_t id : tok.encode(a.get("--prompt", ""))) prompt.push_back(int32_t(id));
@@ -126,17 +136,11 @@ int generate(int argc, char** argv) {
     return 0;
   }
   std::cout << a.get("--prompt", "") << std::flush;
-  std::vector<uint32_t> produced;
-  std::string shown;
+  DecodeStream stream(tok);
   generate(model, prompt, o, [&](int32_t t) {
-    if (t == o.stop_token) return;
-    // Decode the whole continuation each time: pieces only join correctly in context.
-    produced.push_back(uint32_t(t));
-    const std::string text = tok.decode(produced);
-    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0)
-      std::cout << text.substr(shown.size()) << std::flush;
-    shown = text;
+    if (t != o.stop_token) std::cout << stream.next(uint32_t(t)) << std::flush;
   });
+  std::cout << stream.finish();
   std::cout << std::endl;
   return 0;
 }
@@ -149,7 +153,8 @@ int export_hf(int argc, char** argv) {
   const std::string out = a.positional[1];
   // Nothing is written through a link: a file of OUT_DIR that is one would have its target
   // overwritten (checked for every file before any is written).
-  for (const char* file : {"model.safetensors", "config.json", "tokenizer.model"}) {
+  for (const char* file : {"model.safetensors", "config.json", "tokenizer.model", "tokenizer.json",
+                           "tokenizer_config.json"}) {
     const fs::path p = fs::path(out) / file;
     std::error_code ec;
     if (fs::is_symlink(fs::symlink_status(p, ec)))
@@ -165,9 +170,18 @@ int export_hf(int argc, char** argv) {
     views.push_back({t.name, "F32", t.shape, t.data.data(), uint64_t(t.data.size()) * 4});
   write_safetensors(out + "/model.safetensors", views, {{"format", "pt"}});
   write_file_atomic(out + "/config.json", hf_config(model.config()).dump(2) + "\n", "config.json");
-  const std::string tok = tokenizer_of(a.positional[0], loaded);
-  if (fs::exists(tok)) fs::copy_file(tok, out + "/tokenizer.model", fs::copy_options::overwrite_existing);
-  std::printf("exported %zu tensors to %s/{config.json,model.safetensors}\n", tensors.size(), out.c_str());
+  // The tokenizer goes along, with the tokenizer_config.json beside it (its chat template).
+  std::string tokenizer_files;
+  if (const std::string tok = carried_tokenizer(loaded); !tok.empty()) {
+    const fs::path config = fs::path(tok).parent_path() / "tokenizer_config.json";
+    for (const fs::path& f : {fs::path(tok), config}) {
+      if (!fs::exists(f)) continue;
+      fs::copy_file(f, fs::path(out) / f.filename(), fs::copy_options::overwrite_existing);
+      tokenizer_files += "," + f.filename().string();
+    }
+  }
+  std::printf("exported %zu tensors to %s/{config.json,model.safetensors%s}\n", tensors.size(),
+              out.c_str(), tokenizer_files.c_str());
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "cleave/checkpoint/hf_import.h"
+#include "cleave/data/tokenizer.h"
 #include "cleave/train/config.h"
 #include "cli/args.h"
 
@@ -49,10 +50,26 @@ int import_hf(int argc, char** argv) {
                 hf.ignored().front().c_str());
   std::printf("wrote checkpoint %s: step 0, empty optimizer state (train.init_from = \"%s\" "
               "starts a run from it)\n", out.c_str(), out.c_str());
-  if (!hf.tokenizer().empty())
-    std::printf("copied %s to %s/tokenizer.model\n", hf.tokenizer().c_str(), out.c_str());
-  else
-    std::printf("the folder has no tokenizer.model: cleave generate needs --tokenizer\n");
+  for (const std::string& file : hf.tokenizer_files())
+    std::printf("copied %s to %s/%s\n", file.c_str(), out.c_str(),
+                fs::path(file).filename().c_str());
+  // The model's weights are of use without a tokenizer cleave reads (train.init_from), so a
+  // tokenizer it cannot read is reported, not an error.
+  const std::string tokenizer = find_tokenizer(out);
+  if (tokenizer.empty()) {
+    std::printf("the folder has neither tokenizer.model nor tokenizer.json: cleave generate "
+                "needs --tokenizer\n");
+    return 0;
+  }
+  try {
+    const std::unique_ptr<Tokenizer> tok = open_tokenizer(tokenizer);
+    const bool fits = tok->vocab_size() == m.vocab_size;
+    std::printf("tokenizer %s: %s, vocabulary %d%s\n", tokenizer.c_str(), tok->kind(),
+                tok->vocab_size(), fits ? "" : ", not the model's: generate needs --tokenizer");
+  } catch (const std::exception& e) {
+    std::printf("tokenizer %s cannot be read (%s): cleave generate needs --tokenizer\n",
+                tokenizer.c_str(), e.what());
+  }
   return 0;
 }
 

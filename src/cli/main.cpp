@@ -31,7 +31,8 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   train CONFIG.toml [--set key=value ...] [--resume latest|CHECKPOINT_DIR] [--exit-after N]
   tokenize CONFIG.toml [--set key=value ...]     train the tokenizer, write token shards
   generate CHECKPOINT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
-           [--seed S] [--tokenizer MODEL] [--ids]   (--ids: token ids, not text)
+           [--seed S] [--tokenizer PATH] [--ids]   (PATH: tokenizer.model, tokenizer.json
+           or a folder; --ids: token ids, not text)
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   checkpoint info|verify CHECKPOINT_DIR           what a checkpoint holds | check every checksum
   plot RUN_DIR... [--out FILE.svg|.png|.pdf]      loss, validation loss, tokens/s, MFU by step

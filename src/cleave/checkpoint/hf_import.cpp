@@ -126,10 +126,11 @@ HfFolder::HfFolder(const std::string& dir) : dir_(dir) {
                 model_type_ + " model of " + config_path + " does not have" +
                 (tied_head ? " (tie_word_embeddings is true: the head is the embedding)" : ""));
   }
-  const std::string tokenizer = dir_ + "/tokenizer.model";
-  if (fs::exists(tokenizer, ec)) {
-    check_bounded_file(tokenizer, "tokenizer", kMaxTokenizerBytes);
-    tokenizer_ = tokenizer;
+  for (const char* name : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json"}) {
+    const std::string path = dir_ + "/" + name;
+    if (!fs::exists(path, ec)) continue;
+    check_bounded_file(path, "tokenizer", kMaxTokenizerBytes);
+    tokenizer_files_.push_back(path);
   }
 }
 
@@ -250,9 +251,9 @@ int64_t HfFolder::write_checkpoint(const std::string& out, const std::string& co
                             {zeros.data(), false},
                             TpCopy{}};
     const FileChecksums sums = write_state_file(tmp, 0, params, state);
-    if (!tokenizer_.empty())
-      write_synced(tmp + "/tokenizer.model",
-                   read_bounded_file(tokenizer_, "tokenizer", kMaxTokenizerBytes));
+    for (const std::string& path : tokenizer_files_)
+      write_synced(tmp + "/" + fs::path(path).filename().string(),
+                   read_bounded_file(path, "tokenizer", kMaxTokenizerBytes));
     finish_training_checkpoint(out, tag, config, seed, 0, {state_file_entries(0, params, state)},
                                {{0, sums}}, 0, 1, nullptr, moe_bias);
   } catch (...) {

@@ -29,12 +29,13 @@ class HfFolder {
   // Tensors of the files that are buffers, not parameters (GPT-2's causal mask attn.bias,
   // Llama's rotary_emb.inv_freq), which import leaves behind.
   const std::vector<std::string>& ignored() const { return ignored_; }
-  // The folder's SentencePiece tokenizer.model, or "".
-  const std::string& tokenizer() const { return tokenizer_; }
+  // The folder's tokenizer files (tokenizer.model, tokenizer.json, tokenizer_config.json, the
+  // ones it has), which the checkpoint carries.
+  const std::vector<std::string>& tokenizer_files() const { return tokenizer_files_; }
 
   // Writes the checkpoint folder `out` (atomically, as training does; out must not exist):
   // `config` is the resolved config as TOML whose [model] is model(), `seed` its train.seed.
-  // The tokenizer.model comes along. Returns the number of parameters.
+  // The tokenizer files come along. Returns the number of parameters.
   int64_t write_checkpoint(const std::string& out, const std::string& config, uint64_t seed) const;
 
  private:
@@ -55,7 +56,7 @@ class HfFolder {
   std::vector<Source> sources_;
   std::map<std::string, int> dtypes_;
   std::vector<std::string> ignored_;
-  std::string tokenizer_;
+  std::vector<std::string> tokenizer_files_;
 };
 
 }  // namespace cleave

@@ -31,7 +31,7 @@ LoadedModel load_model(const std::string& path, Precision precision) {
   // for a huge model costs nothing before its shapes are compared with the saved tensors'.
   LoadedModel out{std::make_unique<Transformer>(read_model_config(config, origin), precision,
                                                 uint64_t(*seed), 1, false),
-                  *data_dir};
+                  *data_dir, dir};
   ParamStore& params = out.model->params();
   check_saved_shapes(ck, dir, params, "param");
   read_state(ck, dir, params, "param", {{0, params.total()}}, {params.values().data()});

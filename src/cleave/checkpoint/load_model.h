@@ -13,6 +13,7 @@ namespace cleave {
 struct LoadedModel {
   std::unique_ptr<Transformer> model;  // its config(): the checkpoint's [model]
   std::string data_dir;                // the run's data.dir, which holds its tokenizer.model
+  std::string dir;                     // the checkpoint folder read
 };
 
 // `path` is a checkpoint folder, or a run folder (its newest checkpoint is used).

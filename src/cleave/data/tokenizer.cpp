@@ -19,6 +19,8 @@
 
 #include "cleave/base/check.h"
 #include "cleave/base/file.h"
+#include "cleave/data/hf_tokenizer.h"
+#include "cleave/data/tokenizer_config.h"
 #include "cleave/data/tokens.h"
 
 namespace cleave {
@@ -207,41 +209,113 @@ void train_tokenizer(const std::string& corpus, const std::string& model_prefix,
   write_file_atomic(model_prefix + ".vocab", vocab.str(), "tokenizer vocabulary");
 }
 
-Tokenizer::Tokenizer(const std::string& model_path) : sp_(new spm::SentencePieceProcessor) {
-  // SentencePiece would read a FIFO or /dev/zero for ever: a model is a regular file of at most
-  // a few tens of MB (Llama 2's is 0.5 MB).
-  check_bounded_file(model_path, "tokenizer model", kMaxTokenizerBytes);
-  const auto st = sp_->Load(model_path);
-  if (!st.ok())
-    CLEAVE_FAIL("tokenizer model " << model_path << ": cannot load: " << st.message());
-}
+namespace {
 
-Tokenizer::~Tokenizer() = default;
-
-std::vector<uint32_t> Tokenizer::encode(const std::string& text) const {
-  std::vector<int> ids;
-  const auto st = sp_->Encode(text, &ids);
-  if (!st.ok()) CLEAVE_FAIL("tokenizer: cannot encode text: " << st.message());
-  return std::vector<uint32_t>(ids.begin(), ids.end());
-}
-
-std::string Tokenizer::decode(const std::vector<uint32_t>& ids) const {
-  const uint32_t n = uint32_t(sp_->GetPieceSize());
-  std::vector<int> v(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] >= n)
-      CLEAVE_FAIL("tokenizer: id " << ids[i] << " at index " << i << " is >= vocab size " << n);
-    v[i] = int(ids[i]);
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(const std::string& model_path) {
+    path_ = model_path;
+    // SentencePiece would read a FIFO or /dev/zero for ever: a model is a regular file of at most
+    // a few tens of MB (Llama 2's is 0.5 MB).
+    check_bounded_file(model_path, "tokenizer model", kMaxTokenizerBytes);
+    const auto st = sp_.Load(model_path);
+    if (!st.ok())
+      CLEAVE_FAIL("tokenizer model " << model_path << ": cannot load: " << st.message());
+    const TokenizerConfig config = read_tokenizer_config(model_path);
+    chat_template_ = config.chat_template;
+    auto special = [&](bool wanted, int id, const char* key, std::vector<uint32_t>& into) {
+      if (!wanted) return;
+      if (id < 0) CLEAVE_FAIL(config.path << ": " << key << " is true but " << model_path
+                                          << " has no such token");
+      into.push_back(uint32_t(id));
+    };
+    special(config.add_bos_token, sp_.bos_id(), "add_bos_token", before_);
+    special(config.add_eos_token, sp_.eos_id(), "add_eos_token", after_);
   }
-  std::string text;
-  const auto st = sp_->Decode(v, &text);
-  if (!st.ok()) CLEAVE_FAIL("tokenizer: cannot decode ids: " << st.message());
-  return text;
+
+  std::vector<uint32_t> encode_text(std::string_view text) const override {
+    std::vector<int> ids;
+    const auto st = sp_.Encode(text, &ids);
+    if (!st.ok()) CLEAVE_FAIL("tokenizer " << path_ << ": cannot encode text: " << st.message());
+    return std::vector<uint32_t>(ids.begin(), ids.end());
+  }
+
+  std::string decode(const std::vector<uint32_t>& ids) const override {
+    const uint32_t n = uint32_t(sp_.GetPieceSize());
+    std::vector<int> v(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] >= n)
+        CLEAVE_FAIL("tokenizer " << path_ << ": id " << ids[i] << " at index " << i
+                                 << " is >= vocab size " << n);
+      v[i] = int(ids[i]);
+    }
+    std::string text;
+    const auto st = sp_.Decode(v, &text);
+    if (!st.ok()) CLEAVE_FAIL("tokenizer " << path_ << ": cannot decode ids: " << st.message());
+    return text;
+  }
+
+  int vocab_size() const override { return sp_.GetPieceSize(); }
+  int bos_id() const override { return sp_.bos_id(); }
+  int eos_id() const override { return sp_.eos_id(); }
+  const char* kind() const override { return "SentencePiece"; }
+
+ private:
+  spm::SentencePieceProcessor sp_;
+};
+
+}  // namespace
+
+std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<uint32_t> ids = before_;
+  const std::vector<uint32_t> body = encode_text(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.insert(ids.end(), after_.begin(), after_.end());
+  return ids;
 }
 
-int Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
-int Tokenizer::bos_id() const { return sp_->bos_id(); }
-int Tokenizer::eos_id() const { return sp_->eos_id(); }
+std::string DecodeStream::next(uint32_t id) {
+  ids_.push_back(id);
+  return show(false);
+}
+
+std::string DecodeStream::finish() { return show(true); }
+
+std::string DecodeStream::show(bool last) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  std::string text = tokenizer_.decode(ids_);
+  while (!last && text.size() >= kReplacement.size() &&
+         text.compare(text.size() - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
+    text.resize(text.size() - kReplacement.size());
+  // Text that changed before its end (a tokenizer may rewrite it in context) is not shown again.
+  std::string out;
+  if (text.size() > shown_.size() && text.compare(0, shown_.size(), shown_) == 0)
+    out = text.substr(shown_.size());
+  shown_ = std::move(text);
+  return out;
+}
+
+std::string find_tokenizer(const std::string& dir) {
+  std::error_code ec;
+  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+    const fs::path p = fs::path(dir) / name;
+    if (fs::exists(p, ec)) return p.string();
+  }
+  return "";
+}
+
+std::unique_ptr<Tokenizer> open_tokenizer(const std::string& path) {
+  std::error_code ec;
+  std::string file = path;
+  if (fs::is_directory(path, ec)) {
+    file = find_tokenizer(path);
+    if (file.empty())
+      CLEAVE_FAIL("tokenizer folder " << path << " holds neither tokenizer.model nor "
+                                         "tokenizer.json");
+  }
+  if (fs::path(file).extension() == ".json") return std::make_unique<HfTokenizer>(file);
+  return std::make_unique<SentencePieceTokenizer>(file);
+}
 
 TokenizeReport tokenize_corpus(const std::string& corpus, const std::string& out_dir,
                                int vocab_size, double val_fraction, uint64_t seed) {
