@@ -16,6 +16,9 @@
 
 namespace cleave {
 
+// A tokenizer file import copies (Llama 3's tokenizer.json is 9 MB).
+constexpr int64_t kMaxHfTokenizerBytes = int64_t(256) << 20;
+
 class HfFolder {
  public:
   // Reads and checks `dir`; an error names the file and the key or tensor at fault.
