@@ -22,6 +22,7 @@ int bench_gemm(int argc, char** argv);
 int peak(int argc, char** argv);
 int bench_comm(int argc, char** argv);
 int mesh(int argc, char** argv);
+int plan(int argc, char** argv);
 int schedule(int argc, char** argv);
 }  // namespace cleave::cli
 
@@ -43,6 +44,8 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   bench-comm (under mpirun)                        collective algbw/busbw, cleave's and MPI's
   mesh [CONFIG] --world N [--set parallel.AXIS=D ...] [--ranks-per-host K]
                                     the device mesh's groups (with CONFIG: bytes per axis)
+  plan CONFIG.toml --world N [--set key=value ...]   each stage's memory per rank, FLOPs and
+                                    bytes per axis per step, predicted from its step programs
   schedule (--pp P --microbatches M --schedule NAME [--virtual V] | --load FILE.csv)
            [--csv OUT] [--trace OUT.json]   check a pipeline schedule (gpipe, 1f1b, interleaved,
                                     zb1p, zbv, or a CSV), print its simulated timeline
@@ -78,6 +81,7 @@ int main(int argc, char** argv) {
       if (cmd == "train") rc = cleave::cli::train(argc - 2, argv + 2);
       else if (cmd == "bench-comm") rc = cleave::cli::bench_comm(argc - 2, argv + 2);
       else if (cmd == "mesh") rc = cleave::cli::mesh(argc - 2, argv + 2);
+      else if (cmd == "plan") rc = cleave::cli::plan(argc - 2, argv + 2);
       else if (cmd == "schedule") rc = cleave::cli::schedule(argc - 2, argv + 2);
       else if (cmd == "tokenize") rc = cleave::cli::tokenize(argc - 2, argv + 2);
       else if (cmd == "generate") rc = cleave::cli::generate(argc - 2, argv + 2);

@@ -6,6 +6,7 @@
 #pragma once
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,11 @@
 #include "cleave/base/check.h"
 
 namespace cleave {
+
+// The bytes every Buffer owns at this moment, touched or not: the planner sizes a set of work
+// buffers by reserving it on a model that never runs (Transformer::backward_scratch_bytes), so the
+// figure is the code's own, not a second formula.
+inline std::atomic<int64_t> buffer_bytes_owned{0};
 
 template <class T>
 class Buffer {
@@ -24,11 +30,12 @@ class Buffer {
   Buffer(Buffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
         mapped_bytes_(std::exchange(o.mapped_bytes_, 0)),
-        borrowed_(std::exchange(o.borrowed_, false)) {}
+        owned_bytes_(std::exchange(o.owned_bytes_, 0)), borrowed_(std::exchange(o.borrowed_, false)) {}
   Buffer& operator=(Buffer&& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
     std::swap(mapped_bytes_, o.mapped_bytes_);
+    std::swap(owned_bytes_, o.owned_bytes_);
     std::swap(borrowed_, o.borrowed_);
     return *this;
   }
@@ -39,6 +46,8 @@ class Buffer {
     release();
     size_ = n;
     const size_t bytes = (size_t(n) * sizeof(T) + 63) / 64 * 64;
+    owned_bytes_ = bytes;
+    buffer_bytes_owned += int64_t(bytes);
     if (bytes >= (size_t(1) << 20)) {
       void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       CLEAVE_CHECK(p != MAP_FAILED, "out of memory mapping " << bytes << " bytes");
@@ -82,13 +91,16 @@ class Buffer {
     if (borrowed_) borrowed_ = false;
     else if (mapped_bytes_) munmap(data_, mapped_bytes_);
     else std::free(data_);
+    buffer_bytes_owned -= int64_t(owned_bytes_);
     data_ = nullptr;
     mapped_bytes_ = 0;
+    owned_bytes_ = 0;
   }
 
   T* data_ = nullptr;
   int64_t size_ = 0;
   size_t mapped_bytes_ = 0;  // non-zero: data_ is an mmap of this size
+  size_t owned_bytes_ = 0;   // what data_ holds when this buffer owns it
   bool borrowed_ = false;    // data_ belongs to another buffer
 };
 

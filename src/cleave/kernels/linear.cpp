@@ -555,6 +555,23 @@ void LinearGemm::copy_operand(const float* a, int64_t count, OperandCopy& keep) 
   if (impl_->fp8) impl_->fp8->keep(a, count / impl_->in, impl_->in, fp8_x, keep);
 }
 
+int64_t LinearGemm::weight_copy_bytes(int64_t N) const {
+  const Impl& m = *impl_;
+  int64_t bytes = m.precision == Precision::fp16 || m.emulated ? int64_t(m.in) * m.out * 4 : 0;
+  // The layouts packed_weights asks its plans for, and whether each is W as it lies (no copy).
+  const memory::dim rows = m.rows(N);
+  auto packed = [&](int64_t k, int64_t n, bool transposed) {
+    const memory::desc src({rows, k}, m.cdt, tag::ab), dst({rows, n}, dt::f32, tag::ab);
+    const memory::desc want =
+        dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, m.weights(transposed), dst),
+                                     dnnl_context().engine)
+            .weights_desc();
+    return want == kernels::user_weight_desc(m.out, m.in, transposed) ? 0
+                                                                       : int64_t(want.get_size());
+  };
+  return bytes + packed(m.in, m.out, true) + packed(m.out, m.in, false);
+}
+
 int64_t LinearGemm::kept_copy_bytes(int64_t rows) const {
   if (impl_->fp8) return impl_->fp8->kept_bytes(rows, impl_->in);
   return impl_->precision == Precision::bf16 ? rows * impl_->in * int64_t(sizeof(bf16)) : 0;

@@ -108,6 +108,11 @@ class LinearGemm {
   void copy_operand(const float* a, int64_t count, OperandCopy& keep);
   // The bytes such a copy of `rows` input rows holds (0 where products keep no copy).
   int64_t kept_copy_bytes(int64_t rows) const;
+  // The bytes of the copies of W this linear holds between products on N rows: the weight
+  // rounded (fp16 mode, emulated bf16) and each product's packed layout that is not W itself
+  // (forward's and backward_input's, as this CPU's oneDNN prefers them). For the planner: what a
+  // rank's weights cost beside the parameters.
+  int64_t weight_copy_bytes(int64_t N) const;
 
   // For an optimizer that packs W while it writes it, after set_weight: the rows per band (0 when
   // no copy can be packed this way; they are then packed at the next product, as usual).

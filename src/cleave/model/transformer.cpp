@@ -156,14 +156,25 @@ void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
   }
   embed_full_.resize(own.embed_full);
   d_full_.resize(own.d_full);
+  reserve_block_grads(grads_, N);
+  B_ = B, T_ = T;
+}
+
+void Transformer::reserve_block_grads(BlockGrads& g, int64_t N) const {
   // The scratch is shared: the first dense block and the first MoE block size what each needs.
   bool dense = false, moe = false;
-  for (auto& b : blocks_) {
+  for (const auto& b : blocks_) {
     bool& seen = b->moe() ? moe : dense;
-    if (!seen) b->reserve_grads(grads_, N);
+    if (!seen) b->reserve_grads(g, N);
     seen = true;
   }
-  B_ = B, T_ = T;
+}
+
+int64_t Transformer::backward_scratch_bytes(int64_t B, int64_t T) const {
+  const int64_t before = buffer_bytes_owned;
+  BlockGrads g;
+  reserve_block_grads(g, B * T);  // mapped or allocated, never touched: no memory is used
+  return buffer_bytes_owned - before;
 }
 
 Transformer::SlotShape Transformer::slot_shape(const ModelChunk& k, int64_t N) const {

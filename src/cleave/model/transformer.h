@@ -148,6 +148,9 @@ class Transformer {
   // input, logits and losses, a loss chunk's rows at a time).
   SavedBytes block_saved_bytes(int unit, int64_t B, int64_t T) const;
   int64_t slot_bytes(int64_t B, int64_t T, const std::vector<int>& slots) const;
+  // The bytes of the blocks' shared backward scratch (BlockGrads) prepare(B, T) reserves: sized
+  // by reserving it, so the figure is the reservation's own.
+  int64_t backward_scratch_bytes(int64_t B, int64_t T) const;
 
   // The MoE layers this rank holds: each one's routing statistics since the last call, and
   // sigmoid_bias's update from the step's global load per expert (Moe::update_bias).
@@ -213,6 +216,7 @@ class Transformer {
   CpComm* cp_group_ = nullptr;
   std::unique_ptr<GroupAmax> amax_tp_cp_, amax_tp_;  // fp8 "current"
   BlockGrads grads_;
+  void reserve_block_grads(BlockGrads& g, int64_t N) const;
   // The activation pool: what each block unit saved for backward, per slot ([unit][slot]; empty
   // for the embeddings and the head, whose saved activations are their chunk slot's).
   std::vector<std::vector<Block::Saved>> saved_;

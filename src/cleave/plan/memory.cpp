@@ -1,0 +1,103 @@
+#include "cleave/plan/memory.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "cleave/model/transformer.h"
+#include "cleave/parallel/axis_table.h"
+#include "cleave/parallel/step_executor.h"
+
+namespace cleave {
+
+namespace {
+
+// The sum of the `n` largest of `v`: the units ZeRO-3 holds at once (the one in use and the one
+// prefetched), and ZeRO-2/3's full gradients awaiting their reduce-scatter.
+int64_t largest(std::vector<int64_t> v, int n) {
+  std::sort(v.begin(), v.end(), std::greater<>());
+  int64_t sum = 0;
+  for (int i = 0; i < n && i < int(v.size()); ++i) sum += v[size_t(i)];
+  return sum;
+}
+
+}  // namespace
+
+ModelState model_state(const StateRecipe& recipe, int zero, double all, double shard,
+                       double gathered, double reducing) {
+  ModelState s;
+  s.values = recipe.values * (zero < 3 ? all : shard + gathered);
+  s.gradients = recipe.gradients * (zero < 2 ? all : shard + reducing);
+  s.optimizer = recipe.optimizer * (zero == 0 ? all : shard);
+  return s;
+}
+
+MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
+                       const StepOptions& step, const std::string& optimizer_offload,
+                       const Layout& layout, int pp_rank, int val_batches) {
+  const Mesh& mesh = layout.mesh;
+  const int cp = mesh.degree(Axis::cp), pp = mesh.degree(Axis::pp);
+  const int zero = parallel.zero_stage;
+  MemoryPlan plan;
+  plan.pp_rank = pp_rank;
+  // The model as the trainer builds it on this rank: its stages' tp share, units padded to
+  // equal shards over dp_shard x cp.
+  const std::unique_ptr<Transformer> built =
+      Transformer::planned(model, mesh.degree(Axis::tp), parallel.sequence_parallel,
+                           stage_chunks(layout, pp_rank), step.dtype,
+                           16 * int64_t(mesh.degree(Axis::dp_shard)) * cp);
+  Transformer& m = *built;
+  const ParamStore& store = m.params();
+  plan.parameter_count = store.global_count();
+  const AxisTable axes = axis_table(store, mesh);
+
+  // Per unit, its flat size over every group; per group, this rank's shard of it.
+  std::vector<int64_t> unit_floats(size_t(m.n_units()), 0);
+  int64_t shard_floats = 0;
+  for (int g = 0; g < store.n_groups(); ++g) {
+    const std::vector<int64_t>& b = store.unit_bounds(g);
+    for (size_t u = 0; u + 1 < b.size(); ++u) unit_floats[u] += b[u + 1] - b[u];
+    shard_floats += (b.back() - b.front()) / flat_size(mesh, axes.groups[size_t(g)].shard);
+  }
+  const int64_t all = store.total();
+  const int64_t N = layout.local_batch * (step.seq_len / cp);
+  std::vector<int64_t> unit_copies(size_t(m.n_units()), 0);
+  for (size_t i = 0; i < store.tensors().size(); ++i)
+    if (const LinearGemm* g = store.packed_by(int(i)))
+      unit_copies[size_t(store.tensor(int(i)).unit)] += g->weight_copy_bytes(N);
+
+  // ZeRO-2/3 reduce-scatter each unit's gradients as backward finishes it and free them, unless
+  // accumulation (several micro-batches, or a pipeline's) keeps the whole buffer summing.
+  const bool accumulating = step.grad_accum_steps > 1 || pp > 1;
+  const bool offload_params = parallel.offload_params == "file";
+  const ModelState state =
+      model_state(StateRecipe{}, zero, double(all), double(shard_floats),
+                  double(largest(unit_floats, 2)),
+                  double(accumulating ? all : largest(unit_floats, 2)));
+  // ZeRO-3's offloaded shard of the values is not resident (its gradients' shard is).
+  plan.parameters = int64_t(state.values) - (offload_params && zero == 3 ? shard_floats * 4 : 0);
+  plan.gradients = int64_t(state.gradients);
+  plan.optimizer = optimizer_offload == "file" ? 0 : int64_t(state.optimizer);
+  plan.weight_copies = largest(unit_copies, zero < 3 ? int(unit_copies.size()) : 2);
+  if (offload_params && zero == 3)
+    plan.notes.push_back("the parameter shards live in offload files");
+  if (optimizer_offload == "file") plan.notes.push_back("AdamW's moments live in offload files");
+
+  const bool selective = step.activation_checkpointing == "selective";
+  m.set_selective_recompute(selective);
+  const int64_t T = step.seq_len / cp;
+  const Program train = training_program(step, parallel, layout, pp_rank, m);
+  plan.activations = predict_activation_memory(m, train, layout.local_batch, T, selective);
+  plan.backward_scratch = m.backward_scratch_bytes(layout.local_batch, T);
+  if (val_batches > 0) {
+    const StageMap& stages = layout.check.stages;
+    const Program val =
+        lower_schedule(forward_only_schedule(stages, pp, val_batches), stages, pp_rank,
+                       unit_layout(m), {zero == 3, false, store.n_groups(), {}});
+    const ActivationMemory v = predict_activation_memory(m, val, layout.local_batch, T, selective);
+    plan.activations.slots = std::max(plan.activations.slots, v.slots);
+    plan.activations.saved = std::max(plan.activations.saved, v.saved);
+  }
+  return plan;
+}
+
+}  // namespace cleave

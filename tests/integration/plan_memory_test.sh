@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# `cleave plan`'s memory per rank against the peak resident memory measured (docs/planner.md,
+# Memory): one rank in fp32 and bf16, ZeRO-3 over 2 ranks, tp 2 and pp 2 with 4 micro-batches
+# (3 steps of a 4-block d_model 512 model, where the model state and activations are most of the
+# resident memory). What a process holds before any model (MPI, oneDNN, OpenMP, the binary) is
+# the runtime overhead: measured once per rank count as a d_model 32 run's peak less its own plan,
+# and added. Each rank must come within 5% of its measured peak; a plan that leaves out the
+# weights' packed copies or the backward scratch falls outside it at one rank.
+set -euo pipefail
+cleave=$1 src=$2 data=$3
+source "$src/tests/integration/layouts.sh"
+common=(--set model.n_layers=4 --set model.n_heads=4 --set model.max_seq_len=64
+        --set train.seq_len=64 --set train.micro_batch_size=8 --set train.steps=3
+        --set train.log_interval=1 --set train.val_interval=0 --set train.checkpoint_interval=0
+        --set train.threads=1)
+
+planned() {  # name ranks [--set ...]: the plan, then the run, of one layout
+  local name=$1 np=$2; shift 2
+  "$cleave" plan "$cfg" --world "$np" --set data.dir="$data" "${common[@]}" "$@" \
+    --json "$work/$name.json" > "$work/$name.plan"
+  run "$name" "$np" "$@"
+}
+
+planned overhead1 1 --set model.d_model=32
+planned overhead2 2 --set model.d_model=32 --set parallel.dp_shard=2
+planned fp32 1 --set model.d_model=512
+planned bf16 1 --set model.d_model=512 --set train.dtype=bf16
+planned zero3 2 --set model.d_model=512 --set parallel.dp_shard=2 --set parallel.zero_stage=3
+planned tp2 2 --set model.d_model=512 --set parallel.tp=2
+planned pp2 2 --set model.d_model=512 --set parallel.pp=2 --set train.micro_batch_size=2 \
+  --set train.grad_accum_steps=4
+
+/usr/bin/python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+def plan(name):  # MiB per rank: a pp rank's stage, the same on every rank of a stage
+    stages = json.load(open(f"{work}/{name}.json"))["stages"]
+    return [s["total"] / 2**20 for s in stages], stages
+def peak(name):
+    rows = [json.loads(l) for l in open(f"{work}/{name}/metrics.jsonl") if "peak_rss_mib_per_rank" in l]
+    return rows[-1]["peak_rss_mib_per_rank"]
+overhead = {}
+for np, name in ((1, "overhead1"), (2, "overhead2")):
+    overhead[np] = max(peak(name)) - plan(name)[0][0]
+    print(f"runtime overhead at {np} rank{'s' if np > 1 else ''}: {overhead[np]:.1f} MiB")
+failed = []
+for name, np in (("fp32", 1), ("bf16", 1), ("zero3", 2), ("tp2", 2), ("pp2", 2)):
+    totals, stages = plan(name)
+    measured = peak(name)
+    for rank, rss in enumerate(measured):
+        stage = rank if len(totals) > 1 else 0
+        predicted = overhead[np] + totals[stage]
+        error = predicted / rss - 1
+        s = stages[stage]
+        parts = ", ".join(f"{k} {s[k] / 2**20:.1f}" for k in
+                          ("values", "gradients", "optimizer", "weight_copies", "activations",
+                           "backward_scratch"))
+        print(f"{name} rank {rank}: planned {predicted:.1f} MiB ({parts}), measured {rss:.1f}: "
+              f"{100 * error:+.1f}%")
+        if abs(error) > 0.05:
+            failed.append(f"{name} rank {rank}")
+if failed:
+    sys.exit("FAIL: planned memory off by more than 5% at " + ", ".join(failed))
+print("every rank's planned memory within 5% of its measured peak")
+PY
