@@ -13,6 +13,7 @@
 #include "cleave/model/transformer.h"
 #include "cleave/parallel/layout.h"
 #include "cleave/plan/memory.h"
+#include "cleave/plan/report.h"
 #include "cleave/train/comm_volume.h"
 #include "cleave/train/config.h"
 #include "cli/args.h"
@@ -26,12 +27,13 @@ double mib(int64_t bytes) { return double(bytes) / (1 << 20); }
 }  // namespace
 
 int plan(int argc, char** argv) {
-  const Args a = Args::parse("plan", argc, argv, {"--world", "--json"});
+  const Args a = Args::parse("plan", argc, argv, {"--world", "--json", "--report", "--ranks-per-host"});
   if (a.positional.size() != 1)
     throw Error("cleave plan: expected CONFIG.toml (usage: cleave plan CONFIG.toml --world N "
-                "[--set key=value ...] [--json OUT.json])");
+                "[--set key=value ...] [--ranks-per-host K] [--json OUT.json] [--report OUT.html])");
   if (!a.has("--world")) throw Error("cleave plan: --world N is required");
   const int world = int(a.integer("--world", 1, 1, INT32_MAX));
+  const int per_host = int(a.integer("--ranks-per-host", world, 1, INT32_MAX));
   const Config cfg = load_config(a.positional[0], a.overrides);
   const TrainConfig& t = cfg.train;
   // The trainer's own check: a layout it would refuse is refused here with its message.
@@ -52,6 +54,10 @@ int plan(int argc, char** argv) {
   std::printf("  %-5s %12s %10s %10s %10s %10s %12s %10s %10s\n", "stage", "parameters",
               "values", "gradients", "optimizer", "w. copies", "activations", "scratch", "total");
   nlohmann::json out = {{"world", world}, {"stages", nlohmann::json::array()}};
+  PlanReport report;
+  report.title = "cleave plan: " + a.positional[0] + " on " + std::to_string(world) + " ranks";
+  report.mesh = &mesh;
+  report.ranks_per_host = per_host;
   for (int r = 0; r < pp; ++r) {
     const MemoryPlan p =
         plan_memory(cfg.model, cfg.parallel, t, cfg.optim.offload, layout, r, val_batches);
@@ -60,6 +66,7 @@ int plan(int argc, char** argv) {
                 mib(p.optimizer), mib(p.weight_copies), mib(p.activations.total()),
                 mib(p.backward_scratch), mib(p.total()));
     for (const std::string& note : p.notes) std::printf("        not counted: %s\n", note.c_str());
+    report.stages.push_back(p);
     // The stage's FLOPs per step on one rank, as MFU counts them: 6 per matmul parameter and
     // token, and attention's 6 x layers x sequence x d_model per token (causal, halved).
     const std::vector<ModelChunk> chunks = stage_chunks(layout, r);
@@ -85,6 +92,13 @@ int plan(int argc, char** argv) {
   for (const AxisVolume& v : volumes) {
     std::printf("  %-13s %10.2f MiB  %s\n", v.axis.c_str(), v.bytes / (1 << 20), v.how.c_str());
     out["axes"].push_back({{"axis", v.axis}, {"bytes", v.bytes}, {"how", v.how}});
+    report.axes.push_back({v.axis, v.bytes, v.how});
+  }
+  if (a.has("--report")) {
+    report.timeline = simulated_trace(layout.schedule, layout.check);
+    const std::string path = a.get("--report", "");
+    write_file_atomic(path, plan_report_html(report), "plan report");
+    std::printf("\nwrote %s\n", path.c_str());
   }
   if (a.has("--json")) write_file_atomic(a.get("--json", ""), out.dump(1) + "\n", "plan");
   return 0;
