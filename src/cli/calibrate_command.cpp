@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -47,7 +48,7 @@ Plan plan_of(bool quick) {
   p.triad_passes = quick ? 3 : 10;
   p.comm.min_bytes = 4 << 10;
   p.comm.max_bytes = int64_t(quick ? 1 : 64) << 20;
-  p.comm.factor = 4;
+  p.comm.factor = quick ? 4 : 2;
   p.comm.seconds_per_case = quick ? 0.02 : 0.2;
   p.comm.algos = {CommAlgo::fastest};
   p.comm.types = {CommType::f32};
@@ -90,6 +91,15 @@ double measured(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", v);
   return std::strtod(buf, nullptr);
+}
+
+// "load average 1.23 on 2 CPUs" at the start: neighbours slow every figure down.
+std::string load_text() {
+  std::ifstream in("/proc/loadavg");
+  std::string load;
+  if (!(in >> load)) load = "unknown";
+  return "load average " + load + " on " + std::to_string(std::thread::hardware_concurrency()) +
+         " CPUs";
 }
 
 std::string size_text(int64_t bytes) {
@@ -171,28 +181,41 @@ LinkCosts measure_link(Group& group, LinkClass link, const Plan& plan, bool repo
   for (Collective kind : kCollectives) {
     CommBenchOptions o = plan.comm;
     o.ops = {collective_name(kind)};
-    const auto measured = bench_comm(group, o);
     std::string points;
-    for (const CommBenchRow& r : measured) {
+    int n = 0;
+    for (const CommBenchRow& r : bench_comm(group, o)) {
       if (report)
         std::printf("%s %-14s %8s: %10.1f us, busbw %6.2f GB/s\n", link_class_name(link),
                     r.op.c_str(), size_text(r.bytes).c_str(), r.seconds * 1e6, r.busbw);
-      points += (points.empty() ? "" : ", ") + std::to_string(r.bytes) + ": " +
-                fixed(r.seconds * 1e6, 1);
+      points += std::string(n == 0 ? "" : n % 6 ? ", " : ",\n") +
+                std::to_string(r.bytes) + ": " + fixed(r.seconds * 1e6, 1);
       rows.push_back(r);
+      ++n;
     }
-    comments[prefix + "." + collective_name(kind)] = "measured (bytes: us): " + points;
+    comments[prefix + "." + collective_name(kind)] = "measured (bytes: us):\n" + points;
   }
   LinkCosts costs = fit_link(rows, group.size());
-  for (AlphaBeta& ab : costs) ab = {measured(ab.alpha_us), measured(ab.beta_gbps)};
-  if (report)
-    for (Collective kind : kCollectives) {
-      const AlphaBeta& ab = costs[size_t(kind)];
-      const int steps = ring_steps(kind, group.size());
-      std::printf("%s %-14s fit: alpha %.2f us per step (%d step%s), beta %.3f GB/s\n",
-                  link_class_name(link), collective_name(kind), ab.alpha_us, steps,
-                  steps == 1 ? "" : "s", ab.beta_gbps);
-    }
+  for (Collective kind : kCollectives) {
+    CollectiveCost& cost = costs[size_t(kind)];
+    for (AlphaBeta& ab : cost) ab.alpha_us = measured(ab.alpha_us), ab.beta_gbps = measured(ab.beta_gbps);
+    std::vector<CommPoint> points;
+    for (const CommBenchRow& r : rows)
+      if (r.op == collective_name(kind)) points.push_back({double(r.bytes), r.seconds});
+    const int steps = ring_steps(kind, group.size());
+    if (report)
+      for (const AlphaBeta& ab : cost)
+        std::printf("%s %-14s fit%s: alpha %.2f us per step (%d step%s), beta %.3f GB/s\n",
+                    link_class_name(link), collective_name(kind),
+                    ab.from_bytes ? (" from " + size_text(ab.from_bytes)).c_str() : "",
+                    ab.alpha_us, steps, steps == 1 ? "" : "s", ab.beta_gbps);
+    const double error = relative_error(cost, kind, group.size(), points);
+    if (report)
+      std::printf("%s %-14s fit: %d line%s, %.0f%% error (root mean square, relative)\n",
+                  link_class_name(link), collective_name(kind), int(cost.size()),
+                  cost.size() == 1 ? "" : "s", 100 * error);
+    comments[std::string("collectives.") + link_class_name(link) + "." + collective_name(kind)] +=
+        "\nfit: " + fixed(100 * error, 0) + "% error (root mean square, relative)";
+  }
   return costs;
 }
 
@@ -236,17 +259,17 @@ int calibrate(int argc, char** argv) {
   const std::string onednn = "oneDNN " + std::to_string(v->major) + "." +
                              std::to_string(v->minor) + "." + std::to_string(v->patch) +
                              " (ISA " + onednn_isa() + ")";
-  const std::string when = utc_now();
+  const std::string when = utc_now(), load = load_text();
   const std::string ranks_text = std::to_string(world) + " rank" + (world == 1 ? "" : "s") +
                                  " on " + std::to_string(hosts) + " host" +
                                  (hosts == 1 ? "" : "s") + " x " + std::to_string(threads) +
                                  " OpenMP thread" + (threads == 1 ? "" : "s");
   if (rank == 0) {
-    std::printf("cleave calibrate%s: %s; %s, %s; writing %s\n"
+    std::printf("cleave calibrate%s: %s; %s, %s; %s; writing %s\n"
                 "every rank measures at once (a step's ranks compute at once); each compute "
                 "figure is the mean over ranks\n",
                 quick ? " --quick" : "", ranks_text.c_str(), cpu.c_str(), onednn.c_str(),
-                out.c_str());
+                load.c_str(), out.c_str());
     std::fflush(stdout);
   }
 
@@ -258,7 +281,8 @@ int calibrate(int argc, char** argv) {
   std::map<std::string, std::string> comments;
   comments[""] =
       "A cluster file of cleave's planner (docs/planner.md#cluster-files-and-calibration).\n"
-      "Measured by `cleave calibrate` on " + when + ".\nCPU: " + cpu + "; " + onednn + ".\n" +
+      "Measured by `cleave calibrate` on " + when + " (" + load + " at the start).\nCPU: " +
+      cpu + "; " + onednn + ".\n" +
       ranks_text + ". Every rank measured at once, as a step's ranks compute at once;\n"
       "each compute figure is the mean over ranks.";
 

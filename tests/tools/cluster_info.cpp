@@ -6,7 +6,8 @@
 //   cluster NAME devices_per_host N memory_gib X memory_gbps X
 //   peak DTYPE GF/s | peak DTYPE unknown
 //   gemm DTYPE POINTS seconds_1024 S          (gemm_seconds of a 1024^3 product)
-//   link CLASS COLLECTIVE alpha_us A beta_gbps B seconds_1MiB S   (collective_seconds, 2 ranks)
+//   link CLASS COLLECTIVE lines N alpha_us A beta_gbps B seconds_1MiB S
+//     (the first line's alpha and beta; collective_seconds of 1 MiB over 2 ranks)
 // Errors go to stderr with exit code 1.
 #include <cstdio>
 #include <exception>
@@ -34,10 +35,10 @@ int main(int argc, char** argv) {
     for (LinkClass l : kLinkClasses) {
       if (!c.links[size_t(l)]) continue;
       for (Collective k : kCollectives) {
-        const AlphaBeta& ab = (*c.links[size_t(l)])[size_t(k)];
-        std::printf("link %s %s alpha_us %g beta_gbps %g seconds_1MiB %g\n", link_class_name(l),
-                    collective_name(k), ab.alpha_us, ab.beta_gbps,
-                    collective_seconds(c, k, l, 1 << 20, 2));
+        const CollectiveCost& cost = (*c.links[size_t(l)])[size_t(k)];
+        std::printf("link %s %s lines %zu alpha_us %g beta_gbps %g seconds_1MiB %g\n",
+                    link_class_name(l), collective_name(k), cost.size(), cost[0].alpha_us,
+                    cost[0].beta_gbps, collective_seconds(c, k, l, 1 << 20, 2));
       }
     }
   } catch (const std::exception& e) {

@@ -35,7 +35,9 @@ Cluster sample_cluster() {
   c.peak_gflops[Precision::bf16] = 989000.25;
   c.gemm[Precision::fp32] = GemmTable(grid_points(), "test");
   LinkCosts intra;
-  for (Collective k : kCollectives) intra[size_t(k)] = {2.5 + int(k), 360.0 - int(k)};
+  for (Collective k : kCollectives) intra[size_t(k)] = {{2.5 + int(k), 360.0 - int(k)}};
+  // A second, slower regime from 8 MiB on.
+  intra[size_t(Collective::all_gather)].push_back({0.0, 100.0, int64_t(8) << 20});
   c.links[size_t(LinkClass::intra_host)] = intra;
   return c;
 }
@@ -92,8 +94,13 @@ TEST(Cluster, RoundTrip) {
   EXPECT_FALSE(back.peak_gflops.count(Precision::fp8));
   EXPECT_EQ(back.gemm.at(Precision::fp32).points().size(), 8u);
   EXPECT_FALSE(back.links[size_t(LinkClass::inter_host)].has_value());
-  EXPECT_EQ((*back.links[size_t(LinkClass::intra_host)])[size_t(Collective::send_recv)].alpha_us,
-            6.5);
+  const LinkCosts& intra = *back.links[size_t(LinkClass::intra_host)];
+  EXPECT_EQ(intra[size_t(Collective::send_recv)][0].alpha_us, 6.5);
+  ASSERT_EQ(intra[size_t(Collective::all_gather)].size(), 2u);
+  EXPECT_EQ(intra[size_t(Collective::all_gather)][1].from_bytes, int64_t(8) << 20);
+  EXPECT_NE(text.find("all_gather = [\n  { alpha_us = 3.5, beta_gbps = 359.0 },\n"
+                      "  { from_bytes = 8388608, alpha_us = 0.0, beta_gbps = 100.0 },\n]"),
+            std::string::npos) << text;
   // A comment for a part the file does not have is a mistake of the writer's caller.
   EXPECT_THROW(cluster_toml(c, {{"gemm.fp64", "x"}}), Error);
 }
@@ -115,6 +122,12 @@ TEST(Cluster, RefusesUnknownKeysNamingFileLineAndKey) {
   EXPECT_EQ(error_of(minimal_with(link)),
             "bad.toml:18: unknown key 'collectives.intra_host.send_recieve' (did you mean "
             "'collectives.intra_host.send_recv'?)");
+  link = kLink;
+  link.replace(link.find("all_gather = {"), link.find("\nreduce_scatter") - link.find("all_gather"),
+               "all_gather = [{ from_bytes = 1, alpha_us = 5, beta_gbps = 4 }]");
+  EXPECT_EQ(error_of(minimal_with(link)),
+            "bad.toml:15: collectives.intra_host.all_gather[0].from_bytes: the first line applies "
+            "from 0 bytes on and takes no from_bytes");
   link = kLink;
   link.replace(link.find("beta_gbps"), 9, "bandwidth");
   EXPECT_NE(error_of(minimal_with(link)).find("bad.toml:14: unknown key "
@@ -152,6 +165,22 @@ TEST(Cluster, RefusesValuesOutOfRangeAndMissingKeys) {
   EXPECT_EQ(error_of(minimal_with(link)),
             "bad.toml:14: collectives.intra_host.all_reduce.alpha_us = -1 is out of range [0, "
             "1000000000]");
+  link = kLink;
+  link.replace(link.find("all_gather = {"), link.find("\nreduce_scatter") - link.find("all_gather"),
+               "all_gather = [{ alpha_us = 5, beta_gbps = 4 }, { alpha_us = 5, beta_gbps = 1 }]");
+  EXPECT_EQ(error_of(minimal_with(link)),
+            "bad.toml:15: collectives.intra_host.all_gather[1].from_bytes is missing");
+  link = kLink;
+  link.replace(link.find("all_gather = {"), link.find("\nreduce_scatter") - link.find("all_gather"),
+               "all_gather = [{ alpha_us = 5, beta_gbps = 4 }, { from_bytes = 9, alpha_us = 5, "
+               "beta_gbps = 1 },\n{ from_bytes = 9, alpha_us = 5, beta_gbps = 1 }]");
+  EXPECT_EQ(error_of(minimal_with(link)),
+            "bad.toml:16: collectives.intra_host.all_gather[2].from_bytes = 9 must exceed the "
+            "line before's");
+  link = kLink;
+  link.replace(link.find("all_gather = {"), link.find("\nreduce_scatter") - link.find("all_gather"),
+               "all_gather = []");
+  EXPECT_EQ(error_of(minimal_with(link)), "bad.toml:15: collectives.intra_host.all_gather has no lines");
   link = kLink;
   link.replace(link.find("all_to_all"), link.find("send_recv") - link.find("all_to_all"), "");
   EXPECT_EQ(error_of(minimal_with(link)),
@@ -257,13 +286,28 @@ TEST(CollectiveModel, CountsBytesAsTheTrainerDoes) {
   EXPECT_NEAR(memory_seconds(c, 3350.5e9), 1.0, 1e-12);
 }
 
+TEST(CollectiveModel, TheLongestApplicableLineCounts) {
+  Cluster c = sample_cluster();
+  // all_gather: 3.5 us per step at 359 GB/s; from 8 MiB on also 100 GB/s without latency.
+  const auto at = [&](double bytes) {
+    return collective_seconds(c, Collective::all_gather, LinkClass::intra_host, bytes, 4);
+  };
+  EXPECT_NEAR(at(4 << 20), 3 * 3.5e-6 + 0.75 * (4 << 20) / 359e9, 1e-15);
+  EXPECT_NEAR(at(16 << 20), 0.75 * (16 << 20) / 100e9, 1e-15);
+  double previous = 0;
+  for (double bytes = 1024; bytes < 1e9; bytes *= 1.1) {
+    EXPECT_GE(at(bytes), previous) << bytes;
+    previous = at(bytes);
+  }
+}
+
 TEST(CollectiveModel, FitRecoversAlphaAndBetaFromExactPoints) {
   for (Collective kind : kCollectives)
     for (int p : {2, 4, 16}) {
       Cluster truth;
       truth.name = "truth";
       LinkCosts costs;
-      costs[size_t(kind)] = {7.25, 3.5};
+      costs[size_t(kind)] = {{7.25, 3.5}};
       truth.links[size_t(LinkClass::intra_host)] = costs;
       std::vector<CommPoint> points;
       for (double bytes = 4096; bytes <= 256e6; bytes *= 4)
@@ -272,6 +316,11 @@ TEST(CollectiveModel, FitRecoversAlphaAndBetaFromExactPoints) {
       const AlphaBeta fit = fit_alpha_beta(kind, p, points);
       EXPECT_NEAR(fit.alpha_us, 7.25, 1e-9) << collective_name(kind) << " p=" << p;
       EXPECT_NEAR(fit.beta_gbps, 3.5, 1e-9) << collective_name(kind) << " p=" << p;
+      // One line describes them: fit_collective keeps it.
+      const CollectiveCost cost = fit_collective(kind, p, points);
+      ASSERT_EQ(cost.size(), 1u);
+      EXPECT_NEAR(cost[0].beta_gbps, 3.5, 1e-9);
+      EXPECT_LT(relative_error(cost, kind, p, points), 1e-12);
     }
   // A fit whose line would cross zero above the origin keeps alpha at 0.
   const AlphaBeta through_origin = fit_alpha_beta(
@@ -280,6 +329,32 @@ TEST(CollectiveModel, FitRecoversAlphaAndBetaFromExactPoints) {
   EXPECT_GT(through_origin.beta_gbps, 0.0);
   EXPECT_THROW(fit_alpha_beta(Collective::all_reduce, 2, {{1000, 2e-6}, {2000, 1e-6}}), Error);
   EXPECT_THROW(fit_alpha_beta(Collective::all_reduce, 2, {{1000, 2e-6}, {1000, 3e-6}}), Error);
+}
+
+TEST(CollectiveModel, FitFindsASlowerRegimeOfLargeSizes) {
+  // Up to 4 MiB 10 us per step at 8 GB/s; from 16 MiB on 2 GB/s (out of the cache), 30 us.
+  Cluster truth;
+  truth.name = "truth";
+  LinkCosts costs;
+  costs[size_t(Collective::all_reduce)] = {{10, 8}, {30, 2, int64_t(6) << 20}};
+  truth.links[size_t(LinkClass::intra_host)] = costs;
+  std::vector<CommPoint> points;
+  for (double bytes = 4096; bytes <= 64 << 20; bytes *= 2)
+    points.push_back({bytes, collective_seconds(truth, Collective::all_reduce,
+                                                LinkClass::intra_host, bytes, 2)});
+  const CollectiveCost fit = fit_collective(Collective::all_reduce, 2, points);
+  ASSERT_EQ(fit.size(), 2u);
+  EXPECT_NEAR(fit[0].alpha_us, 10, 1e-6);
+  EXPECT_NEAR(fit[0].beta_gbps, 8, 1e-6);
+  EXPECT_NEAR(fit[1].alpha_us, 30, 1e-6);
+  EXPECT_NEAR(fit[1].beta_gbps, 2, 1e-6);
+  // Between the 4 MiB and the 8 MiB measured (the 8 MiB point is on the slow line already).
+  EXPECT_GT(fit[1].from_bytes, 4 << 20);
+  EXPECT_LT(fit[1].from_bytes, 8 << 20);
+  EXPECT_LT(relative_error(fit, Collective::all_reduce, 2, points), 1e-9);
+  EXPECT_GT(relative_error({fit_alpha_beta(Collective::all_reduce, 2, points)},
+                           Collective::all_reduce, 2, points),
+            0.3);
 }
 
 TEST(Cluster, ShippedFilesRead) {

@@ -15,10 +15,12 @@ std::vector<std::tuple<int64_t, int, int>> calibration_shapes(const std::vector<
 }
 
 GemmSample gemm_sample(const GemmBenchResult& r) {
-  if (r.pass == "fwd") return {r.N, r.out, r.in, r.seconds, r.pass};
-  if (r.pass == "bwd_input") return {r.N, r.in, r.out, r.seconds, r.pass};
+  CLEAVE_CHECK(r.best_gflops > 0, "a GEMM pass '" << r.pass << "' without a time");
+  const double seconds = 2.0 * double(r.N) * r.in * r.out / (r.best_gflops * 1e9);
+  if (r.pass == "fwd") return {r.N, r.out, r.in, seconds, r.pass};
+  if (r.pass == "bwd_input") return {r.N, r.in, r.out, seconds, r.pass};
   CLEAVE_CHECK(r.pass == "bwd_weight", "a GEMM pass named '" << r.pass << "'");
-  return {r.out, r.in, r.N, r.seconds, r.pass};
+  return {r.out, r.in, r.N, seconds, r.pass};
 }
 
 GemmTable gemm_table(const std::vector<GemmSample>& samples, const std::string& where) {
@@ -43,7 +45,7 @@ LinkCosts fit_link(const std::vector<CommBenchRow>& rows, int ranks) {
     std::vector<CommPoint> points;
     for (const CommBenchRow& r : rows)
       if (r.op == collective_name(kind)) points.push_back({double(r.bytes), r.seconds});
-    costs[size_t(kind)] = fit_alpha_beta(kind, ranks, points);
+    costs[size_t(kind)] = fit_collective(kind, ranks, points);
   }
   return costs;
 }

@@ -19,7 +19,9 @@ std::vector<std::tuple<int64_t, int, int>> calibration_shapes(const std::vector<
 
 // A timed pass of a linear layer (y[N, out] = x[N, in] W^T) as the product C[m, n] = A[m, k] B[k, n]
 // it computes: forward m = N, n = out, k = in; backward_input (dx = dy W) m = N, n = in, k = out;
-// backward_weight (dW = dy^T x) m = out, n = in, k = N.
+// backward_weight (dW = dy^T x) m = out, n = in, k = N. Its time is the pass's fastest call, on CPU
+// time where neighbours took the cores (GemmBenchResult::best_gflops, as the GEMM peak is
+// measured): a figure of the machine rather than of its load while calibrate ran.
 struct GemmSample {
   int64_t m = 0, n = 0, k = 0;
   double seconds = 0;  // one call
@@ -31,9 +33,9 @@ GemmSample gemm_sample(const GemmBenchResult& r);
 // training step runs it as. Throws Error("WHERE: ...") unless the samples cover a full grid.
 GemmTable gemm_table(const std::vector<GemmSample>& samples, const std::string& where);
 
-// Each collective's alpha and beta (fit_alpha_beta) from bench_comm's rows of one group of
-// `ranks` ranks (one dtype, one implementation per collective and size). Throws Error when a
-// collective has fewer than two sizes.
+// Each collective's cost (fit_collective) from bench_comm's rows of one group of `ranks` ranks
+// (one dtype, one implementation per collective and size). Throws Error when a collective has
+// fewer than two sizes.
 LinkCosts fit_link(const std::vector<CommBenchRow>& rows, int ranks);
 
 }  // namespace cleave

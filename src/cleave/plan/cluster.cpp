@@ -133,23 +133,74 @@ GemmTable read_gemm_table(const toml::node& node, const std::string& name,
   return GemmTable(std::move(points), toml_where(node, origin) + ": " + name);
 }
 
+AlphaBeta read_line(const toml::node& n, const std::string& name, bool first,
+                    const std::string& origin) {
+  const toml::table& t = table_of(n, name, origin);
+  const std::string at = toml_where(n, origin);
+  if (first && t.get("from_bytes"))
+    fail_at(*t.get("from_bytes"), origin, name + ".from_bytes: the first line applies from 0 "
+                                                 "bytes on and takes no from_bytes");
+  refuse_unknown_keys(t, name, {"from_bytes", "alpha_us", "beta_gbps"}, origin);
+  AlphaBeta line;
+  line.alpha_us =
+      real_of(required(t, "alpha_us", name + ".alpha_us", at), name + ".alpha_us", 0, 1e9, origin);
+  line.beta_gbps = real_of(required(t, "beta_gbps", name + ".beta_gbps", at), name + ".beta_gbps",
+                           1e-9, kMaxRate, origin);
+  if (!first) {
+    const toml::node& from = required(t, "from_bytes", name + ".from_bytes", at);
+    check_value(KeyKind::integer, 1, double(int64_t(1) << 50), {}, from, name + ".from_bytes",
+                origin);
+    line.from_bytes = *from.value<int64_t>();
+  }
+  return line;
+}
+
+// A collective's cost: one line as a table, or lines as an array of tables, the first without
+// from_bytes and the others from ascending sizes.
+CollectiveCost read_cost(const toml::node& n, const std::string& name, const std::string& origin) {
+  if (!n.is_array()) return {read_line(n, name, true, origin)};
+  const toml::array& lines = *n.as_array();
+  if (lines.empty()) fail_at(n, origin, name + " has no lines");
+  CollectiveCost cost;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string line = name + "[" + std::to_string(i) + "]";
+    cost.push_back(read_line(lines[i], line, i == 0, origin));
+    if (i > 0 && cost[i].from_bytes <= cost[i - 1].from_bytes)
+      fail_at(lines[i], origin, line + ".from_bytes = " + std::to_string(cost[i].from_bytes) +
+                                    " must exceed the line before's");
+  }
+  return cost;
+}
+
 LinkCosts read_link(const toml::table& t, const std::string& prefix, const std::string& where,
                     const std::string& origin) {
   refuse_unknown_keys(t, prefix, collective_names(), origin);
   LinkCosts costs;
   for (Collective kind : kCollectives) {
     const std::string name = prefix + "." + collective_name(kind);
-    const toml::node& n = required(t, collective_name(kind), name, where);
-    const toml::table& ab = table_of(n, name, origin);
-    const std::string at = toml_where(n, origin);
-    refuse_unknown_keys(ab, name, {"alpha_us", "beta_gbps"}, origin);
-    AlphaBeta& cost = costs[size_t(kind)];
-    cost.alpha_us = real_of(required(ab, "alpha_us", name + ".alpha_us", at), name + ".alpha_us",
-                            0, 1e9, origin);
-    cost.beta_gbps = real_of(required(ab, "beta_gbps", name + ".beta_gbps", at),
-                             name + ".beta_gbps", 1e-9, kMaxRate, origin);
+    costs[size_t(kind)] = read_cost(required(t, collective_name(kind), name, where), name, origin);
   }
   return costs;
+}
+
+std::string show_line(const AlphaBeta& line) {
+  return std::string("{ ") +
+         (line.from_bytes ? "from_bytes = " + std::to_string(line.from_bytes) + ", " : "") +
+         "alpha_us = " + show_real(line.alpha_us) + ", beta_gbps = " + show_real(line.beta_gbps) +
+         " }";
+}
+
+double line_seconds(const AlphaBeta& line, Collective kind, double bytes, int ranks) {
+  return line.alpha_us * 1e-6 * ring_steps(kind, ranks) +
+         ring_bytes_sent(kind, bytes, ranks) / (line.beta_gbps * 1e9);
+}
+
+double cost_seconds(const CollectiveCost& cost, Collective kind, double bytes, int ranks) {
+  double seconds = 0;
+  for (const AlphaBeta& line : cost)
+    if (double(line.from_bytes) <= bytes)
+      seconds = std::max(seconds, line_seconds(line, kind, bytes, ranks));
+  return seconds;
 }
 
 std::string show_dims(int64_t m, int64_t n, int64_t k) {
@@ -341,10 +392,17 @@ std::string cluster_toml(const Cluster& c, const std::map<std::string, std::stri
     if (!costs) continue;
     out += "[" + prefix + "]\n";
     for (Collective kind : kCollectives) {
-      const AlphaBeta& ab = (*costs)[size_t(kind)];
+      const CollectiveCost& cost = (*costs)[size_t(kind)];
+      CLEAVE_CHECK(!cost.empty(), prefix << "." << collective_name(kind) << " has no lines");
       comment(prefix + "." + collective_name(kind));
-      out += std::string(collective_name(kind)) + " = { alpha_us = " + show_real(ab.alpha_us) +
-             ", beta_gbps = " + show_real(ab.beta_gbps) + " }\n";
+      out += std::string(collective_name(kind)) + " = ";
+      if (cost.size() == 1) {
+        out += show_line(cost[0]) + "\n";
+        continue;
+      }
+      out += "[\n";
+      for (const AlphaBeta& line : cost) out += "  " + show_line(line) + ",\n";
+      out += "]\n";
     }
   }
   for (auto& [key, text] : comments)
@@ -387,9 +445,7 @@ double collective_seconds(const Cluster& c, Collective kind, LinkClass link, dou
     throw Error("cluster '" + c.name + "' does not describe its " + link_class_name(link) +
                 " links (collectives." + link_class_name(link) + ")");
   if (ranks <= 1 || bytes <= 0) return 0;
-  const AlphaBeta& ab = (*costs)[size_t(kind)];
-  return ab.alpha_us * 1e-6 * ring_steps(kind, ranks) +
-         ring_bytes_sent(kind, bytes, ranks) / (ab.beta_gbps * 1e9);
+  return cost_seconds((*costs)[size_t(kind)], kind, bytes, ranks);
 }
 
 double memory_seconds(const Cluster& c, double bytes) {
@@ -422,7 +478,41 @@ AlphaBeta fit_alpha_beta(Collective kind, int ranks, const std::vector<CommPoint
   if (!(c1 > 0))
     throw Error("fitting " + what + ": the times do not grow with size, so there is no "
                 "bandwidth to fit");
-  return {c0 / ring_steps(kind, ranks) * 1e6, 1 / c1 / 1e9};
+  return {c0 / ring_steps(kind, ranks) * 1e6, 1 / c1 / 1e9, 0};
+}
+
+double relative_error(const CollectiveCost& cost, Collective kind, int ranks,
+                      const std::vector<CommPoint>& points) {
+  double sum = 0;
+  for (const CommPoint& p : points) {
+    const double e = (cost_seconds(cost, kind, p.bytes, ranks) - p.seconds) / p.seconds;
+    sum += e * e;
+  }
+  return points.empty() ? 0 : std::sqrt(sum / double(points.size()));
+}
+
+CollectiveCost fit_collective(Collective kind, int ranks, const std::vector<CommPoint>& points) {
+  const CollectiveCost one = {fit_alpha_beta(kind, ranks, points)};
+  std::set<double> size_set;
+  for (const CommPoint& p : points) size_set.insert(p.bytes);
+  const std::vector<double> sizes(size_set.begin(), size_set.end());
+  CollectiveCost best = one;
+  double best_error = relative_error(one, kind, ranks, points) * 0.5;
+  for (size_t split = 2; split + 2 <= sizes.size(); ++split) {
+    std::vector<CommPoint> below, above;
+    for (const CommPoint& p : points) (p.bytes < sizes[split] ? below : above).push_back(p);
+    CollectiveCost two;
+    try {
+      two = {fit_alpha_beta(kind, ranks, below), fit_alpha_beta(kind, ranks, above)};
+    } catch (const Error&) {  // a side whose times do not grow: no line there
+      continue;
+    }
+    if (!(two[1].beta_gbps < two[0].beta_gbps)) continue;
+    two[1].from_bytes = int64_t(std::llround(std::sqrt(sizes[split - 1] * sizes[split])));
+    const double error = relative_error(two, kind, ranks, points);
+    if (error < best_error) best = two, best_error = error;
+  }
+  return best;
 }
 
 }  // namespace cleave

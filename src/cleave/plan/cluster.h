@@ -66,13 +66,20 @@ class GemmTable {
   std::vector<double> log_seconds_;              // [i_m][i_n][i_k], after the envelope above
 };
 
-// A collective's cost on one link class: alpha per step of the ring, then the bytes each rank
-// sends at beta (time = alpha * ring_steps + ring_bytes_sent / beta; beta is nccl-tests' busbw).
+// One latency-bandwidth line of a collective's cost: alpha per step of the ring, then the bytes
+// each rank sends at beta (time = alpha * ring_steps + ring_bytes_sent / beta; beta is nccl-tests'
+// busbw), for collectives of from_bytes and more.
 struct AlphaBeta {
-  double alpha_us = 0;   // microseconds per step
-  double beta_gbps = 0;  // GB/s (1e9 bytes/s) per rank
+  double alpha_us = 0;     // microseconds per step
+  double beta_gbps = 0;    // GB/s (1e9 bytes/s) per rank
+  int64_t from_bytes = 0;  // the first line of a cost: 0
 };
-using LinkCosts = std::array<AlphaBeta, kCollectives.size()>;  // by Collective
+// A collective's cost on a link class: its lines by ascending from_bytes, the first from 0. A
+// collective takes the longest time of the lines that apply to its size. One line is the plain
+// alpha-beta model; a second, from a size on, is a slower regime (a CPU's messages outgrowing its
+// last-level cache), and taking the longest keeps the time growing with the size.
+using CollectiveCost = std::vector<AlphaBeta>;
+using LinkCosts = std::array<CollectiveCost, kCollectives.size()>;  // by Collective
 
 struct Cluster {
   std::string name;
@@ -112,17 +119,17 @@ double gemm_seconds(const Cluster& c, int64_t m, int64_t n, int64_t k, Precision
 int ring_steps(Collective kind, int ranks);
 double ring_bytes_sent(Collective kind, double bytes, int ranks);
 
-// Seconds of one collective of `bytes` (as above) over `ranks` ranks on `link`: alpha * steps +
-// sent / beta; 0 for one rank or no bytes. Throws Error naming the cluster when it does not
-// describe the link class.
+// Seconds of one collective of `bytes` (as above) over `ranks` ranks on `link`: the longest of
+// alpha * steps + sent / beta over the collective's lines that apply; 0 for one rank or no bytes.
+// Throws Error naming the cluster when it does not describe the link class.
 double collective_seconds(const Cluster& c, Collective kind, LinkClass link, double bytes,
                           int ranks);
 
 // Seconds to stream `bytes` through one device's memory.
 double memory_seconds(const Cluster& c, double bytes);
 
-// Fits alpha and beta to measured times of one collective over `ranks` ranks by least squares on
-// relative error (each point weighted by 1 / its time squared, so that the latency of small
+// Fits one alpha-beta line to measured times of a collective over `ranks` ranks by least squares
+// on relative error (each point weighted by 1 / its time squared, so that the latency of small
 // messages counts as much as the bandwidth of large ones), with alpha >= 0. Needs two sizes or
 // more; throws Error when the times do not grow with size (no bandwidth to fit).
 struct CommPoint {
@@ -130,5 +137,16 @@ struct CommPoint {
   double seconds = 0;
 };
 AlphaBeta fit_alpha_beta(Collective kind, int ranks, const std::vector<CommPoint>& points);
+
+// The cost fit_alpha_beta's line gives, or two lines where one does not describe the times: the
+// sizes are split in two at every place that leaves two sizes or more on each side, a line is fitted
+// to each side, and the best split is taken if the larger sizes' line has the lower bandwidth and
+// the relative error (root mean square) of the two-line cost is under half the one line's. The
+// second line starts halfway (in log size) between the sizes on either side of the split.
+CollectiveCost fit_collective(Collective kind, int ranks, const std::vector<CommPoint>& points);
+
+// The root mean square relative error of a cost against measured times.
+double relative_error(const CollectiveCost& cost, Collective kind, int ranks,
+                      const std::vector<CommPoint>& points);
 
 }  // namespace cleave
