@@ -291,8 +291,9 @@ int calibrate(int argc, char** argv) {
   comments["gemm"] =
       "GF/s of C[m, n] = A[m, k] B[k, n]: the mean time of the passes of linear layers that\n"
       "compute it (forward, backward_input, backward_weight; kernels/gemm_bench.h, as\n"
-      "`cleave bench-gemm` times them: each the median of repetitions), " +
-      std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") + " per rank.";
+      "`cleave bench-gemm` times them), each pass's fastest call on CPU time where neighbours\n"
+      "took the cores; " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") +
+      " per rank.";
 
   std::string peak_note;
   for (Precision p : {Precision::fp32, Precision::bf16}) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include "cleave/base/file.h"
@@ -238,23 +239,27 @@ GemmTable::GemmTable(std::vector<GemmPoint> points, const std::string& where)
     std::sort(a.begin(), a.end());
     a.erase(std::unique(a.begin(), a.end()), a.end());
   }
+  // A full grid before anything of its size is allocated: points that are no grid could
+  // otherwise stand for a vast one.
+  std::set<std::tuple<int64_t, int64_t, int64_t>> shapes;
+  for (const GemmPoint& p : points_)
+    if (!shapes.insert({p.m, p.n, p.k}).second)
+      throw Error(where + ": " + show_dims(p.m, p.n, p.k) + " is listed twice");
+  const size_t nm = axes[0].size(), nn = axes[1].size(), nk = axes[2].size();
+  if (double(nm) * double(nn) * double(nk) != double(points_.size()))
+    for (int64_t m : axes[0])  // the first shape missing comes within points_.size() + 1 tries
+      for (int64_t n : axes[1])
+        for (int64_t k : axes[2])
+          if (!shapes.count({m, n, k}))
+            throw Error(where + ": the shapes are no full grid: " + show_dims(m, n, k) +
+                        " is missing (each m listed must appear with every n and every k)");
   auto index = [&](int d, int64_t v) {
     return size_t(std::lower_bound(axes[d].begin(), axes[d].end(), v) - axes[d].begin());
   };
-  const size_t nm = axes[0].size(), nn = axes[1].size(), nk = axes[2].size();
-  std::vector<double> log_s(nm * nn * nk, NAN);
-  for (const GemmPoint& p : points_) {
-    double& cell = log_s[(index(0, p.m) * nn + index(1, p.n)) * nk + index(2, p.k)];
-    if (!std::isnan(cell)) throw Error(where + ": " + show_dims(p.m, p.n, p.k) + " is listed twice");
-    cell = std::log(2.0 * double(p.m) * double(p.n) * double(p.k) / (p.gflops * 1e9));
-  }
-  for (size_t i = 0; i < nm; ++i)
-    for (size_t j = 0; j < nn; ++j)
-      for (size_t l = 0; l < nk; ++l)
-        if (std::isnan(log_s[(i * nn + j) * nk + l]))
-          throw Error(where + ": the shapes are no full grid: " +
-                      show_dims(axes[0][i], axes[1][j], axes[2][l]) +
-                      " is missing (each m listed must appear with every n and every k)");
+  std::vector<double> log_s(nm * nn * nk);
+  for (const GemmPoint& p : points_)
+    log_s[(index(0, p.m) * nn + index(1, p.n)) * nk + index(2, p.k)] =
+        std::log(2.0 * double(p.m) * double(p.n) * double(p.k) / (p.gflops * 1e9));
   // The envelope: a running maximum along each axis makes every point's time the largest of the
   // points it dominates.
   for (size_t i = 0; i < nm; ++i)
@@ -386,9 +391,10 @@ std::string cluster_toml(const Cluster& c, const std::map<std::string, std::stri
   }
   for (LinkClass l : kLinkClasses) {
     const std::string prefix = std::string("collectives.") + link_class_name(l);
+    const auto& costs = c.links[size_t(l)];
+    if (!costs && !comments.count(prefix)) continue;
     out += "\n";
     comment(prefix);
-    const auto& costs = c.links[size_t(l)];
     if (!costs) continue;
     out += "[" + prefix + "]\n";
     for (Collective kind : kCollectives) {
