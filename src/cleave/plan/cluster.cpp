@@ -503,7 +503,7 @@ CollectiveCost fit_collective(Collective kind, int ranks, const std::vector<Comm
   for (const CommPoint& p : points) size_set.insert(p.bytes);
   const std::vector<double> sizes(size_set.begin(), size_set.end());
   CollectiveCost best = one;
-  double best_error = relative_error(one, kind, ranks, points) * 0.5;
+  double best_error = relative_error(one, kind, ranks, points) * 0.75;
   for (size_t split = 2; split + 2 <= sizes.size(); ++split) {
     std::vector<CommPoint> below, above;
     for (const CommPoint& p : points) (p.bytes < sizes[split] ? below : above).push_back(p);

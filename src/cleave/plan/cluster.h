@@ -141,8 +141,9 @@ AlphaBeta fit_alpha_beta(Collective kind, int ranks, const std::vector<CommPoint
 // The cost fit_alpha_beta's line gives, or two lines where one does not describe the times: the
 // sizes are split in two at every place that leaves two sizes or more on each side, a line is fitted
 // to each side, and the best split is taken if the larger sizes' line has the lower bandwidth and
-// the relative error (root mean square) of the two-line cost is under half the one line's. The
-// second line starts halfway (in log size) between the sizes on either side of the split.
+// the relative error (root mean square) of the two-line cost is at least a quarter below the one
+// line's. The second line starts halfway (in log size) between the sizes on either side of the
+// split.
 CollectiveCost fit_collective(Collective kind, int ranks, const std::vector<CommPoint>& points);
 
 // The root mean square relative error of a cost against measured times.
