@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
-#include <tuple>
 #include <sstream>
+#include <tuple>
 
 #include "cleave/base/file.h"
 #include "cleave/base/toml_keys.h"
