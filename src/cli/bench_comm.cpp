@@ -59,7 +59,8 @@ int bench_comm(int argc, char** argv) {
   if (rank == 0)
     std::printf("bench-comm: %d ranks; time: median over iterations of the slowest rank; GB/s as "
                 "nccl-tests defines them\n(algbw = size / time; busbw = algbw * 2(n-1)/n for "
-                "all_reduce, (n-1)/n for all_gather, reduce_scatter, all_to_all, 1 for broadcast)\n\n",
+                "all_reduce, (n-1)/n for all_gather, reduce_scatter, all_to_all, 1 for broadcast and "
+                "send_recv)\n\n",
                 world.size());
   const auto rows = bench_comm(world, o);
   if (rank == 0) {

@@ -21,6 +21,7 @@ int import_hf(int argc, char** argv);
 int bench_gemm(int argc, char** argv);
 int peak(int argc, char** argv);
 int bench_comm(int argc, char** argv);
+int calibrate(int argc, char** argv);
 int mesh(int argc, char** argv);
 int plan(int argc, char** argv);
 int schedule(int argc, char** argv);
@@ -42,6 +43,9 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   bench-gemm [CONFIG.toml] [--set key=value ...] [--seconds S]   GEMM GF/s, fp32 and bf16
   peak [--dtype fp32|bf16] [--threads N] [--refresh]   the peaks MFU is quoted against (cached)
   bench-comm (under mpirun)                        collective algbw/busbw, cleave's and MPI's
+  calibrate [--out CLUSTER.toml] [--threads N] [--quick]   measure this machine for the planner:
+                                    GEMM table, peaks, memory bandwidth; under mpirun also each
+                                    collective's latency and bandwidth per link class
   mesh [CONFIG] --world N [--set parallel.AXIS=D ...] [--ranks-per-host K]
                                     the device mesh's groups (with CONFIG: bytes per axis)
   plan CONFIG.toml --world N [--set key=value ...]   each stage's memory per rank, FLOPs and
@@ -74,12 +78,14 @@ int main(int argc, char** argv) {
                                      std::to_string(MPI_THREAD_MULTIPLE) +
                                      "), which cleave's communication thread needs");
       const std::string cmd = argv[1];
-      if (world > 1 && cmd != "train" && cmd != "bench-comm")
+      if (world > 1 && cmd != "train" && cmd != "bench-comm" && cmd != "calibrate")
         throw cleave::EveryRankError("cleave " + cmd + " runs on one rank (" +
                                      std::to_string(world) +
-                                     " were started); under mpirun use train or bench-comm");
+                                     " were started); under mpirun use train, bench-comm or "
+                                     "calibrate");
       if (cmd == "train") rc = cleave::cli::train(argc - 2, argv + 2);
       else if (cmd == "bench-comm") rc = cleave::cli::bench_comm(argc - 2, argv + 2);
+      else if (cmd == "calibrate") rc = cleave::cli::calibrate(argc - 2, argv + 2);
       else if (cmd == "mesh") rc = cleave::cli::mesh(argc - 2, argv + 2);
       else if (cmd == "plan") rc = cleave::cli::plan(argc - 2, argv + 2);
       else if (cmd == "schedule") rc = cleave::cli::schedule(argc - 2, argv + 2);

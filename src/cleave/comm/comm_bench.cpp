@@ -57,22 +57,29 @@ struct Buffers {
   Buffer<char> a, b;
 };
 
-// Issues one call of `op` of nccl-tests size `bytes` on the buffers.
-Work issue(Group& g, const std::string& op, CommAlgo algo, CommType t, int64_t bytes, Buffers& buf) {
+// Runs one call of `op` of nccl-tests size `bytes` on the buffers, to its end.
+void run(Group& g, const std::string& op, CommAlgo algo, CommType t, int64_t bytes, Buffers& buf) {
   const int64_t ts = t == CommType::f32 ? 4 : 2, n = g.size();
-  if (op == "all_reduce") return g.all_reduce(buf.a.data(), bytes / ts, t, algo);
-  if (op == "broadcast") return g.broadcast(buf.a.data(), bytes / ts, t, 0);
+  if (op == "all_reduce") return (void)g.all_reduce(buf.a.data(), bytes / ts, t, algo).wait();
+  if (op == "broadcast") return (void)g.broadcast(buf.a.data(), bytes / ts, t, 0).wait();
+  if (op == "send_recv") {
+    Work sent = g.send(buf.a.data(), bytes / ts, t, int((g.rank() + 1) % n), 0);
+    g.recv(buf.b.data(), bytes / ts, t, int((g.rank() + n - 1) % n), 0).wait();
+    return (void)sent.wait();
+  }
   const int64_t per_rank = bytes / ts / n;
   if (op == "all_gather")
-    return g.all_gather(buf.a.data(), buf.b.data(), per_rank, t, algo);
+    return (void)g.all_gather(buf.a.data(), buf.b.data(), per_rank, t, algo).wait();
   if (op == "reduce_scatter")
-    return g.reduce_scatter(buf.a.data(), buf.b.data(), per_rank, t, algo);
-  if (op == "all_to_all") return g.all_to_all(buf.a.data(), buf.b.data(), per_rank, t);
+    return (void)g.reduce_scatter(buf.a.data(), buf.b.data(), per_rank, t, algo).wait();
+  if (op == "all_to_all") return (void)g.all_to_all(buf.a.data(), buf.b.data(), per_rank, t).wait();
   CLEAVE_FAIL("bench-comm: unknown collective '" << op << "'");
 }
 
-// The size bench-comm reports for `bytes` requested (whole elements per rank).
+// The size bench-comm reports for `bytes` requested (whole elements per rank); 0 where the op
+// does not apply (send_recv within one rank).
 int64_t actual_bytes(const std::string& op, int64_t bytes, int64_t ts, int64_t n) {
+  if (op == "send_recv") return n > 1 ? bytes / ts * ts : 0;
   if (op == "all_reduce" || op == "broadcast") return bytes / ts * ts;
   return bytes / ts / n * n * ts;
 }
@@ -81,12 +88,26 @@ bool has_our_algorithm(const std::string& op) {
   return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter";
 }
 
+// The implementations of `op` to time: those asked for, where an op without ours runs as MPI's,
+// once.
+std::vector<CommAlgo> algos_of(const std::string& op, const std::vector<CommAlgo>& asked) {
+  std::vector<CommAlgo> algos;
+  for (CommAlgo a : asked) {
+    if (!has_our_algorithm(op)) {
+      if (a == CommAlgo::ours) continue;
+      a = CommAlgo::mpi;
+    }
+    if (std::find(algos.begin(), algos.end(), a) == algos.end()) algos.push_back(a);
+  }
+  return algos;
+}
+
 }  // namespace
 
 double busbw_factor(const std::string& op, int ranks) {
   const double n = ranks;
   if (op == "all_reduce") return 2 * (n - 1) / n;
-  if (op == "broadcast") return 1;
+  if (op == "broadcast" || op == "send_recv") return 1;
   return (n - 1) / n;  // all_gather, reduce_scatter, all_to_all
 }
 
@@ -103,13 +124,12 @@ std::vector<CommBenchRow> bench_comm(Group& g, const CommBenchOptions& o) {
       for (int64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
         const int64_t bytes = actual_bytes(op, size, ts, g.size());
         if (bytes == 0) continue;
-        for (CommAlgo algo : {CommAlgo::ours, CommAlgo::mpi}) {
-          if (algo == CommAlgo::ours && !has_our_algorithm(op)) continue;
+        for (CommAlgo algo : algos_of(op, o.algos)) {
           double last = 0;
           for (int i = 0; i < std::max(o.warmup, 1); ++i) {
             g.barrier().wait();
             const auto t0 = Clock::now();
-            issue(g, op, algo, t, size, buf).wait();
+            run(g, op, algo, t, size, buf);
             last = seconds_since(t0);
           }
           // The same iteration count on every rank: from the slowest rank's warm-up time.
@@ -119,12 +139,13 @@ std::vector<CommBenchRow> bench_comm(Group& g, const CommBenchOptions& o) {
           for (int i = 0; i < iters; ++i) {
             g.barrier().wait();
             const auto t0 = Clock::now();
-            issue(g, op, algo, t, size, buf).wait();
+            run(g, op, algo, t, size, buf);
             times.push_back(seconds_since(t0));
           }
           const double s = group_max(g, median(times));
           const double algbw = double(bytes) / s / 1e9;
-          rows.push_back({op, algo, t, bytes, iters, s, algbw, algbw * busbw_factor(op, g.size())});
+          rows.push_back(
+              {op, algo, t, bytes, iters, s, algbw, algbw * busbw_factor(op, g.size())});
         }
       }
     }

@@ -3,7 +3,10 @@
 //   algbw = size / time, with size the buffer of all_reduce and broadcast, the gathered output of
 //           all_gather, the input of reduce_scatter, and the send buffer of all_to_all;
 //   busbw = algbw * 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and
-//           all_to_all, 1 for broadcast (n: ranks in the group).
+//           all_to_all, 1 for broadcast and send_recv (n: ranks in the group).
+// send_recv is nccl-tests' sendrecv: every rank sends its buffer to the next rank of the group and
+// receives the previous rank's at once (a ring shift, as pipeline stages and ring attention pass
+// activations on); size is the buffer one rank sends.
 // Collective: every rank of the group must call with the same options; all ranks return the rows.
 #pragma once
 #include <cstdint>
@@ -19,15 +22,19 @@ struct CommBenchOptions {
   int64_t max_bytes = int64_t(256) << 20;
   int factor = 4;  // sizes min, min*factor, ... up to max
   std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                  "all_to_all"};
+                                  "all_to_all", "send_recv"};
   std::vector<CommType> types = {CommType::f32};
+  // The implementations to time, where a collective has them (ours: all_reduce, all_gather and
+  // reduce_scatter); the others run as MPI's alone and report CommAlgo::mpi. CommAlgo::fastest
+  // times what the trainer's tensor, context and expert parallel groups call.
+  std::vector<CommAlgo> algos = {CommAlgo::ours, CommAlgo::mpi};
   int warmup = 2;
   double seconds_per_case = 0.2;  // iterations per case: about this long, at least 3, at most 50
 };
 
 struct CommBenchRow {
   std::string op;
-  CommAlgo algo;  // ours or mpi
+  CommAlgo algo;  // as in CommBenchOptions::algos
   CommType type;
   int64_t bytes;  // the nccl-tests size
   int iterations;

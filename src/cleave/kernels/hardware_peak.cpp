@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #if defined(__x86_64__)
 // GCC 12's AVX-512 intrinsics start from an "undefined" vector that -Wmaybe-uninitialized
@@ -139,6 +140,27 @@ std::string cpu_info(const std::string& key) {
     return value == std::string::npos ? "" : line.substr(value);
   }
   return "";
+}
+
+std::string onednn_isa() {
+  using dnnl::cpu_isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case cpu_isa::all: return "all";
+    case cpu_isa::sse41: return "sse41";
+    case cpu_isa::avx: return "avx";
+    case cpu_isa::avx2: return "avx2";
+    case cpu_isa::avx2_vnni: return "avx2_vnni";
+    case cpu_isa::avx512_mic: return "avx512_mic";
+    case cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+    case cpu_isa::avx512_core: return "avx512_core";
+    case cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: break;  // a later oneDNN's
+  }
+  char code[32];
+  std::snprintf(code, sizeof code, "isa 0x%x", unsigned(dnnl::get_effective_cpu_isa()));
+  return code;
 }
 
 bool plausible_clock(double ghz) { return ghz >= kMinPlausibleGhz && ghz <= kMaxPlausibleGhz; }

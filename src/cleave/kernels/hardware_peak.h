@@ -32,6 +32,10 @@ HardwarePeak measure_hardware_peak(Precision precision, int threads);
 // The value of the first /proc/cpuinfo line that starts with key ("model name", "flags"), or "".
 std::string cpu_info(const std::string& key);
 
+// The instruction set oneDNN's kernels use on this CPU, by oneDNN's name ("avx2",
+// "avx512_core_bf16", "avx512_core_amx", ...): what a measured GEMM rate holds for.
+std::string onednn_isa();
+
 // "17 GF/s: 2 threads x 3.70 GHz x 32 FLOP/cycle (AVX-512 FMA, measured)", or with the clock
 // unknown "236 GF/s on 2 threads (AVX-512 FMA, measured; clock unknown)"
 std::string describe(const HardwarePeak& peak);
