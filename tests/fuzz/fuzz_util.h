@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cleave/base/check.h"
 
@@ -81,6 +82,15 @@ inline const std::vector<std::string>& special_files() {
     return std::vector<std::string>{dir, fifo, "/dev/zero"};
   }();
   return paths;
+}
+
+// In a folder a reader takes files from by name: dir.safetensors (a folder), fifo.safetensors (a
+// FIFO) and zero.safetensors (a link to /dev/zero), which it must refuse without hanging.
+inline void special_safetensors(const std::string& dir) {
+  if (::mkdir((dir + "/dir.safetensors").c_str(), 0755) != 0 ||
+      ::mkfifo((dir + "/fifo.safetensors").c_str(), 0644) != 0 ||
+      ::symlink("/dev/zero", (dir + "/zero.safetensors").c_str()) != 0)
+    finding("cannot lay out " + dir);
 }
 
 // Once per process: `read(path)` refuses each of `paths` (a hang is a finding through libFuzzer's

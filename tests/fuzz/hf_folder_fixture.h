@@ -49,10 +49,7 @@ inline const std::string& hf_folder() {
     write_bytes(d + "/model.safetensors.index.json",
                 nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}
                     .dump());
-    if (::mkdir((d + "/dir.safetensors").c_str(), 0755) != 0 ||
-        ::mkfifo((d + "/fifo.safetensors").c_str(), 0644) != 0 ||
-        ::symlink("/dev/zero", (d + "/zero.safetensors").c_str()) != 0)
-      finding("cannot lay out " + d);
+    special_safetensors(d);
     return d;
   }();
   return dir;

@@ -35,10 +35,7 @@ const std::string& checkpoint_dir() {
     if (::mkdir(d.c_str(), 0755) != 0) finding("cannot create " + d);
     cleave::fuzz::write_bytes(d + "/model-rank00000.safetensors", one_tensor_file(1.0f, 2.0f));
     cleave::fuzz::write_bytes(d + "/model-rank00001.safetensors", one_tensor_file(3.0f, 4.0f));
-    if (::mkdir((d + "/dir.safetensors").c_str(), 0755) != 0 ||
-        ::mkfifo((d + "/fifo.safetensors").c_str(), 0644) != 0 ||
-        ::symlink("/dev/zero", (d + "/zero.safetensors").c_str()) != 0)
-      finding("cannot lay out " + d);
+    cleave::fuzz::special_safetensors(d);
     return d;
   }();
   return dir;
