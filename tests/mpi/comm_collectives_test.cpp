@@ -1,5 +1,6 @@
 // Every collective against a reference computed locally from deterministic per-rank inputs: fp32
 // and bf16, cleave's ring and MPI's, in place and out of place, sizes not divisible by the group.
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <sstream>
@@ -101,7 +102,8 @@ TEST(Collectives, AllGather) {
           std::vector<char> recv(size_t(count * n) * ts, 0);
           const void* send = mine.data();
           if (in_place) {
-            std::memcpy(recv.data() + size_t(g.rank() * count) * ts, mine.data(), mine.size());
+            // copy_n, not memcpy: count 0 leaves both vectors without storage (data() is null).
+            std::copy_n(mine.data(), mine.size(), recv.data() + size_t(g.rank() * count) * ts);
             send = recv.data() + size_t(g.rank() * count) * ts;
           }
           g.all_gather(send, recv.data(), count, t, a).wait();
@@ -123,7 +125,7 @@ TEST(Collectives, ReduceScatter) {
           std::vector<char> out(size_t(count) * ts);
           void* recv = in_place ? send.data() + size_t(g.rank() * count) * ts : out.data();
           g.reduce_scatter(send.data(), recv, count, t, a).wait();
-          if (in_place) std::memcpy(out.data(), recv, out.size());
+          if (in_place) std::copy_n(static_cast<const char*>(recv), out.size(), out.data());
           expect_elements(t, out, count,
                           [&](int64_t i) { return reference_sum(t, n, g.rank() * count + i); },
                           label("reduce_scatter", t, a, count, in_place ? " in place" : ""));

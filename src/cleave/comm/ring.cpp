@@ -108,10 +108,13 @@ class RingTask : public Task {
     const size_t ts = type_size(a_.type);
     if (op_ == Op::all_gather) {  // own block into place
       char* mine = out_ + off_[size_t(r_)] * int64_t(ts);
-      if (mine != a_.send) std::memcpy(mine, a_.send, size_t(a_.count) * ts);
+      // copy_n, not memcpy: with count 0 either buffer may be null (Group's contract).
+      if (mine != a_.send)
+        std::copy_n(static_cast<const char*>(a_.send), a_.count * int64_t(ts), mine);
     }
     if (op_ == Op::reduce_scatter && n_ == 1 && a_.recv != a_.send)
-      std::memcpy(a_.recv, a_.send, size_t(a_.count) * ts);
+      std::copy_n(static_cast<const char*>(a_.send), a_.count * int64_t(ts),
+                  static_cast<char*>(a_.recv));
     if (total_ == 0) return;
     staging_ = static_cast<char*>(c.scratch(0, size_t(window_ * chunk_) * 4));
     if (!partials_in_place_ && n_ > 2)
