@@ -16,8 +16,6 @@ namespace cleave::cli {
 
 namespace {
 
-constexpr Axis kMeshAxes[kAxes] = {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp, Axis::tp};
-
 // The --set overrides this command understands: parallel.<axis>=<int>, nothing else. (To be
 // routed through the config schema later; kept here, small, until then.)
 MeshDegrees degrees_from(const std::vector<std::string>& overrides) {

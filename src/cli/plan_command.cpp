@@ -42,7 +42,7 @@ int plan(int argc, char** argv) {
   const int pp = mesh.degree(Axis::pp), cp = mesh.degree(Axis::cp), tp = mesh.degree(Axis::tp);
   const int val_batches = t.val_interval > 0 ? int(t.val_batches) : 0;
   std::string axes;
-  for (Axis axis : {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp, Axis::tp})
+  for (Axis axis : kMeshAxes)
     axes += std::string(axes.empty() ? "" : " x ") + axis_name(axis) + " " +
             std::to_string(mesh.degree(axis));
   std::printf("plan of %s on %d ranks (%s, ZeRO-%d): %s, micro-batch %lld x %d tokens per rank, "

@@ -14,8 +14,6 @@ namespace cleave {
 
 namespace {
 
-constexpr Axis kAllAxes[kAxes] = {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp, Axis::tp};
-
 // The product of some degrees as text; exact, or "more than 2^63 - 1" if it would overflow
 // (it then cannot equal or divide any world size).
 struct Product {
@@ -74,7 +72,7 @@ int MeshDegrees::operator[](Axis a) const { return const_cast<MeshDegrees&>(*thi
 Mesh::Mesh(int world, MeshDegrees degrees) : world_(world), degrees_(degrees) {
   if (world < 1) CLEAVE_FAIL("the world size must be >= 1 (got " << world << ")");
   std::vector<std::string> rest;  // the axes set to -1
-  for (Axis a : kAllAxes) {
+  for (Axis a : kMeshAxes) {
     const int d = degrees[a];
     if (d == -1) rest.push_back(axis_name(a));
     else if (d < 1) CLEAVE_FAIL("degree must be >= 1 or -1 (" << axis_name(a) << " = " << d << ")");
@@ -83,19 +81,19 @@ Mesh::Mesh(int world, MeshDegrees degrees) : world_(world), degrees_(degrees) {
     CLEAVE_FAIL("-1 is allowed on one axis only (" << join_and(rest)
                 << (rest.size() == 2 ? " are both -1)" : " are all -1)"));
   Product product;
-  for (Axis a : kAllAxes)
+  for (Axis a : kMeshAxes)
     if (degrees[a] != -1) product.times(degrees[a]);
   if (rest.size() == 1) {
     if (product.overflow || world % product.value != 0)
       CLEAVE_FAIL(rest[0] << " = -1: the other degrees multiply to " << product.text()
                           << ", which does not divide the world size " << world);
-    for (Axis a : kAllAxes)
+    for (Axis a : kMeshAxes)
       if (degrees_[a] == -1) degrees_[a] = int(world / product.value);
     return;
   }
   if (product.overflow || product.value != world) {
     std::ostringstream os;
-    for (Axis a : kAllAxes) os << (a == Axis::pp ? "" : " x ") << axis_name(a) << "=" << degrees[a];
+    for (Axis a : kMeshAxes) os << (a == Axis::pp ? "" : " x ") << axis_name(a) << "=" << degrees[a];
     CLEAVE_FAIL("parallel degrees " << os.str() << " = " << product.text()
                                     << " do not multiply to the world size " << world);
   }
@@ -122,7 +120,7 @@ std::string product_name(const std::vector<Axis>& axes) {
 }
 
 const Axis* whole_axis(std::string_view name) {
-  for (const Axis& a : kAllAxes)
+  for (const Axis& a : kMeshAxes)
     if (name == axis_name(a)) return &a;
   return nullptr;
 }
@@ -164,7 +162,7 @@ std::vector<Digit> digits(const Mesh& mesh, const std::vector<std::string>& axes
     } else {
       while (++k < int(carved.size()) && carved[k].name != name && carved[k].rest != name) {}
       if (k == int(carved.size())) {
-        std::vector<std::string> known = names_of({std::begin(kAllAxes), std::end(kAllAxes)});
+        std::vector<std::string> known = names_of({std::begin(kMeshAxes), std::end(kMeshAxes)});
         for (const CarvedAxis& c : carved) known.insert(known.end(), {c.rest, c.name});
         CLEAVE_FAIL("unknown mesh axis '" << name << "' (the mesh has " << join_and(known) << ")");
       }
@@ -184,7 +182,7 @@ std::vector<Digit> digits(const Mesh& mesh, const std::vector<std::string>& axes
   }
   const MeshDegrees& d = mesh.degrees();
   std::vector<Digit> out;
-  for (Axis a : kAllAxes) {
+  for (Axis a : kMeshAxes) {
     const int i = int(a);
     if (by[i].empty()) continue;
     if (carve_of[i] < 0) {
@@ -219,13 +217,13 @@ std::vector<int> group_of(int rank, const std::vector<Digit>& ds) {
 std::array<int, kAxes> Mesh::coords(int rank) const {
   check_rank(rank, world_);
   std::array<int, kAxes> c{};
-  for (Axis a : kAllAxes) c[int(a)] = int(rank / stride(degrees_, a) % degrees_[a]);
+  for (Axis a : kMeshAxes) c[int(a)] = int(rank / stride(degrees_, a) % degrees_[a]);
   return c;
 }
 
 int Mesh::rank_of(const std::array<int, kAxes>& coords) const {
   int64_t rank = 0;
-  for (Axis a : kAllAxes) {
+  for (Axis a : kMeshAxes) {
     const int c = coords[int(a)];
     if (c < 0 || c >= degrees_[a])
       CLEAVE_FAIL(axis_name(a) << " coordinate " << c << " is outside [0, " << degrees_[a]
@@ -346,7 +344,7 @@ std::string describe_mesh(const Mesh& mesh, int ranks_per_host) {
   const int hosts = (world + ranks_per_host - 1) / ranks_per_host;
   std::ostringstream os;
   os << "device mesh: world " << world << " = ";
-  for (Axis a : kAllAxes) os << (a == Axis::pp ? "" : " x ") << axis_name(a) << " " << mesh.degree(a);
+  for (Axis a : kMeshAxes) os << (a == Axis::pp ? "" : " x ") << axis_name(a) << " " << mesh.degree(a);
   os << "\nhosts: " << hosts << (hosts == 1 ? " host" : " hosts") << " of " << ranks_per_host
      << (ranks_per_host == 1 ? " rank" : " ranks");
   if (world % ranks_per_host != 0) os << " (the last holds " << world % ranks_per_host << ")";
@@ -354,7 +352,7 @@ std::string describe_mesh(const Mesh& mesh, int ranks_per_host) {
   os << "\n";
 
   std::vector<Section> sections;
-  for (Axis a : kAllAxes)
+  for (Axis a : kMeshAxes)
     if (mesh.degree(a) > 1)
       sections.push_back({std::string(axis_name(a)) + " (degree " + std::to_string(mesh.degree(a)) + ")",
                           what_it_communicates(a), {axis_name(a)}});

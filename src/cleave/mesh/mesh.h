@@ -13,6 +13,9 @@ namespace cleave {
 
 enum class Axis { pp = 0, dp_replicate = 1, dp_shard = 2, cp = 3, tp = 4 };
 constexpr int kAxes = 5;
+// Every axis, outer first (the order of the mesh's coordinates).
+inline constexpr Axis kMeshAxes[kAxes] = {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp,
+                                          Axis::tp};
 const char* axis_name(Axis a);
 
 struct MeshDegrees {  // -1 on at most one axis: "the rest of the world"

@@ -30,7 +30,6 @@ std::string fmt(const char* f, double v) {
 
 double mib(int64_t bytes) { return double(bytes) / (1 << 20); }
 
-constexpr Axis kOrder[] = {Axis::pp, Axis::dp_replicate, Axis::dp_shard, Axis::cp, Axis::tp};
 
 // Each rank a cell, in rows of one host; data-<axis> holds the rank's group along each axis (the
 // ranks that differ only in that axis's coordinate share it), which the page's script colours.
@@ -42,7 +41,7 @@ std::string mesh_section(const Mesh& mesh, int per_host) {
   const int rows = (hosts + hosts_per_row - 1) / hosts_per_row;
   const int width = hosts_per_row * (cols * cell + gap) + gap, height = rows * (cell + gap) + gap;
   std::string controls, svg;
-  for (Axis a : kOrder)
+  for (Axis a : kMeshAxes)
     if (mesh.degree(a) > 1 || a == Axis::tp)
       controls += std::string("<label><input type=\"radio\" name=\"axis\" value=\"") +
                   axis_name(a) + "\"" + (controls.empty() ? " checked" : "") + "> " +
@@ -53,7 +52,7 @@ std::string mesh_section(const Mesh& mesh, int per_host) {
     const int y = gap + (host / hosts_per_row) * (cell + gap);
     std::string data;
     const std::array<int, kAxes> c = mesh.coords(r);
-    for (Axis a : kOrder) {
+    for (Axis a : kMeshAxes) {
       std::array<int, kAxes> key = c;
       key[size_t(a)] = 0;
       data += std::string(" data-") + axis_name(a) + "=\"" + std::to_string(mesh.rank_of(key)) +
