@@ -11,7 +11,7 @@
 // the weights; their preferred (blocked) layout is queried and W is packed into it once after
 // each set_weight (lazily, at the next product that needs one). Every stale layout is packed in
 // that one pass over W (kernels/weight_pack.h); a layout the packer does not know goes through
-// oneDNN's reorder. In bf16 mode packing also converts to bf16. The packed buffers are keyed by
+// oneDNN's reorder. A plain preferred layout is not copied: the plan reads W in place instead. In bf16 mode packing also converts to bf16. The packed buffers are keyed by
 // (role, memory descriptor), so token counts whose primitives want the same layout share one
 // packed copy.
 //
@@ -211,6 +211,32 @@ struct LinearGemm::Impl {
     return plan;
   }
 
+  // A product's plan with W as its B operand (W^T when transposed): the weights' format is
+  // `any`, so oneDNN names the layout it prefers and W is packed into it, unless that layout is
+  // plain: a plain layout reads no faster than W as it lies (the product takes either transpose
+  // through strides), so the plan reads W in place. On an AVX2-only CPU, whose matmul wants W^T
+  // in rows, that saves a transposing copy of every weight per update.
+  Plan product_plan(const memory::desc& src, bool transposed, const memory::desc* bias,
+                    const memory::desc& dst, bool accumulate) {
+    Plan plan = make_plan(src, weights(transposed), bias, dst, accumulate);
+    if (reads_in_place(plan.pd.weights_desc(), transposed) &&
+        plan.pd.weights_desc() != user_weights(transposed))
+      plan = make_plan(src, user_weights(transposed), bias, dst, accumulate);
+    return plan;
+  }
+  // W as it lies, in the products' type.
+  memory::desc user_weights(bool transposed) const {
+    return transposed ? memory::desc({in, out}, cdt, memory::dims{1, in})
+                      : memory::desc({out, in}, cdt, memory::dims{in, 1});
+  }
+  // Whether a plan that prefers `want` reads W in place: `want` is plain, the products' type is
+  // fp32 and W (or its rounded copy, kept per version) is what the product reads. FP8's image is
+  // made per use in a shared buffer, so it stays packed once per version.
+  bool reads_in_place(const memory::desc& want, bool transposed) const {
+    return want == user_weights(transposed) ||
+           (cdt == dt::f32 && !fp8 && kernels::is_plain(want));
+  }
+
   // The plans' key and row count for N rows: N, or with variable rows one plan whose rows are
   // given at each execution, and the weights in their own layout.
   int64_t key(int64_t N) const { return variable_rows ? kVariable : N; }
@@ -226,29 +252,27 @@ struct LinearGemm::Impl {
     return memory::desc(dims, planned.data_type(), strides);
   }
 
-  // forward: src x[N,in], weights W^T[in,out] (packed: any), dst y[N,out], bias [1,out].
+  // forward: src x[N,in], weights W^T[in,out] (product_plan's), dst y[N,out], bias [1,out].
   Plan& forward_plan(int64_t N, bool with_bias) {
     auto& slot = with_bias ? plans[key(N)].fwd_bias : plans[key(N)].fwd;
     if (!slot) {
       N = rows(N);
       memory::desc src({N, in}, cdt, tag::ab);
-      memory::desc wei = weights(true);
       memory::desc dst({N, out}, dt::f32, tag::ab);
       memory::desc bias({1, out}, dt::f32, tag::ab);
-      slot = make_plan(src, wei, with_bias ? &bias : nullptr, dst, false);
+      slot = product_plan(src, true, with_bias ? &bias : nullptr, dst, false);
     }
     return *slot;
   }
 
-  // backward_input: src dy[N,out], weights W[out,in] (packed: any), dst dx[N,in].
+  // backward_input: src dy[N,out], weights W[out,in] (product_plan's), dst dx[N,in].
   Plan& backward_input_plan(int64_t N, bool accumulate) {
     auto& slot = accumulate ? plans[key(N)].bin_acc : plans[key(N)].bin;
     if (!slot) {
       N = rows(N);
       memory::desc src({N, out}, cdt, tag::ab);
-      memory::desc wei = weights(false);
       memory::desc dst({N, in}, dt::f32, tag::ab);
-      slot = make_plan(src, wei, nullptr, dst, accumulate);
+      slot = product_plan(src, false, nullptr, dst, accumulate);
     }
     return *slot;
   }
@@ -566,8 +590,7 @@ int64_t LinearGemm::weight_copy_bytes(int64_t N) const {
         dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, m.weights(transposed), dst),
                                      dnnl_context().engine)
             .weights_desc();
-    return want == kernels::user_weight_desc(m.out, m.in, transposed) ? 0
-                                                                       : int64_t(want.get_size());
+    return m.reads_in_place(want, transposed) ? 0 : int64_t(want.get_size());
   };
   return bytes + packed(m.in, m.out, true) + packed(m.out, m.in, false);
 }

@@ -369,6 +369,12 @@ void pack_weight_rows(const float* w, int64_t out, int64_t in,
 #endif
 }
 
+bool is_plain(const dnnl::memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  return d.ndims == 2 && d.format_kind == dnnl_blocked && d.format_desc.blocking.inner_nblks == 0 &&
+         d.extra.flags == dnnl_memory_extra_flag_none;
+}
+
 dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed) {
   using dnnl::memory;
   return transposed ? memory::desc({in, out}, memory::data_type::f32, memory::dims{1, in})

@@ -51,6 +51,9 @@ int64_t pack_band_rows(int64_t out, int64_t in, std::span<const PackTarget> targ
 void pack_weight_rows(const float* w, int64_t out, int64_t in,
                       std::span<const PackTarget> targets, int64_t row0, int64_t row1);
 
+// Whether md is a plain 2-D layout: no inner blocks, only strides.
+bool is_plain(const dnnl::memory::desc& md);
+
 // W [out, in] row-major fp32 as the logical matrix of a target: W^T [in, out] through strides
 // when transposed, else W.
 dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed);

@@ -273,4 +273,18 @@ std::vector<int> zero3_gathers(const Program& program, int n_units) {
   return gathers;
 }
 
+int64_t zero3_peak(const Program& program, const std::vector<int64_t>& per_unit) {
+  std::vector<bool> held(per_unit.size(), false);
+  int64_t now = 0, peak = 0;
+  for (const Instruction& i : program.instructions) {
+    if (i.op != Op::gather && i.op != Op::prefetch && i.op != Op::release) continue;
+    const size_t u = size_t(i.unit);
+    if (held[u] == (i.op != Op::release)) continue;
+    held[u] = i.op != Op::release;
+    now += held[u] ? per_unit[u] : -per_unit[u];
+    peak = std::max(peak, now);
+  }
+  return peak;
+}
+
 }  // namespace cleave

@@ -140,5 +140,9 @@ class DataParallel : public CommMeter {
 // gather and prefetch instructions start a gather of a unit neither resident nor in flight, and
 // release makes the unit absent again (DataParallel's rules, for predictions from the program).
 std::vector<int> zero3_gathers(const Program& program, int n_units);
+// The most that ZeRO-3's gathered units hold at once as `program` runs: the largest sum of
+// per_unit[u] over the units gathered or being prefetched at one time (per_unit: a unit's floats,
+// or the bytes of its weights' copies).
+int64_t zero3_peak(const Program& program, const std::vector<int64_t>& per_unit);
 
 }  // namespace cleave

@@ -515,6 +515,8 @@ CollectiveCost fit_collective(Collective kind, int ranks, const std::vector<Comm
   const std::vector<double> sizes(size_set.begin(), size_set.end());
   CollectiveCost best = one;
   double best_error = relative_error(one, kind, ranks, points) * 0.75;
+  // A line that fits to rounding needs no second one (two lines' rounding can come out lower).
+  if (best_error < 1e-9) return best;
   for (size_t split = 2; split + 2 <= sizes.size(); ++split) {
     std::vector<CommPoint> below, above;
     for (const CommPoint& p : points) (p.bytes < sizes[split] ? below : above).push_back(p);

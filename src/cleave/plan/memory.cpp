@@ -5,14 +5,16 @@
 
 #include "cleave/model/transformer.h"
 #include "cleave/parallel/axis_table.h"
+#include "cleave/parallel/data_parallel.h"
 #include "cleave/parallel/step_executor.h"
 
 namespace cleave {
 
 namespace {
 
-// The sum of the `n` largest of `v`: the units ZeRO-3 holds at once (the one in use and the one
-// prefetched), and ZeRO-2/3's full gradients awaiting their reduce-scatter.
+// The sum of the `n` largest of `v`: ZeRO-3's weight copies (the unit in use and the one
+// prefetched), and ZeRO-2/3's full gradients (the unit backward writes and the two whose
+// reduce-scatters DataParallel keeps in flight).
 int64_t largest(std::vector<int64_t> v, int n) {
   std::sort(v.begin(), v.end(), std::greater<>());
   int64_t sum = 0;
@@ -65,14 +67,19 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
     if (const LinearGemm* g = store.packed_by(int(i)))
       unit_copies[size_t(store.tensor(int(i)).unit)] += g->weight_copy_bytes(N);
 
+  const bool selective = step.activation_checkpointing == "selective";
+  m.set_selective_recompute(selective);
+  const int64_t T = step.seq_len / cp;
+  const Program train = training_program(step, parallel, layout, pp_rank, m);
+
   // ZeRO-2/3 reduce-scatter each unit's gradients as backward finishes it and free them, unless
   // accumulation (several micro-batches, or a pipeline's) keeps the whole buffer summing.
   const bool accumulating = step.grad_accum_steps > 1 || pp > 1;
   const bool offload_params = parallel.offload_params == "file";
   const ModelState state =
       model_state(StateRecipe{}, zero, double(all), double(shard_floats),
-                  double(largest(unit_floats, 2)),
-                  double(accumulating ? all : largest(unit_floats, 2)));
+                  double(zero == 3 ? zero3_peak(train, unit_floats) : 0),
+                  double(accumulating ? all : largest(unit_floats, 3)));
   // ZeRO-3's offloaded shard of the values is not resident (its gradients' shard is).
   plan.parameters = int64_t(state.values) - (offload_params && zero == 3 ? shard_floats * 4 : 0);
   plan.gradients = int64_t(state.gradients);
@@ -82,10 +89,6 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
     plan.notes.push_back("the parameter shards live in offload files");
   if (optimizer_offload == "file") plan.notes.push_back("AdamW's moments live in offload files");
 
-  const bool selective = step.activation_checkpointing == "selective";
-  m.set_selective_recompute(selective);
-  const int64_t T = step.seq_len / cp;
-  const Program train = training_program(step, parallel, layout, pp_rank, m);
   plan.activations = predict_activation_memory(m, train, layout.local_batch, T, selective);
   plan.backward_scratch = m.backward_scratch_bytes(layout.local_batch, T);
   if (val_batches > 0) {
