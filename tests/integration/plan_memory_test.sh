@@ -6,8 +6,8 @@
 # the runtime overhead: measured once per rank count as a d_model 32 run's peak less its own plan,
 # and added. bf16 is left out: where its products are emulated (AVX2 CPUs) the per-thread fp32
 # operand buffers are not in the plan yet (measured -4.0% and -5.7%). Each rank must come within
-# 5% of its measured peak; a plan that leaves out the backward scratch falls outside it at one
-# rank. ZeRO-3 is held to 10%: its ranks measure 12-22 MiB (about one block's fp32 values) above
+# 6% of its measured peak (pp2's rank 0 measured -3.6% to -5.1% over runs of the same build, the
+# suite running beside it); a plan that leaves out the backward scratch (-7%) falls outside it. ZeRO-3 is held to 10%: its ranks measure 12-22 MiB (about one block's fp32 values) above
 # the plan, with transparent huge pages off too, which the plan does not explain yet (issue 32).
 set -euo pipefail
 cleave=$1 src=$2 data=$3
@@ -59,9 +59,9 @@ for name, np in (("fp32", 1), ("zero3", 2), ("tp2", 2), ("pp2", 2)):
                            "backward_scratch"))
         print(f"{name} rank {rank}: planned {predicted:.1f} MiB ({parts}), measured {rss:.1f}: "
               f"{100 * error:+.1f}%")
-        if abs(error) > (0.10 if name == "zero3" else 0.05):
+        if abs(error) > (0.10 if name == "zero3" else 0.06):
             failed.append(f"{name} rank {rank}")
 if failed:
-    sys.exit("FAIL: planned memory off by more than its bound (5%, ZeRO-3 10%) at " + ", ".join(failed))
-print("every rank's planned memory within its bound of its measured peak (5%, ZeRO-3 10%)")
+    sys.exit("FAIL: planned memory off by more than its bound (6%, ZeRO-3 10%) at " + ", ".join(failed))
+print("every rank's planned memory within its bound of its measured peak (6%, ZeRO-3 10%)")
 PY
