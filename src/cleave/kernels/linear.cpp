@@ -11,9 +11,9 @@
 // the weights; their preferred (blocked) layout is queried and W is packed into it once after
 // each set_weight (lazily, at the next product that needs one). Every stale layout is packed in
 // that one pass over W (kernels/weight_pack.h); a layout the packer does not know goes through
-// oneDNN's reorder. A plain preferred layout is not copied: the plan reads W in place instead. In bf16 mode packing also converts to bf16. The packed buffers are keyed by
-// (role, memory descriptor), so token counts whose primitives want the same layout share one
-// packed copy.
+// oneDNN's reorder. A plain preferred layout is not copied: the plan reads W in place instead.
+// In bf16 mode packing also converts to bf16. The packed buffers are keyed by (role, memory
+// descriptor), so token counts whose primitives want the same layout share one packed copy.
 //
 // bf16 mode: x is converted to bf16 in forward and dy in backward_input, into the caller's
 // OperandCopy when it keeps one for backward_weight, else into a per-thread scratch buffer.
@@ -226,8 +226,7 @@ struct LinearGemm::Impl {
   }
   // W as it lies, in the products' type.
   memory::desc user_weights(bool transposed) const {
-    return transposed ? memory::desc({in, out}, cdt, memory::dims{1, in})
-                      : memory::desc({out, in}, cdt, memory::dims{in, 1});
+    return kernels::user_weight_desc(out, in, transposed, cdt);
   }
   // Whether a plan that prefers `want` reads W in place: `want` is plain, the products' type is
   // fp32 and W (or its rounded copy, kept per version) is what the product reads. FP8's image is

@@ -375,10 +375,11 @@ bool is_plain(const dnnl::memory::desc& md) {
          d.extra.flags == dnnl_memory_extra_flag_none;
 }
 
-dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed) {
+dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed,
+                                    dnnl::memory::data_type type) {
   using dnnl::memory;
-  return transposed ? memory::desc({in, out}, memory::data_type::f32, memory::dims{1, in})
-                    : memory::desc({out, in}, memory::data_type::f32, memory::dims{in, 1});
+  return transposed ? memory::desc({in, out}, type, memory::dims{1, in})
+                    : memory::desc({out, in}, type, memory::dims{in, 1});
 }
 
 PreferredLayouts preferred_weight_layouts(int64_t N, int64_t in, int64_t out, bool bf16) {

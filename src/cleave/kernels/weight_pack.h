@@ -54,9 +54,10 @@ void pack_weight_rows(const float* w, int64_t out, int64_t in,
 // Whether md is a plain 2-D layout: no inner blocks, only strides.
 bool is_plain(const dnnl::memory::desc& md);
 
-// W [out, in] row-major fp32 as the logical matrix of a target: W^T [in, out] through strides
-// when transposed, else W.
-dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed);
+// W [out, in] row-major as the logical matrix of a target: W^T [in, out] through strides when
+// transposed, else W; in fp32 unless `type` says otherwise.
+dnnl::memory::desc user_weight_desc(int64_t out, int64_t in, bool transposed,
+                                    dnnl::memory::data_type type = dnnl::memory::data_type::f32);
 
 // The layouts oneDNN's matmul prefers for W as the B operand of x[N, in] W^T (forward) and of
 // dy[N, out] W (backward_input), with operands in fp32 or bf16.

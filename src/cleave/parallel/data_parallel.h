@@ -141,8 +141,7 @@ class DataParallel : public CommMeter {
 // release makes the unit absent again (DataParallel's rules, for predictions from the program).
 std::vector<int> zero3_gathers(const Program& program, int n_units);
 // The most that ZeRO-3's gathered units hold at once as `program` runs: the largest sum of
-// per_unit[u] over the units gathered or being prefetched at one time (per_unit: a unit's floats,
-// or the bytes of its weights' copies).
+// per_unit[u] (a unit's floats) over the units gathered or being prefetched at one time.
 int64_t zero3_peak(const Program& program, const std::vector<int64_t>& per_unit);
 
 }  // namespace cleave
