@@ -9,7 +9,8 @@
 
 #include "cleave/mesh/mesh.h"
 #include "cleave/parallel/layout.h"
-#include "cleave/train/comm_volume.h"
+#include "cleave/plan/axis_volume.h"
+#include "cleave/train/config.h"
 #include "cli/args.h"
 
 namespace cleave::cli {
@@ -64,7 +65,7 @@ int mesh(int argc, char** argv) {
               int(layout.local_batch), cfg.train.seq_len / layout.mesh.degree(Axis::cp),
               cfg.train.grad_accum_steps,
               layout.mesh.degree(Axis::pp) > 1 ? "; its pipeline stages" : "");
-  const std::vector<AxisVolume> volumes = comm_volume(cfg, layout);
+  const std::vector<AxisVolume> volumes = axis_volumes(step_work(cfg.model, cfg.parallel, cfg.train, layout, 0));
   if (volumes.empty()) std::printf("  none: a single rank\n");
   for (const AxisVolume& v : volumes)
     std::printf("  %-13s %10.2f MiB (%.0f bytes)  %s\n", v.axis.c_str(), v.bytes / (1 << 20), v.bytes,

@@ -14,7 +14,7 @@
 #include "cleave/parallel/layout.h"
 #include "cleave/plan/memory.h"
 #include "cleave/plan/report.h"
-#include "cleave/train/comm_volume.h"
+#include "cleave/plan/axis_volume.h"
 #include "cleave/train/config.h"
 #include "cli/args.h"
 
@@ -86,7 +86,7 @@ int plan(int argc, char** argv) {
     std::printf("        %.3g FLOPs per step on each of its ranks (%d layers)\n", flops, layers);
   }
   std::printf("\nbytes rank 0 sends per step on each mesh axis:\n");
-  const std::vector<AxisVolume> volumes = comm_volume(cfg, layout);
+  const std::vector<AxisVolume> volumes = axis_volumes(step_work(cfg.model, cfg.parallel, t, layout, 0));
   if (volumes.empty()) std::printf("  none: a single rank\n");
   out["axes"] = nlohmann::json::array();
   for (const AxisVolume& v : volumes) {

@@ -69,7 +69,7 @@ expect_error() {  # ranks message [--set ...]: the run fails with exactly this m
 
 # axis_bytes AXIS NAME: the bytes rank 0 of run NAME sent on the axis per step, as the trainer
 # measured them (AXIS_bytes_per_step in its last logged step), are what the run predicted at its
-# start (AXIS_bytes_per_step_predicted: train/comm_volume.h's figure, which cleave mesh prints).
+# start (AXIS_bytes_per_step_predicted: plan/axis_volume.h's figure, which cleave mesh prints).
 axis_bytes() {
   local axis=$1 name=$2 record measured predicted
   record=$(grep '"loss"' "$work/$name/metrics.jsonl" | tail -1)

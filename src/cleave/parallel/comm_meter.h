@@ -1,6 +1,6 @@
 // What the step's communication cost a rank on each mesh axis: the seconds it waited on the axis's
 // collectives (its exposed communication) and the bytes it sent into them (every collective
-// counted as a ring, as train/comm_volume.h predicts them). Each communicator keeps a CommMeter;
+// counted as a ring, as plan/axis_volume.h predicts them). Each communicator keeps a CommMeter;
 // the step's figures are one CommTraffic, a row per axis, so a new axis is a new row of
 // kCommAxes and nothing else: the trainer's sums, the progress line and metrics.jsonl loop over
 // the rows.

@@ -256,21 +256,22 @@ std::vector<FlatRange> DataParallel::ranges_of(int shard_rank) const {
   return out;
 }
 
-std::vector<int> zero3_gathers(const Program& program, int n_units) {
-  std::vector<int> gathers(size_t(n_units), 0);
+std::vector<bool> zero3_gather_starts(const Program& program, int n_units) {
+  std::vector<bool> starts(program.instructions.size(), false);
   std::vector<bool> resident(size_t(n_units), false), in_flight(size_t(n_units), false);
-  for (const Instruction& i : program.instructions) {
+  for (size_t k = 0; k < program.instructions.size(); ++k) {
+    const Instruction& i = program.instructions[k];
     if (i.op != Op::gather && i.op != Op::prefetch && i.op != Op::release) continue;
     const size_t u = size_t(i.unit);
     if (i.op == Op::release) {
       resident[u] = false;
     } else if (!resident[u]) {
-      if (!in_flight[u]) ++gathers[u];
+      starts[k] = !in_flight[u];
       in_flight[u] = i.op == Op::prefetch;
       resident[u] = i.op == Op::gather;
     }
   }
-  return gathers;
+  return starts;
 }
 
 int64_t zero3_peak(const Program& program, const std::vector<int64_t>& per_unit) {

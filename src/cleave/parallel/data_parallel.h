@@ -136,10 +136,10 @@ class DataParallel : public CommMeter {
   std::vector<bool> final_;                    // DDP, ZeRO-1: the unit's gradients are final
 };
 
-// How many times ZeRO-3 gathers each of n_units units' parameters in one run of `program`: its
-// gather and prefetch instructions start a gather of a unit neither resident nor in flight, and
-// release makes the unit absent again (DataParallel's rules, for predictions from the program).
-std::vector<int> zero3_gathers(const Program& program, int n_units);
+// Which of `program`'s instructions start a ZeRO-3 gather of a unit's parameters (one flag per
+// instruction): a gather or prefetch of a unit neither resident nor in flight, release making the
+// unit absent again (DataParallel's rules, for predictions from the program).
+std::vector<bool> zero3_gather_starts(const Program& program, int n_units);
 // The most that ZeRO-3's gathered units hold at once as `program` runs: the largest sum of
 // per_unit[u] (a unit's floats) over the units gathered or being prefetched at one time.
 int64_t zero3_peak(const Program& program, const std::vector<int64_t>& per_unit);

@@ -42,7 +42,7 @@ std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank);
 
 // The training step program pp rank `rank` runs on `model` (its chunks of the layout), activation
 // checkpointing marking every ac_every-th block by its global layer: what the trainer runs and
-// what train/comm_volume.h counts the step's collectives from.
+// what the planner walks (plan/step_work.h).
 Program training_program(const StepOptions& step, const ParallelConfig& parallel,
                          const Layout& layout, int rank, const Transformer& model);
 

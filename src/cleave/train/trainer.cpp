@@ -17,7 +17,7 @@
 #include "cleave/comm/errors.h"
 #include "cleave/comm/launcher.h"
 #include "cleave/optim/schedule.h"
-#include "cleave/train/comm_volume.h"
+#include "cleave/plan/axis_volume.h"
 
 namespace fs = std::filesystem;
 
@@ -167,7 +167,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
     if (m) meters_.push_back({CommAxis::cp, m});
   if (process_.ep_comm) meters_.push_back({CommAxis::ep, process_.ep_comm.get()});
   make_pipeline(*layout);
-  if (rank_ == 0) predicted_ = predicted_traffic(comm_volume(cfg_, *layout));
+  if (rank_ == 0) predicted_ = predicted_traffic(axis_volumes(step_work(cfg_.model, cfg_.parallel, cfg_.train, *layout, 0)));
 
   // Each rank reads its own part of the checkpoint: a bad part may be seen by some ranks only.
   // Under --resume latest a checkpoint one of them finds corrupted is skipped for the next older

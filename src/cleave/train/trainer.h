@@ -114,7 +114,7 @@ class Trainer {
   std::vector<GroupParallel> groups_;
   // Every communicator's meter and the axis its traffic counts on (the kv replicas' sums are tp's).
   std::vector<std::pair<CommAxis, CommMeter*>> meters_;
-  CommTraffic predicted_;  // rank 0: the bytes per step train/comm_volume.h predicts on each axis
+  CommTraffic predicted_;  // rank 0: the bytes per step plan/axis_volume.h predicts on each axis
   // This rank's activation memory as parallel/activation_memory.h predicts it for its programs.
   ActivationMemory activations_;
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16

@@ -1,0 +1,450 @@
+#include "cleave/plan/step_work.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "cleave/mesh/mesh.h"
+#include "cleave/model/placement.h"
+#include "cleave/model/tp_share.h"
+#include "cleave/model/transformer.h"
+#include "cleave/parallel/data_parallel.h"
+
+namespace cleave {
+
+double InstructionWork::flops() const {
+  double f = 0;
+  for (const std::vector<GemmCall>* list : {&gemms, &attention})
+    for (const GemmCall& g : *list) f += 2.0 * double(g.m) * double(g.n) * double(g.k) * g.count;
+  return f;
+}
+
+namespace {
+
+constexpr double kF = 4;  // bytes per fp32 value
+
+using Kind = Transformer::UnitKind;
+
+// A unit's share of the step, per micro-batch: its linears' products and attention in each pass,
+// its element-wise bytes, and the collectives of its forward and backward.
+struct UnitWork {
+  std::vector<GemmCall> forward, backward_input, backward_weight, attention;
+  double forward_bytes = 0, backward_bytes = 0;
+  std::vector<CommCall> forward_comms, backward_comms;
+};
+
+class Builder {
+ public:
+  Builder(const ModelConfig& m, const ParallelConfig& par, const StepOptions& step,
+          const Layout& layout, int pp_rank)
+      : m_(m), par_(par), step_(step), layout_(layout), mesh_(layout.mesh), r_(pp_rank) {
+    tp_ = mesh_.degree(Axis::tp);
+    cp_ = mesh_.degree(Axis::cp);
+    R_ = mesh_.degree(Axis::dp_replicate);
+    S_ = mesh_.degree(Axis::dp_shard) * cp_;
+    dp_ = R_ * S_;
+    for (const CarvedAxis& c : mesh_.carved()) ep_ = c.name == kEp ? c.degree : ep_;
+    shard_axis_ = cp_ > 1 ? "dp_shard x cp" : "dp_shard";
+    T_ = step.seq_len / cp_;
+    tokens_ = double(layout.local_batch) * T_;
+    rows_ = tokens_ * m.d_model;
+    model_ = Transformer::planned(m, tp_, par.sequence_parallel, stage_chunks(layout, r_),
+                                  step.dtype, 16 * int64_t(S_));
+  }
+
+  StepWork build() {
+    StepWork out;
+    out.pp_rank = r_;
+    out.program = training_program(step_, par_, layout_, r_, *model_);
+    units_.resize(size_t(model_->n_units()));
+    for (int u = 0; u < model_->n_units(); ++u) describe_unit(u);
+    add_products();
+    const std::vector<bool> starts =
+        par_.zero_stage == 3 ? zero3_gather_starts(out.program, model_->n_units())
+                             : std::vector<bool>(out.program.instructions.size(), false);
+    for (size_t i = 0; i < out.program.instructions.size(); ++i) {
+      const Instruction& in = out.program.instructions[i];
+      out.work.push_back(instruction_work(in, starts[i]));
+      if (is_compute(in.op) && in.op != Op::recompute) out.model_flops += out.work.back().flops();
+    }
+    return out;
+  }
+
+ private:
+  // The collective `kind` of `bytes` over the group of `axes` on the axis reported as `axis`.
+  CommCall call(CommAxis metered, std::string axis, std::vector<std::string> group, Collective kind,
+                double bytes, int ranks, std::string what, bool overlapped = false) const {
+    return {metered, std::move(axis), std::move(group), kind, bytes, ranks, std::move(what),
+            overlapped};
+  }
+  CommCall tp_call(Collective kind, double bytes, int ranks, std::string what) const {
+    return call(CommAxis::tp, "tp", {"tp"}, kind, bytes, ranks, std::move(what));
+  }
+
+  void describe_unit(int u) {
+    const Transformer::Unit& unit = model_->units()[size_t(u)];
+    UnitWork& w = units_[size_t(u)];
+    const double d = m_.d_model;
+    const TpShare share = tp_share(m_, tp_, 0);
+    if (unit.kind == Kind::embedding) {
+      // The rows gathered from the table (and the positions'), written once; backward adds them
+      // back.
+      w.forward_bytes = w.backward_bytes = 3 * rows_ * kF;
+      // The vocabulary-parallel lookup sums the ranks' rows.
+      if (tp_ > 1) w.forward_comms.push_back(tp_call(Collective::all_reduce, rows_ * kF, tp_,
+                                                     "the embedding's rows"));
+      return;
+    }
+    if (unit.kind == Kind::head) {
+      // The final norm, and the logits read and written by the softmax and the loss, each way.
+      const double logits = tokens_ * double(share.vocab_rows);
+      w.forward_bytes = w.backward_bytes = (2 * rows_ + 4 * logits) * kF;
+      if (tp_ > 1) {
+        w.forward_comms.push_back(tp_call(Collective::all_gather, 3 * tokens_ * kF * tp_, tp_,
+                                          "the loss's 3 floats per token"));
+        w.backward_comms.push_back(
+            tp_call(Collective::all_reduce, rows_ * kF, tp_, "the head input's gradient"));
+      }
+      return;
+    }
+    // A block: two norms and two residual adds over the stream, the MLP's activation over its
+    // hidden units (SwiGLU reads two of them), once forward and twice backward.
+    const bool moe = m_.is_moe_layer(unit.layer);
+    const double hidden = moe ? double(m_.moe_ffn_hidden) * (m_.moe_top_k + m_.moe_shared_experts)
+                              : double(share.ffn);
+    const double per_token = 10 * d + (m_.family == Family::llama ? 3 : 2) * hidden;
+    w.forward_bytes = per_token * tokens_ * kF;
+    w.backward_bytes = 2 * w.forward_bytes;
+    // Attention: per sequence and head, causal scores and values make one full product of the
+    // rank's queries by the sequence's keys forward, two backward.
+    // (Its kernel computes in fp32 whatever the products' dtype.)
+    w.attention.push_back({T_, step_.seq_len, m_.head_dim(), Precision::fp32,
+                           double(layout_.local_batch) * share.heads});
+    if (tp_ > 1) {
+      for (int i = 0; i < 2; ++i) {
+        if (par_.sequence_parallel) {
+          w.forward_comms.push_back(tp_call(Collective::all_gather, rows_ * kF, tp_,
+                                            "a block's input rows (sequence parallel)"));
+          w.forward_comms.push_back(tp_call(Collective::reduce_scatter, rows_ * kF, tp_,
+                                            "a block's output rows (sequence parallel)"));
+          w.backward_comms.push_back(tp_call(Collective::all_gather, rows_ * kF, tp_,
+                                             "a block's input rows again (sequence parallel)"));
+          w.backward_comms.push_back(tp_call(Collective::all_gather, rows_ * kF, tp_,
+                                             "a block's output gradient (sequence parallel)"));
+          w.backward_comms.push_back(tp_call(Collective::reduce_scatter, rows_ * kF, tp_,
+                                             "a block's input gradient (sequence parallel)"));
+        } else {
+          w.forward_comms.push_back(
+              tp_call(Collective::all_reduce, rows_ * kF, tp_, "a block's activations"));
+          w.backward_comms.push_back(
+              tp_call(Collective::all_reduce, rows_ * kF, tp_, "a block's activation gradients"));
+        }
+      }
+    }
+    if (cp_ > 1) context_comms(w, share);
+    if (moe && ep_ > 1) {
+      const double rows = tokens_ * m_.moe_top_k * d * kF;
+      const double counts = double(ep_) * (m_.moe_experts / ep_) * kF;
+      auto ep_call = [&](double bytes, const char* what) {
+        return call(CommAxis::ep, "ep", {kEp}, Collective::all_to_all, bytes, ep_, what);
+      };
+      w.forward_comms.push_back(ep_call(counts, "the routed rows' counts per expert"));
+      w.forward_comms.push_back(ep_call(rows, "token rows to their experts' ranks"));
+      w.forward_comms.push_back(ep_call(rows, "the experts' outputs back"));
+      w.backward_comms.push_back(ep_call(rows, "the outputs' gradients to the experts' ranks"));
+      w.backward_comms.push_back(ep_call(rows, "the rows' gradients back"));
+    }
+  }
+
+  // Attention's exchanges over cp (model/context_attention.cpp), per layer and micro-batch: a
+  // ring of R ranks sends its K|V rows on R - 1 steps forward and again backward, and their
+  // gradients on R steps; the all-gather mode gathers them in forward and again in backward and
+  // reduce-scatters their gradients; Ulysses' all-to-alls move q|k|v and the output to the heads
+  // and back, and in backward the output and its gradient to the heads, the q|k|v gradients back.
+  void context_comms(UnitWork& w, const TpShare& share) const {
+    const int U = layout_.cp_ulysses, R = cp_ / U;
+    const double hd = m_.head_dim();
+    const double heads_u = share.heads / U;
+    const double kv_heads_u = share.kv_heads % U == 0 ? share.kv_heads / U : 1;
+    const double kv = U * tokens_ * 2 * kv_heads_u * hd * kF;  // one ring position's K|V
+    auto cp_call = [&](Collective kind, double bytes, int ranks, const char* what) {
+      return call(CommAxis::cp, "cp", {"cp"}, kind, bytes, ranks, what);
+    };
+    if (layout_.cp_mode == CpMode::allgather) {
+      w.forward_comms.push_back(cp_call(Collective::all_gather, R * kv, R, "K|V gathered"));
+      w.backward_comms.push_back(
+          cp_call(Collective::all_gather, R * kv, R, "K|V gathered again"));
+      w.backward_comms.push_back(
+          cp_call(Collective::reduce_scatter, R * kv, R, "the K|V gradients"));
+    } else if (R > 1) {
+      for (int s = 0; s < R - 1; ++s) {
+        w.forward_comms.push_back(cp_call(Collective::send_recv, kv, 2, "K|V around the ring"));
+        w.backward_comms.push_back(
+            cp_call(Collective::send_recv, kv, 2, "K|V around the ring again"));
+      }
+      for (int s = 0; s < R; ++s)
+        w.backward_comms.push_back(
+            cp_call(Collective::send_recv, kv, 2, "the K|V gradients around the ring"));
+    }
+    if (U > 1) {
+      const double qkv = tokens_ * (heads_u + 2 * kv_heads_u) * hd * kF;
+      const double o = tokens_ * heads_u * hd * kF;
+      w.forward_comms.push_back(cp_call(Collective::all_to_all, U * qkv, U, "q|k|v to the heads"));
+      w.forward_comms.push_back(cp_call(Collective::all_to_all, U * o, U, "the output back"));
+      w.backward_comms.push_back(
+          cp_call(Collective::all_to_all, U * o, U, "the output to the heads again"));
+      w.backward_comms.push_back(
+          cp_call(Collective::all_to_all, U * o, U, "the output's gradient to the heads"));
+      w.backward_comms.push_back(
+          cp_call(Collective::all_to_all, U * qkv, U, "the q|k|v gradients back"));
+    }
+  }
+
+  // Each linear's three products, in the unit that runs them: a tied embedding's table in the
+  // head that uses it. A routed expert takes its share of the routed rows (balanced): under ep
+  // the rank holds 1 / ep of the experts, each with ep times the rows.
+  void add_products() {
+    const ParamStore& store = model_->params();
+    const std::vector<Transformer::Unit>& units = model_->units();
+    const double N = tokens_;
+    for (int i = 0; i < int(store.tensors().size()); ++i) {
+      const LinearGemm* g = store.packed_by(i);
+      if (!g) continue;
+      int u = store.tensor(i).unit;
+      if (units[size_t(u)].kind == Kind::embedding)
+        for (int h = 0; h < int(units.size()); ++h)
+          if (units[size_t(h)].kind == Kind::head &&
+              std::count(units[size_t(h)].uses.begin(), units[size_t(h)].uses.end(), u))
+            u = h;
+      if (units[size_t(u)].kind == Kind::embedding) continue;
+      const bool expert = store.group_name(store.tensor(i).group) == "experts";
+      const double rows = expert ? N * m_.moe_top_k * ep_ / m_.moe_experts : N;
+      const double count = expert ? 1.0 / ep_ : 1.0;
+      const int64_t M = std::max<int64_t>(1, int64_t(rows + 0.5));
+      const int64_t in = g->in_features(), out = g->out_features();
+      const Precision p = g->precision();
+      UnitWork& w = units_[size_t(u)];
+      w.forward.push_back({M, out, in, p, count});
+      w.backward_input.push_back({M, in, out, p, count});
+      w.backward_weight.push_back({out, in, M, p, count});
+    }
+  }
+
+  // The data-parallel family's collectives: per unit its gradients' reduction, ZeRO-3's gathers
+  // of its parameters, ZeRO-1/2's gathers of a group's updated shards.
+  double dense_floats(int u) const {
+    const ParamStore& store = model_->params();
+    double n = 0;
+    for (int g = 0; g < store.n_groups(); ++g)
+      if (g == 0 || ep_ == 1) n += double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]);
+    return n;
+  }
+  // The experts' floats of unit u on this rank (their share of the rank's 1 / ep of them).
+  double expert_floats(int u) const {
+    const ParamStore& store = model_->params();
+    if (ep_ == 1 || store.n_groups() < 2) return 0;
+    const std::vector<int64_t>& b = store.unit_bounds(1);
+    const double region = double(b.back() - b.front());
+    return region > 0 ? double(store.global_count(1)) / ep_ *
+                            double(b[size_t(u) + 1] - b[size_t(u)]) / region
+                      : 0;
+  }
+
+  void reduce_comms(int u, std::vector<CommCall>& out) const {
+    const double P = dense_floats(u) * kF;
+    const int zero = par_.zero_stage;
+    if (zero <= 1) {
+      out.push_back(call(CommAxis::dp, "dp", {"dp_replicate", "dp_shard", "cp"},
+                         Collective::all_reduce, P, dp_, "a unit's gradients", true));
+    } else {
+      out.push_back(call(CommAxis::dp, shard_axis_, {"dp_shard", "cp"}, Collective::reduce_scatter,
+                         P, S_, "a unit's gradients", true));
+      if (R_ > 1)
+        out.push_back(call(CommAxis::dp, "dp_replicate", {"dp_replicate"}, Collective::all_reduce,
+                           P / S_, R_, "a unit's gradient shard", true));
+    }
+    const double E = expert_floats(u) * kF;
+    if (E == 0) return;
+    const int efsdp = S_ / ep_;
+    if (zero <= 1) {
+      out.push_back(call(CommAxis::dp, "efsdp", {"dp_replicate", kEfsdp}, Collective::all_reduce,
+                         E, R_ * efsdp, "a unit's experts' gradients", true));
+    } else {
+      out.push_back(call(CommAxis::dp, "efsdp", {kEfsdp}, Collective::reduce_scatter, E, efsdp,
+                         "a unit's experts' gradients", true));
+      if (R_ > 1)
+        out.push_back(call(CommAxis::dp, "efsdp", {"dp_replicate"}, Collective::all_reduce,
+                           E / efsdp, R_, "a unit's experts' gradient shard", true));
+    }
+  }
+
+  // ZeRO-3's gather of unit u's parameters: each group's region, its FP8 weights at one byte per
+  // value with parallel.fp8_allgather (parallel/fp8_allgather.h).
+  void gather_comms(int u, bool overlapped, std::vector<CommCall>& out) const {
+    const ParamStore& store = model_->params();
+    for (int g = 0; g < store.n_groups(); ++g) {
+      const bool experts = store.group_name(g) == "experts" && ep_ > 1;
+      const double share = experts ? 1.0 / ep_ : 1.0;
+      const double n =
+          double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]) * share;
+      double f = 0;
+      if (par_.fp8_allgather)
+        for (int i = 0; i < int(store.tensors().size()); ++i)
+          if (store.fp8_weight(i) && store.tensor(i).group == g && store.tensor(i).unit == u)
+            f += double(store.tensor(i).numel) * share;
+      const double bytes = (n - f) * kF + f;
+      if (experts)
+        out.push_back(call(CommAxis::dp, "efsdp", {kEfsdp}, Collective::all_gather, bytes,
+                           S_ / ep_, "a unit's experts' parameters", overlapped));
+      else
+        out.push_back(call(CommAxis::dp, shard_axis_, {"dp_shard", "cp"}, Collective::all_gather,
+                           bytes, S_, "a unit's parameters", overlapped));
+    }
+  }
+
+  // ZeRO-1/2's gather of group g's updated shards.
+  void gather_params_comms(int g, std::vector<CommCall>& out) const {
+    const ParamStore& store = model_->params();
+    if (par_.zero_stage == 0 || par_.zero_stage == 3) return;
+    if (store.group_name(g) == "experts" && ep_ > 1) {
+      out.push_back(call(CommAxis::dp, "efsdp", {kEfsdp}, Collective::all_gather,
+                         double(store.global_count(g)) / ep_ * kF, S_ / ep_,
+                         "the experts' updated shards"));
+      return;
+    }
+    const std::vector<int64_t>& b = store.unit_bounds(g);
+    out.push_back(call(CommAxis::dp, shard_axis_, {"dp_shard", "cp"}, Collective::all_gather,
+                       double(b.back() - b.front()) * kF, S_, "a group's updated shards"));
+  }
+
+  // The gradients summed over tp once per step: sequence parallelism's norms (replicated over
+  // tp, each rank's rows' part) and the kv heads replicated when tp > n_kv_heads.
+  void tp_step_comms(std::vector<CommCall>& out) const {
+    const ParamStore& store = model_->params();
+    double partial = 0, kv = 0;
+    for (const ParamTensor& p : store.tensors()) {
+      if (p.placement.shard_dim < 0 && p.placement.pending == kTpAxis) partial += double(p.numel);
+      for (const Segment& s : p.placement.segments)
+        if (s.pending == kKvReplicasAxis) kv += double(s.length * (p.numel / p.shape[0]));
+    }
+    const int kv_replicas = tp_ > m_.n_kv_heads ? tp_ / m_.n_kv_heads : 1;
+    if (partial > 0)
+      out.push_back(tp_call(Collective::all_reduce, partial * kF, tp_, "the norms' gradients"));
+    if (kv > 0 && kv_replicas > 1)
+      out.push_back(tp_call(Collective::all_reduce, kv * kF, kv_replicas,
+                            "the replicated kv heads' gradients"));
+  }
+
+  // AdamW on the parameters a group's update writes: the values, gradients and two moments read,
+  // the values and moments written.
+  double update_bytes(int g) const {
+    const ParamStore& store = model_->params();
+    const std::vector<int64_t>& b = store.unit_bounds(g);
+    const double n = double(b.back() - b.front()) / (par_.zero_stage == 0 ? 1 : S_);
+    return 7 * n * kF;
+  }
+
+  InstructionWork instruction_work(const Instruction& in, bool starts_gather) const {
+    InstructionWork w;
+    const bool full = step_.activation_checkpointing == "full";
+    auto add = [](std::vector<GemmCall>& to, const std::vector<GemmCall>& from) {
+      to.insert(to.end(), from.begin(), from.end());
+    };
+    auto comms = [&](const std::vector<CommCall>& from) {
+      w.comms.insert(w.comms.end(), from.begin(), from.end());
+    };
+    const UnitWork* u = in.unit >= 0 ? &units_[size_t(in.unit)] : nullptr;
+    switch (in.op) {
+      case Op::forward:
+        add(w.gemms, u->forward);
+        add(w.attention, u->attention);
+        w.elementwise_bytes = u->forward_bytes;
+        comms(u->forward_comms);
+        break;
+      case Op::recompute:
+        // Full checkpointing runs the block's forward again; selective rebuilds only what needs
+        // no product (norms, activations).
+        w.elementwise_bytes = u->forward_bytes;
+        if (full) {
+          add(w.gemms, u->forward);
+          add(w.attention, u->attention);
+          comms(u->forward_comms);
+        }
+        break;
+      case Op::backward:
+      case Op::backward_input:
+      case Op::backward_weight: {
+        const bool input = in.op != Op::backward_weight, weight = in.op != Op::backward_input;
+        if (input) {
+          add(w.gemms, u->backward_input);
+          for (GemmCall a : u->attention) {
+            a.count *= 2;
+            w.attention.push_back(a);
+          }
+          w.elementwise_bytes += u->backward_bytes;
+          comms(u->backward_comms);
+        }
+        if (weight) add(w.gemms, u->backward_weight);
+        break;
+      }
+      case Op::send_forward:
+      case Op::send_backward:
+        w.comms.push_back(call(CommAxis::pp, "pp", {"pp"}, Collective::send_recv,
+                               rows_ / (par_.sequence_parallel ? tp_ : 1) * kF, 2,
+                               in.op == Op::send_forward ? "a stage's output activations"
+                                                         : "a stage's input gradient",
+                               true));
+        w.comms.back().peer = in.peer;
+        break;
+      case Op::tied_sum: {
+        const int tied = model_->pipeline_tied_tensor();
+        if (tied >= 0)
+          w.comms.push_back(call(CommAxis::pp, "pp", {"pp"}, Collective::all_reduce,
+                                 double(model_->params().tensor(tied).numel) * kF, 2,
+                                 "the tied embedding's gradient"));
+        break;
+      }
+      case Op::gather:
+      case Op::prefetch:
+        if (starts_gather && dp_ > 1) gather_comms(in.unit, in.op == Op::prefetch, w.comms);
+        break;
+      case Op::reduce_grads:
+        if (dp_ > 1) reduce_comms(in.unit, w.comms);
+        break;
+      case Op::finish_grads:
+        if (tp_ > 1) tp_step_comms(w.comms);
+        break;
+      case Op::gather_params:
+        if (dp_ > 1) gather_params_comms(in.group, w.comms);
+        break;
+      case Op::update:
+        w.elementwise_bytes = update_bytes(in.group);
+        break;
+      default:
+        break;
+    }
+    // A group of one rank (efsdp = 1, a lone replica) moves nothing.
+    std::erase_if(w.comms, [](const CommCall& c) { return c.ranks < 2; });
+    return w;
+  }
+
+  const ModelConfig& m_;
+  const ParallelConfig& par_;
+  const StepOptions& step_;
+  const Layout& layout_;
+  const Mesh& mesh_;
+  int r_;
+  int tp_ = 1, cp_ = 1, R_ = 1, S_ = 1, dp_ = 1, ep_ = 1, T_ = 0;
+  std::string shard_axis_;
+  double tokens_ = 0, rows_ = 0;
+  std::unique_ptr<Transformer> model_;
+  std::vector<UnitWork> units_;
+};
+
+}  // namespace
+
+StepWork step_work(const ModelConfig& model, const ParallelConfig& parallel,
+                   const StepOptions& step, const Layout& layout, int pp_rank) {
+  return Builder(model, parallel, step, layout, pp_rank).build();
+}
+
+}  // namespace cleave

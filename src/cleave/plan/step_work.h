@@ -1,0 +1,68 @@
+// What one rank's training step does, instruction by instruction: the matrix products, attention
+// and element-wise bytes of each compute instruction, and every collective each instruction takes
+// part in, with its mesh axis, kind and size. The one model of a step's communication: the bytes
+// per axis that `cleave mesh`, `cleave plan` and the trainer's predicted figures give are its sums
+// (plan/axis_volume.h), and the planner's step time is its simulation (plan/step_time.h), both
+// walked from the lowered program the trainer runs (training_program).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cleave/model/model_config.h"
+#include "cleave/parallel/comm_meter.h"
+#include "cleave/parallel/layout.h"
+#include "cleave/parallel/parallel_config.h"
+#include "cleave/parallel/step_options.h"
+#include "cleave/pipeline/program.h"
+#include "cleave/plan/cluster.h"
+
+namespace cleave {
+
+// One collective as collective_seconds takes it: `bytes` is all_reduce's buffer, all_gather's
+// gathered output, reduce_scatter's input, all_to_all's send buffer, send_recv's message.
+struct CommCall {
+  CommAxis metered = CommAxis::dp;  // the trainer's row of measured traffic
+  std::string axis;                 // the axis it is reported on: "tp", "dp_shard x cp", "efsdp"...
+  std::vector<std::string> group;   // the mesh axes whose ranks take part (carved ones by name)
+  Collective kind = Collective::all_reduce;
+  double bytes = 0;
+  int ranks = 1;
+  std::string what;  // what it moves, for the report: "a block's activations"
+  // Posted by its instruction and waited for later (gradient reductions, ZeRO-3's prefetches,
+  // pipeline sends), else waited for by the instruction itself.
+  bool overlapped = false;
+  int peer = -1;  // send_recv over pp: the receiving stage's pp rank
+  double sent() const { return ring_bytes_sent(kind, bytes, ranks); }
+};
+
+// C[m, n] = A[m, k] B[k, n] in `dtype`, `count` times.
+struct GemmCall {
+  int64_t m = 0, n = 0, k = 0;
+  Precision dtype = Precision::fp32;
+  double count = 1;
+};
+
+struct InstructionWork {
+  std::vector<GemmCall> gemms;      // the linears' products
+  // Causal attention's products, run by its own kernel: one head's scores over one sequence
+  // (m = the rank's queries, n = the keys, k = head_dim) as often as its FLOPs make full products.
+  std::vector<GemmCall> attention;
+  double elementwise_bytes = 0;  // read and written by the other kernels
+  std::vector<CommCall> comms;
+  double flops() const;          // of the products and attention
+};
+
+struct StepWork {
+  int pp_rank = 0;
+  Program program;
+  std::vector<InstructionWork> work;  // per instruction of program
+  double model_flops = 0;             // per step on this rank, as MFU counts them
+};
+
+// pp rank `pp_rank`'s step (its tp rank 0 and data-parallel rank 0 stand for the others, which do
+// as much), with MoE routing assumed balanced.
+StepWork step_work(const ModelConfig& model, const ParallelConfig& parallel,
+                   const StepOptions& step, const Layout& layout, int pp_rank);
+
+}  // namespace cleave
