@@ -12,8 +12,10 @@
 #include "cleave/base/file.h"
 #include "cleave/model/transformer.h"
 #include "cleave/parallel/layout.h"
+#include "cleave/plan/cluster.h"
 #include "cleave/plan/memory.h"
 #include "cleave/plan/report.h"
+#include "cleave/plan/step_time.h"
 #include "cleave/plan/axis_volume.h"
 #include "cleave/train/config.h"
 #include "cli/args.h"
@@ -24,13 +26,61 @@ namespace {
 
 double mib(int64_t bytes) { return double(bytes) / (1 << 20); }
 
+// The step's predicted time on the cluster: per pipeline stage where its time goes, then the
+// step, tokens/s and MFU (docs/planner.md, Step time).
+void print_step_time(const Cluster& cluster, const Layout& layout,
+                     const std::vector<StepWork>& work, const Config& cfg, nlohmann::json& out) {
+  const TrainConfig& t = cfg.train;
+  const double tokens = double(t.micro_batch_size) * t.seq_len * t.grad_accum_steps;
+  const StepPrediction p = predict_step(work, layout, cluster, tokens,
+                                        tokens * model_flops_per_token(cfg.model, t.seq_len),
+                                        t.dtype);
+  std::printf("\npredicted step on %s (%d devices per host; ms per step, each rank of a "
+              "stage alike):\n",
+              cluster.name.c_str(), cluster.devices_per_host);
+  std::printf("  %-5s %10s %10s %12s %14s %10s  %s\n", "stage", "products", "attention",
+              "elementwise", "pipeline wait", "end", "exposed communication");
+  out["step"] = {{"cluster", cluster.name}, {"stages", nlohmann::json::array()}};
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    const RankTime& rt = p.ranks[r];
+    std::string comm;
+    nlohmann::json per_axis = nlohmann::json::object();
+    for (const auto& [axis, seconds] : rt.comm) {
+      char part[96];
+      std::snprintf(part, sizeof part, "%s%s %.1f", comm.empty() ? "" : ", ", axis.c_str(),
+                    1e3 * seconds);
+      comm += part;
+      per_axis[axis] = seconds;
+    }
+    std::printf("  %-5zu %10.1f %10.1f %12.1f %14.1f %10.1f  %s\n", r, 1e3 * rt.gemm,
+                1e3 * rt.attention, 1e3 * rt.elementwise, 1e3 * rt.pipeline_wait, 1e3 * rt.end,
+                comm.empty() ? "none" : comm.c_str());
+    out["step"]["stages"].push_back({{"pp_rank", r}, {"products_s", rt.gemm},
+                                     {"attention_s", rt.attention},
+                                     {"elementwise_s", rt.elementwise},
+                                     {"pipeline_wait_s", rt.pipeline_wait}, {"end_s", rt.end},
+                                     {"exposed_comm_s", per_axis}});
+  }
+  std::printf("step %.1f ms, %.0f tokens/s", 1e3 * p.step_seconds, p.tokens_per_second);
+  if (p.peak_gflops > 0)
+    std::printf(", MFU %.1f%% of the %s GEMM peak %.0f GF/s per device\n", 100 * p.mfu,
+                precision_name(product_dtype(t.dtype)), p.peak_gflops);
+  else
+    std::printf(", MFU unknown (the cluster gives no %s peak)\n",
+                precision_name(product_dtype(t.dtype)));
+  out["step"]["step_s"] = p.step_seconds;
+  out["step"]["tokens_per_s"] = p.tokens_per_second;
+  out["step"]["mfu"] = p.peak_gflops > 0 ? nlohmann::json(p.mfu) : nlohmann::json(nullptr);
+}
+
 }  // namespace
 
 int plan(int argc, char** argv) {
-  const Args a = Args::parse("plan", argc, argv, {"--world", "--json", "--report", "--ranks-per-host"});
+  const Args a = Args::parse("plan", argc, argv, {"--world", "--json", "--report", "--ranks-per-host", "--cluster"});
   if (a.positional.size() != 1)
     throw Error("cleave plan: expected CONFIG.toml (usage: cleave plan CONFIG.toml --world N "
-                "[--set key=value ...] [--ranks-per-host K] [--json OUT.json] [--report OUT.html])");
+                "[--set key=value ...] [--cluster CLUSTER.toml] [--ranks-per-host K] [--json OUT.json] "
+                "[--report OUT.html])");
   if (!a.has("--world")) throw Error("cleave plan: --world N is required");
   const int world = int(a.integer("--world", 1, 1, INT32_MAX));
   const int per_host = int(a.integer("--ranks-per-host", world, 1, INT32_MAX));
@@ -39,7 +89,7 @@ int plan(int argc, char** argv) {
   // The trainer's own check: a layout it would refuse is refused here with its message.
   const Layout layout = plan_layout(cfg.model, cfg.parallel, t, world);
   const Mesh& mesh = layout.mesh;
-  const int pp = mesh.degree(Axis::pp), cp = mesh.degree(Axis::cp), tp = mesh.degree(Axis::tp);
+  const int pp = mesh.degree(Axis::pp), cp = mesh.degree(Axis::cp);
   const int val_batches = t.val_interval > 0 ? int(t.val_batches) : 0;
   std::string axes;
   for (Axis axis : kMeshAxes)
@@ -54,6 +104,7 @@ int plan(int argc, char** argv) {
   std::printf("  %-5s %12s %10s %10s %10s %10s %12s %10s %10s\n", "stage", "parameters",
               "values", "gradients", "optimizer", "w. copies", "activations", "scratch", "total");
   nlohmann::json out = {{"world", world}, {"stages", nlohmann::json::array()}};
+  std::vector<StepWork> work;  // per pp rank
   PlanReport report;
   report.title = "cleave plan: " + a.positional[0] + " on " + std::to_string(world) + " ranks";
   report.mesh = &mesh;
@@ -67,26 +118,20 @@ int plan(int argc, char** argv) {
                 mib(p.backward_scratch), mib(p.total()));
     for (const std::string& note : p.notes) std::printf("        not counted: %s\n", note.c_str());
     report.stages.push_back(p);
-    // The stage's FLOPs per step on one rank, as MFU counts them: 6 per matmul parameter and
-    // token, and attention's 6 x layers x sequence x d_model per token (causal, halved).
-    const std::vector<ModelChunk> chunks = stage_chunks(layout, r);
-    const std::unique_ptr<Transformer> m =
-        Transformer::planned(cfg.model, tp, cfg.parallel.sequence_parallel, chunks, t.dtype);
-    int layers = 0;
-    for (const ModelChunk& c : chunks) layers += c.end_layer - c.first_layer;
-    const double tokens = double(layout.local_batch) * (t.seq_len / cp) * t.grad_accum_steps;
-    const double flops = tokens * (6.0 * double(m->matmul_params()) +
-                                   6.0 * layers * t.seq_len * double(cfg.model.d_model) / tp);
+    work.push_back(step_work(cfg.model, cfg.parallel, t, layout, r));
     out["stages"].push_back({{"pp_rank", r}, {"parameter_count", p.parameter_count},
                              {"values", p.parameters}, {"gradients", p.gradients},
                              {"optimizer", p.optimizer}, {"weight_copies", p.weight_copies},
                              {"activations", p.activations.total()},
                              {"backward_scratch", p.backward_scratch}, {"total", p.total()},
-                             {"flops_per_step", flops}, {"not_counted", p.notes}});
-    std::printf("        %.3g FLOPs per step on each of its ranks (%d layers)\n", flops, layers);
+                             {"flops_per_step", work.back().model_flops},
+                             {"not_counted", p.notes}});
+    std::printf("        %.3g FLOPs per step on each of its ranks (products and attention, "
+                "recomputation not counted)\n",
+                work.back().model_flops);
   }
   std::printf("\nbytes rank 0 sends per step on each mesh axis:\n");
-  const std::vector<AxisVolume> volumes = axis_volumes(step_work(cfg.model, cfg.parallel, t, layout, 0));
+  const std::vector<AxisVolume> volumes = axis_volumes(work[0]);
   if (volumes.empty()) std::printf("  none: a single rank\n");
   out["axes"] = nlohmann::json::array();
   for (const AxisVolume& v : volumes) {
@@ -94,6 +139,7 @@ int plan(int argc, char** argv) {
     out["axes"].push_back({{"axis", v.axis}, {"bytes", v.bytes}, {"how", v.how}});
     report.axes.push_back({v.axis, v.bytes, v.how});
   }
+  if (a.has("--cluster")) print_step_time(read_cluster(a.get("--cluster", "")), layout, work, cfg, out);
   if (a.has("--report")) {
     report.timeline = simulated_trace(layout.schedule, layout.check);
     const std::string path = a.get("--report", "");

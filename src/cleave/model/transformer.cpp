@@ -544,8 +544,7 @@ std::unique_ptr<Transformer> Transformer::planned(const ModelConfig& cfg, int tp
   return model;
 }
 
-int64_t Transformer::matmul_params() const {
-  const ModelConfig& c = cfg_;
+int64_t matmul_params(const ModelConfig& c) {
   const int64_t d = c.d_model, attention = d * c.qkv_dim() + int64_t(c.n_heads) * c.head_dim() * d;
   // An MLP of h hidden units: fc (2h rows for SwiGLU) and proj.
   auto mlp = [&](int64_t h) { return d * h * (c.family == Family::llama ? 2 : 1) + h * d; };
@@ -558,6 +557,10 @@ int64_t Transformer::matmul_params() const {
       total += mlp(c.ffn_hidden);
   }
   return total;
+}
+
+double model_flops_per_token(const ModelConfig& cfg, int seq_len) {
+  return 6.0 * double(matmul_params(cfg)) + 6.0 * cfg.n_layers * double(seq_len) * cfg.d_model;
 }
 
 std::vector<MoeLayerStats> Transformer::take_moe_stats() {

@@ -26,6 +26,14 @@ struct ModelChunk {
   bool embedding = false, head = false;
 };
 
+// Parameters that take part in matrix products (LM head included) of the whole model, counting
+// only a token's active experts in a MoE layer (the router, top_k experts and the shared ones):
+// the 6 * P of MFU.
+int64_t matmul_params(const ModelConfig& cfg);
+// The model FLOPs of one token in a training step, as MFU counts them (docs/architecture.md,
+// MFU): 6 x matmul parameters + 6 x layers x sequence x d_model (causal attention, halved).
+double model_flops_per_token(const ModelConfig& cfg, int seq_len);
+
 class Transformer {
  public:
   // pad_multiple: every unit of parameters (see units) starts at a multiple of it, and the flat
@@ -137,10 +145,6 @@ class Transformer {
                                               Precision precision = Precision::fp32,
                                               int64_t pad_multiple = 1);
 
-  // Parameters that take part in matrix products (LM head included) of the whole model, counting
-  // only a token's active experts in a MoE layer (the router, top_k experts and the shared
-  // ones): the 6 * P of MFU.
-  int64_t matmul_params() const;
 
   // The activation memory formula's parts (parallel/activation_memory.h), for micro-batches of
   // B x T tokens: what block unit `unit` saves per micro-batch, and the bytes of the buffers

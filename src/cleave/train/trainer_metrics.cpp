@@ -62,10 +62,7 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   const TrainConfig& t = cfg_.train;
   const double tokens = double(steps) * t.micro_batch_size * t.grad_accum_steps * t.seq_len;
   const double tok_s = tokens / seconds;
-  // docs/architecture.md, MFU: 6 x matmul parameters + 6 x layers x sequence x d_model (causal,
-  // halved).
-  const double flops_per_token = 6.0 * double(model_->matmul_params()) +
-                                 6.0 * cfg_.model.n_layers * t.seq_len * cfg_.model.d_model;
+  const double flops_per_token = model_flops_per_token(cfg_.model, t.seq_len);
   const double model_gflops = tok_s * flops_per_token * 1e-9;
   const double mfu = model_gflops / peak_sum_;
   const double mfu_hardware = hardware_sum_ > 0 ? model_gflops / hardware_sum_ : 0.0;

@@ -1,0 +1,203 @@
+#include "cleave/plan/step_time.h"
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <tuple>
+
+#include "cleave/base/check.h"
+#include "cleave/mesh/mesh.h"
+
+namespace cleave {
+
+namespace {
+
+double sum(const std::vector<std::pair<std::string, double>>& parts) {
+  double s = 0;
+  for (const auto& p : parts) s += p.second;
+  return s;
+}
+
+}  // namespace
+
+std::vector<RankTime> simulate_programs(
+    const std::vector<Program>& programs,
+    const std::function<InstructionCost(int rank, size_t i)>& cost) {
+  const int P = int(programs.size());
+  // A message between stages: forward or backward, from, to, tag.
+  using Message = std::tuple<bool, int, int, int>;
+  std::map<Message, double> arrival;
+  struct Done {
+    double at = 0;
+    std::string axis;
+  };
+  struct State {
+    size_t next = 0;
+    double now = 0;
+    Done stream;                  // the communication stream: free from `at`, last posted `axis`
+    std::map<int, Done> fetched;  // ZeRO-3: a unit's prefetch, done at
+    // Receives posted and not yet waited for: by forward or backward, chunk and slot.
+    std::map<std::tuple<bool, int, int>, Message> posted;
+    bool done = false;
+  };
+  std::vector<State> state(programs.size());
+  std::vector<RankTime> out(programs.size());
+  // Waits until `until` on rank r's clock, the wait counted on `axis`.
+  auto wait = [&](int r, double until, const std::string& axis) {
+    State& s = state[size_t(r)];
+    if (until > s.now) {
+      out[size_t(r)].comm[axis] += until - s.now;
+      s.now = until;
+    }
+  };
+  for (int finished = 0; finished < P;) {
+    bool moved = false;
+    for (int r = 0; r < P; ++r) {
+      State& s = state[size_t(r)];
+      RankTime& rt = out[size_t(r)];
+      const std::vector<Instruction>& list = programs[size_t(r)].instructions;
+      while (s.next < list.size()) {
+        const Instruction& in = list[s.next];
+        // A receive is posted; the compute that reads its slot waits for the message.
+        if (in.op == Op::recv_forward || in.op == Op::recv_backward) {
+          s.posted[{in.op == Op::recv_forward, in.chunk, in.slot}] = {in.op == Op::recv_forward,
+                                                                      in.peer, r, in.tag};
+          ++s.next;
+          moved = true;
+          continue;
+        }
+        if (is_compute(in.op)) {
+          const bool forward = in.op == Op::forward || in.op == Op::recompute;
+          auto p = s.posted.find({forward, in.chunk, in.slot});
+          if (p != s.posted.end()) {
+            auto it = arrival.find(p->second);
+            if (it == arrival.end()) break;  // its send has not run yet
+            if (it->second > s.now) {
+              rt.pipeline_wait += it->second - s.now;
+              s.now = it->second;
+            }
+            s.posted.erase(p);
+          }
+        }
+        const InstructionCost c = cost(r, s.next);
+        if (in.op == Op::gather && c.blocking.empty()) {
+          auto f = s.fetched.find(in.unit);
+          if (f != s.fetched.end()) wait(r, f->second.at, f->second.axis);
+        }
+        if (in.op == Op::finish_grads) wait(r, s.stream.at, s.stream.axis);
+        s.now += c.compute;
+        rt.gemm += c.compute;
+        for (const auto& [axis, seconds] : c.blocking) {
+          s.now += seconds;
+          rt.comm[axis] += seconds;
+        }
+        if (in.op == Op::send_forward || in.op == Op::send_backward) {
+          arrival[{in.op == Op::send_forward, r, in.peer, in.tag}] = s.now + sum(c.overlapped);
+        } else if (!c.overlapped.empty()) {
+          s.stream.at = std::max(s.stream.at, s.now) + sum(c.overlapped);
+          s.stream.axis = c.overlapped.back().first;
+          if (in.op == Op::prefetch) s.fetched[in.unit] = s.stream;
+        }
+        ++s.next;
+        moved = true;
+      }
+      if (!s.done && s.next == list.size()) {
+        wait(r, s.stream.at, s.stream.axis);  // the step ends when its reductions have
+        rt.end = s.now;
+        s.done = true;
+        ++finished;
+        moved = true;
+      }
+    }
+    if (!moved && finished < P) {
+      for (int r = 0; r < P; ++r) {
+        const State& s = state[size_t(r)];
+        if (s.next < programs[size_t(r)].instructions.size())
+          throw Error("step simulation: pp rank " + std::to_string(r) + " waits forever at " +
+                      to_string(programs[size_t(r)].instructions[s.next]) +
+                      " (instruction " + std::to_string(s.next) + ")");
+      }
+    }
+  }
+  return out;
+}
+
+Precision product_dtype(Precision p) {
+  if (p == Precision::fp16) return Precision::fp32;
+  if (p == Precision::fp8) return Precision::bf16;
+  return p;
+}
+
+StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& layout,
+                            const Cluster& cluster, double global_tokens, double model_flops,
+                            Precision dtype) {
+  const Mesh& mesh = layout.mesh;
+  const int pp = mesh.degree(Axis::pp);
+  CLEAVE_CHECK(int(work.size()) == pp, "predict_step: " + std::to_string(work.size()) +
+                                           " ranks' work for pp = " + std::to_string(pp));
+  // pp rank r stands for the world rank at its pipeline coordinate, every other one 0.
+  auto world_rank = [&](int r) {
+    std::array<int, kAxes> coords{};
+    coords[size_t(Axis::pp)] = r;
+    return mesh.rank_of(coords);
+  };
+  auto host = [&](int rank) { return rank / std::max(1, cluster.devices_per_host); };
+  auto link = [&](int r, const CommCall& c) {
+    const int me = world_rank(r);
+    bool inside = true;
+    if (c.peer >= 0) {
+      inside = host(world_rank(c.peer)) == host(me);
+    } else {
+      for (int other : mesh.group(me, c.group)) inside = inside && host(other) == host(me);
+    }
+    return inside ? LinkClass::intra_host : LinkClass::inter_host;
+  };
+  auto products = [&](const std::vector<GemmCall>& calls) {
+    double s = 0;
+    for (const GemmCall& g : calls)
+      s += gemm_seconds(cluster, g.m, g.n, g.k, product_dtype(g.dtype)) * g.count;
+    return s;
+  };
+
+  StepPrediction out;
+  out.model_flops = model_flops;
+  std::vector<Program> programs;
+  std::vector<std::vector<InstructionCost>> costs(work.size());
+  std::vector<std::array<double, 3>> parts(work.size(), {0, 0, 0});  // gemm, attention, memory
+  for (int r = 0; r < pp; ++r) {
+    const StepWork& w = work[size_t(r)];
+    programs.push_back(w.program);
+    for (const InstructionWork& iw : w.work) {
+      InstructionCost c;
+      const double g = products(iw.gemms), a = products(iw.attention);
+      const double e = iw.elementwise_bytes > 0 ? memory_seconds(cluster, iw.elementwise_bytes) : 0;
+      c.compute = g + a + e;
+      parts[size_t(r)][0] += g;
+      parts[size_t(r)][1] += a;
+      parts[size_t(r)][2] += e;
+      for (const CommCall& call : iw.comms) {
+        const double s = collective_seconds(cluster, call.kind, link(r, call), call.bytes, call.ranks);
+        (call.overlapped ? c.overlapped : c.blocking).push_back({call.axis, s});
+      }
+      costs[size_t(r)].push_back(std::move(c));
+    }
+  }
+  out.ranks = simulate_programs(
+      programs, [&](int r, size_t i) { return costs[size_t(r)][i]; });
+  for (int r = 0; r < pp; ++r) {
+    RankTime& t = out.ranks[size_t(r)];
+    t.gemm = parts[size_t(r)][0];
+    t.attention = parts[size_t(r)][1];
+    t.elementwise = parts[size_t(r)][2];
+    out.step_seconds = std::max(out.step_seconds, t.end);
+  }
+  out.tokens_per_second = global_tokens / out.step_seconds;
+  auto peak = cluster.peak_gflops.find(product_dtype(dtype));
+  if (peak != cluster.peak_gflops.end()) {
+    out.peak_gflops = peak->second;
+    out.mfu = out.model_flops / out.step_seconds / (double(mesh.world()) * peak->second * 1e9);
+  }
+  return out;
+}
+
+}  // namespace cleave

@@ -1,0 +1,65 @@
+// The predicted time of one training step: every pipeline rank's step program simulated, each
+// instruction costed by the cluster's models (plan/cluster.h) from the work plan/step_work.h
+// gives it (docs/planner.md, Step time). Within a rank, compute and the collectives an
+// instruction waits for run one after another; gradient reductions and ZeRO-3's prefetches run
+// on a communication stream beside compute, in the order posted, and are waited for where the
+// program waits for them (finish_grads, gather); a pipeline send arrives at its peer after its
+// transfer time, and a receive waits for it, so the bubble comes out of the schedule itself.
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cleave/parallel/layout.h"
+#include "cleave/plan/cluster.h"
+#include "cleave/plan/step_work.h"
+
+namespace cleave {
+
+// What one instruction costs, in seconds: its compute, the collectives it waits for itself, and
+// those it posts to run beside compute (each with the axis it is reported on).
+struct InstructionCost {
+  double compute = 0;
+  std::vector<std::pair<std::string, double>> blocking, overlapped;
+};
+
+// Where each rank's time went: compute by kind, the waits on each axis's collectives beyond
+// compute (blocking ones in full, overlapped ones where the program waited for them), and the
+// waits for other stages' transfers.
+struct RankTime {
+  double gemm = 0, attention = 0, elementwise = 0;
+  std::map<std::string, double> comm;  // exposed seconds per axis
+  double pipeline_wait = 0;
+  double end = 0;  // when the rank's program ends
+};
+
+// Simulates one run of every pp rank's program (pp rank r: programs[r]), cost(r, i) being the
+// cost of programs[r]'s instruction i; a send's overlapped cost is its message's transfer, which
+// the matching receive waits for. Compute goes to RankTime::gemm (the caller splits it). Throws
+// Error when the programs deadlock (a receive with no matching send).
+std::vector<RankTime> simulate_programs(
+    const std::vector<Program>& programs,
+    const std::function<InstructionCost(int rank, size_t i)>& cost);
+
+struct StepPrediction {
+  std::vector<RankTime> ranks;  // per pp rank
+  double step_seconds = 0;      // the slowest rank's end
+  double tokens_per_second = 0;
+  double model_flops = 0;  // per step, over every rank, as given
+  double peak_gflops = 0;  // per device, of the dtype the products run as; 0: unknown
+  double mfu = 0;          // model_flops / step_seconds / (devices x peak); 0 when unknown
+};
+
+// The products' dtype on the cluster's tables: fp16 runs as fp32 products, FP8 as bf16 ones
+// (kernels/linear.h).
+Precision product_dtype(Precision p);
+
+// The step of `layout` (its pp ranks' work, from step_work) on `cluster` (its devices_per_host
+// consecutive world ranks on each host), global_tokens tokens per step in `dtype`, model_flops
+// per step as the trainer's MFU counts them (model_flops_per_token).
+StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& layout,
+                            const Cluster& cluster, double global_tokens, double model_flops,
+                            Precision dtype);
+
+}  // namespace cleave
