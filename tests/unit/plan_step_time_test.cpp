@@ -1,0 +1,205 @@
+// The step-time simulation: on every pipeline schedule it finds the schedule checker's makespan
+// (the same bubble, from the lowered programs); gradient reductions hide under backward until
+// they are longer than it; a prefetched gather waits only for what is left of its transfer; and
+// the planner's prediction adds up: products at the table's rate, links by host, MFU and tokens/s
+// from the step.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "cleave/parallel/layout.h"
+#include "cleave/plan/step_time.h"
+
+namespace cleave {
+namespace {
+
+double unit_cost(Op op) {
+  switch (op) {
+    case Op::forward: return 1;
+    case Op::backward: return 2;
+    case Op::backward_input: return 1;
+    case Op::backward_weight: return 1;
+    default: return 0;
+  }
+}
+
+TEST(PlanStepTime, PipelineMakespanIsTheScheduleCheckers) {
+  struct Case {
+    const char* name;
+    int virtual_chunks;
+  };
+  for (const Case& c : {Case{"gpipe", 1}, Case{"1f1b", 1}, Case{"interleaved", 2},
+                        Case{"zb1p", 1}, Case{"zbv", 2}}) {
+    const int pp = 4, m = 8;
+    const Schedule s = generate_schedule(c.name, pp, m, c.virtual_chunks);
+    const ScheduleCheck check = check_schedule(s);
+    // One unit per chunk, every unit with a weight half.
+    UnitLayout layout;
+    for (int k = 0; k < check.stages.chunks_per_rank; ++k) {
+      layout.chunk_units.push_back({k});
+      layout.uses.push_back({k});
+      layout.has_weight_part.push_back(true);
+    }
+    std::vector<Program> programs;
+    for (int r = 0; r < pp; ++r)
+      programs.push_back(lower_schedule(s, check.stages, r, layout, {}));
+    const std::vector<RankTime> t = simulate_programs(programs, [&](int r, size_t i) {
+      InstructionCost cost;
+      cost.compute = unit_cost(programs[size_t(r)].instructions[i].op);
+      return cost;
+    });
+    double makespan = 0;
+    for (const RankTime& rt : t) makespan = std::max(makespan, rt.end);
+    EXPECT_DOUBLE_EQ(makespan, check.makespan) << c.name;
+    // Each rank computes 3 units per micro-batch and chunk; the rest of the step it waits.
+    for (const RankTime& rt : t)
+      EXPECT_DOUBLE_EQ(rt.gemm, 3.0 * m * check.stages.chunks_per_rank) << c.name;
+    EXPECT_GT(t[0].pipeline_wait, 0) << c.name;
+  }
+}
+
+// forward 0, 1; backward 1 then its reduction posted; backward 0 and its reduction; the step's end.
+Program data_parallel_program() {
+  Program p;
+  p.instructions = {{Op::forward, 0},   {Op::forward, 1},       {Op::backward, 1},
+                    {Op::reduce_grads, 1}, {Op::backward, 0},   {Op::reduce_grads, 0},
+                    {Op::finish_grads}};
+  return p;
+}
+
+double end_with_reduction(double reduce, std::map<std::string, double>* comm = nullptr) {
+  const Program p = data_parallel_program();
+  const std::vector<RankTime> t = simulate_programs({p}, [&](int, size_t i) {
+    InstructionCost c;
+    const Op op = p.instructions[i].op;
+    c.compute = unit_cost(op);
+    if (op == Op::reduce_grads) c.overlapped.push_back({"dp", reduce});
+    return c;
+  });
+  if (comm) *comm = t[0].comm;
+  return t[0].end;
+}
+
+TEST(PlanStepTime, GradientReductionsOverlapBackward) {
+  // F F B | B: the first reduction (posted at 4) runs under the second backward (4 to 6); the last
+  // one is exposed.
+  std::map<std::string, double> comm;
+  EXPECT_DOUBLE_EQ(end_with_reduction(1.5, &comm), 6 + 1.5);
+  EXPECT_DOUBLE_EQ(comm["dp"], 1.5);
+  // Longer than the backward beside it: the stream runs 4 to 7, then 7 to 10.
+  EXPECT_DOUBLE_EQ(end_with_reduction(3, &comm), 10);
+  EXPECT_DOUBLE_EQ(comm["dp"], 4);
+  EXPECT_DOUBLE_EQ(end_with_reduction(0), 6);
+}
+
+TEST(PlanStepTime, GatherWaitsForItsPrefetch) {
+  Program p;
+  p.instructions = {{Op::gather, 0}, {Op::prefetch, 1}, {Op::forward, 0}, {Op::gather, 1},
+                    {Op::forward, 1}};
+  auto end = [&](double transfer) {
+    return simulate_programs({p}, [&](int, size_t i) {
+             InstructionCost c;
+             const Instruction& in = p.instructions[i];
+             c.compute = unit_cost(in.op);
+             if (in.op == Op::gather && in.unit == 0) c.blocking.push_back({"dp_shard", transfer});
+             if (in.op == Op::prefetch) c.overlapped.push_back({"dp_shard", transfer});
+             return c;
+           })[0]
+        .end;
+  };
+  // Unit 0's gather blocks; unit 1's runs under unit 0's forward and is waited for where it is
+  // used only past it.
+  EXPECT_DOUBLE_EQ(end(0.5), 0.5 + 1 + 1);
+  EXPECT_DOUBLE_EQ(end(3), 3 + 3 + 1);
+}
+
+ModelConfig small_gpt2() {
+  ModelConfig m;
+  m.family = Family::gpt2;
+  m.vocab_size = 512;
+  m.d_model = 128;
+  m.n_layers = 4;
+  m.n_heads = 4;
+  m.n_kv_heads = 4;
+  m.ffn_hidden = 512;
+  m.max_seq_len = 128;
+  return m;
+}
+
+// One rate for every product (one grid point: every shape clamps to it), memory and links as
+// given.
+Cluster flat_cluster(int devices_per_host, double inter_gbps) {
+  Cluster c;
+  c.name = "flat";
+  c.devices_per_host = devices_per_host;
+  c.memory_gib = 16;
+  c.memory_gbps = 10;
+  c.peak_gflops[Precision::fp32] = 100;
+  c.gemm[Precision::fp32] = GemmTable({{64, 64, 64, 50}}, "flat");
+  LinkCosts intra, inter;
+  for (Collective k : kCollectives) {
+    intra[size_t(k)] = {{1.0, 10.0}};
+    inter[size_t(k)] = {{10.0, inter_gbps}};
+  }
+  c.links[size_t(LinkClass::intra_host)] = intra;
+  c.links[size_t(LinkClass::inter_host)] = inter;
+  return c;
+}
+
+struct Planned {
+  StepPrediction prediction;
+  std::vector<StepWork> work;
+};
+
+Planned plan(const ParallelConfig& parallel, int world, const Cluster& cluster) {
+  const ModelConfig model = small_gpt2();
+  StepOptions step;
+  step.seq_len = 128;
+  step.micro_batch_size = 8;
+  const Layout layout = plan_layout(model, parallel, step, world);
+  Planned p;
+  for (int r = 0; r < layout.mesh.degree(Axis::pp); ++r)
+    p.work.push_back(step_work(model, parallel, step, layout, r));
+  const double tokens = double(step.micro_batch_size) * step.seq_len;
+  p.prediction = predict_step(p.work, layout, cluster, tokens,
+                              tokens * model_flops_per_token(model, step.seq_len),
+                              step.dtype);
+  return p;
+}
+
+TEST(PlanStepTime, OneRankIsItsWorkAtTheClustersRates) {
+  const Cluster cluster = flat_cluster(1, 1);
+  const Planned p = plan({}, 1, cluster);
+  const StepPrediction& s = p.prediction;
+  ASSERT_EQ(s.ranks.size(), 1u);
+  double flops = 0, bytes = 0;
+  for (const InstructionWork& w : p.work[0].work) {
+    flops += w.flops();
+    bytes += w.elementwise_bytes;
+    EXPECT_TRUE(w.comms.empty());
+  }
+  EXPECT_NEAR(s.ranks[0].gemm + s.ranks[0].attention, flops / 50e9, 1e-12);
+  EXPECT_NEAR(s.ranks[0].elementwise, bytes / 10e9, 1e-12);
+  EXPECT_DOUBLE_EQ(s.step_seconds, s.ranks[0].end);
+  EXPECT_NEAR(s.step_seconds, flops / 50e9 + bytes / 10e9, 1e-12);
+  EXPECT_DOUBLE_EQ(s.tokens_per_second, 8 * 128 / s.step_seconds);
+  EXPECT_DOUBLE_EQ(s.mfu, s.model_flops / s.step_seconds / 100e9);
+  // The step's FLOPs as the trainer counts them are the products' and attention's within the
+  // head's padding and the causal half.
+  EXPECT_NEAR(p.work[0].model_flops / s.model_flops, 1.0, 0.02);
+}
+
+TEST(PlanStepTime, TensorParallelAcrossHostsTakesTheSlowerLink) {
+  ParallelConfig tp2;
+  tp2.tp = 2;
+  const Planned inside = plan(tp2, 2, flat_cluster(2, 1));
+  const Planned across = plan(tp2, 2, flat_cluster(1, 1));
+  const double in = inside.prediction.ranks[0].comm.at("tp");
+  const double out = across.prediction.ranks[0].comm.at("tp");
+  EXPECT_GT(in, 0);
+  EXPECT_GT(out, 5 * in);  // beta 1 GB/s against 10, alpha 10 us against 1
+  EXPECT_GT(across.prediction.step_seconds, inside.prediction.step_seconds);
+}
+
+}  // namespace
+}  // namespace cleave
