@@ -172,9 +172,28 @@ ComputePeak trainer_peak(Precision p, MPI_Comm host) {
   return peak;
 }
 
-// bench_comm per collective on `group` (printing each as it is measured), then the fit.
+// What a collective running beside compute costs the compute (Cluster::compute_slowdown):
+// bench-comm's overlap measurement (an all_reduce of the largest size posted, then a computation
+// about twice as long on the calling thread, then the wait), as the time the pair took beyond the
+// computation alone per second of the all_reduce alone; the mean over the group's ranks.
+double measure_link_slowdown(Group& group, const Plan& plan, std::string& comment) {
+  const OverlapResult r = measure_overlap(group, plan.comm.max_bytes, CommAlgo::fastest);
+  const double extra = r.compute_with_comm + r.waited - r.compute_alone;
+  const double local = std::clamp(extra / r.comm_alone, 0.0, 100.0);
+  const double slowdown = sum_of_doubles(group, local) / group.size();
+  comment = "seconds of compute lost per second of a collective running beside it: an\n"
+            "all_reduce of " + size_text(r.bytes) + " alone " + fixed(r.comm_alone * 1e3, 1) +
+            " ms; a computation alone " + fixed(r.compute_alone * 1e3, 1) +
+            " ms, beside the all_reduce " + fixed(r.compute_with_comm * 1e3, 1) +
+            " ms,\nthen waited " + fixed(r.waited * 1e3, 1) + " ms (rank " +
+            std::to_string(group.rank()) + "; the mean over ranks)";
+  return slowdown;
+}
+
+// bench_comm per collective on `group` (printing each as it is measured), then the fit, and what
+// the link's collectives cost compute beside them.
 LinkCosts measure_link(Group& group, LinkClass link, const Plan& plan, bool report,
-                       std::map<std::string, std::string>& comments) {
+                       std::map<std::string, std::string>& comments, double& slowdown) {
   const std::string prefix = std::string("collectives.") + link_class_name(link);
   std::vector<CommBenchRow> rows;
   for (Collective kind : kCollectives) {
@@ -215,6 +234,9 @@ LinkCosts measure_link(Group& group, LinkClass link, const Plan& plan, bool repo
     comments[std::string("collectives.") + link_class_name(link) + "." + collective_name(kind)] +=
         "\nfit: " + fixed(100 * error, 0) + "% error (root mean square, relative)";
   }
+  const std::string key = std::string("collectives.") + link_class_name(link) + ".compute_slowdown";
+  slowdown = measured(measure_link_slowdown(group, plan, comments[key]));
+  if (report) std::printf("%s compute_slowdown: %.2f\n", link_class_name(link), slowdown);
   return costs;
 }
 
@@ -290,8 +312,8 @@ int calibrate(int argc, char** argv) {
   comments["gemm"] =
       "GF/s of C[m, n] = A[m, k] B[k, n]: the mean time of the passes of linear layers that\n"
       "compute it (forward, backward_input, backward_weight; kernels/gemm_bench.h, as\n"
-      "`cleave bench-gemm` times them), each pass's fastest call on CPU time where neighbours\n"
-      "took the cores; " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") +
+      "`cleave bench-gemm` times them), each pass's median call on the wall clock, every rank\n"
+      "timing at once; " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") +
       " per rank.";
 
   std::string peak_note;
@@ -363,7 +385,8 @@ int calibrate(int argc, char** argv) {
     if (min_per_host >= 2 && min_per_host == max_per_host) {
       Group group(host, "intra_host");
       c.links[size_t(LinkClass::intra_host)] =
-          measure_link(group, LinkClass::intra_host, plan, rank == 0, comments);
+          measure_link(group, LinkClass::intra_host, plan, rank == 0, comments,
+                       c.compute_slowdown[size_t(LinkClass::intra_host)]);
       comments[intra] = std::to_string(host_size) + " ranks on one host. " + model;
     } else {
       comments[intra] = "[" + intra + "] not measured: " +
@@ -380,7 +403,8 @@ int calibrate(int argc, char** argv) {
       if (across != MPI_COMM_NULL) {
         Group group(across, "inter_host");
         c.links[size_t(LinkClass::inter_host)] =
-            measure_link(group, LinkClass::inter_host, plan, rank == 0, comments);
+            measure_link(group, LinkClass::inter_host, plan, rank == 0, comments,
+                         c.compute_slowdown[size_t(LinkClass::inter_host)]);
         MPI_Comm_free(&across);
       }
       comments[inter] = std::to_string(hosts) + " hosts, one rank on each. " + model;

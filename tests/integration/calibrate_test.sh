@@ -57,6 +57,10 @@ for op in all_reduce all_gather reduce_scatter all_to_all send_recv; do
   check "intra_host $op printed as measured and fitted" \
     grep -qE "^intra_host $op +fit: alpha [0-9.]+ us per step" "$work/two.log"
 done
+check "intra_host compute_slowdown measured and printed" \
+  grep -qE "^intra_host compute_slowdown: [0-9]+\.[0-9]{2}$" "$work/two.log"
+check "... with what it was measured from" \
+  grep -qE "^# all_reduce of [0-9.]+ [KM]iB alone [0-9.]+ ms; a computation alone" "$work/two.toml"
 check "alpha >= 0 everywhere" awk '/^link / && !($7 + 0 >= 0) { bad = 1 } END { exit bad }' "$work/two.info"
 check "no inter_host figures (one host)" bash -c "! grep -q '^link inter_host' '$work/two.info'"
 check "the file says why inter_host is left out" \

@@ -39,6 +39,7 @@ Cluster sample_cluster() {
   // A second, slower regime from 8 MiB on.
   intra[size_t(Collective::all_gather)].push_back({0.0, 100.0, int64_t(8) << 20});
   c.links[size_t(LinkClass::intra_host)] = intra;
+  c.compute_slowdown[size_t(LinkClass::intra_host)] = 0.25;
   return c;
 }
 
@@ -74,6 +75,7 @@ all_gather = { alpha_us = 5, beta_gbps = 4 }
 reduce_scatter = { alpha_us = 5, beta_gbps = 4 }
 all_to_all = { alpha_us = 5, beta_gbps = 4 }
 send_recv = { alpha_us = 5, beta_gbps = 4 }
+compute_slowdown = 0.5
 )";
 
 TEST(Cluster, RoundTrip) {
@@ -96,6 +98,7 @@ TEST(Cluster, RoundTrip) {
   EXPECT_FALSE(back.links[size_t(LinkClass::inter_host)].has_value());
   const LinkCosts& intra = *back.links[size_t(LinkClass::intra_host)];
   EXPECT_EQ(intra[size_t(Collective::send_recv)][0].alpha_us, 6.5);
+  EXPECT_EQ(back.compute_slowdown[size_t(LinkClass::intra_host)], 0.25);
   ASSERT_EQ(intra[size_t(Collective::all_gather)].size(), 2u);
   EXPECT_EQ(intra[size_t(Collective::all_gather)][1].from_bytes, int64_t(8) << 20);
   EXPECT_NE(text.find("all_gather = [\n  { alpha_us = 3.5, beta_gbps = 359.0 },\n"
@@ -122,6 +125,14 @@ TEST(Cluster, RefusesUnknownKeysNamingFileLineAndKey) {
   EXPECT_EQ(error_of(minimal_with(link)),
             "bad.toml:18: unknown key 'collectives.intra_host.send_recieve' (did you mean "
             "'collectives.intra_host.send_recv'?)");
+  link = kLink;
+  link.replace(link.find("compute_slowdown"), 22, "");
+  EXPECT_EQ(error_of(minimal_with(link)),
+            "bad.toml:13: collectives.intra_host.compute_slowdown is missing");
+  link = kLink;
+  link.replace(link.find("compute_slowdown = 0.5"), 22, "compute_slowdown = -1.5");
+  EXPECT_EQ(error_of(minimal_with(link)),
+            "bad.toml:19: collectives.intra_host.compute_slowdown = -1.5 is out of range [0, 100]");
   link = kLink;
   link.replace(link.find("all_gather = {"), link.find("\nreduce_scatter") - link.find("all_gather"),
                "all_gather = [{ from_bytes = 1, alpha_us = 5, beta_gbps = 4 }]");

@@ -128,7 +128,7 @@ ModelConfig small_gpt2() {
 
 // One rate for every product (one grid point: every shape clamps to it), memory and links as
 // given.
-Cluster flat_cluster(int devices_per_host, double inter_gbps) {
+Cluster flat_cluster(int devices_per_host, double inter_gbps, double slowdown = 0) {
   Cluster c;
   c.name = "flat";
   c.devices_per_host = devices_per_host;
@@ -143,6 +143,7 @@ Cluster flat_cluster(int devices_per_host, double inter_gbps) {
   }
   c.links[size_t(LinkClass::intra_host)] = intra;
   c.links[size_t(LinkClass::inter_host)] = inter;
+  c.compute_slowdown = {slowdown, slowdown};
   return c;
 }
 
@@ -199,6 +200,30 @@ TEST(PlanStepTime, TensorParallelAcrossHostsTakesTheSlowerLink) {
   EXPECT_GT(in, 0);
   EXPECT_GT(out, 5 * in);  // beta 1 GB/s against 10, alpha 10 us against 1
   EXPECT_GT(across.prediction.step_seconds, inside.prediction.step_seconds);
+}
+
+TEST(PlanStepTime, CollectivesBesideComputeSlowItByTheLinksFactor) {
+  ParallelConfig ddp;
+  ddp.dp_shard = 2;
+  // Every gradient reduction's time, as the cluster's model gives it.
+  const Planned free = plan(ddp, 2, flat_cluster(2, 1, 0));
+  double reductions = 0;
+  for (const InstructionWork& w : free.work[0].work)
+    for (const CommCall& c : w.comms) {
+      ASSERT_TRUE(c.overlapped);
+      reductions +=
+          collective_seconds(flat_cluster(2, 1), c.kind, LinkClass::intra_host, c.bytes, c.ranks);
+    }
+  ASSERT_GT(reductions, 0);
+  for (double slowdown : {0.5, 1.5}) {
+    const Planned slowed = plan(ddp, 2, flat_cluster(2, 1, slowdown));
+    // Each stalls the rank where it is posted; the wait at the end for the last of them shrinks
+    // by at most what the free run waited there.
+    const double grown = slowed.prediction.step_seconds - free.prediction.step_seconds;
+    EXPECT_LE(grown, slowdown * reductions * (1 + 1e-9));
+    EXPECT_GE(grown, slowdown * reductions - free.prediction.ranks[0].comm.at("dp") - 1e-12);
+    EXPECT_GT(grown, 0.5 * slowdown * reductions);
+  }
 }
 
 }  // namespace

@@ -19,9 +19,10 @@ std::vector<std::tuple<int64_t, int, int>> calibration_shapes(const std::vector<
 
 // A timed pass of a linear layer (y[N, out] = x[N, in] W^T) as the product C[m, n] = A[m, k] B[k, n]
 // it computes: forward m = N, n = out, k = in; backward_input (dx = dy W) m = N, n = in, k = out;
-// backward_weight (dW = dy^T x) m = out, n = in, k = N. Its time is the pass's fastest call, on CPU
-// time where neighbours took the cores (GemmBenchResult::best_gflops, as the GEMM peak is
-// measured): a figure of the machine rather than of its load while calibrate ran.
+// backward_weight (dW = dy^T x) m = out, n = in, k = N. Its time is the pass's median call on the
+// wall clock (GemmBenchResult::seconds), every rank measuring at once: what a step's products
+// take beside the host's other ranks (sharing its caches and memory), which the fastest call on
+// CPU time (the GEMM peak's method) overstates by 5-20% here (docs/planner.md, Accuracy).
 struct GemmSample {
   int64_t m = 0, n = 0, k = 0;
   double seconds = 0;  // one call

@@ -174,8 +174,12 @@ CollectiveCost read_cost(const toml::node& n, const std::string& name, const std
 }
 
 LinkCosts read_link(const toml::table& t, const std::string& prefix, const std::string& where,
-                    const std::string& origin) {
-  refuse_unknown_keys(t, prefix, collective_names(), origin);
+                    const std::string& origin, double& slowdown) {
+  std::vector<std::string> keys = collective_names();
+  keys.push_back("compute_slowdown");
+  refuse_unknown_keys(t, prefix, keys, origin);
+  slowdown = real_of(required(t, "compute_slowdown", prefix + ".compute_slowdown", where),
+                     prefix + ".compute_slowdown", 0, 100, origin);
   LinkCosts costs;
   for (Collective kind : kCollectives) {
     const std::string name = prefix + "." + collective_name(kind);
@@ -337,7 +341,7 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
       if (const toml::node* n = t.get(link_class_name(l))) {
         const std::string prefix = std::string("collectives.") + link_class_name(l);
         c.links[size_t(l)] = read_link(table_of(*n, prefix, origin), prefix,
-                                       toml_where(*n, origin), origin);
+                                       toml_where(*n, origin), origin, c.compute_slowdown[size_t(l)]);
       }
   }
   return c;
@@ -397,6 +401,8 @@ std::string cluster_toml(const Cluster& c, const std::map<std::string, std::stri
     comment(prefix);
     if (!costs) continue;
     out += "[" + prefix + "]\n";
+    comment(prefix + ".compute_slowdown");
+    out += "compute_slowdown = " + show_real(c.compute_slowdown[size_t(l)]) + "\n";
     for (Collective kind : kCollectives) {
       const CollectiveCost& cost = (*costs)[size_t(kind)];
       CLEAVE_CHECK(!cost.empty(), prefix << "." << collective_name(kind) << " has no lines");

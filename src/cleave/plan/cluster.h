@@ -91,6 +91,11 @@ struct Cluster {
   std::map<Precision, GemmTable> gemm;      // a dtype absent has no table
   std::array<std::optional<LinkCosts>, kLinkClasses.size()> links;  // by LinkClass; absent:
                                                                     // not described
+  // Per link class (collectives.CLASS.compute_slowdown): the seconds of compute a rank loses per
+  // second of a collective running beside it. Near 0 where a NIC or a GPU's copy engines move the
+  // bytes; 1 or more where the rank's own core copies and sums them (shared memory on a CPU), and
+  // the two also compete for its caches.
+  std::array<double, kLinkClasses.size()> compute_slowdown{0.0, 0.0};
 };
 
 // Reads a cluster file; every error names the file, the line where it has one, and the key

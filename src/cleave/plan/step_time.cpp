@@ -176,8 +176,16 @@ StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& lay
       parts[size_t(r)][1] += a;
       parts[size_t(r)][2] += e;
       for (const CommCall& call : iw.comms) {
-        const double s = collective_seconds(cluster, call.kind, link(r, call), call.bytes, call.ranks);
-        (call.overlapped ? c.overlapped : c.blocking).push_back({call.axis, s});
+        const LinkClass l = link(r, call);
+        const double s = collective_seconds(cluster, call.kind, l, call.bytes, call.ranks);
+        if (!call.overlapped) {
+          c.blocking.push_back({call.axis, s});
+          continue;
+        }
+        // It runs beside compute, and slows it (where the rank's own cores move the bytes).
+        const double slowdown = cluster.compute_slowdown[size_t(l)];
+        if (slowdown > 0) c.blocking.push_back({call.axis, slowdown * s});
+        c.overlapped.push_back({call.axis, s});
       }
       costs[size_t(r)].push_back(std::move(c));
     }

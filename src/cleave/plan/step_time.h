@@ -4,7 +4,9 @@
 // instruction waits for run one after another; gradient reductions and ZeRO-3's prefetches run
 // on a communication stream beside compute, in the order posted, and are waited for where the
 // program waits for them (finish_grads, gather); a pipeline send arrives at its peer after its
-// transfer time, and a receive waits for it, so the bubble comes out of the schedule itself.
+// transfer time, and a receive waits for it, so the bubble comes out of the schedule itself. A
+// collective that runs beside compute stalls the rank where it is posted by its time times the
+// link's compute_slowdown.
 #pragma once
 #include <functional>
 #include <map>

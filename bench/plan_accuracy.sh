@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The planner's step time against cleave's own runs (issue 32, docs/planner.md#accuracy): for each
+# layout family on 2 ranks of 1 thread (the cluster file's devices), `cleave plan --cluster`'s
+# predicted tokens/s beside the median tokens/s of a run's steps 3-12, on a GPT-2 of d_model 512,
+# 8 layers, 8 heads, vocabulary 8192, sequences of 128 tokens, 4 per micro-batch (a step of
+# several hundred ms per rank), fp32. Prints one row per layout and the error of the prediction.
+# Run it on a machine as quiet as the one the cluster file was calibrated on.
+# Usage: [CLEAVE_BENCH_SMOKE=1] bench/plan_accuracy.sh [CLUSTER=clusters/epyc_zen3_2core.toml]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cluster=${1:-clusters/epyc_zen3_2core.toml}
+source bench/common.sh
+vocab=8192 steps=12
+model=(--set model.d_model=512 --set model.n_heads=8 --set model.n_layers=8
+       --set model.vocab_size=$vocab --set train.seq_len=128 --set train.micro_batch_size=4)
+[ "$smoke" = 1 ] && vocab=256 steps=3 model=("${tiny[@]}" --set model.vocab_size=256 --set train.micro_batch_size=4)
+/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 400000 > /dev/null
+common=(--set data.dir="$work" --set train.dtype=fp32 --set train.threads=1
+        --set train.log_interval=1 --set train.val_interval=0 --set train.checkpoint_interval=-1)
+layouts=(
+  "1 rank|1|"
+  "DDP 2|2|--set parallel.dp_shard=2"
+  "ZeRO-1 2|2|--set parallel.dp_shard=2 --set parallel.zero_stage=1"
+  "ZeRO-2 2|2|--set parallel.dp_shard=2 --set parallel.zero_stage=2"
+  "ZeRO-3 2|2|--set parallel.dp_shard=2 --set parallel.zero_stage=3"
+  "DDP 2 + AC full|2|--set parallel.dp_shard=2 --set train.activation_checkpointing=full"
+  "tp 2|2|--set parallel.tp=2"
+  "tp 2 + SP|2|--set parallel.tp=2 --set parallel.sequence_parallel=true"
+  "pp 2 1f1b m4|2|--set parallel.pp=2 --set train.grad_accum_steps=4"
+  "pp 2 zbv m4|2|--set parallel.pp=2 --set train.grad_accum_steps=4 --set parallel.pp_schedule=zbv"
+  "cp 2 ring|2|--set parallel.cp=2"
+)
+[ "$smoke" = 1 ] && layouts=("${layouts[0]}" "${layouts[1]}" "${layouts[8]}")
+printf "%-18s %12s %12s %8s\n" layout predicted measured error
+for entry in "${layouts[@]}"; do
+  IFS='|' read -r name np sets <<<"$entry"
+  read -r -a extra <<<"$sets"
+  out=$work/run
+  rm -rf "$out"
+  OMP_NUM_THREADS=1 mpirun --oversubscribe -np "$np" "$cleave" train configs/gpt2_124m.toml \
+    "${common[@]}" "${model[@]}" "${extra[@]}" --set train.steps=$steps \
+    --set train.out_dir="$out" > "$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
+  measured=$(field "$out" tokens_per_s)
+  "$cleave" plan configs/gpt2_124m.toml --world "$np" --cluster "$cluster" "${common[@]}" \
+    "${model[@]}" "${extra[@]}" --json "$work/plan.json" > "$work/plan.txt"
+  predicted=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step']['tokens_per_s'])" "$work/plan.json")
+  printf "%-18s %12.1f %12.1f %+7.1f%%\n" "$name" "$predicted" "$measured" \
+    "$(awk -v p="$predicted" -v m="$measured" 'BEGIN {print 100 * (p / m - 1)}')"
+done
+echo "tokens/s; predicted by cleave plan --cluster $cluster, measured: median of steps 3-$steps"
