@@ -19,6 +19,7 @@ checks=(
   "moe ^sigmoid_1e-2 +[0-9.]+ +[0-9.]+$"
   "precision ^fp8 +[0-9]+ +[0-9]+ +[0-9]+ MiB$"
   "tp_memory ^peak RSS/rank"
+  "plan_accuracy ^pp 2 1f1b m4 +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%$"
 )
 for c in "${checks[@]}"; do
   read -r name pattern <<<"$c"
