@@ -15,6 +15,7 @@
 #include "cleave/plan/cluster.h"
 #include "cleave/plan/memory.h"
 #include "cleave/plan/report.h"
+#include "cleave/plan/search.h"
 #include "cleave/plan/step_time.h"
 #include "cleave/plan/axis_volume.h"
 #include "cleave/train/config.h"
@@ -73,14 +74,51 @@ void print_step_time(const Cluster& cluster, const Layout& layout,
   out["step"]["mfu"] = p.peak_gflops > 0 ? nlohmann::json(p.mfu) : nlohmann::json(nullptr);
 }
 
+// --search: the valid layouts, the best first, those that do not fit counted.
+void print_search(const Cluster& cluster, const Config& cfg, int world, int top,
+                  nlohmann::json& out) {
+  const std::vector<Ranked> ranked = search_layouts(cfg.model, cfg.parallel, cfg.train,
+                                                    cfg.optim.offload, world, cluster);
+  int fitting = 0;
+  for (const Ranked& r : ranked) fitting += r.fits;
+  std::printf("\nsearch on %s: %zu valid layouts of %d devices, %d fit in %.1f GiB per device; "
+              "the best %d by predicted tokens/s:\n",
+              cluster.name.c_str(), ranked.size(), world, fitting, cluster.memory_gib,
+              std::min(top, fitting));
+  std::printf("  %4s %10s %10s %7s %9s  %s\n", "rank", "tokens/s", "step ms", "MFU", "GiB/rank",
+              "layout");
+  out["search"] = nlohmann::json::array();
+  for (int i = 0; i < int(ranked.size()); ++i) {
+    const Ranked& r = ranked[size_t(i)];
+    out["search"].push_back({{"layout", r.candidate.label()}, {"fits", r.fits},
+                             {"peak_bytes", r.peak_bytes},
+                             {"tokens_per_s", r.prediction.tokens_per_second},
+                             {"step_s", r.prediction.step_seconds}});
+    if (i >= top || !r.fits) continue;
+    std::printf("  %4d %10.0f %10.1f %6.1f%% %9.2f  %s\n", i + 1,
+                r.prediction.tokens_per_second, 1e3 * r.prediction.step_seconds,
+                100 * r.prediction.mfu, double(r.peak_bytes) / (1 << 30),
+                r.candidate.label().c_str());
+  }
+  if (fitting >= 2) std::printf("%s\n", explain_winner(ranked[0], ranked[1]).c_str());
+  if (fitting == 0) std::printf("no layout fits: the smallest needs %.2f GiB per device\n",
+                                ranked.empty() ? 0.0 : double(ranked[0].peak_bytes) / (1 << 30));
+}
+
 }  // namespace
 
 int plan(int argc, char** argv) {
-  const Args a = Args::parse("plan", argc, argv, {"--world", "--json", "--report", "--ranks-per-host", "--cluster"});
+  const Args a = Args::parse("plan", argc, argv,
+                             {"--world", "--json", "--report", "--ranks-per-host", "--cluster",
+                              "--top"},
+                             {"--search"});
   if (a.positional.size() != 1)
     throw Error("cleave plan: expected CONFIG.toml (usage: cleave plan CONFIG.toml --world N "
-                "[--set key=value ...] [--cluster CLUSTER.toml] [--ranks-per-host K] [--json OUT.json] "
-                "[--report OUT.html])");
+                "[--set key=value ...] [--cluster CLUSTER.toml [--search [--top K]]] [--ranks-per-host K] "
+                "[--json OUT.json] [--report OUT.html])");
+  if (a.has("--search") && !a.has("--cluster"))
+    throw Error("cleave plan: --search ranks layouts by predicted time and needs --cluster "
+                "CLUSTER.toml");
   if (!a.has("--world")) throw Error("cleave plan: --world N is required");
   const int world = int(a.integer("--world", 1, 1, INT32_MAX));
   const int per_host = int(a.integer("--ranks-per-host", world, 1, INT32_MAX));
@@ -140,6 +178,9 @@ int plan(int argc, char** argv) {
     report.axes.push_back({v.axis, v.bytes, v.how});
   }
   if (a.has("--cluster")) print_step_time(read_cluster(a.get("--cluster", "")), layout, work, cfg, out);
+  if (a.has("--search"))
+    print_search(read_cluster(a.get("--cluster", "")), cfg, world,
+                 int(a.integer("--top", 10, 1, INT32_MAX)), out);
   if (a.has("--report")) {
     report.timeline = simulated_trace(layout.schedule, layout.check);
     const std::string path = a.get("--report", "");
