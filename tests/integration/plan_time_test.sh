@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# `cleave plan --cluster` and `--search` as a user runs them (docs/planner.md, Step time and
+# Search): the step's prediction per stage and in all, in text and JSON, tokens/s agreeing with
+# the step time; the ranked layouts and the winner's explanation; the errors of a search without
+# a cluster and of a layout whose links the cluster does not describe.
+set -euo pipefail
+cleave=$1 src=$2 data=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cfg=$src/tests/configs/tiny_train.toml cluster=$src/clusters/epyc_zen3_2core.toml
+fail() { echo "FAIL: $1"; cat "$work/out" 2>/dev/null; exit 1; }
+
+"$cleave" plan "$cfg" --world 2 --set data.dir="$data" --set parallel.pp=2 \
+  --set train.grad_accum_steps=4 --cluster "$cluster" --json "$work/plan.json" > "$work/out"
+grep -q "^predicted step on epyc_zen3_2core (2 devices per host" "$work/out" || fail "no prediction"
+grep -qE "^  1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+  pp " "$work/out" \
+  || fail "no line for stage 1 with its pp transfers"
+grep -qE "^step [0-9.]+ ms, [0-9]+ tokens/s, MFU [0-9.]+% of the fp32 GEMM peak" "$work/out" \
+  || fail "no step line"
+/usr/bin/python3 - "$work/plan.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+step = p["step"]
+assert step["cluster"] == "epyc_zen3_2core", step
+assert len(step["stages"]) == 2, step
+assert step["step_s"] == max(s["end_s"] for s in step["stages"]), step
+assert step["stages"][1]["pipeline_wait_s"] >= 0 and step["stages"][0]["pipeline_wait_s"] > 0, step
+assert 0 < step["mfu"] < 1, step
+print("prediction:", step["step_s"], "s,", step["tokens_per_s"], "tokens/s")
+PY
+
+"$cleave" plan "$cfg" --world 2 --set data.dir="$data" --cluster "$cluster" --search --top 3 \
+  --json "$work/search.json" > "$work/out"
+grep -qE "^search on epyc_zen3_2core: [0-9]+ valid layouts of 2 devices, [0-9]+ fit" "$work/out" \
+  || fail "no search header"
+[ "$(grep -cE '^ +[1-3] +[0-9]+ +[0-9.]+ +[0-9.]+% +[0-9.]+  ' "$work/out")" = 3 ] \
+  || fail "not 3 ranked layouts"
+grep -q "predicts [0-9]* tokens/s against [0-9]* for .*; the largest difference" "$work/out" \
+  || fail "no explanation of the winner"
+/usr/bin/python3 - "$work/search.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["search"]
+fit = [r["tokens_per_s"] for r in s if r["fits"]]
+assert len(s) > 20 and fit == sorted(fit, reverse=True), s[:3]
+print(len(s), "layouts searched; the best", s[0]["layout"])
+PY
+
+if "$cleave" plan "$cfg" --world 2 --set data.dir="$data" --search > "$work/out" 2>&1; then
+  fail "--search ran without a cluster"
+fi
+grep -q "cleave: error: cleave plan: --search ranks layouts by predicted time and needs --cluster" \
+  "$work/out" || fail "no clear error for --search without --cluster"
+if "$cleave" plan "$cfg" --world 4 --set data.dir="$data" --cluster "$cluster" > "$work/out" 2>&1; then
+  fail "4 ranks planned on a cluster of 2 per host that describes no inter_host links"
+fi
+grep -q "does not describe its inter_host links (collectives.inter_host)" "$work/out" \
+  || fail "no error naming the missing link class"
+echo "plan --cluster and --search: ok"
