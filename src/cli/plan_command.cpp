@@ -139,8 +139,9 @@ int plan(int argc, char** argv) {
               precision_name(t.dtype), (long long)layout.local_batch, t.seq_len / cp,
               t.grad_accum_steps);
   std::printf("\nmemory per rank (MiB; every rank of a stage holds as much):\n");
-  std::printf("  %-5s %12s %10s %10s %10s %10s %12s %10s %10s\n", "stage", "parameters",
-              "values", "gradients", "optimizer", "w. copies", "activations", "scratch", "total");
+  std::printf("  %-5s %12s %10s %10s %10s %10s %12s %10s %8s %10s\n", "stage", "parameters",
+              "values", "gradients", "optimizer", "w. copies", "activations", "scratch", "comm",
+              "total");
   nlohmann::json out = {{"world", world}, {"stages", nlohmann::json::array()}};
   std::vector<StepWork> work;  // per pp rank
   PlanReport report;
@@ -150,10 +151,10 @@ int plan(int argc, char** argv) {
   for (int r = 0; r < pp; ++r) {
     const MemoryPlan p =
         plan_memory(cfg.model, cfg.parallel, t, cfg.optim.offload, layout, r, val_batches);
-    std::printf("  %-5d %12lld %10.1f %10.1f %10.1f %10.1f %12.1f %10.1f %10.1f\n", r,
+    std::printf("  %-5d %12lld %10.1f %10.1f %10.1f %10.1f %12.1f %10.1f %8.1f %10.1f\n", r,
                 (long long)p.parameter_count, mib(p.parameters), mib(p.gradients),
                 mib(p.optimizer), mib(p.weight_copies), mib(p.activations.total()),
-                mib(p.backward_scratch), mib(p.total()));
+                mib(p.backward_scratch), mib(p.comm_buffers), mib(p.total()));
     for (const std::string& note : p.notes) std::printf("        not counted: %s\n", note.c_str());
     report.stages.push_back(p);
     work.push_back(step_work(cfg.model, cfg.parallel, t, layout, r));
@@ -161,7 +162,8 @@ int plan(int argc, char** argv) {
                              {"values", p.parameters}, {"gradients", p.gradients},
                              {"optimizer", p.optimizer}, {"weight_copies", p.weight_copies},
                              {"activations", p.activations.total()},
-                             {"backward_scratch", p.backward_scratch}, {"total", p.total()},
+                             {"backward_scratch", p.backward_scratch},
+                             {"comm_buffers", p.comm_buffers}, {"total", p.total()},
                              {"flops_per_step", work.back().model_flops},
                              {"not_counted", p.notes}});
     std::printf("        %.3g FLOPs per step on each of its ranks (products and attention, "

@@ -7,8 +7,10 @@
 # and added. bf16 is left out: where its products are emulated (AVX2 CPUs) the per-thread fp32
 # operand buffers are not in the plan yet (measured -4.0% and -5.7%). Each rank must come within
 # 6% of its measured peak (pp2's rank 0 measured -3.6% to -5.1% over runs of the same build, the
-# suite running beside it); a plan that leaves out the backward scratch (-7%) falls outside it. ZeRO-3 is held to 10%: its ranks measure 12-22 MiB (about one block's fp32 values) above
-# the plan, with transparent huge pages off too, which the plan does not explain yet (issue 32).
+# suite running beside it); a plan that leaves out the backward scratch (-7%) falls outside it.
+# ZeRO-3 measured -2.6% to -4.5% once the plan counted the communication engine's scratch (before:
+# 12-22 MiB above the plan, held to 10%); what is left at 2 ranks grows with the collectives'
+# size (MPI's own buffers) and keeps the bound from 5% (issue 32).
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 source "$src/tests/integration/layouts.sh"
@@ -56,12 +58,12 @@ for name, np in (("fp32", 1), ("zero3", 2), ("tp2", 2), ("pp2", 2)):
         s = stages[stage]
         parts = ", ".join(f"{k} {s[k] / 2**20:.1f}" for k in
                           ("values", "gradients", "optimizer", "weight_copies", "activations",
-                           "backward_scratch"))
+                           "backward_scratch", "comm_buffers"))
         print(f"{name} rank {rank}: planned {predicted:.1f} MiB ({parts}), measured {rss:.1f}: "
               f"{100 * error:+.1f}%")
-        if abs(error) > (0.10 if name == "zero3" else 0.06):
+        if abs(error) > 0.06:
             failed.append(f"{name} rank {rank}")
 if failed:
-    sys.exit("FAIL: planned memory off by more than its bound (6%, ZeRO-3 10%) at " + ", ".join(failed))
-print("every rank's planned memory within its bound of its measured peak (6%, ZeRO-3 10%)")
+    sys.exit("FAIL: planned memory off by more than 6% at " + ", ".join(failed))
+print("every rank's planned memory within 6% of its measured peak")
 PY

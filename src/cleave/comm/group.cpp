@@ -47,6 +47,14 @@ bool overlaps(const void* a, size_t abytes, const void* b, size_t bbytes) {
 
 }  // namespace
 
+int64_t reduction_scratch_bytes(bool reduce_scatter, int64_t count, CommType t, int size,
+                                CommAlgo a) {
+  const Op op = reduce_scatter ? Op::reduce_scatter : Op::all_reduce;
+  const int64_t bytes = count * int64_t(type_size(t)) * (reduce_scatter ? size : 1);
+  if (a == CommAlgo::fastest) a = fastest(op, bytes, t, size);
+  return a == CommAlgo::ours ? comm_detail::ring_scratch_bytes(op, count, t, size) : 0;
+}
+
 Group::Group(MPI_Comm comm, std::string name) : name_(std::move(name)) {
   CLEAVE_CHECK(comm != MPI_COMM_NULL, "Group \"" << name_ << "\": the communicator is MPI_COMM_NULL");
   Communicator& c = Communicator::get();

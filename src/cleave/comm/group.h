@@ -30,6 +30,14 @@ inline int64_t ring_all_reduce_bytes(int64_t bytes, int ranks) {
 // rank is `share` bytes (its own share, or each of the others', passed on).
 inline int64_t ring_gather_bytes(int64_t share, int ranks) { return share * (ranks - 1); }
 
+// The bytes of the engine's persistent scratch (one per process, grown to its largest use) that an
+// all_reduce of a buffer of `count` elements, or with reduce_scatter a reduce_scatter of `count`
+// elements per rank, over `size` ranks writes on the implementation `a` resolves to: cleave's ring
+// stages the partial sums it receives, up to a window of 1 MiB chunks (comm/ring.cpp); MPI's
+// collectives keep their buffers inside MPI. For the planner's communication buffers.
+int64_t reduction_scratch_bytes(bool reduce_scatter, int64_t count, CommType t, int size,
+                                CommAlgo a = CommAlgo::fastest);
+
 struct WorkState;
 
 class Work {

@@ -276,4 +276,14 @@ std::unique_ptr<Task> ring_task(Op op, const CollArgs& a) {
   return std::make_unique<RingTask>(op, a);
 }
 
+int64_t ring_scratch_bytes(Op op, int64_t count, CommType t, int size) {
+  if (size < 2 || count <= 0 || (op != Op::all_reduce && op != Op::reduce_scatter)) return 0;
+  const int64_t chunk = g_chunk_elems.load(), window = g_window.load();
+  const int64_t block = op == Op::all_reduce ? (count + size - 1) / size : count;
+  const int64_t received = int64_t(size - 1) * ((block + chunk - 1) / chunk);  // reduce steps
+  int64_t bytes = std::min(window, received) * chunk * 4;
+  if (!(op == Op::all_reduce && t == CommType::f32) && size > 2) bytes += 2 * block * 4;
+  return bytes;
+}
+
 }  // namespace cleave::comm_detail

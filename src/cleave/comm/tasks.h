@@ -28,6 +28,10 @@ std::unique_ptr<Task> ring_task(Op op, const CollArgs& a);
 // For tests: elements per ring message and messages in flight (1..8), for ring collectives issued
 // from now on. Every rank must use the same geometry (both ends of a message compute its size).
 void set_ring_geometry(int64_t chunk_elems, int64_t window);
+// The bytes of the engine's scratch a ring all_reduce or reduce_scatter of `count` elements (as in
+// group.h) over `size` ranks writes: the received partial sums' staging, up to the window of
+// chunks, and the fp32 partial sums of a bf16 or reduce_scatter ring of more than 2 ranks.
+int64_t ring_scratch_bytes(Op op, int64_t count, CommType t, int size);
 void reset_ring_geometry();
 
 // Creating a group: duplicates `parent` twice (MPI_Comm_idup) and learns the group's rank, size

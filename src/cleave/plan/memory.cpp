@@ -7,6 +7,7 @@
 #include "cleave/parallel/axis_table.h"
 #include "cleave/parallel/data_parallel.h"
 #include "cleave/parallel/step_executor.h"
+#include "cleave/plan/step_work.h"
 
 namespace cleave {
 
@@ -88,6 +89,23 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
   if (offload_params && zero == 3)
     plan.notes.push_back("the parameter shards live in offload files");
   if (optimizer_offload == "file") plan.notes.push_back("AdamW's moments live in offload files");
+
+  // The communication engine's scratch, as large as the step's largest reduction needs
+  // (reduction_scratch_bytes): DataParallel's run on cleave's ring, DDP's in buckets of bucket_mb.
+  const int64_t bucket =
+      std::max<int64_t>(16, int64_t(parallel.bucket_mb * (1 << 20) / 4) / 16 * 16);
+  for (const InstructionWork& w : step_work(model, parallel, step, layout, pp_rank).work)
+    for (const CommCall& c : w.comms) {
+      if (c.kind != Collective::all_reduce && c.kind != Collective::reduce_scatter) continue;
+      const bool data_parallel = c.metered == CommAxis::dp;
+      int64_t count = int64_t(c.bytes / 4);
+      if (c.kind == Collective::reduce_scatter) count /= c.ranks;
+      else if (data_parallel && c.axis == "dp") count = std::min(bucket, all);
+      plan.comm_buffers = std::max(
+          plan.comm_buffers,
+          reduction_scratch_bytes(c.kind == Collective::reduce_scatter, count, CommType::f32,
+                                  c.ranks, data_parallel ? CommAlgo::ours : CommAlgo::fastest));
+    }
 
   plan.activations = predict_activation_memory(m, train, layout.local_batch, T, selective);
   plan.backward_scratch = m.backward_scratch_bytes(layout.local_batch, T);

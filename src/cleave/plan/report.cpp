@@ -90,7 +90,8 @@ std::string memory_section(const std::vector<MemoryPlan>& stages, int64_t capaci
       {"optimizer", "#e15759", [](const MemoryPlan& p) { return p.optimizer; }},
       {"weight copies", "#76b7b2", [](const MemoryPlan& p) { return p.weight_copies; }},
       {"activations", "#59a14f", [](const MemoryPlan& p) { return p.activations.total(); }},
-      {"backward scratch", "#edc948", [](const MemoryPlan& p) { return p.backward_scratch; }}};
+      {"backward scratch", "#edc948", [](const MemoryPlan& p) { return p.backward_scratch; }},
+      {"comm buffers", "#b07aa1", [](const MemoryPlan& p) { return p.comm_buffers; }}};
   int64_t most = capacity;
   for (const MemoryPlan& p : stages) most = std::max(most, p.total());
   CLEAVE_CHECK(most > 0, "plan report: no memory to draw");
