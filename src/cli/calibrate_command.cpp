@@ -234,8 +234,7 @@ LinkCosts measure_link(Group& group, LinkClass link, const Plan& plan, bool repo
     comments[std::string("collectives.") + link_class_name(link) + "." + collective_name(kind)] +=
         "\nfit: " + fixed(100 * error, 0) + "% error (root mean square, relative)";
   }
-  const std::string key = std::string("collectives.") + link_class_name(link) + ".compute_slowdown";
-  slowdown = measured(measure_link_slowdown(group, plan, comments[key]));
+  slowdown = measured(measure_link_slowdown(group, plan, comments[prefix + ".compute_slowdown"]));
   if (report) std::printf("%s compute_slowdown: %.2f\n", link_class_name(link), slowdown);
   return costs;
 }

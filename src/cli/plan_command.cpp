@@ -10,7 +10,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cleave/base/file.h"
-#include "cleave/model/transformer.h"
 #include "cleave/parallel/layout.h"
 #include "cleave/plan/cluster.h"
 #include "cleave/plan/memory.h"
@@ -32,10 +31,7 @@ double mib(int64_t bytes) { return double(bytes) / (1 << 20); }
 void print_step_time(const Cluster& cluster, const Layout& layout,
                      const std::vector<StepWork>& work, const Config& cfg, nlohmann::json& out) {
   const TrainConfig& t = cfg.train;
-  const double tokens = double(t.micro_batch_size) * t.seq_len * t.grad_accum_steps;
-  const StepPrediction p = predict_step(work, layout, cluster, tokens,
-                                        tokens * model_flops_per_token(cfg.model, t.seq_len),
-                                        t.dtype);
+  const StepPrediction p = predict_step(work, layout, cluster, cfg.model, t);
   std::printf("\npredicted step on %s (%d devices per host; ms per step, each rank of a "
               "stage alike):\n",
               cluster.name.c_str(), cluster.devices_per_host);
@@ -149,15 +145,15 @@ int plan(int argc, char** argv) {
   report.mesh = &mesh;
   report.ranks_per_host = per_host;
   for (int r = 0; r < pp; ++r) {
+    work.push_back(step_work(cfg.model, cfg.parallel, t, layout, r));
     const MemoryPlan p =
-        plan_memory(cfg.model, cfg.parallel, t, cfg.optim.offload, layout, r, val_batches);
+        plan_memory(cfg.model, cfg.parallel, t, cfg.optim.offload, layout, work.back(), val_batches);
     std::printf("  %-5d %12lld %10.1f %10.1f %10.1f %10.1f %12.1f %10.1f %8.1f %10.1f\n", r,
                 (long long)p.parameter_count, mib(p.parameters), mib(p.gradients),
                 mib(p.optimizer), mib(p.weight_copies), mib(p.activations.total()),
                 mib(p.backward_scratch), mib(p.comm_buffers), mib(p.total()));
     for (const std::string& note : p.notes) std::printf("        not counted: %s\n", note.c_str());
     report.stages.push_back(p);
-    work.push_back(step_work(cfg.model, cfg.parallel, t, layout, r));
     out["stages"].push_back({{"pp_rank", r}, {"parameter_count", p.parameter_count},
                              {"values", p.parameters}, {"gradients", p.gradients},
                              {"optimizer", p.optimizer}, {"weight_copies", p.weight_copies},
@@ -179,10 +175,12 @@ int plan(int argc, char** argv) {
     out["axes"].push_back({{"axis", v.axis}, {"bytes", v.bytes}, {"how", v.how}});
     report.axes.push_back({v.axis, v.bytes, v.how});
   }
-  if (a.has("--cluster")) print_step_time(read_cluster(a.get("--cluster", "")), layout, work, cfg, out);
-  if (a.has("--search"))
-    print_search(read_cluster(a.get("--cluster", "")), cfg, world,
-                 int(a.integer("--top", 10, 1, INT32_MAX)), out);
+  if (a.has("--cluster")) {
+    const Cluster cluster = read_cluster(a.get("--cluster", ""));
+    print_step_time(cluster, layout, work, cfg, out);
+    if (a.has("--search"))
+      print_search(cluster, cfg, world, int(a.integer("--top", 10, 1, INT32_MAX)), out);
+  }
   if (a.has("--report")) {
     report.timeline = simulated_trace(layout.schedule, layout.check);
     const std::string path = a.get("--report", "");

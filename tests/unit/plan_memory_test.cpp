@@ -47,7 +47,8 @@ TEST(PlanMemory, ZeroStagesShardTheState) {
     parallel.dp_shard = 4;
     parallel.zero_stage = zero;
     const Layout layout = plan_layout(model, parallel, step, 4);
-    plans[zero] = plan_memory(model, parallel, step, "none", layout, 0, 0);
+    plans[zero] = plan_memory(model, parallel, step, "none", layout,
+                              step_work(model, parallel, step, layout, 0), 0);
   }
   const int64_t all = plans[0].parameters / 4;
   EXPECT_GE(all, plans[0].parameter_count);

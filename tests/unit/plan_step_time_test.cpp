@@ -161,10 +161,7 @@ Planned plan(const ParallelConfig& parallel, int world, const Cluster& cluster) 
   Planned p;
   for (int r = 0; r < layout.mesh.degree(Axis::pp); ++r)
     p.work.push_back(step_work(model, parallel, step, layout, r));
-  const double tokens = double(step.micro_batch_size) * step.seq_len;
-  p.prediction = predict_step(p.work, layout, cluster, tokens,
-                              tokens * model_flops_per_token(model, step.seq_len),
-                              step.dtype);
+  p.prediction = predict_step(p.work, layout, cluster, model, step);
   return p;
 }
 

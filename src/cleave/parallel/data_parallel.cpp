@@ -74,7 +74,7 @@ DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zer
   // DDP and ZeRO-1 all-reduce buckets, cut from the top of the region: backward fills it from
   // the LM head (highest offsets) down to the embeddings.
   if (zero_stage <= 1 && g_.dp->size() > 1) {
-    const int64_t bucket = std::max<int64_t>(16, int64_t(bucket_mb * (1 << 20) / 4) / 16 * 16);
+    const int64_t bucket = bucket_floats(bucket_mb);
     for (int64_t end = bounds_.back(); end > bounds_.front(); end -= bucket)
       buckets_.push_back({std::max<int64_t>(bounds_.front(), end - bucket), end, {}, false});
   }
@@ -254,6 +254,10 @@ std::vector<FlatRange> DataParallel::ranges_of(int shard_rank) const {
     out.push_back({begin, begin + slice(u)});
   }
   return out;
+}
+
+int64_t bucket_floats(double bucket_mb) {
+  return std::max<int64_t>(16, int64_t(bucket_mb * (1 << 20) / 4) / 16 * 16);
 }
 
 std::vector<bool> zero3_gather_starts(const Program& program, int n_units) {

@@ -136,6 +136,10 @@ class DataParallel : public CommMeter {
   std::vector<bool> final_;                    // DDP, ZeRO-1: the unit's gradients are final
 };
 
+// The floats of each of DDP's and ZeRO-1's gradient all-reduce buckets (parallel.bucket_mb, MiB):
+// whole multiples of 16 floats, at least 16.
+int64_t bucket_floats(double bucket_mb);
+
 // Which of `program`'s instructions start a ZeRO-3 gather of a unit's parameters (one flag per
 // instruction): a gather or prefetch of a unit neither resident nor in flight, release making the
 // unit absent again (DataParallel's rules, for predictions from the program).

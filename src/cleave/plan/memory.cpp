@@ -7,7 +7,6 @@
 #include "cleave/parallel/axis_table.h"
 #include "cleave/parallel/data_parallel.h"
 #include "cleave/parallel/step_executor.h"
-#include "cleave/plan/step_work.h"
 
 namespace cleave {
 
@@ -36,7 +35,8 @@ ModelState model_state(const StateRecipe& recipe, int zero, double all, double s
 
 MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
                        const StepOptions& step, const std::string& optimizer_offload,
-                       const Layout& layout, int pp_rank, int val_batches) {
+                       const Layout& layout, const StepWork& work, int val_batches) {
+  const int pp_rank = work.pp_rank;
   const Mesh& mesh = layout.mesh;
   const int cp = mesh.degree(Axis::cp), pp = mesh.degree(Axis::pp);
   const int zero = parallel.zero_stage;
@@ -71,7 +71,7 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
   const bool selective = step.activation_checkpointing == "selective";
   m.set_selective_recompute(selective);
   const int64_t T = step.seq_len / cp;
-  const Program train = training_program(step, parallel, layout, pp_rank, m);
+  const Program& train = work.program;
 
   // ZeRO-2/3 reduce-scatter each unit's gradients as backward finishes it and free them, unless
   // accumulation (several micro-batches, or a pipeline's) keeps the whole buffer summing.
@@ -92,9 +92,8 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
 
   // The communication engine's scratch, as large as the step's largest reduction needs
   // (reduction_scratch_bytes): DataParallel's run on cleave's ring, DDP's in buckets of bucket_mb.
-  const int64_t bucket =
-      std::max<int64_t>(16, int64_t(parallel.bucket_mb * (1 << 20) / 4) / 16 * 16);
-  for (const InstructionWork& w : step_work(model, parallel, step, layout, pp_rank).work)
+  const int64_t bucket = bucket_floats(parallel.bucket_mb);
+  for (const InstructionWork& w : work.work)
     for (const CommCall& c : w.comms) {
       if (c.kind != Collective::all_reduce && c.kind != Collective::reduce_scatter) continue;
       const bool data_parallel = c.metered == CommAxis::dp;

@@ -13,6 +13,7 @@
 #include "cleave/parallel/layout.h"
 #include "cleave/parallel/parallel_config.h"
 #include "cleave/parallel/step_options.h"
+#include "cleave/plan/step_work.h"
 
 namespace cleave {
 
@@ -53,11 +54,12 @@ struct MemoryPlan {
   }
 };
 
-// The plan of pp rank `pp_rank` (its tp rank 0 and data-parallel rank 0 stand for the others,
-// which hold as much) of a layout from plan_layout. val_batches: validation's micro-batches (0:
-// none), whose forward-only program may hold more activations than training's.
+// The plan of a pp rank (its tp rank 0 and data-parallel rank 0 stand for the others, which hold
+// as much) of a layout from plan_layout, from the rank's step (`work`, step_work's: its program
+// and collectives). val_batches: validation's micro-batches (0: none), whose forward-only program
+// may hold more activations than training's.
 MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
                        const StepOptions& step, const std::string& optimizer_offload,
-                       const Layout& layout, int pp_rank, int val_batches);
+                       const Layout& layout, const StepWork& work, int val_batches);
 
 }  // namespace cleave

@@ -4,7 +4,6 @@
 #include <cstdio>
 
 #include "cleave/base/check.h"
-#include "cleave/model/transformer.h"
 #include "cleave/parallel/layout.h"
 #include "cleave/plan/memory.h"
 
@@ -99,16 +98,13 @@ std::vector<Ranked> search_layouts(const ModelConfig& model, const ParallelConfi
     Ranked r;
     std::vector<StepWork> work;
     for (int s = 0; s < layout.mesh.degree(Axis::pp); ++s) {
-      const MemoryPlan m = plan_memory(model, c.parallel, c.step, optimizer_offload, layout, s, 0);
-      r.peak_bytes = std::max(r.peak_bytes, m.total());
       work.push_back(step_work(model, c.parallel, c.step, layout, s));
+      const MemoryPlan m =
+          plan_memory(model, c.parallel, c.step, optimizer_offload, layout, work.back(), 0);
+      r.peak_bytes = std::max(r.peak_bytes, m.total());
     }
     r.fits = double(r.peak_bytes) <= cluster.memory_gib * double(1 << 30);
-    const double tokens =
-        double(c.step.micro_batch_size) * c.step.seq_len * c.step.grad_accum_steps;
-    r.prediction = predict_step(work, layout, cluster, tokens,
-                                tokens * model_flops_per_token(model, c.step.seq_len),
-                                c.step.dtype);
+    r.prediction = predict_step(work, layout, cluster, model, c.step);
     r.candidate = std::move(c);
     out.push_back(std::move(r));
   }

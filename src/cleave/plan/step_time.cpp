@@ -7,6 +7,7 @@
 
 #include "cleave/base/check.h"
 #include "cleave/mesh/mesh.h"
+#include "cleave/model/transformer.h"
 
 namespace cleave {
 
@@ -129,8 +130,10 @@ Precision product_dtype(Precision p) {
 }
 
 StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& layout,
-                            const Cluster& cluster, double global_tokens, double model_flops,
-                            Precision dtype) {
+                            const Cluster& cluster, const ModelConfig& model,
+                            const StepOptions& step) {
+  const double global_tokens = double(step.micro_batch_size) * step.seq_len * step.grad_accum_steps;
+  const Precision dtype = step.dtype;
   const Mesh& mesh = layout.mesh;
   const int pp = mesh.degree(Axis::pp);
   CLEAVE_CHECK(int(work.size()) == pp, "predict_step: " + std::to_string(work.size()) +
@@ -160,7 +163,7 @@ StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& lay
   };
 
   StepPrediction out;
-  out.model_flops = model_flops;
+  out.model_flops = global_tokens * model_flops_per_token(model, step.seq_len);
   std::vector<Program> programs;
   std::vector<std::vector<InstructionCost>> costs(work.size());
   std::vector<std::array<double, 3>> parts(work.size(), {0, 0, 0});  // gemm, attention, memory

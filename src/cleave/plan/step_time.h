@@ -48,7 +48,7 @@ struct StepPrediction {
   std::vector<RankTime> ranks;  // per pp rank
   double step_seconds = 0;      // the slowest rank's end
   double tokens_per_second = 0;
-  double model_flops = 0;  // per step, over every rank, as given
+  double model_flops = 0;  // per step, over every rank
   double peak_gflops = 0;  // per device, of the dtype the products run as; 0: unknown
   double mfu = 0;          // model_flops / step_seconds / (devices x peak); 0 when unknown
 };
@@ -58,10 +58,10 @@ struct StepPrediction {
 Precision product_dtype(Precision p);
 
 // The step of `layout` (its pp ranks' work, from step_work) on `cluster` (its devices_per_host
-// consecutive world ranks on each host), global_tokens tokens per step in `dtype`, model_flops
-// per step as the trainer's MFU counts them (model_flops_per_token).
+// consecutive world ranks on each host): the step's micro_batch_size x seq_len x
+// grad_accum_steps tokens, their FLOPs as the trainer's MFU counts them (model_flops_per_token).
 StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& layout,
-                            const Cluster& cluster, double global_tokens, double model_flops,
-                            Precision dtype);
+                            const Cluster& cluster, const ModelConfig& model,
+                            const StepOptions& step);
 
 }  // namespace cleave

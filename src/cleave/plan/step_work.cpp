@@ -56,6 +56,7 @@ class Builder {
     out.pp_rank = r_;
     out.program = training_program(step_, par_, layout_, r_, *model_);
     units_.resize(size_t(model_->n_units()));
+    count_fp8_gathered();
     for (int u = 0; u < model_->n_units(); ++u) describe_unit(u);
     add_products();
     const std::vector<bool> starts =
@@ -277,8 +278,21 @@ class Builder {
     }
   }
 
+  // With parallel.fp8_allgather, per group and unit, the FP8 linears' weights that ZeRO-3 gathers
+  // at one byte per value (parallel/fp8_allgather.h).
+  void count_fp8_gathered() {
+    const ParamStore& store = model_->params();
+    fp8_gathered_.assign(size_t(store.n_groups()), std::vector<double>(units_.size(), 0.0));
+    if (!par_.fp8_allgather) return;
+    for (int i = 0; i < int(store.tensors().size()); ++i)
+      if (store.fp8_weight(i)) {
+        const ParamTensor& w = store.tensor(i);
+        fp8_gathered_[size_t(w.group)][size_t(w.unit)] += double(w.numel);
+      }
+  }
+
   // ZeRO-3's gather of unit u's parameters: each group's region, its FP8 weights at one byte per
-  // value with parallel.fp8_allgather (parallel/fp8_allgather.h).
+  // value as counted above.
   void gather_comms(int u, bool overlapped, std::vector<CommCall>& out) const {
     const ParamStore& store = model_->params();
     for (int g = 0; g < store.n_groups(); ++g) {
@@ -286,11 +300,7 @@ class Builder {
       const double share = experts ? 1.0 / ep_ : 1.0;
       const double n =
           double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]) * share;
-      double f = 0;
-      if (par_.fp8_allgather)
-        for (int i = 0; i < int(store.tensors().size()); ++i)
-          if (store.fp8_weight(i) && store.tensor(i).group == g && store.tensor(i).unit == u)
-            f += double(store.tensor(i).numel) * share;
+      const double f = fp8_gathered_[size_t(g)][size_t(u)] * share;
       const double bytes = (n - f) * kF + f;
       if (experts)
         out.push_back(call(CommAxis::dp, "efsdp", {kEfsdp}, Collective::all_gather, bytes,
@@ -438,6 +448,7 @@ class Builder {
   double tokens_ = 0, rows_ = 0;
   std::unique_ptr<Transformer> model_;
   std::vector<UnitWork> units_;
+  std::vector<std::vector<double>> fp8_gathered_;  // per group and unit
 };
 
 }  // namespace
