@@ -127,7 +127,8 @@ rc=0
 wait "$job" || rc=$?
 job=
 [ "$rc" -eq 143 ] || { tail -5 "$work/twice.log"; fail "a second SIGTERM while saving: exit $rc, not 143 (killed by SIGTERM)"; }
-grep -q "terminated by signal 15 (a second SIGTERM" "$work/twice.log" || fail "no report of the second SIGTERM"
+grep -q "terminated by signal 15 (a second SIGTERM" "$work/twice.log" \
+  || { tail -20 "$work/twice.log"; fail "no report of the second SIGTERM"; }
 [ -z "$(find "$work/twice" -maxdepth 1 -regextype egrep -regex '.*/step_[0-9]+')" ] \
   || fail "the save the second SIGTERM cut short appeared"
 echo "twice: a second SIGTERM while saving ended the process in $(( $(date +%s) - t0 )) s"
