@@ -14,27 +14,32 @@
 
 namespace cleave::kernels {
 
-RopeTable::RopeTable(int head_dim_, int64_t max_pos_, float theta)
-    : head_dim(head_dim_), max_pos(max_pos_) {
+RopeTable::RopeTable(int head_dim, int64_t max_pos, float theta)
+    : head_dim_(head_dim), max_pos_(max_pos), theta_(theta) {
   CLEAVE_CHECK(head_dim > 0 && head_dim % 2 == 0,
                "rope head_dim=" << head_dim << " must be positive and even");
   CLEAVE_CHECK(max_pos >= 0, "rope max_pos=" << max_pos << " must be >= 0");
   CLEAVE_CHECK(theta > 0.0f, "rope theta=" << theta << " must be > 0");
-  const int half = head_dim / 2;
-  cos.resize(static_cast<size_t>(max_pos) * half);
-  sin.resize(static_cast<size_t>(max_pos) * half);
-  // Angles in double: pos * freq reaches ~1e5 rad at long contexts, where a float product would
-  // already be off by ~1e-2 rad before the cos/sin.
-  std::vector<double> inv_freq(half);
-  for (int i = 0; i < half; i++)
-    inv_freq[i] = std::pow(static_cast<double>(theta), -2.0 * i / static_cast<double>(head_dim));
-  for (int64_t p = 0; p < max_pos; p++) {
-    for (int i = 0; i < half; i++) {
-      const double a = static_cast<double>(p) * inv_freq[i];
-      cos[p * half + i] = static_cast<float>(std::cos(a));
-      sin[p * half + i] = static_cast<float>(std::sin(a));
+}
+
+void RopeTable::ensure_computed() const {
+  std::call_once(computed_, [this] {
+    const int half = head_dim_ / 2;
+    cos_.resize(static_cast<size_t>(max_pos_) * half);
+    sin_.resize(static_cast<size_t>(max_pos_) * half);
+    // Angles in double: pos * freq reaches ~1e5 rad at long contexts, where a float product would
+    // already be off by ~1e-2 rad before the cos/sin.
+    std::vector<double> inv_freq(half);
+    for (int i = 0; i < half; i++)
+      inv_freq[i] = std::pow(double(theta_), -2.0 * i / double(head_dim_));
+    for (int64_t p = 0; p < max_pos_; p++) {
+      for (int i = 0; i < half; i++) {
+        const double a = static_cast<double>(p) * inv_freq[i];
+        cos_[p * half + i] = static_cast<float>(std::cos(a));
+        sin_[p * half + i] = static_cast<float>(std::sin(a));
+      }
     }
-  }
+  });
 }
 
 namespace {
@@ -42,32 +47,33 @@ namespace {
 // Validated before the parallel region: an exception must not escape OpenMP.
 void check_args(const RopeTable& table, int64_t rows, int n_heads, int64_t row_stride,
                 const int32_t* positions) {
-  CLEAVE_CHECK(table.head_dim > 0 && table.head_dim % 2 == 0,
-               "rope head_dim=" << table.head_dim << " must be positive and even");
+  CLEAVE_CHECK(table.head_dim() > 0 && table.head_dim() % 2 == 0,
+               "rope head_dim=" << table.head_dim() << " must be positive and even");
   CLEAVE_CHECK(rows >= 0, "rope rows=" << rows << " must be >= 0");
   CLEAVE_CHECK(n_heads > 0, "rope n_heads=" << n_heads << " must be > 0");
-  CLEAVE_CHECK(row_stride >= static_cast<int64_t>(n_heads) * table.head_dim,
+  CLEAVE_CHECK(row_stride >= static_cast<int64_t>(n_heads) * table.head_dim(),
                "rope row_stride=" << row_stride << " < n_heads*head_dim="
-                                  << static_cast<int64_t>(n_heads) * table.head_dim);
+                                  << static_cast<int64_t>(n_heads) * table.head_dim());
   CLEAVE_CHECK(positions != nullptr || rows == 0,
                "rope positions are null for " << rows << " rows");
   for (int64_t r = 0; r < rows; r++)
-    CLEAVE_CHECK(positions[r] >= 0 && positions[r] < table.max_pos,
+    CLEAVE_CHECK(positions[r] >= 0 && positions[r] < table.max_pos(),
                  "rope row " << r << " has position " << positions[r]
-                             << ", outside the table's [0, " << table.max_pos << ")");
+                             << ", outside the table's [0, " << table.max_pos() << ")");
 }
 
 // sign = +1 rotates by +a (forward), -1 by -a (backward).
 void rope_apply(float* x, const RopeTable& table, int64_t rows, int n_heads, int64_t row_stride,
                 const int32_t* positions, float sign) {
   check_args(table, rows, n_heads, row_stride, positions);
-  const int hd = table.head_dim;
+  table.ensure_computed();
+  const int hd = table.head_dim();
   const int half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; r++) {
     const int64_t pos = positions[r];
-    const float* c = table.cos.data() + pos * half;
-    const float* s = table.sin.data() + pos * half;
+    const float* c = table.cos_row(pos);
+    const float* s = table.sin_row(pos);
     for (int h = 0; h < n_heads; h++) {
       float* x1 = x + r * row_stride + static_cast<int64_t>(h) * hd;
       float* x2 = x1 + half;

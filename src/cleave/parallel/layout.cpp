@@ -50,7 +50,16 @@ std::pair<CpMode, int> plan_context(const ModelConfig& model, const ParallelConf
 
 }  // namespace
 
-Layout plan_layout(const ModelConfig& model, const ParallelConfig& p, const StepOptions& step,
+PipelinePlan plan_pipeline(const ModelConfig& model, const ParallelConfig& p, int pp,
+                           int microbatches) {
+  PipelinePlan plan;
+  plan.schedule = pipeline_schedule(p, pp, microbatches);
+  plan.stage_layers = stage_layers(p, plan.schedule, model.n_layers);
+  plan.check = check_schedule(plan.schedule);
+  return plan;
+}
+
+MeshPlan plan_mesh(const ModelConfig& model, const ParallelConfig& p, const StepOptions& step,
                    int world) {
   const std::string& ac = step.activation_checkpointing;
   if (ac != "none" && ac != "full" && ac != "selective")
@@ -108,12 +117,16 @@ Layout plan_layout(const ModelConfig& model, const ParallelConfig& p, const Step
                 std::to_string(tokens) +
                 " tokens per micro-batch cannot be split into parallel.tp = " +
                 std::to_string(tp) + " equal parts");
-  const int pp = mesh.degree(Axis::pp);
-  Schedule schedule = pipeline_schedule(p, pp, step.grad_accum_steps);
-  std::vector<int> layers = stage_layers(p, schedule, model.n_layers);
-  ScheduleCheck check = check_schedule(schedule);
-  return Layout{std::move(mesh), micro / dp, std::move(schedule), std::move(check),
-                std::move(layers), cp_mode, cp_ulysses};
+  return MeshPlan{std::move(mesh), micro / dp, cp_mode, cp_ulysses};
+}
+
+Layout plan_layout(const ModelConfig& model, const ParallelConfig& p, const StepOptions& step,
+                   int world) {
+  MeshPlan m = plan_mesh(model, p, step, world);
+  PipelinePlan pipeline = plan_pipeline(model, p, m.mesh.degree(Axis::pp), step.grad_accum_steps);
+  return Layout{std::move(m.mesh),        m.local_batch,  std::move(pipeline.schedule),
+                std::move(pipeline.check), std::move(pipeline.stage_layers), m.cp_mode,
+                m.cp_ulysses};
 }
 
 std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank) {

@@ -30,10 +30,32 @@ struct Layout {
   int cp_ulysses = 1;
 };
 
-// Throws cleave::Error naming the keys and numbers when the config cannot run on `world` ranks:
-// a mesh axis this build does not have, degrees that do not make up the world, a micro-batch the
-// data-parallel ranks cannot split evenly, a schedule that cannot run or layers that do not split
-// over its stages.
+// The pipeline part of a layout: the schedule `parallel` names for pp ranks and `microbatches`,
+// checked, and the layers of each of its stages. Throws cleave::Error when the schedule cannot run
+// or the layers do not split over its stages.
+struct PipelinePlan {
+  Schedule schedule;
+  ScheduleCheck check;
+  std::vector<int> stage_layers;
+};
+PipelinePlan plan_pipeline(const ModelConfig& model, const ParallelConfig& parallel, int pp,
+                           int microbatches);
+
+// The rest of a layout: the mesh with its carved axes, each data-parallel rank's share of a
+// micro-batch and the cp mode. Throws cleave::Error naming the keys and numbers when they cannot
+// be: a mesh axis this build does not have, degrees that do not make up the world, heads or a
+// vocabulary that do not split over tp, a micro-batch the data-parallel ranks cannot split evenly.
+struct MeshPlan {
+  Mesh mesh;
+  int64_t local_batch;
+  CpMode cp_mode;
+  int cp_ulysses;
+};
+MeshPlan plan_mesh(const ModelConfig& model, const ParallelConfig& parallel,
+                   const StepOptions& step, int world);
+
+// plan_mesh's and plan_pipeline's (for the config's pp and grad_accum_steps) together, or their
+// error: the config cannot run on `world` ranks.
 Layout plan_layout(const ModelConfig& model, const ParallelConfig& parallel,
                    const StepOptions& step, int world);
 

@@ -60,14 +60,16 @@ void check_shape_and_ranges(const Schedule& s) {
   for (int r = 0; r < s.pp; ++r)
     for (int i = 0; i < int(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
-      const std::string at = "rank " + std::to_string(r) + " action " + std::to_string(i) + " (" +
-                             to_string(a) + ")";
+      auto at = [&] {
+        return "rank " + std::to_string(r) + " action " + std::to_string(i) + " (" +
+               to_string(a) + ")";
+      };
       if (a.stage < 0 || a.stage >= s.n_stages)
-        throw Error(at + " names stage " + std::to_string(a.stage) + ", but the schedule has " +
+        throw Error(at() + " names stage " + std::to_string(a.stage) + ", but the schedule has " +
                     std::to_string(s.n_stages) + " stages (0.." + std::to_string(s.n_stages - 1) +
                     ")");
       if (a.mb < 0 || a.mb >= s.microbatches)
-        throw Error(at + " names micro-batch " + std::to_string(a.mb) +
+        throw Error(at() + " names micro-batch " + std::to_string(a.mb) +
                     ", but the schedule has " + std::to_string(s.microbatches) +
                     " micro-batches (0.." + std::to_string(s.microbatches - 1) + ")");
     }
@@ -110,18 +112,19 @@ StageMap read_placement(const Schedule& s) {
 void check_compute_counts(const Schedule& s, const ActionIndex& at) {
   for (int st = 0; st < s.n_stages; ++st)
     for (int mb = 0; mb < s.microbatches; ++mb) {
-      const std::string what =
-          "micro-batch " + std::to_string(mb) + " of stage " + std::to_string(st);
+      auto what = [&] {
+        return "micro-batch " + std::to_string(mb) + " of stage " + std::to_string(st);
+      };
       auto text = [&](ActionType t) { return to_string(Action{t, st, mb}); };
       const Pos b = at(ActionType::backward, st, mb), i = at(ActionType::backward_input, st, mb),
                 w = at(ActionType::backward_weight, st, mb);
       if (!at(ActionType::forward, st, mb).found())
-        throw Error(what + " has no forward: no rank runs " + text(ActionType::forward));
+        throw Error(what() + " has no forward: no rank runs " + text(ActionType::forward));
       if (!b.found() && !i.found())
-        throw Error(what + " has no backward: no rank runs " + text(ActionType::backward) +
+        throw Error(what() + " has no backward: no rank runs " + text(ActionType::backward) +
                     " or " + text(ActionType::backward_input));
       if (b.found() && i.found())
-        throw Error(what + " has both a whole backward, " + at.where(b) +
+        throw Error(what() + " has both a whole backward, " + at.where(b) +
                     ", and a backward input, " + at.where(i));
       if (w.found() && !i.found())
         throw Error(at.where(w) + " has no backward input " + text(ActionType::backward_input) +
@@ -145,17 +148,17 @@ void check_comm_placement(const Schedule& s, const StageMap& m, const ActionInde
     for (int i = 0; i < int(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
       if (is_compute(a.type)) continue;
-      const std::string here = at.where(Pos{r, i});
+      auto here = [&] { return at.where(Pos{r, i}); };
       const int peer = peer_stage(a);
       if (peer < 0 || peer >= s.n_stages)
-        throw Error(here + " has no peer: stage " + std::to_string(a.stage) + " is the " +
+        throw Error(here() + " has no peer: stage " + std::to_string(a.stage) + " is the " +
                     (peer < 0 ? "first" : "last") + " stage");
       if (m.rank_of_stage[a.stage] != r)
-        throw Error(here + " is on rank " + std::to_string(r) + ", but stage " +
+        throw Error(here() + " is on rank " + std::to_string(r) + ", but stage " +
                     std::to_string(a.stage) + " runs on rank " +
                     std::to_string(m.rank_of_stage[a.stage]));
       if (m.rank_of_stage[peer] == r)
-        throw Error(here + " is between stages " + std::to_string(a.stage) + " and " +
+        throw Error(here() + " is between stages " + std::to_string(a.stage) + " and " +
                     std::to_string(peer) + ", both on rank " + std::to_string(r) +
                     ", which hand over without a send or receive");
     }

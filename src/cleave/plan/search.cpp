@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <memory>
 
 #include "cleave/base/check.h"
 #include "cleave/parallel/layout.h"
@@ -17,6 +19,31 @@ std::vector<int> divisors(int n) {
     if (n % i == 0) d.push_back(i);
   return d;
 }
+
+// A search's pipeline plans by (pp, micro-batches): the layouts that share them share the schedule,
+// whose check is most of what validating a layout costs. Null: that schedule cannot run.
+class PipelinePlans {
+ public:
+  PipelinePlans(const ModelConfig& model, const ParallelConfig& base)
+      : model_(model), base_(base) {
+    base_.pp_layers.clear();
+  }
+  const PipelinePlan* get(int pp, int microbatches) {
+    auto [it, added] = plans_.try_emplace({pp, microbatches});
+    if (added) {
+      try {
+        it->second = std::make_unique<PipelinePlan>(plan_pipeline(model_, base_, pp, microbatches));
+      } catch (const Error&) {
+      }
+    }
+    return it->second.get();
+  }
+
+ private:
+  const ModelConfig& model_;
+  ParallelConfig base_;
+  std::map<std::pair<int, int>, std::unique_ptr<PipelinePlan>> plans_;
+};
 
 }  // namespace
 
@@ -44,6 +71,7 @@ std::string Candidate::label() const {
 std::vector<Candidate> valid_layouts(const ModelConfig& model, const ParallelConfig& base,
                                      const StepOptions& base_step, int world) {
   const int64_t global = int64_t(base_step.micro_batch_size) * base_step.grad_accum_steps;
+  PipelinePlans pipelines(model, base);
   std::vector<Candidate> out;
   for (int pp : divisors(world))
     for (int R : divisors(world / pp))
@@ -60,6 +88,8 @@ std::vector<Candidate> valid_layouts(const ModelConfig& model, const ParallelCon
                 for (const char* ac : {"none", "selective", "full"})
                   for (int64_t accum = 1; accum <= global; accum *= 2) {
                     if (global % accum) continue;
+                    const PipelinePlan* pipeline = pipelines.get(pp, int(accum));
+                    if (!pipeline) continue;  // the schedule cannot run
                     Candidate c;
                     c.parallel = base;
                     c.parallel.pp = pp;
@@ -76,7 +106,7 @@ std::vector<Candidate> valid_layouts(const ModelConfig& model, const ParallelCon
                     c.step.grad_accum_steps = int(accum);
                     c.step.micro_batch_size = int(global / accum);
                     try {
-                      plan_layout(model, c.parallel, c.step, world);
+                      plan_mesh(model, c.parallel, c.step, world);
                     } catch (const Error&) {
                       continue;  // `cleave train` would refuse it
                     }
@@ -93,8 +123,12 @@ std::vector<Ranked> search_layouts(const ModelConfig& model, const ParallelConfi
                                    const std::string& optimizer_offload, int world,
                                    const Cluster& cluster) {
   std::vector<Ranked> out;
+  PipelinePlans pipelines(model, base);
   for (Candidate& c : valid_layouts(model, base, base_step, world)) {
-    const Layout layout = plan_layout(model, c.parallel, c.step, world);
+    MeshPlan m = plan_mesh(model, c.parallel, c.step, world);
+    const PipelinePlan& p = *pipelines.get(c.parallel.pp, c.step.grad_accum_steps);
+    const Layout layout{std::move(m.mesh), m.local_batch, p.schedule, p.check, p.stage_layers,
+                        m.cp_mode, m.cp_ulysses};
     Ranked r;
     std::vector<StepWork> work;
     for (int s = 0; s < layout.mesh.degree(Axis::pp); ++s) {
