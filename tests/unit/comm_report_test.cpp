@@ -243,7 +243,8 @@ TEST(CommReport, StoppedRankIsNamed) {
 TEST(CommReport, AJobStartRemovesTheFoldersOfKilledJobsOnly) {
   const std::filesystem::path parent = std::filesystem::temp_directory_path() /
                                        ("cleave-comm-report-sweep-" + std::to_string(getpid()));
-  const std::string killed = parent / "cleave-killed", running = parent / "cleave-running";
+  const std::string killed = parent / "cleave-killed", running = parent / "cleave-running",
+                    stopped = parent / "cleave-stopped";
   // A job whose only rank was killed outright: its file stays, its process is gone.
   const pid_t child = fork();
   if (child == 0) {
@@ -253,12 +254,25 @@ TEST(CommReport, AJobStartRemovesTheFoldersOfKilledJobsOnly) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(std::filesystem::exists(killed + "/rank-0.status"));
+  // A job whose rank is stopped (as strace holds one in a system call): alive, its folder stays.
+  const pid_t held = fork();
+  if (held == 0) {
+    new StatusBoard(stopped, 0, 1);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  ASSERT_EQ(waitpid(held, &status, WUNTRACED), held);
+  ASSERT_TRUE(WIFSTOPPED(status));
   {
     StatusBoard alive(running, 0, 1);  // a job still running beside
     StatusBoard starting((parent / "cleave-new").string(), 0, 1);
     EXPECT_FALSE(std::filesystem::exists(killed));
     EXPECT_TRUE(std::filesystem::exists(running + "/rank-0.status"));
+    EXPECT_TRUE(std::filesystem::exists(stopped + "/rank-0.status"));
   }
+  kill(held, SIGKILL);
+  waitpid(held, &status, 0);
+  std::filesystem::remove_all(stopped);
   EXPECT_TRUE(std::filesystem::is_empty(parent));
   std::filesystem::remove_all(parent);
 }

@@ -128,8 +128,10 @@ void sweep_stale_folders(const std::string& own) {
         stale = false;
         continue;
       }
+      // A stopped process (SIGSTOP, a debugger, strace holding a system call) is alive: removing
+      // its folder would silence its report when it resumes.
       const int alive = liveness(page, host);
-      if (alive == -1 || (alive == 1 && !page.left)) stale = false;
+      if (alive == -1 || (alive != 0 && !page.left)) stale = false;
     }
     if (!stale || files.empty()) continue;  // an empty folder may be a job starting this moment
     for (const fs::path& f : files) fs::remove(f, ec);
