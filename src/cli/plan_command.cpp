@@ -28,8 +28,9 @@ double mib(int64_t bytes) { return double(bytes) / (1 << 20); }
 
 // The step's predicted time on the cluster: per pipeline stage where its time goes, then the
 // step, tokens/s and MFU (docs/planner.md, Step time).
-void print_step_time(const Cluster& cluster, const Layout& layout,
-                     const std::vector<StepWork>& work, const Config& cfg, nlohmann::json& out) {
+StepPrediction print_step_time(const Cluster& cluster, const Layout& layout,
+                               const std::vector<StepWork>& work, const Config& cfg,
+                               nlohmann::json& out) {
   const TrainConfig& t = cfg.train;
   const StepPrediction p = predict_step(work, layout, cluster, cfg.model, t);
   std::printf("\npredicted step on %s (%d devices per host; ms per step, each rank of a "
@@ -68,11 +69,14 @@ void print_step_time(const Cluster& cluster, const Layout& layout,
   out["step"]["step_s"] = p.step_seconds;
   out["step"]["tokens_per_s"] = p.tokens_per_second;
   out["step"]["mfu"] = p.peak_gflops > 0 ? nlohmann::json(p.mfu) : nlohmann::json(nullptr);
+  return p;
 }
 
-// --search: the valid layouts, the best first, those that do not fit counted.
-void print_search(const Cluster& cluster, const Config& cfg, int world, int top,
-                  nlohmann::json& out) {
+// --search: the valid layouts, the best first, those that do not fit counted; the best `top`
+// that fit, for the report.
+std::vector<RankedLayout> print_search(const Cluster& cluster, const Config& cfg, int world,
+                                       int top, nlohmann::json& out) {
+  std::vector<RankedLayout> best;
   const std::vector<Ranked> ranked = search_layouts(cfg.model, cfg.parallel, cfg.train,
                                                     cfg.optim.offload, world, cluster);
   int fitting = 0;
@@ -91,6 +95,8 @@ void print_search(const Cluster& cluster, const Config& cfg, int world, int top,
                              {"tokens_per_s", r.prediction.tokens_per_second},
                              {"step_s", r.prediction.step_seconds}});
     if (i >= top || !r.fits) continue;
+    best.push_back({r.candidate.label(), r.prediction.tokens_per_second,
+                    r.prediction.step_seconds, r.prediction.mfu, r.peak_bytes});
     std::printf("  %4d %10.0f %10.1f %6.1f%% %9.2f  %s\n", i + 1,
                 r.prediction.tokens_per_second, 1e3 * r.prediction.step_seconds,
                 100 * r.prediction.mfu, double(r.peak_bytes) / (1 << 30),
@@ -99,6 +105,7 @@ void print_search(const Cluster& cluster, const Config& cfg, int world, int top,
   if (fitting >= 2) std::printf("%s\n", explain_winner(ranked[0], ranked[1]).c_str());
   if (fitting == 0) std::printf("no layout fits: the smallest needs %.2f GiB per device\n",
                                 ranked.empty() ? 0.0 : double(ranked[0].peak_bytes) / (1 << 30));
+  return best;
 }
 
 }  // namespace
@@ -177,12 +184,19 @@ int plan(int argc, char** argv) {
   }
   if (a.has("--cluster")) {
     const Cluster cluster = read_cluster(a.get("--cluster", ""));
-    print_step_time(cluster, layout, work, cfg, out);
+    const StepPrediction p = print_step_time(cluster, layout, work, cfg, out);
+    for (size_t r = 0; r < p.ranks.size(); ++r)
+      for (const RankTime::Span& s : p.ranks[r].spans)
+        report.timeline.push_back({int(r), s.action, 1e6 * s.start, 1e6 * (s.end - s.start)});
+    report.timeline_cluster = cluster.name;
+    report.capacity_bytes = int64_t(cluster.memory_gib * double(1 << 30));
     if (a.has("--search"))
-      print_search(cluster, cfg, world, int(a.integer("--top", 10, 1, INT32_MAX)), out);
+      report.ranked =
+          print_search(cluster, cfg, world, int(a.integer("--top", 10, 1, INT32_MAX)), out);
+  } else {
+    report.timeline = simulated_trace(layout.schedule, layout.check);
   }
   if (a.has("--report")) {
-    report.timeline = simulated_trace(layout.schedule, layout.check);
     const std::string path = a.get("--report", "");
     write_file_atomic(path, plan_report_html(report), "plan report");
     std::printf("\nwrote %s\n", path.c_str());

@@ -1,5 +1,5 @@
 // The step-time simulation: on every pipeline schedule it finds the schedule checker's makespan
-// (the same bubble, from the lowered programs); gradient reductions hide under backward until
+// and timeline (the same bubble, from the lowered programs); gradient reductions hide under backward until
 // they are longer than it; a prefetched gather waits only for what is left of its transfer; and
 // the planner's prediction adds up: products at the table's rate, links by host, MFU and tokens/s
 // from the step.
@@ -55,6 +55,24 @@ TEST(PlanStepTime, PipelineMakespanIsTheScheduleCheckers) {
     for (const RankTime& rt : t)
       EXPECT_DOUBLE_EQ(rt.gemm, 3.0 * m * check.stages.chunks_per_rank) << c.name;
     EXPECT_GT(t[0].pipeline_wait, 0) << c.name;
+    // The timeline: each rank's spans are the checker's compute actions, in order, at its times.
+    for (int r = 0; r < pp; ++r) {
+      std::vector<std::string> want;
+      std::vector<double> start, end;
+      for (size_t i = 0; i < s.ranks[size_t(r)].size(); ++i)
+        if (is_compute(s.ranks[size_t(r)][i].type)) {
+          want.push_back(to_string(s.ranks[size_t(r)][i]));
+          start.push_back(check.start[size_t(r)][i]);
+          end.push_back(check.end[size_t(r)][i]);
+        }
+      const std::vector<RankTime::Span>& got = t[size_t(r)].spans;
+      ASSERT_EQ(got.size(), want.size()) << c.name << " rank " << r;
+      for (size_t k = 0; k < got.size(); ++k) {
+        EXPECT_EQ(got[k].action, want[k]) << c.name << " rank " << r;
+        EXPECT_DOUBLE_EQ(got[k].start, start[k]) << c.name << " " << want[k];
+        EXPECT_DOUBLE_EQ(got[k].end, end[k]) << c.name << " " << want[k];
+      }
+    }
   }
 }
 

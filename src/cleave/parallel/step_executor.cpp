@@ -12,16 +12,6 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-char action_letter(Op op) {
-  switch (op) {
-    case Op::forward: return 'F';
-    case Op::backward: return 'B';
-    case Op::backward_input: return 'I';
-    case Op::recompute: return 'R';
-    default: return 'W';
-  }
-}
-
 BackwardPart part_of(Op op) {
   return op == Op::backward_input    ? BackwardPart::input
          : op == Op::backward_weight ? BackwardPart::weight
@@ -69,10 +59,8 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
   const Instruction* span = nullptr;  // the schedule action being traced
   auto close_span = [&](double at) {
     if (!span) return;
-    out.trace.push_back({parts_.rank,
-                         std::to_string(span->stage) + action_letter(span->op) +
-                             std::to_string(span->mb),
-                         1e6 * (span_start - t0), 1e6 * (at - span_start), -1, ""});
+    out.trace.push_back({parts_.rank, action_name(*span), 1e6 * (span_start - t0),
+                         1e6 * (at - span_start), -1, ""});
     span = nullptr;
   };
 
@@ -224,7 +212,7 @@ StepTimes StepExecutor::run(const Program& program, const StepRun& run) {
       out.busy_seconds += end - start;
       if (run.trace) {
         // One span per schedule action: its units, and what ran between them (ZeRO-3 gathers).
-        if (span && !(i.op == span->op && i.stage == span->stage && i.mb == span->mb))
+        if (span && !same_action(i, *span))
           close_span(span_end);
         if (!span) {
           span = &i;

@@ -19,6 +19,18 @@ const char* op_name(Op op) {
   return names[int(op)];
 }
 
+std::string action_name(const Instruction& i) {
+  char letter = 'W';
+  switch (i.op) {
+    case Op::forward: letter = 'F'; break;
+    case Op::backward: letter = 'B'; break;
+    case Op::backward_input: letter = 'I'; break;
+    case Op::recompute: letter = 'R'; break;
+    default: break;
+  }
+  return std::to_string(i.stage) + letter + std::to_string(i.mb);
+}
+
 std::string to_string(const Instruction& i) {
   std::ostringstream out;
   out << op_name(i.op);

@@ -97,5 +97,12 @@ std::vector<Instruction> step_end_instructions(int groups, bool moe_stats = fals
 Schedule forward_only_schedule(const StageMap& stages, int pp, int microbatches);
 
 std::string to_string(const Instruction& i);
+// A compute instruction's schedule action, as the traces name it: stage, letter (F forward,
+// B backward, I and W its input and weight halves, R a recompute), micro-batch: "1F3". A
+// schedule action's units are consecutive compute instructions of the same action.
+std::string action_name(const Instruction& i);
+inline bool same_action(const Instruction& a, const Instruction& b) {
+  return a.op == b.op && a.stage == b.stage && a.mb == b.mb;
+}
 
 }  // namespace cleave

@@ -129,7 +129,7 @@ std::string memory_section(const std::vector<MemoryPlan>& stages, int64_t capaci
          fmt("%.0f", height) + "\">" + svg + "</svg></section>";
 }
 
-std::string timeline_section(const std::vector<TraceEvent>& events) {
+std::string timeline_section(const std::vector<TraceEvent>& events, const std::string& cluster) {
   static const std::map<char, const char*> colour = {
       {'F', "#4e79a7"}, {'B', "#e15759"}, {'I', "#f28e2b"}, {'W', "#59a14f"}, {'R', "#b07aa1"}};
   double end = 0;
@@ -153,11 +153,18 @@ std::string timeline_section(const std::vector<TraceEvent>& events) {
            "\" y=\"" + fmt("%.0f", 8 + e.rank * row) + "\" width=\"" +
            fmt("%.1f", std::max(1.0, width * e.duration_us / end - 1)) + "\" height=\"" +
            fmt("%.0f", row - 4) + "\" fill=\"" + (c == colour.end() ? "#999" : c->second) +
-           "\"><title>" + escaped(e.name) + "</title></rect>";
+           "\"><title>" + escaped(e.name) +
+           (cluster.empty() ? std::string() : fmt(": %.3f ms", e.duration_us / 1e3)) +
+           "</title></rect>";
   }
-  return "<section id=\"timeline\"><h2>Pipeline timeline</h2><p>The schedule's simulated "
-         "actions per pipeline rank, F forward, B backward, I and W its input and weight halves "
-         "(stage, type, micro-batch); the white between them is the bubble.</p><svg width=\"" +
+  const std::string timed =
+      cluster.empty() ? "The schedule's actions simulated on unit costs (F 1, B 2, I and W 1)"
+                      : "The step program simulated on " + escaped(cluster) + "'s costs (" +
+                            fmt("%.1f ms", end / 1e3) + " per step)";
+  return "<section id=\"timeline\"><h2>Pipeline timeline</h2><p>" + timed +
+         ", per pipeline rank: F forward, B backward, I and W its input and weight halves, R a "
+         "recompute (stage, type, micro-batch); the white between them is the bubble and the "
+         "waits for collectives.</p><svg width=\"" +
          fmt("%.0f", label + width + 10) + "\" height=\"" + fmt("%.0f", 12 + ranks * row) +
          "\">" + svg + "</svg></section>";
 }
@@ -183,6 +190,32 @@ std::string axes_section(const std::vector<AxisBytes>& axes) {
          fmt("%.0f", 12 + row * (bar + 6)) + "\">" + svg + "</svg></section>";
 }
 
+// The search's best layouts: a bar of predicted tokens/s each, the best on top.
+std::string search_section(const std::vector<RankedLayout>& ranked) {
+  if (ranked.empty()) return "";
+  double most = 0;
+  for (const RankedLayout& l : ranked) most = std::max(most, l.tokens_per_second);
+  const double width = 360, label = 420, bar = 18;
+  std::string svg;
+  int row = 0;
+  for (const RankedLayout& l : ranked) {
+    const double y = 6 + row++ * (bar + 6);
+    const double w = most > 0 ? width * l.tokens_per_second / most : 0;
+    svg += "<text x=\"4\" y=\"" + fmt("%.0f", y + 13) + "\">" + std::to_string(row) + ". " +
+           escaped(l.label) + "</text><rect class=\"layout\" x=\"" + fmt("%.0f", label) +
+           "\" y=\"" + fmt("%.0f", y) + "\" width=\"" + fmt("%.1f", w) + "\" height=\"" +
+           fmt("%.0f", bar) + "\" fill=\"" + (row == 1 ? "#59a14f" : "#4e79a7") + "\"><title>" +
+           fmt("step %.1f ms", 1e3 * l.step_seconds) + fmt(", MFU %.1f%%", 100 * l.mfu) +
+           fmt(", %.2f GiB per rank", double(l.peak_bytes) / (1 << 30)) +
+           "</title></rect><text x=\"" + fmt("%.1f", label + w + 4) + "\" y=\"" +
+           fmt("%.0f", y + 13) + "\">" + fmt("%.0f tokens/s", l.tokens_per_second) + "</text>";
+  }
+  return "<section id=\"search\"><h2>Ranked layouts</h2><p>The search's best layouts that fit "
+         "in the device's memory, by predicted tokens/s.</p><svg width=\"" +
+         fmt("%.0f", label + width + 110) + "\" height=\"" + fmt("%.0f", 12 + row * (bar + 6)) +
+         "\">" + svg + "</svg></section>";
+}
+
 }  // namespace
 
 std::string plan_report_html(const PlanReport& r) {
@@ -205,8 +238,9 @@ std::string plan_report_html(const PlanReport& r) {
   return std::string("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>") +
          escaped(r.title) + "</title><style>" + style + "</style></head><body><h1>" +
          escaped(r.title) + "</h1>" + mesh_section(*r.mesh, r.ranks_per_host) +
-         memory_section(r.stages, r.capacity_bytes) + timeline_section(r.timeline) +
-         axes_section(r.axes) + "<script>" + script + "</script></body></html>\n";
+         memory_section(r.stages, r.capacity_bytes) +
+         timeline_section(r.timeline, r.timeline_cluster) + axes_section(r.axes) +
+         search_section(r.ranked) + "<script>" + script + "</script></body></html>\n";
 }
 
 }  // namespace cleave

@@ -39,6 +39,7 @@ std::vector<RankTime> simulate_programs(
     std::map<int, Done> fetched;  // ZeRO-3: a unit's prefetch, done at
     // Receives posted and not yet waited for: by forward or backward, chunk and slot.
     std::map<std::tuple<bool, int, int>, Message> posted;
+    const Instruction* last_compute = nullptr;
     bool done = false;
   };
   std::vector<State> state(programs.size());
@@ -86,11 +87,21 @@ std::vector<RankTime> simulate_programs(
           if (f != s.fetched.end()) wait(r, f->second.at, f->second.axis);
         }
         if (in.op == Op::finish_grads) wait(r, s.stream.at, s.stream.axis);
+        const double start = s.now;
         s.now += c.compute;
         rt.gemm += c.compute;
         for (const auto& [axis, seconds] : c.blocking) {
           s.now += seconds;
           rt.comm[axis] += seconds;
+        }
+        if (is_compute(in.op)) {
+          // The action's units, and what ran between them (ZeRO-3's gathers), as the trainer's
+          // trace spans them.
+          if (s.last_compute && same_action(in, *s.last_compute))
+            rt.spans.back().end = s.now;
+          else
+            rt.spans.push_back({action_name(in), start, s.now});
+          s.last_compute = &in;
         }
         if (in.op == Op::send_forward || in.op == Op::send_backward) {
           arrival[{in.op == Op::send_forward, r, in.peer, in.tag}] = s.now + sum(c.overlapped);

@@ -34,6 +34,13 @@ struct RankTime {
   std::map<std::string, double> comm;  // exposed seconds per axis
   double pipeline_wait = 0;
   double end = 0;  // when the rank's program ends
+  // Each schedule action's compute (its units and the collectives they wait for), in seconds
+  // from the step's start, named as the trainer's trace names it (action_name): the timeline.
+  struct Span {
+    std::string action;
+    double start = 0, end = 0;
+  };
+  std::vector<Span> spans;
 };
 
 // Simulates one run of every pp rank's program (pp rank r: programs[r]), cost(r, i) being the
