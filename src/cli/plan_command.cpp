@@ -187,7 +187,8 @@ int plan(int argc, char** argv) {
     const StepPrediction p = print_step_time(cluster, layout, work, cfg, out);
     for (size_t r = 0; r < p.ranks.size(); ++r)
       for (const RankTime::Span& s : p.ranks[r].spans)
-        report.timeline.push_back({int(r), s.action, 1e6 * s.start, 1e6 * (s.end - s.start)});
+        report.timeline.push_back(
+            {int(r), s.action, 1e6 * s.start, 1e6 * (s.end - s.start), -1, ""});
     report.timeline_cluster = cluster.name;
     report.capacity_bytes = int64_t(cluster.memory_gib * double(1 << 30));
     if (a.has("--search"))

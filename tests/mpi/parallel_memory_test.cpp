@@ -54,7 +54,8 @@ Residency one_step(int zero_stage) {
   Group& world = *test::g_world;
   const ModelConfig cfg = eight_layer_model();
   const uint64_t seed = 7;
-  Transformer model(cfg, Precision::fp32, seed, 16 * world.size(), zero_stage < 3);
+  Transformer model(cfg, Precision::fp32, seed, 16 * world.size(),
+                    zero_stage < 3 ? ParamValues::seeded : ParamValues::unset);
   Group alone(MPI_COMM_SELF, "dp_replicate");
   DataParallel dp(model.params(), {&world, &world, &alone}, zero_stage, 0.25, model.params().unit_bounds(0),
                   seed);

@@ -42,14 +42,19 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
-  void resize(int64_t n) {
+  // untouched: address space only, for a buffer that is never read or written (a planned
+  // model's parameters, Transformer::planned): mapped without reserving memory, so a model larger
+  // than the machine can be planned; where the memory is to be used, the reservation makes too
+  // large a request fail here, with this message, rather than at the first touch.
+  void resize(int64_t n, bool untouched = false) {
     release();
     size_ = n;
     const size_t bytes = (size_t(n) * sizeof(T) + 63) / 64 * 64;
     owned_bytes_ = bytes;
     buffer_bytes_owned += int64_t(bytes);
-    if (bytes >= (size_t(1) << 20)) {
-      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (bytes >= (size_t(1) << 20) || untouched) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | (untouched ? MAP_NORESERVE : 0), -1, 0);
       CLEAVE_CHECK(p != MAP_FAILED, "out of memory mapping " << bytes << " bytes");
       // Transparent huge pages (this kernel gives them only on request): ZeRO-2/3 return released
       // gradients and parameters to the system and fault them in again every step, 512 times

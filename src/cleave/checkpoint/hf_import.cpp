@@ -70,7 +70,7 @@ int64_t HfFolder::write_checkpoint(const std::string& out, const std::string& co
   for (const Source& s : sources_)
     if (!s.entry.param.empty() && params.find(s.entry.param) < 0)
       params.add(s.entry.param, s.entry.param_shape, Init::zeros);
-  params.allocate(0, 1, false);
+  params.allocate(0, 1, ParamValues::unset);
   std::vector<int64_t> filled(params.tensors().size(), 0);
   nlohmann::json moe_bias = nullptr;
   std::vector<float> hf;  // a tensor that is not rows of its parameter as they are

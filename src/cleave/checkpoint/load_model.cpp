@@ -30,7 +30,7 @@ LoadedModel load_model(const std::string& path, Precision precision) {
   // Unmaterialised: its parameters' pages stay untouched until read, so a saved config that asks
   // for a huge model costs nothing before its shapes are compared with the saved tensors'.
   LoadedModel out{std::make_unique<Transformer>(read_model_config(config, origin), precision,
-                                                uint64_t(*seed), 1, false),
+                                                uint64_t(*seed), 1, ParamValues::unset),
                   *data_dir, dir};
   ParamStore& params = out.model->params();
   check_saved_shapes(ck, dir, params, "param");

@@ -42,7 +42,7 @@ void ParamStore::begin_unit() {
   ++n_units_;
 }
 
-void ParamStore::allocate(uint64_t seed, int64_t pad_multiple, bool materialise) {
+void ParamStore::allocate(uint64_t seed, int64_t pad_multiple, ParamValues values) {
   // Group by group, unit by unit, tensors in the order they were added, each at a multiple of
   // 16 floats; each unit padded to a multiple of pad_multiple.
   total_ = 0;
@@ -59,11 +59,11 @@ void ParamStore::allocate(uint64_t seed, int64_t pad_multiple, bool materialise)
       unit_bounds_[size_t(g)].push_back(total_);
     }
   }
-  values_.resize(total_);
-  grads_.resize(total_);
+  values_.resize(total_, values == ParamValues::planned);
+  grads_.resize(total_, values == ParamValues::planned);
   versions_.assign(tensors_.size(), 1);
   packed_by_.assign(tensors_.size(), nullptr);
-  if (materialise) init_range(seed, 0, total_, values_.data());
+  if (values == ParamValues::seeded) init_range(seed, 0, total_, values_.data());
 }
 
 void ParamStore::init_range(uint64_t seed, int64_t begin, int64_t end, float* out) const {

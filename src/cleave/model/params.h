@@ -52,6 +52,13 @@ struct TensorPiece {
   float* in(RangeBuffer b) const { return b.data + (b.packed ? packed : flat); }
 };
 
+// What a model's parameter values are at its construction.
+enum class ParamValues {
+  seeded,  // every value initialised from the seed
+  unset,   // memory, left for the caller (ZeRO-3 initialises only its shards, with init_range)
+  planned, // address space only, never touched: a model built to be planned (Transformer::planned)
+};
+
 class ParamStore;
 // Every tensor's part of each range, range by range; padding between tensors belongs to none.
 std::vector<TensorPiece> tensor_pieces(const ParamStore& store, const std::vector<FlatRange>& ranges);
@@ -73,10 +80,9 @@ class ParamStore {
           Placement placement = {}, int group = 0);
   int add_group(std::string name);  // returns its index; 0 is "dense"
   void begin_unit();                // the tensors added next form a new unit
-  // Lays out the groups and units, allocates values and gradients and initialises every value
-  // from the seed (unless materialise is false: ZeRO-3 initialises only its shards, with
-  // init_range).
-  void allocate(uint64_t seed, int64_t pad_multiple = 1, bool materialise = true);
+  // Lays out the groups and units, allocates values and gradients and, as `values` says,
+  // initialises every value from the seed.
+  void allocate(uint64_t seed, int64_t pad_multiple = 1, ParamValues values = ParamValues::seeded);
   int n_groups() const { return int(groups_.size()); }
   const std::string& group_name(int g) const { return groups_[size_t(g)]; }
   int n_units() const { return n_units_; }

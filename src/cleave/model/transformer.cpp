@@ -24,7 +24,7 @@ Placement vocab_placement(const ModelConfig& c, const TpShare& s) {
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t seed,
-                         int64_t pad_multiple, bool materialise, const TensorParallelOptions& tp,
+                         int64_t pad_multiple, ParamValues values, const TensorParallelOptions& tp,
                          std::vector<ModelChunk> chunks, const ContextParallelOptions& cp,
                          EpComm* ep)
     : cfg_(c), precision_(precision), tp_(tp), share_(tp_share(c, tp.size(), tp.rank())),
@@ -90,7 +90,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
   // The first stage's embedding is the tied copy's owner.
   if (c.tie_embeddings && wte_ >= 0 && !head_gemm_) tied_tensor_ = wte_;
 
-  store_.allocate(seed, pad_multiple, materialise);
+  store_.allocate(seed, pad_multiple, values);
   for (auto& b : blocks_) b->bind(store_);
   saved_.resize(units_.size());
   if (final_norm_) final_norm_->bind(store_);
@@ -538,8 +538,8 @@ std::unique_ptr<Transformer> Transformer::planned(const ModelConfig& cfg, int tp
   auto group = std::make_unique<PlannedTp>(tp);
   TensorParallelOptions options;
   if (tp > 1) options = {group.get(), sequence_parallel, false};
-  auto model = std::make_unique<Transformer>(cfg, precision, 0, pad_multiple, false, options,
-                                             std::move(chunks));
+  auto model = std::make_unique<Transformer>(cfg, precision, 0, pad_multiple,
+                                             ParamValues::planned, options, std::move(chunks));
   model->planned_group_ = std::move(group);
   return model;
 }

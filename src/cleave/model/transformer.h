@@ -40,7 +40,8 @@ class Transformer {
   // buffer's size is one (equal ZeRO shards of each unit). Every tensor is in group 0 ("dense")
   // but a MoE layer's routed experts, which are in group 1 ("experts") with or without ep; the
   // group, not the tensor, says the data-parallel placement (model/placement.h).
-  // materialise = false leaves the parameter values unset (ZeRO-3 builds only its shards).
+  // values: initialised from the seed, unset (ZeRO-3 builds only its shards; a checkpoint's
+  // values are read in), or planned (never touched).
   // tp: this rank's share of a tensor-parallel model (docs/tensor_parallel.md): its heads and
   // hidden units in every block, and its rows of the vocabulary in the embedding, the LM head and
   // the loss.
@@ -52,7 +53,7 @@ class Transformer {
   // ep: expert parallelism (model/moe.h) for a model with MoE layers: this rank holds E / ep of
   // each layer's routed experts.
   Transformer(const ModelConfig& cfg, Precision precision, uint64_t seed, int64_t pad_multiple = 1,
-              bool materialise = true, const TensorParallelOptions& tp = {},
+              ParamValues values = ParamValues::seeded, const TensorParallelOptions& tp = {},
               std::vector<ModelChunk> chunks = {}, const ContextParallelOptions& cp = {},
               EpComm* ep = nullptr);
 

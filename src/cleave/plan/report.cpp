@@ -169,51 +169,57 @@ std::string timeline_section(const std::vector<TraceEvent>& events, const std::s
          "\">" + svg + "</svg></section>";
 }
 
-std::string axes_section(const std::vector<AxisBytes>& axes) {
+// A horizontal bar per row, as long as its value against the largest, with the row's label on
+// its left and its value's text on its right: the axes' bytes, the search's layouts.
+struct Bar {
+  std::string label, tooltip, value_text;
+  double value = 0;
+  std::string fill = "#4e79a7", css_class;
+};
+
+std::string bar_chart(const std::vector<Bar>& bars, double label_width, double width) {
   double most = 0;
-  for (const AxisBytes& a : axes) most = std::max(most, a.bytes);
-  const double width = 520, label = 110, bar = 20;
+  for (const Bar& b : bars) most = std::max(most, b.value);
+  const double bar = 20;
   std::string svg;
   int row = 0;
-  for (const AxisBytes& a : axes) {
+  for (const Bar& b : bars) {
     const double y = 6 + row++ * (bar + 6);
-    const double w = most > 0 ? width * a.bytes / most : 0;
-    svg += "<text x=\"4\" y=\"" + fmt("%.0f", y + 14) + "\">" + escaped(a.axis) +
-           "</text><rect x=\"" + fmt("%.0f", label) + "\" y=\"" + fmt("%.0f", y) + "\" width=\"" +
-           fmt("%.1f", w) + "\" height=\"" + fmt("%.0f", bar) + "\" fill=\"#4e79a7\"><title>" +
-           escaped(a.how) + "</title></rect><text x=\"" + fmt("%.1f", label + w + 4) + "\" y=\"" +
-           fmt("%.0f", y + 14) + "\">" + fmt("%.2f MiB", a.bytes / (1 << 20)) + "</text>";
+    const double w = most > 0 ? width * b.value / most : 0;
+    svg += "<text x=\"4\" y=\"" + fmt("%.0f", y + 14) + "\">" + escaped(b.label) + "</text><rect" +
+           (b.css_class.empty() ? "" : " class=\"" + b.css_class + "\"") + " x=\"" +
+           fmt("%.0f", label_width) + "\" y=\"" + fmt("%.0f", y) + "\" width=\"" +
+           fmt("%.1f", w) + "\" height=\"" + fmt("%.0f", bar) + "\" fill=\"" + b.fill +
+           "\"><title>" + escaped(b.tooltip) + "</title></rect><text x=\"" +
+           fmt("%.1f", label_width + w + 4) + "\" y=\"" + fmt("%.0f", y + 14) + "\">" +
+           escaped(b.value_text) + "</text>";
   }
+  return "<svg width=\"" + fmt("%.0f", label_width + width + 110) + "\" height=\"" +
+         fmt("%.0f", 12 + row * (bar + 6)) + "\">" + svg + "</svg>";
+}
+
+std::string axes_section(const std::vector<AxisBytes>& axes) {
+  std::vector<Bar> bars;
+  for (const AxisBytes& a : axes)
+    bars.push_back({a.axis, a.how, fmt("%.2f MiB", a.bytes / (1 << 20)), a.bytes, "#4e79a7", ""});
   return "<section id=\"axes\"><h2>Bytes per step on each mesh axis</h2><p>" +
          std::string(axes.empty() ? "None: a single rank." : "Sent by one rank per step.") +
-         "</p><svg width=\"" + fmt("%.0f", label + width + 100) + "\" height=\"" +
-         fmt("%.0f", 12 + row * (bar + 6)) + "\">" + svg + "</svg></section>";
+         "</p>" + bar_chart(bars, 110, 520) + "</section>";
 }
 
 // The search's best layouts: a bar of predicted tokens/s each, the best on top.
 std::string search_section(const std::vector<RankedLayout>& ranked) {
   if (ranked.empty()) return "";
-  double most = 0;
-  for (const RankedLayout& l : ranked) most = std::max(most, l.tokens_per_second);
-  const double width = 360, label = 420, bar = 18;
-  std::string svg;
-  int row = 0;
-  for (const RankedLayout& l : ranked) {
-    const double y = 6 + row++ * (bar + 6);
-    const double w = most > 0 ? width * l.tokens_per_second / most : 0;
-    svg += "<text x=\"4\" y=\"" + fmt("%.0f", y + 13) + "\">" + std::to_string(row) + ". " +
-           escaped(l.label) + "</text><rect class=\"layout\" x=\"" + fmt("%.0f", label) +
-           "\" y=\"" + fmt("%.0f", y) + "\" width=\"" + fmt("%.1f", w) + "\" height=\"" +
-           fmt("%.0f", bar) + "\" fill=\"" + (row == 1 ? "#59a14f" : "#4e79a7") + "\"><title>" +
-           fmt("step %.1f ms", 1e3 * l.step_seconds) + fmt(", MFU %.1f%%", 100 * l.mfu) +
-           fmt(", %.2f GiB per rank", double(l.peak_bytes) / (1 << 30)) +
-           "</title></rect><text x=\"" + fmt("%.1f", label + w + 4) + "\" y=\"" +
-           fmt("%.0f", y + 13) + "\">" + fmt("%.0f tokens/s", l.tokens_per_second) + "</text>";
-  }
+  std::vector<Bar> bars;
+  for (const RankedLayout& l : ranked)
+    bars.push_back({std::to_string(bars.size() + 1) + ". " + l.label,
+                    fmt("step %.1f ms", 1e3 * l.step_seconds) + fmt(", MFU %.1f%%", 100 * l.mfu) +
+                        fmt(", %.2f GiB per rank", double(l.peak_bytes) / (1 << 30)),
+                    fmt("%.0f tokens/s", l.tokens_per_second), l.tokens_per_second,
+                    bars.empty() ? "#59a14f" : "#4e79a7", "layout"});
   return "<section id=\"search\"><h2>Ranked layouts</h2><p>The search's best layouts that fit "
-         "in the device's memory, by predicted tokens/s.</p><svg width=\"" +
-         fmt("%.0f", label + width + 110) + "\" height=\"" + fmt("%.0f", 12 + row * (bar + 6)) +
-         "\">" + svg + "</svg></section>";
+         "in the device's memory, by predicted tokens/s.</p>" +
+         bar_chart(bars, 420, 360) + "</section>";
 }
 
 }  // namespace

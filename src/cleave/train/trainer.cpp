@@ -121,7 +121,9 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   // Units are padded to equal ZeRO shards over dp_shard x cp (the dense group's shard axes).
   model_ = std::make_unique<Transformer>(cfg_.model, t.dtype, t.seed,
                                          16 * process_.shard->size() * cp_,
-                                         cfg_.parallel.zero_stage < 3, tp,
+                                         cfg_.parallel.zero_stage < 3 ? ParamValues::seeded
+                                                                      : ParamValues::unset,
+                                         tp,
                                          stage_chunks(*layout, process_.pp->rank()),
                                          process_.context, process_.ep_comm.get());
   model_->set_loss_chunk(t.loss_chunk);
