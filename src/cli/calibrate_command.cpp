@@ -361,6 +361,7 @@ int calibrate(int argc, char** argv) {
   }
   comments["cluster.memory_gbps"] =
       "GB/s per rank (kernels/memory_bandwidth.h): " + triad_what + ",\n" + triad_how;
+  comments["cluster.attention_dtype"] = "cleave's attention kernels compute in fp32";
   const double host_gib = host_memory_gib();
   c.memory_gib = measured(host_gib / host_size);
   comments["cluster.memory_gib"] = "the host's memory (MemTotal " + fixed(host_gib, 2) +

@@ -31,6 +31,7 @@ Cluster sample_cluster() {
   c.devices_per_host = 8;
   c.memory_gib = 80;
   c.memory_gbps = 3350.5;
+  c.attention_dtype = Precision::bf16;
   c.peak_gflops[Precision::fp32] = 100;
   c.peak_gflops[Precision::bf16] = 989000.25;
   c.gemm[Precision::fp32] = GemmTable(grid_points(), "test");
@@ -58,6 +59,7 @@ source = "s"
 devices_per_host = 2
 memory_gib = 8
 memory_gbps = 10
+attention_dtype = "fp32"
 [peak_gflops]
 fp32 = 50
 bf16 = "unknown"
@@ -92,6 +94,7 @@ TEST(Cluster, RoundTrip) {
   EXPECT_EQ(back.source, c.source);
   EXPECT_EQ(back.devices_per_host, 8);
   EXPECT_EQ(back.memory_gbps, 3350.5);
+  EXPECT_EQ(back.attention_dtype, Precision::bf16);
   EXPECT_EQ(back.peak_gflops.at(Precision::bf16), 989000.25);
   EXPECT_FALSE(back.peak_gflops.count(Precision::fp8));
   EXPECT_EQ(back.gemm.at(Precision::fp32).points().size(), 8u);
@@ -110,38 +113,38 @@ TEST(Cluster, RoundTrip) {
 
 TEST(Cluster, RefusesUnknownKeysNamingFileLineAndKey) {
   EXPECT_EQ(error_of(minimal_with("[network]\nx = 1\n")),
-            "bad.toml:12: unknown key 'network' (did you mean 'gemm'?)");
+            "bad.toml:13: unknown key 'network' (did you mean 'gemm'?)");
   EXPECT_EQ(error_of(std::string(kMinimal).replace(0, 9, "[cluster]\nmemroy_gib = 3")),
             "bad.toml:2: unknown key 'cluster.memroy_gib' (did you mean 'cluster.memory_gib'?)");
   EXPECT_EQ(error_of(minimal_with("[gemm]\nfp64 = []\n")),
-            "bad.toml:13: unknown key 'gemm.fp64' (did you mean 'gemm.fp32'?)");
+            "bad.toml:14: unknown key 'gemm.fp64' (did you mean 'gemm.fp32'?)");
   EXPECT_EQ(error_of(minimal_with("[gemm]\nfp32 = [{ m = 1, n = 1, k = 1, glops = 3 }]\n")),
-            "bad.toml:13: unknown key 'gemm.fp32[0].glops' (did you mean 'gemm.fp32[0].gflops'?)");
+            "bad.toml:14: unknown key 'gemm.fp32[0].glops' (did you mean 'gemm.fp32[0].gflops'?)");
   EXPECT_EQ(error_of(minimal_with("[collectives.intra_hots]\n")),
-            "bad.toml:12: unknown key 'collectives.intra_hots' (did you mean "
+            "bad.toml:13: unknown key 'collectives.intra_hots' (did you mean "
             "'collectives.intra_host'?)");
   std::string link = kLink;
   link.replace(link.find("send_recv"), 9, "send_recieve");
   EXPECT_EQ(error_of(minimal_with(link)),
-            "bad.toml:18: unknown key 'collectives.intra_host.send_recieve' (did you mean "
+            "bad.toml:19: unknown key 'collectives.intra_host.send_recieve' (did you mean "
             "'collectives.intra_host.send_recv'?)");
   link = kLink;
   link.replace(link.find("compute_slowdown"), 22, "");
   EXPECT_EQ(error_of(minimal_with(link)),
-            "bad.toml:13: collectives.intra_host.compute_slowdown is missing");
+            "bad.toml:14: collectives.intra_host.compute_slowdown is missing");
   link = kLink;
   link.replace(link.find("compute_slowdown = 0.5"), 22, "compute_slowdown = -1.5");
   EXPECT_EQ(error_of(minimal_with(link)),
-            "bad.toml:19: collectives.intra_host.compute_slowdown = -1.5 is out of range [0, 100]");
+            "bad.toml:20: collectives.intra_host.compute_slowdown = -1.5 is out of range [0, 100]");
   link = kLink;
   link.replace(link.find("all_gather = {"), link.find("\nreduce_scatter") - link.find("all_gather"),
                "all_gather = [{ from_bytes = 1, alpha_us = 5, beta_gbps = 4 }]");
   EXPECT_EQ(error_of(minimal_with(link)),
-            "bad.toml:15: collectives.intra_host.all_gather[0].from_bytes: the first line applies "
+            "bad.toml:16: collectives.intra_host.all_gather[0].from_bytes: the first line applies "
             "from 0 bytes on and takes no from_bytes");
   link = kLink;
   link.replace(link.find("beta_gbps"), 9, "bandwidth");
-  EXPECT_NE(error_of(minimal_with(link)).find("bad.toml:14: unknown key "
+  EXPECT_NE(error_of(minimal_with(link)).find("bad.toml:15: unknown key "
                                               "'collectives.intra_host.all_reduce.bandwidth'"),
             std::string::npos);
 }
@@ -155,47 +158,47 @@ TEST(Cluster, RefusesValuesOutOfRangeAndMissingKeys) {
             "bad.toml:4: cluster.devices_per_host must be an integer, got floating-point 2.5");
   t = kMinimal;
   EXPECT_EQ(error_of(t.replace(t.find("bf16 = \"unknown\""), 16, "bf16 = \"n/a\"")),
-            "bad.toml:9: peak_gflops.bf16 = \"n/a\" must be a number (GF/s) or \"unknown\"");
+            "bad.toml:10: peak_gflops.bf16 = \"n/a\" must be a number (GF/s) or \"unknown\"");
   t = kMinimal;
   EXPECT_EQ(error_of(t.replace(t.find("fp32 = 50"), 9, "fp32 = 0")),
-            "bad.toml:8: peak_gflops.fp32 = 0 is out of range [1e-06, 1e+12]");
+            "bad.toml:9: peak_gflops.fp32 = 0 is out of range [1e-06, 1e+12]");
   t = kMinimal;
   EXPECT_EQ(error_of(t.replace(t.find("fp8 = \"unknown\"\n"), 16, "")),
-            "bad.toml:7: peak_gflops.fp8 is missing");
+            "bad.toml:8: peak_gflops.fp8 is missing");
   t = kMinimal;
   EXPECT_EQ(error_of(t.replace(t.find("memory_gbps = 10\n"), 17, "")),
             "bad.toml:1: cluster.memory_gbps is missing");
   EXPECT_EQ(error_of("[peak_gflops]\n"), "bad.toml: [cluster] is missing");
   EXPECT_EQ(error_of(minimal_with("[gemm]\nfp32 = [{ m = 0, n = 1, k = 1, gflops = 3 }]\n")),
-            "bad.toml:13: gemm.fp32[0].m = 0 is out of range [1, 1073741824]");
+            "bad.toml:14: gemm.fp32[0].m = 0 is out of range [1, 1073741824]");
   EXPECT_EQ(error_of(minimal_with("[gemm]\nfp32 = [{ m = 4, n = 1, gflops = 3 }]\n")),
-            "bad.toml:13: gemm.fp32[0].k is missing");
-  EXPECT_EQ(error_of(minimal_with("[gemm]\nfp32 = []\n")), "bad.toml:13: gemm.fp32 has no points");
+            "bad.toml:14: gemm.fp32[0].k is missing");
+  EXPECT_EQ(error_of(minimal_with("[gemm]\nfp32 = []\n")), "bad.toml:14: gemm.fp32 has no points");
   std::string link = kLink;
   link.replace(link.find("alpha_us = 5"), 12, "alpha_us = -1");
   EXPECT_EQ(error_of(minimal_with(link)),
-            "bad.toml:14: collectives.intra_host.all_reduce.alpha_us = -1 is out of range [0, "
+            "bad.toml:15: collectives.intra_host.all_reduce.alpha_us = -1 is out of range [0, "
             "1000000000]");
   link = kLink;
   link.replace(link.find("all_gather = {"), link.find("\nreduce_scatter") - link.find("all_gather"),
                "all_gather = [{ alpha_us = 5, beta_gbps = 4 }, { alpha_us = 5, beta_gbps = 1 }]");
   EXPECT_EQ(error_of(minimal_with(link)),
-            "bad.toml:15: collectives.intra_host.all_gather[1].from_bytes is missing");
+            "bad.toml:16: collectives.intra_host.all_gather[1].from_bytes is missing");
   link = kLink;
   link.replace(link.find("all_gather = {"), link.find("\nreduce_scatter") - link.find("all_gather"),
                "all_gather = [{ alpha_us = 5, beta_gbps = 4 }, { from_bytes = 9, alpha_us = 5, "
                "beta_gbps = 1 },\n{ from_bytes = 9, alpha_us = 5, beta_gbps = 1 }]");
   EXPECT_EQ(error_of(minimal_with(link)),
-            "bad.toml:16: collectives.intra_host.all_gather[2].from_bytes = 9 must exceed the "
+            "bad.toml:17: collectives.intra_host.all_gather[2].from_bytes = 9 must exceed the "
             "line before's");
   link = kLink;
   link.replace(link.find("all_gather = {"), link.find("\nreduce_scatter") - link.find("all_gather"),
                "all_gather = []");
-  EXPECT_EQ(error_of(minimal_with(link)), "bad.toml:15: collectives.intra_host.all_gather has no lines");
+  EXPECT_EQ(error_of(minimal_with(link)), "bad.toml:16: collectives.intra_host.all_gather has no lines");
   link = kLink;
   link.replace(link.find("all_to_all"), link.find("send_recv") - link.find("all_to_all"), "");
   EXPECT_EQ(error_of(minimal_with(link)),
-            "bad.toml:13: collectives.intra_host.all_to_all is missing");
+            "bad.toml:14: collectives.intra_host.all_to_all is missing");
   EXPECT_EQ(error_of(minimal_with(kLink)), "");
   EXPECT_EQ(error_of("[cluster\n").substr(0, 28), "bad.toml:1: TOML syntax erro");
 }
@@ -203,11 +206,11 @@ TEST(Cluster, RefusesValuesOutOfRangeAndMissingKeys) {
 TEST(Cluster, RefusesGemmTablesThatAreNoGrid) {
   EXPECT_EQ(error_of(minimal_with("[gemm]\nfp32 = [{ m = 1, n = 1, k = 1, gflops = 3 },\n"
                                   "{ m = 2, n = 2, k = 1, gflops = 3 }]\n")),
-            "bad.toml:13: gemm.fp32: the shapes are no full grid: m=1 n=2 k=1 is missing (each m "
+            "bad.toml:14: gemm.fp32: the shapes are no full grid: m=1 n=2 k=1 is missing (each m "
             "listed must appear with every n and every k)");
   EXPECT_EQ(error_of(minimal_with("[gemm]\nfp32 = [{ m = 1, n = 1, k = 1, gflops = 3 },\n"
                                   "{ m = 1, n = 1, k = 1, gflops = 4 }]\n")),
-            "bad.toml:13: gemm.fp32: m=1 n=1 k=1 is listed twice");
+            "bad.toml:14: gemm.fp32: m=1 n=1 k=1 is listed twice");
 }
 
 TEST(Cluster, ReadClusterNamesAMissingFile) {

@@ -203,6 +203,17 @@ TEST(PlanStepTime, OneRankIsItsWorkAtTheClustersRates) {
   // The step's FLOPs as the trainer counts them are the products' and attention's within the
   // head's padding and the causal half.
   EXPECT_NEAR(p.work[0].model_flops / s.model_flops, 1.0, 0.02);
+  // Attention takes the table its kernels run at: bf16's (here 4 times fp32's) when the cluster
+  // says so; the linears' products stay at theirs.
+  Cluster tensor_cores = cluster;
+  tensor_cores.attention_dtype = Precision::bf16;
+  tensor_cores.peak_gflops[Precision::bf16] = 400;
+  tensor_cores.gemm[Precision::bf16] = GemmTable({{64, 64, 64, 200}}, "flat");
+  const Planned on_tensor_cores = plan({}, 1, tensor_cores);
+  const RankTime& t = on_tensor_cores.prediction.ranks[0];
+  EXPECT_GT(s.ranks[0].attention, 0);
+  EXPECT_NEAR(t.attention, s.ranks[0].attention / 4, 1e-12);
+  EXPECT_DOUBLE_EQ(t.gemm, s.ranks[0].gemm);
 }
 
 TEST(PlanStepTime, TensorParallelAcrossHostsTakesTheSlowerLink) {

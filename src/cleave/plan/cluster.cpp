@@ -87,6 +87,9 @@ const std::vector<ConfigKey<Cluster>>& cluster_keys() {
     k.push_back(integer_key("cluster.devices_per_host", &C::devices_per_host, 1, 1 << 20));
     k.push_back(real_key("cluster.memory_gib", &C::memory_gib, 1e-6, 1e9));
     k.push_back(real_key("cluster.memory_gbps", &C::memory_gbps, 1e-6, kMaxRate));
+    std::vector<std::pair<std::string, Precision>> dtypes;
+    for (Precision p : kClusterDtypes) dtypes.push_back({precision_name(p), p});
+    k.push_back(choice_key("cluster.attention_dtype", &C::attention_dtype, dtypes));
     return k;
   }();
   return keys;

@@ -87,6 +87,9 @@ struct Cluster {
   int devices_per_host = 1;
   double memory_gib = 0;   // per device
   double memory_gbps = 0;  // per device: streaming bandwidth (GB/s), for element-wise work
+  // The dtype whose table attention's products take: the kernels' own, fp32 for cleave's CPU
+  // kernels, bf16 for FlashAttention on a GPU's tensor cores.
+  Precision attention_dtype = Precision::fp32;
   std::map<Precision, double> peak_gflops;  // per device; a dtype absent is "unknown"
   std::map<Precision, GemmTable> gemm;      // a dtype absent has no table
   std::array<std::optional<LinkCosts>, kLinkClasses.size()> links;  // by LinkClass; absent:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "cleave/base/check.h"
@@ -166,10 +167,10 @@ StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& lay
     }
     return inside ? LinkClass::intra_host : LinkClass::inter_host;
   };
-  auto products = [&](const std::vector<GemmCall>& calls) {
+  auto products = [&](const std::vector<GemmCall>& calls, std::optional<Precision> dtype) {
     double s = 0;
     for (const GemmCall& g : calls)
-      s += gemm_seconds(cluster, g.m, g.n, g.k, product_dtype(g.dtype)) * g.count;
+      s += gemm_seconds(cluster, g.m, g.n, g.k, dtype.value_or(product_dtype(g.dtype))) * g.count;
     return s;
   };
 
@@ -183,7 +184,8 @@ StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& lay
     programs.push_back(w.program);
     for (const InstructionWork& iw : w.work) {
       InstructionCost c;
-      const double g = products(iw.gemms), a = products(iw.attention);
+      const double g = products(iw.gemms, std::nullopt),
+                   a = products(iw.attention, cluster.attention_dtype);
       const double e = iw.elementwise_bytes > 0 ? memory_seconds(cluster, iw.elementwise_bytes) : 0;
       c.compute = g + a + e;
       parts[size_t(r)][0] += g;
