@@ -141,11 +141,15 @@ bool native_bf16_products() {
   return native;
 }
 
-Precision product_precision(Precision p) {
+Precision product_dtype(Precision p) {
   if (p == Precision::fp16) return Precision::fp32;
-  if (p == Precision::fp8 || p == Precision::bf16)
-    return native_bf16_products() ? Precision::bf16 : Precision::fp32;
+  if (p == Precision::fp8) return Precision::bf16;
   return p;
+}
+
+Precision product_precision(Precision p) {
+  const Precision d = product_dtype(p);
+  return d == Precision::bf16 && !native_bf16_products() ? Precision::fp32 : d;
 }
 
 struct LinearGemm::Impl {

@@ -37,9 +37,13 @@ inline const char* precision_name(Precision p) {
 // products of the same bf16 values: exact products, fp32 accumulation as oneDNN's, only the
 // summation order may differ. CLEAVE_EMULATE_BF16=1 takes that path on any CPU (tests).
 bool native_bf16_products();
-// What the products run in, and so whose GEMM peak MFU is quoted against: fp16's are fp32
-// products of fp16-rounded operands, fp8's bf16 products of FP8 values, and bf16's fp32 ones
-// where the CPU has no bf16 matmul.
+// The products' dtype on a CPU with bf16 matmuls: fp16's are fp32 products of fp16-rounded
+// operands, fp8's bf16 products of FP8 values (and its LM head's bf16). The same on every
+// machine: what a model builds its linears with (a bf16 linear emulates where it must) and what
+// the planner looks up in a cluster's tables.
+Precision product_dtype(Precision p);
+// What the products run in here, and so whose GEMM peak MFU is quoted against: product_dtype,
+// but bf16's are fp32 products where the CPU has no bf16 matmul.
 Precision product_precision(Precision p);
 
 // The operands of a linear's products as FP8 scales them: its input x, its weight W and its

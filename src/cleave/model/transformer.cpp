@@ -84,7 +84,7 @@ Transformer::Transformer(const ModelConfig& c, Precision precision, uint64_t see
                                           Init::normal, c.init_std, copy);
       }
       head_gemm_ = std::make_unique<LinearGemm>(c.d_model, int(share_.vocab_rows),
-                                                product_precision(precision));
+                                                product_dtype(precision));
     }
   }
   // The first stage's embedding is the tied copy's owner.

@@ -135,12 +135,6 @@ std::vector<RankTime> simulate_programs(
   return out;
 }
 
-Precision product_dtype(Precision p) {
-  if (p == Precision::fp16) return Precision::fp32;
-  if (p == Precision::fp8) return Precision::bf16;
-  return p;
-}
-
 StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& layout,
                             const Cluster& cluster, const ModelConfig& model,
                             const StepOptions& step) {

@@ -60,10 +60,6 @@ struct StepPrediction {
   double mfu = 0;          // model_flops / step_seconds / (devices x peak); 0 when unknown
 };
 
-// The products' dtype on the cluster's tables: fp16 runs as fp32 products, FP8 as bf16 ones
-// (kernels/linear.h).
-Precision product_dtype(Precision p);
-
 // The step of `layout` (its pp ranks' work, from step_work) on `cluster` (its devices_per_host
 // consecutive world ranks on each host): the step's micro_batch_size x seq_len x
 // grad_accum_steps tokens, their FLOPs as the trainer's MFU counts them (model_flops_per_token).
