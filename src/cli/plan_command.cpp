@@ -72,29 +72,34 @@ StepPrediction print_step_time(const Cluster& cluster, const Layout& layout,
   return p;
 }
 
-// --search: the valid layouts, the best first, those that do not fit counted; the best `top`
-// that fit, for the report.
+// --search: the best `top` valid layouts that fit, how many the bounds spared costing, and why
+// the winner wins; the best, for the report.
 std::vector<RankedLayout> print_search(const Cluster& cluster, const Config& cfg, int world,
                                        int top, nlohmann::json& out) {
-  std::vector<RankedLayout> best;
-  const std::vector<Ranked> ranked = search_layouts(cfg.model, cfg.parallel, cfg.train,
-                                                    cfg.optim.offload, world, cluster);
-  int fitting = 0;
-  for (const Ranked& r : ranked) fitting += r.fits;
-  std::printf("\nsearch on %s: %zu valid layouts of %d devices, %d fit in %.1f GiB per device; "
-              "the best %d by predicted tokens/s:\n",
-              cluster.name.c_str(), ranked.size(), world, fitting, cluster.memory_gib,
-              std::min(top, fitting));
+  // The runner-up explains the winner.
+  const SearchResult found = search_layouts(cfg.model, cfg.parallel, cfg.train, cfg.optim.offload,
+                                            world, cluster, std::max(top, 2));
+  std::printf("\nsearch on %s: %zu valid layouts of %d devices; %zu need more than %.1f GiB per "
+              "device by a bound on their memory, %zu cannot beat the best %d by a bound on their "
+              "step time, %zu planned in full (%zu fit); the best %d by predicted tokens/s:\n",
+              cluster.name.c_str(), found.valid, world, found.beyond_memory, cluster.memory_gib,
+              found.beyond_time, std::max(top, 2), found.planned, found.fitting,
+              std::min(top, int(found.best.size())));
   std::printf("  %4s %10s %10s %7s %9s  %s\n", "rank", "tokens/s", "step ms", "MFU", "GiB/rank",
               "layout");
-  out["search"] = nlohmann::json::array();
-  for (int i = 0; i < int(ranked.size()); ++i) {
-    const Ranked& r = ranked[size_t(i)];
-    out["search"].push_back({{"layout", r.candidate.label()}, {"fits", r.fits},
-                             {"peak_bytes", r.peak_bytes},
-                             {"tokens_per_s", r.prediction.tokens_per_second},
-                             {"step_s", r.prediction.step_seconds}});
-    if (i >= top || !r.fits) continue;
+  out["search"] = {{"valid", found.valid},
+                   {"beyond_memory", found.beyond_memory},
+                   {"beyond_time", found.beyond_time},
+                   {"planned", found.planned},
+                   {"fitting", found.fitting},
+                   {"best", nlohmann::json::array()}};
+  std::vector<RankedLayout> best;
+  for (int i = 0; i < int(found.best.size()) && i < top; ++i) {
+    const Ranked& r = found.best[size_t(i)];
+    out["search"]["best"].push_back({{"layout", r.candidate.label()},
+                                     {"peak_bytes", r.peak_bytes},
+                                     {"tokens_per_s", r.prediction.tokens_per_second},
+                                     {"step_s", r.prediction.step_seconds}});
     best.push_back({r.candidate.label(), r.prediction.tokens_per_second,
                     r.prediction.step_seconds, r.prediction.mfu, r.peak_bytes});
     std::printf("  %4d %10.0f %10.1f %6.1f%% %9.2f  %s\n", i + 1,
@@ -102,9 +107,12 @@ std::vector<RankedLayout> print_search(const Cluster& cluster, const Config& cfg
                 100 * r.prediction.mfu, double(r.peak_bytes) / (1 << 30),
                 r.candidate.label().c_str());
   }
-  if (fitting >= 2) std::printf("%s\n", explain_winner(ranked[0], ranked[1]).c_str());
-  if (fitting == 0) std::printf("no layout fits: the smallest needs %.2f GiB per device\n",
-                                ranked.empty() ? 0.0 : double(ranked[0].peak_bytes) / (1 << 30));
+  if (found.best.size() >= 2)
+    std::printf("%s\n", explain_winner(found.best[0], found.best[1]).c_str());
+  if (found.smallest)
+    std::printf("no layout fits: the smallest, %s, needs %.2f GiB per device\n",
+                found.smallest->candidate.label().c_str(),
+                double(found.smallest->peak_bytes) / (1 << 30));
   return best;
 }
 

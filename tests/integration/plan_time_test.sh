@@ -31,7 +31,7 @@ PY
 
 "$cleave" plan "$cfg" --world 2 --set data.dir="$data" --cluster "$cluster" --search --top 3 \
   --json "$work/search.json" > "$work/out"
-grep -qE "^search on epyc_zen3_2core: [0-9]+ valid layouts of 2 devices, [0-9]+ fit" "$work/out" \
+grep -qE "^search on epyc_zen3_2core: [0-9]+ valid layouts of 2 devices; .* planned in full \([0-9]+ fit\)" "$work/out" \
   || fail "no search header"
 [ "$(grep -cE '^ +[1-3] +[0-9]+ +[0-9.]+ +[0-9.]+% +[0-9.]+  ' "$work/out")" = 3 ] \
   || fail "not 3 ranked layouts"
@@ -40,9 +40,10 @@ grep -q "predicts [0-9]* tokens/s against [0-9]* for .*; the largest difference"
 /usr/bin/python3 - "$work/search.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))["search"]
-fit = [r["tokens_per_s"] for r in s if r["fits"]]
-assert len(s) > 20 and fit == sorted(fit, reverse=True), s[:3]
-print(len(s), "layouts searched; the best", s[0]["layout"])
+best = [r["tokens_per_s"] for r in s["best"]]
+assert len(best) == 3 and best == sorted(best, reverse=True), s
+assert s["valid"] > 20 and s["valid"] == s["beyond_memory"] + s["beyond_time"] + s["planned"], s
+print(s["valid"], "valid layouts,", s["planned"], "planned in full; the best", s["best"][0]["layout"])
 PY
 
 if "$cleave" plan "$cfg" --world 2 --set data.dir="$data" --search > "$work/out" 2>&1; then

@@ -1,12 +1,16 @@
 // cleave plan --search: the layouts it considers are exactly those `cleave train` accepts (against
-// a brute force over a superset of the space), ranked by predicted tokens/s with those that do
-// not fit in the device's memory last, and the winner explained against the runner-up.
+// a brute force over a superset of the space); its bounds never exceed what they bound, and the
+// bounded search returns exactly the top of costing every layout (those that fit in the device's
+// memory, by predicted tokens/s), or the smallest when none fits; the winner explained against
+// the runner-up.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "cleave/base/check.h"
 #include "cleave/parallel/layout.h"
+#include "cleave/plan/layout_bounds.h"
 #include "cleave/plan/search.h"
 
 namespace cleave {
@@ -38,17 +42,22 @@ StepOptions tiny_step() {
   return s;
 }
 
-Cluster flat_cluster(double memory_gib) {
+// Hosts of `per_host` devices, links between them 4 times slower.
+Cluster flat_cluster(double memory_gib, int per_host = 8) {
   Cluster c;
   c.name = "flat";
-  c.devices_per_host = 8;
+  c.devices_per_host = per_host;
   c.memory_gib = memory_gib;
   c.memory_gbps = 10;
   c.peak_gflops[Precision::fp32] = 100;
   c.gemm[Precision::fp32] = GemmTable({{64, 64, 64, 50}}, "flat");
-  LinkCosts intra;
-  for (Collective k : kCollectives) intra[size_t(k)] = {{1.0, 10.0}};
+  LinkCosts intra, inter;
+  for (Collective k : kCollectives) {
+    intra[size_t(k)] = {{1.0, 10.0}};
+    inter[size_t(k)] = {{4.0, 2.5}};
+  }
   c.links[size_t(LinkClass::intra_host)] = intra;
+  c.links[size_t(LinkClass::inter_host)] = inter;
   return c;
 }
 
@@ -96,32 +105,87 @@ TEST(PlanSearch, ConsidersExactlyTheLayoutsTrainAccepts) {
   EXPECT_TRUE(ep2);
 }
 
-TEST(PlanSearch, RanksThoseThatFitByPredictedThroughput) {
+// Every valid layout costed in full: those that fit first, by predicted tokens/s, then the rest by
+// memory, ties in the order valid_layouts lists them.
+std::vector<Ranked> brute_force(const ModelConfig& model, const StepOptions& step, int world,
+                                const Cluster& cluster) {
+  std::vector<Ranked> all;
+  for (const Candidate& c : valid_layouts(model, {}, step, world))
+    all.push_back(cost_layout(model, c, "none", world, cluster));
+  std::stable_sort(all.begin(), all.end(), [](const Ranked& a, const Ranked& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.fits) return a.prediction.tokens_per_second > b.prediction.tokens_per_second;
+    return a.peak_bytes < b.peak_bytes;
+  });
+  return all;
+}
+
+TEST(PlanSearch, BoundsNeverExceedWhatTheyBound) {
+  for (const auto& [model, world] : {std::pair{tiny_model(), 4}, std::pair{tiny_model(4), 2}})
+    for (int per_host : {8, 1}) {
+      const Cluster cluster = flat_cluster(1e6, per_host);
+      LayoutBounds bounds(model, "none", world, cluster);
+      double bound_sum = 0, step_sum = 0;
+      for (const Candidate& c : valid_layouts(model, {}, tiny_step(), world)) {
+        const Ranked r = cost_layout(model, c, "none", world, cluster);
+        ASSERT_TRUE(r.fits);
+        const PipelinePlan p = plan_pipeline(model, c.parallel, c.parallel.pp,
+                                             c.step.grad_accum_steps);
+        const double seconds = bounds.step_seconds(c.parallel, c.step, p);
+        EXPECT_LE(seconds, r.prediction.step_seconds * (1 + 1e-9)) << c.label();
+        EXPECT_LE(bounds.memory_bytes(c.parallel, c.step, p), double(r.peak_bytes)) << c.label();
+        bound_sum += seconds;
+        step_sum += r.prediction.step_seconds;
+      }
+      // Close enough to prune: most of a step is the micro-batches' own work.
+      EXPECT_GT(bound_sum, 0.5 * step_sum) << world << " devices, " << per_host << " per host";
+    }
+}
+
+TEST(PlanSearch, FindsExactlyTheTopOfCostingEveryLayout) {
   const ModelConfig model = tiny_model();
-  const std::vector<Ranked> all =
-      search_layouts(model, {}, tiny_step(), "none", 2, flat_cluster(16));
-  ASSERT_GT(all.size(), 10u);
-  for (size_t i = 0; i + 1 < all.size(); ++i) {
-    EXPECT_TRUE(all[i].fits);
-    EXPECT_GE(all[i].prediction.tokens_per_second, all[i + 1].prediction.tokens_per_second);
+  const StepOptions step = tiny_step();
+  const int world = 4;
+  const std::vector<Ranked> roomy = brute_force(model, step, world, flat_cluster(16, 2));
+  ASSERT_GT(roomy.size(), 100u);
+  // Memory between the smallest and the largest layout's: some fit, some do not.
+  int64_t lo = roomy[0].peak_bytes, hi = lo;
+  for (const Ranked& r : roomy) lo = std::min(lo, r.peak_bytes), hi = std::max(hi, r.peak_bytes);
+  for (double gib : {16.0, double(lo + hi) / 2 / double(1 << 30)}) {
+    const Cluster cluster = flat_cluster(gib, 2);
+    const std::vector<Ranked> all = gib == 16 ? roomy : brute_force(model, step, world, cluster);
+    size_t fitting = 0;
+    while (fitting < all.size() && all[fitting].fits) ++fitting;
+    ASSERT_GT(fitting, 3u);
+    if (gib < 16) {
+      ASSERT_LT(fitting, all.size());
+    }
+    for (int top : {1, 3, 10}) {
+      const SearchResult found = search_layouts(model, {}, step, "none", world, cluster, top);
+      EXPECT_EQ(found.valid, all.size());
+      EXPECT_EQ(found.valid, found.beyond_memory + found.beyond_time + found.planned);
+      EXPECT_FALSE(found.smallest);
+      ASSERT_EQ(found.best.size(), size_t(top));
+      for (int i = 0; i < top; ++i) {
+        EXPECT_EQ(found.best[size_t(i)].candidate.label(), all[size_t(i)].candidate.label()) << i;
+        EXPECT_EQ(found.best[size_t(i)].prediction.tokens_per_second,
+                  all[size_t(i)].prediction.tokens_per_second);
+      }
+      // The bounds spare most of the costing.
+      EXPECT_LT(found.planned, all.size() / 2) << top << " best of " << gib << " GiB";
+    }
   }
-  // Memory between the smallest and the largest layout's: those above it go last.
-  int64_t lo = all[0].peak_bytes, hi = lo;
-  for (const Ranked& r : all) lo = std::min(lo, r.peak_bytes), hi = std::max(hi, r.peak_bytes);
-  const double gib = double(lo + hi) / 2 / double(1 << 30);
-  const std::vector<Ranked> some = search_layouts(model, {}, tiny_step(), "none", 2, flat_cluster(gib));
-  ASSERT_EQ(some.size(), all.size());
-  size_t fitting = 0;
-  while (fitting < some.size() && some[fitting].fits) ++fitting;
-  EXPECT_GT(fitting, 0u);
-  EXPECT_LT(fitting, some.size());
-  for (size_t i = 0; i < some.size(); ++i) {
-    EXPECT_EQ(some[i].fits, i < fitting);
-    EXPECT_EQ(some[i].fits, double(some[i].peak_bytes) <= gib * double(1 << 30));
-  }
-  const std::string why = explain_winner(all[0], all[1]);
-  EXPECT_NE(why.find(all[0].candidate.label()), std::string::npos) << why;
-  EXPECT_NE(why.find(all[1].candidate.label()), std::string::npos) << why;
+  // None fits: the one that needs the least memory.
+  const Cluster tiny = flat_cluster(double(lo) / 2 / double(1 << 30), 2);
+  const SearchResult none = search_layouts(model, {}, step, "none", world, tiny, 3);
+  EXPECT_TRUE(none.best.empty());
+  ASSERT_TRUE(none.smallest);
+  EXPECT_EQ(none.smallest->peak_bytes, lo);
+
+  const SearchResult two = search_layouts(model, {}, step, "none", world, flat_cluster(16, 2), 2);
+  const std::string why = explain_winner(two.best[0], two.best[1]);
+  EXPECT_NE(why.find(two.best[0].candidate.label()), std::string::npos) << why;
+  EXPECT_NE(why.find(two.best[1].candidate.label()), std::string::npos) << why;
 }
 
 }  // namespace

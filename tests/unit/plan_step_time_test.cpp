@@ -189,10 +189,10 @@ TEST(PlanStepTime, OneRankIsItsWorkAtTheClustersRates) {
   const StepPrediction& s = p.prediction;
   ASSERT_EQ(s.ranks.size(), 1u);
   double flops = 0, bytes = 0;
-  for (const InstructionWork& w : p.work[0].work) {
-    flops += w.flops();
-    bytes += w.elementwise_bytes;
-    EXPECT_TRUE(w.comms.empty());
+  for (const auto& w : p.work[0].work) {
+    flops += w->flops();
+    bytes += w->elementwise_bytes;
+    EXPECT_TRUE(w->comms.empty());
   }
   EXPECT_NEAR(s.ranks[0].gemm + s.ranks[0].attention, flops / 50e9, 1e-12);
   EXPECT_NEAR(s.ranks[0].elementwise, bytes / 10e9, 1e-12);
@@ -234,8 +234,8 @@ TEST(PlanStepTime, CollectivesBesideComputeSlowItByTheLinksFactor) {
   // Every gradient reduction's time, as the cluster's model gives it.
   const Planned free = plan(ddp, 2, flat_cluster(2, 1, 0));
   double reductions = 0;
-  for (const InstructionWork& w : free.work[0].work)
-    for (const CommCall& c : w.comms) {
+  for (const auto& w : free.work[0].work)
+    for (const CommCall& c : w->comms) {
       ASSERT_TRUE(c.overlapped);
       reductions +=
           collective_seconds(flat_cluster(2, 1), c.kind, LinkClass::intra_host, c.bytes, c.ranks);

@@ -46,8 +46,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -587,12 +589,27 @@ int64_t LinearGemm::weight_copy_bytes(int64_t N) const {
   int64_t bytes = m.precision == Precision::fp16 || m.emulated ? int64_t(m.in) * m.out * 4 : 0;
   // The layouts packed_weights asks its plans for, and whether each is W as it lies (no copy).
   const memory::dim rows = m.rows(N);
+  // A plan's choice depends on the shapes and types alone; the planner asks for the same ones
+  // across thousands of layouts, and making a plan costs far more than looking one up.
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, dt, bool, bool>, memory::desc> chosen;
   auto packed = [&](int64_t k, int64_t n, bool transposed) {
-    const memory::desc src({rows, k}, m.cdt, tag::ab), dst({rows, n}, dt::f32, tag::ab);
-    const memory::desc want =
-        dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, m.weights(transposed), dst),
-                                     dnnl_context().engine)
-            .weights_desc();
+    const std::tuple key{int64_t(rows), k, n, m.cdt, transposed, m.variable_rows};
+    memory::desc want;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = chosen.find(key);
+      if (it == chosen.end()) {
+        const memory::desc src({rows, k}, m.cdt, tag::ab), dst({rows, n}, dt::f32, tag::ab);
+        it = chosen
+                 .emplace(key, dnnl::matmul::primitive_desc(
+                                   dnnl::matmul::desc(src, m.weights(transposed), dst),
+                                   dnnl_context().engine)
+                                   .weights_desc())
+                 .first;
+      }
+      want = it->second;
+    }
     return m.reads_in_place(want, transposed) ? 0 : int64_t(want.get_size());
   };
   return bytes + packed(m.in, m.out, true) + packed(m.out, m.in, false);

@@ -120,13 +120,16 @@ MeshPlan plan_mesh(const ModelConfig& model, const ParallelConfig& p, const Step
   return MeshPlan{std::move(mesh), micro / dp, cp_mode, cp_ulysses};
 }
 
+Layout layout_of(MeshPlan m, const PipelinePlan& pipeline) {
+  return Layout{std::move(m.mesh),   m.local_batch,         pipeline.schedule, pipeline.check,
+                pipeline.stage_layers, m.cp_mode, m.cp_ulysses};
+}
+
 Layout plan_layout(const ModelConfig& model, const ParallelConfig& p, const StepOptions& step,
                    int world) {
   MeshPlan m = plan_mesh(model, p, step, world);
-  PipelinePlan pipeline = plan_pipeline(model, p, m.mesh.degree(Axis::pp), step.grad_accum_steps);
-  return Layout{std::move(m.mesh),        m.local_batch,  std::move(pipeline.schedule),
-                std::move(pipeline.check), std::move(pipeline.stage_layers), m.cp_mode,
-                m.cp_ulysses};
+  const int pp = m.mesh.degree(Axis::pp);
+  return layout_of(std::move(m), plan_pipeline(model, p, pp, step.grad_accum_steps));
 }
 
 std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank) {

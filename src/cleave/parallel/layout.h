@@ -54,6 +54,9 @@ struct MeshPlan {
 MeshPlan plan_mesh(const ModelConfig& model, const ParallelConfig& parallel,
                    const StepOptions& step, int world);
 
+// The layout of a mesh plan and a pipeline plan made for its pp degree.
+Layout layout_of(MeshPlan mesh, const PipelinePlan& pipeline);
+
 // plan_mesh's and plan_pipeline's (for the config's pp and grad_accum_steps) together, or their
 // error: the config cannot run on `world` ranks.
 Layout plan_layout(const ModelConfig& model, const ParallelConfig& parallel,

@@ -14,8 +14,8 @@ std::vector<AxisVolume> axis_volumes(const StepWork& work) {
   // Per axis, per (kind, what): how many collectives and the bytes they send.
   std::map<std::string, AxisVolume> axes;
   std::map<std::string, std::vector<std::pair<std::string, Line>>> lines;
-  for (const InstructionWork& w : work.work)
-    for (const CommCall& c : w.comms) {
+  for (const auto& w : work.work)
+    for (const CommCall& c : w->comms) {
       AxisVolume& v = axes[c.axis];
       v.axis = c.axis;
       v.metered = c.metered;
@@ -25,7 +25,7 @@ std::vector<AxisVolume> axis_volumes(const StepWork& work) {
       auto it = list.begin();
       while (it != list.end() && it->first != key) ++it;
       if (it == list.end()) it = list.insert(list.end(), {key, Line{}});
-      it->second.count += 1;
+      it->second.count += c.repeats;
       it->second.sent += c.sent();
     }
   std::vector<AxisVolume> out;

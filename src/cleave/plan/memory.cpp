@@ -33,6 +33,15 @@ ModelState model_state(const StateRecipe& recipe, int zero, double all, double s
   return s;
 }
 
+ModelState resident_state(const ParallelConfig& parallel, const std::string& optimizer_offload,
+                          double all, double shard, double gathered, double reducing) {
+  const int zero = parallel.zero_stage;
+  ModelState s = model_state(StateRecipe{}, zero, all, shard, gathered, reducing);
+  if (parallel.offload_params == "file" && zero == 3) s.values -= StateRecipe{}.values * shard;
+  if (optimizer_offload == "file") s.optimizer = 0;
+  return s;
+}
+
 MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
                        const StepOptions& step, const std::string& optimizer_offload,
                        const Layout& layout, const StepWork& work, int val_batches) {
@@ -42,13 +51,9 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
   const int zero = parallel.zero_stage;
   MemoryPlan plan;
   plan.pp_rank = pp_rank;
-  // The model as the trainer builds it on this rank: its stages' tp share, units padded to
-  // equal shards over dp_shard x cp.
-  const std::unique_ptr<Transformer> built =
-      Transformer::planned(model, mesh.degree(Axis::tp), parallel.sequence_parallel,
-                           stage_chunks(layout, pp_rank), step.dtype,
-                           16 * int64_t(mesh.degree(Axis::dp_shard)) * cp);
-  Transformer& m = *built;
+  // The model as the trainer builds it on this rank (step_work's): its stages' tp share, units
+  // padded to equal shards over dp_shard x cp.
+  Transformer& m = *work.model;
   const ParamStore& store = m.params();
   plan.parameter_count = store.global_count();
   const AxisTable axes = axis_table(store, mesh);
@@ -78,13 +83,12 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
   const bool accumulating = step.grad_accum_steps > 1 || pp > 1;
   const bool offload_params = parallel.offload_params == "file";
   const ModelState state =
-      model_state(StateRecipe{}, zero, double(all), double(shard_floats),
-                  double(zero == 3 ? zero3_peak(train, unit_floats) : 0),
-                  double(accumulating ? all : largest(unit_floats, 3)));
-  // ZeRO-3's offloaded shard of the values is not resident (its gradients' shard is).
-  plan.parameters = int64_t(state.values) - (offload_params && zero == 3 ? shard_floats * 4 : 0);
+      resident_state(parallel, optimizer_offload, double(all), double(shard_floats),
+                     double(zero == 3 ? zero3_peak(train, unit_floats) : 0),
+                     double(accumulating ? all : largest(unit_floats, 3)));
+  plan.parameters = int64_t(state.values);
   plan.gradients = int64_t(state.gradients);
-  plan.optimizer = optimizer_offload == "file" ? 0 : int64_t(state.optimizer);
+  plan.optimizer = int64_t(state.optimizer);
   plan.weight_copies = largest(unit_copies, zero < 3 ? int(unit_copies.size()) : 2);
   if (offload_params && zero == 3)
     plan.notes.push_back("the parameter shards live in offload files");
@@ -93,8 +97,8 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
   // The communication engine's scratch, as large as the step's largest reduction needs
   // (reduction_scratch_bytes): DataParallel's run on cleave's ring, DDP's in buckets of bucket_mb.
   const int64_t bucket = bucket_floats(parallel.bucket_mb);
-  for (const InstructionWork& w : work.work)
-    for (const CommCall& c : w.comms) {
+  for (const auto& w : work.work)
+    for (const CommCall& c : w->comms) {
       if (c.kind != Collective::all_reduce && c.kind != Collective::reduce_scatter) continue;
       const bool data_parallel = c.metered == CommAxis::dp;
       int64_t count = int64_t(c.bytes / 4);

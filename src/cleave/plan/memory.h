@@ -36,6 +36,12 @@ struct ModelState {
 ModelState model_state(const StateRecipe& recipe, int zero, double all, double shard,
                        double gathered, double reducing);
 
+// The bytes of model state a rank of `parallel` keeps in memory (model_state, cleave's recipe),
+// less what offloading keeps in files: ZeRO-3's parameter shard (parallel.offload_params) and
+// AdamW's moments (optimizer_offload = "file").
+ModelState resident_state(const ParallelConfig& parallel, const std::string& optimizer_offload,
+                          double all, double shard, double gathered, double reducing);
+
 struct MemoryPlan {
   int pp_rank = 0;
   int64_t parameter_count = 0;  // of this rank's share of the model (tp share of its stages)

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 
 #include "cleave/base/check.h"
 #include "cleave/parallel/layout.h"
+#include "cleave/plan/layout_bounds.h"
 #include "cleave/plan/memory.h"
 
 namespace cleave {
@@ -20,19 +23,39 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
+// n layers over `chunks` pipeline chunks as evenly as they go, the chunks at the ends (which also
+// hold the embedding and the head) taking fewer first, as Llama 3's 126 layers ran on 16 x 2
+// chunks: 3, then 4 on each of 30, then 3.
+std::vector<int> balanced_layers(int n, int chunks) {
+  std::vector<int> out(size_t(chunks), n / chunks + 1);
+  for (int i = 0; i < chunks - n % chunks; ++i)
+    --out[size_t(i % 2 == 0 ? i / 2 : chunks - 1 - i / 2)];
+  return out;
+}
+
 // A search's pipeline plans by (pp, micro-batches): the layouts that share them share the schedule,
-// whose check is most of what validating a layout costs. Null: that schedule cannot run.
+// whose check is most of what validating a layout costs. The layers split as the config gives for
+// its own pp, else evenly, else as balanced_layers. Null: that schedule cannot run.
 class PipelinePlans {
  public:
   PipelinePlans(const ModelConfig& model, const ParallelConfig& base)
-      : model_(model), base_(base) {
-    base_.pp_layers.clear();
-  }
+      : model_(model), base_(base) {}
   const PipelinePlan* get(int pp, int microbatches) {
     auto [it, added] = plans_.try_emplace({pp, microbatches});
     if (added) {
+      ParallelConfig p = base_;
+      p.pp = pp;
+      if (pp != base_.pp) p.pp_layers.clear();
       try {
-        it->second = std::make_unique<PipelinePlan>(plan_pipeline(model_, base_, pp, microbatches));
+        try {
+          it->second = std::make_unique<PipelinePlan>(plan_pipeline(model_, p, pp, microbatches));
+        } catch (const Error&) {
+          if (!p.pp_layers.empty()) throw;
+          const int chunks = pipeline_schedule(p, pp, microbatches).n_stages;
+          if (chunks > model_.n_layers) throw;
+          p.pp_layers = balanced_layers(model_.n_layers, chunks);
+          it->second = std::make_unique<PipelinePlan>(plan_pipeline(model_, p, pp, microbatches));
+        }
       } catch (const Error&) {
       }
     }
@@ -41,7 +64,7 @@ class PipelinePlans {
 
  private:
   const ModelConfig& model_;
-  ParallelConfig base_;
+  const ParallelConfig& base_;
   std::map<std::pair<int, int>, std::unique_ptr<PipelinePlan>> plans_;
 };
 
@@ -54,6 +77,18 @@ std::string Candidate::label() const {
     if (degree > 1) out += std::string(out.empty() ? "" : " x ") + name + " " + std::to_string(degree);
   };
   axis("pp", p.pp);
+  if (!p.pp_layers.empty()) {
+    // Runs of equal counts: "3, 4 x 30, 3".
+    out += " (layers ";
+    for (size_t i = 0; i < p.pp_layers.size();) {
+      size_t j = i;
+      while (j < p.pp_layers.size() && p.pp_layers[j] == p.pp_layers[i]) ++j;
+      out += (i ? ", " : "") + std::to_string(p.pp_layers[i]) +
+             (j - i > 1 ? " x " + std::to_string(j - i) : "");
+      i = j;
+    }
+    out += ")";
+  }
   axis("dp_replicate", p.dp_replicate);
   axis("dp_shard", p.dp_shard);
   axis("cp", p.cp);
@@ -100,7 +135,12 @@ std::vector<Candidate> valid_layouts(const ModelConfig& model, const ParallelCon
                     c.parallel.ep = ep;
                     c.parallel.zero_stage = zero;
                     c.parallel.sequence_parallel = sp;
+                    // Explicit where they are uneven, so that `cleave train` takes them too.
+                    const std::vector<int>& layers = pipeline->stage_layers;
                     c.parallel.pp_layers.clear();
+                    if (std::adjacent_find(layers.begin(), layers.end(), std::not_equal_to<>()) !=
+                        layers.end())
+                      c.parallel.pp_layers = layers;
                     c.step = base_step;
                     c.step.activation_checkpointing = ac;
                     c.step.grad_accum_steps = int(accum);
@@ -118,35 +158,117 @@ std::vector<Candidate> valid_layouts(const ModelConfig& model, const ParallelCon
   return out;
 }
 
-std::vector<Ranked> search_layouts(const ModelConfig& model, const ParallelConfig& base,
-                                   const StepOptions& base_step,
-                                   const std::string& optimizer_offload, int world,
-                                   const Cluster& cluster) {
-  std::vector<Ranked> out;
-  PipelinePlans pipelines(model, base);
-  for (Candidate& c : valid_layouts(model, base, base_step, world)) {
-    MeshPlan m = plan_mesh(model, c.parallel, c.step, world);
-    const PipelinePlan& p = *pipelines.get(c.parallel.pp, c.step.grad_accum_steps);
-    const Layout layout{std::move(m.mesh), m.local_batch, p.schedule, p.check, p.stage_layers,
-                        m.cp_mode, m.cp_ulysses};
-    Ranked r;
-    std::vector<StepWork> work;
-    for (int s = 0; s < layout.mesh.degree(Axis::pp); ++s) {
-      work.push_back(step_work(model, c.parallel, c.step, layout, s));
-      const MemoryPlan m =
-          plan_memory(model, c.parallel, c.step, optimizer_offload, layout, work.back(), 0);
-      r.peak_bytes = std::max(r.peak_bytes, m.total());
-    }
-    r.fits = double(r.peak_bytes) <= cluster.memory_gib * double(1 << 30);
-    r.prediction = predict_step(work, layout, cluster, model, c.step);
-    r.candidate = std::move(c);
-    out.push_back(std::move(r));
+namespace {
+
+// cost_layout's, planning pp rank 0 first and the last second (which hold the most activations
+// and the head), and stopping at the first whose memory is above `stop_above` bytes: the layout
+// does not fit, and peak_bytes is that rank's.
+Ranked cost_layout_until(const ModelConfig& model, const Candidate& c,
+                         const std::string& optimizer_offload, int world, const Cluster& cluster,
+                         double stop_above) {
+  const Layout layout = plan_layout(model, c.parallel, c.step, world);
+  const int pp = layout.mesh.degree(Axis::pp);
+  Ranked r;
+  r.candidate = c;
+  std::vector<StepWork> work(static_cast<size_t>(pp));
+  std::vector<int> order = {0};
+  if (pp > 1) order.push_back(pp - 1);
+  for (int s = 1; s + 1 < pp; ++s) order.push_back(s);
+  for (int s : order) {
+    work[size_t(s)] = step_work(model, c.parallel, c.step, layout, s);
+    const MemoryPlan m =
+        plan_memory(model, c.parallel, c.step, optimizer_offload, layout, work[size_t(s)], 0);
+    r.peak_bytes = std::max(r.peak_bytes, m.total());
+    if (double(r.peak_bytes) > stop_above) return r;
   }
-  std::stable_sort(out.begin(), out.end(), [](const Ranked& a, const Ranked& b) {
-    if (a.fits != b.fits) return a.fits;
-    if (a.fits) return a.prediction.tokens_per_second > b.prediction.tokens_per_second;
-    return a.peak_bytes < b.peak_bytes;
-  });
+  r.fits = double(r.peak_bytes) <= cluster.memory_gib * double(1 << 30);
+  if (r.fits) r.prediction = predict_step(work, layout, cluster, model, c.step);
+  return r;
+}
+
+}  // namespace
+
+Ranked cost_layout(const ModelConfig& model, const Candidate& c,
+                   const std::string& optimizer_offload, int world, const Cluster& cluster) {
+  return cost_layout_until(model, c, optimizer_offload, world, cluster,
+                           std::numeric_limits<double>::infinity());
+}
+
+SearchResult search_layouts(const ModelConfig& model, const ParallelConfig& base,
+                            const StepOptions& base_step, const std::string& optimizer_offload,
+                            int world, const Cluster& cluster, int top) {
+  CLEAVE_CHECK(top >= 1, "search_layouts: top = " + std::to_string(top));
+  SearchResult out;
+  std::vector<Candidate> all = valid_layouts(model, base, base_step, world);
+  out.valid = all.size();
+  PipelinePlans pipelines(model, base);
+  LayoutBounds bounds(model, optimizer_offload, world, cluster);
+  const double capacity = cluster.memory_gib * double(1 << 30);
+  // A bound and a cost are sums of the same terms in other orders: allow for their rounding.
+  constexpr double kSlack = 1e-9;
+  struct Bound {
+    double seconds = 0, bytes = 0;
+  };
+  std::vector<Bound> bound(all.size());
+  std::vector<size_t> order;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const Candidate& c = all[i];
+    const PipelinePlan& p = *pipelines.get(c.parallel.pp, c.step.grad_accum_steps);
+    bound[i].bytes = bounds.memory_bytes(c.parallel, c.step, p) * (1 - kSlack);
+    if (bound[i].bytes > capacity) {
+      ++out.beyond_memory;
+      continue;
+    }
+    bound[i].seconds = bounds.step_seconds(c.parallel, c.step, p) * (1 - kSlack);
+    order.push_back(i);
+  }
+  auto check_bounds = [&](size_t i, const Ranked& r) {
+    CLEAVE_CHECK(double(r.peak_bytes) >= bound[i].bytes,
+                 "search: " + r.candidate.label() + " plans " + std::to_string(r.peak_bytes) +
+                     " bytes, below its bound of " + std::to_string(bound[i].bytes));
+    CLEAVE_CHECK(!r.fits || r.prediction.step_seconds >= bound[i].seconds,
+                 "search: " + r.candidate.label() + " predicts a step of " +
+                     std::to_string(r.prediction.step_seconds) + " s, below its bound of " +
+                     std::to_string(bound[i].seconds) + " s");
+  };
+  // The best first; among equals, the one listed first.
+  std::vector<std::pair<size_t, Ranked>> best;
+  auto better = [](const std::pair<size_t, Ranked>& a, const std::pair<size_t, Ranked>& b) {
+    if (a.second.prediction.tokens_per_second != b.second.prediction.tokens_per_second)
+      return a.second.prediction.tokens_per_second > b.second.prediction.tokens_per_second;
+    return a.first < b.first;
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return bound[a].seconds < bound[b].seconds; });
+  for (size_t n = 0; n < order.size(); ++n) {
+    const size_t i = order[n];
+    if (int(best.size()) == top && bound[i].seconds > best.back().second.prediction.step_seconds) {
+      out.beyond_time = order.size() - n;
+      break;
+    }
+    Ranked r = cost_layout_until(model, all[i], optimizer_offload, world, cluster, capacity);
+    ++out.planned;
+    check_bounds(i, r);
+    if (!r.fits) continue;
+    ++out.fitting;
+    std::pair<size_t, Ranked> entry{i, std::move(r)};
+    best.insert(std::upper_bound(best.begin(), best.end(), entry, better), std::move(entry));
+    if (int(best.size()) > top) best.pop_back();
+  }
+  for (auto& [i, r] : best) out.best.push_back(std::move(r));
+  if (!out.best.empty()) return out;
+  // None fits: the least memory, planning in the order of the memory bound until it passes
+  // the least found.
+  std::vector<size_t> by_memory(all.size());
+  for (size_t i = 0; i < all.size(); ++i) by_memory[i] = i;
+  std::stable_sort(by_memory.begin(), by_memory.end(),
+                   [&](size_t a, size_t b) { return bound[a].bytes < bound[b].bytes; });
+  for (size_t i : by_memory) {
+    if (out.smallest && bound[i].bytes > double(out.smallest->peak_bytes)) break;
+    Ranked r = cost_layout(model, all[i], optimizer_offload, world, cluster);
+    check_bounds(i, r);
+    if (!out.smallest || r.peak_bytes < out.smallest->peak_bytes) out.smallest = std::move(r);
+  }
   return out;
 }
 

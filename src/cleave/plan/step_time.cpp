@@ -135,15 +135,8 @@ std::vector<RankTime> simulate_programs(
   return out;
 }
 
-StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& layout,
-                            const Cluster& cluster, const ModelConfig& model,
-                            const StepOptions& step) {
-  const double global_tokens = double(step.micro_batch_size) * step.seq_len * step.grad_accum_steps;
-  const Precision dtype = step.dtype;
+CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& cluster) {
   const Mesh& mesh = layout.mesh;
-  const int pp = mesh.degree(Axis::pp);
-  CLEAVE_CHECK(int(work.size()) == pp, "predict_step: " + std::to_string(work.size()) +
-                                           " ranks' work for pp = " + std::to_string(pp));
   // pp rank r stands for the world rank at its pipeline coordinate, every other one 0.
   auto world_rank = [&](int r) {
     std::array<int, kAxes> coords{};
@@ -151,13 +144,17 @@ StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& lay
     return mesh.rank_of(coords);
   };
   auto host = [&](int rank) { return rank / std::max(1, cluster.devices_per_host); };
-  auto link = [&](int r, const CommCall& c) {
-    const int me = world_rank(r);
+  const int me = world_rank(work.pp_rank);
+  std::map<std::vector<std::string>, bool> group_inside;  // a step names few groups, many times
+  auto link = [&](const CommCall& c) {
     bool inside = true;
     if (c.peer >= 0) {
       inside = host(world_rank(c.peer)) == host(me);
     } else {
-      for (int other : mesh.group(me, c.group)) inside = inside && host(other) == host(me);
+      auto [it, added] = group_inside.try_emplace(c.group, true);
+      if (added)
+        for (int other : mesh.group(me, c.group)) it->second = it->second && host(other) == host(me);
+      inside = it->second;
     }
     return inside ? LinkClass::intra_host : LinkClass::inter_host;
   };
@@ -167,53 +164,66 @@ StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& lay
       s += gemm_seconds(cluster, g.m, g.n, g.k, dtype.value_or(product_dtype(g.dtype))) * g.count;
     return s;
   };
+  CostedWork out;
+  out.costs.reserve(work.work.size());
+  for (const auto& shared : work.work) {
+    const InstructionWork& iw = *shared;
+    InstructionCost c;
+    const double g = products(iw.gemms, std::nullopt),
+                 a = products(iw.attention, cluster.attention_dtype);
+    const double e = iw.elementwise_bytes > 0 ? memory_seconds(cluster, iw.elementwise_bytes) : 0;
+    c.compute = g + a + e;
+    out.gemm += g;
+    out.attention += a;
+    out.elementwise += e;
+    for (const CommCall& call : iw.comms) {
+      const LinkClass l = link(call);
+      const double s =
+          call.repeats * collective_seconds(cluster, call.kind, l, call.bytes, call.ranks);
+      if (!call.overlapped) {
+        c.blocking.push_back({call.axis, s});
+        continue;
+      }
+      // It runs beside compute, and slows it (where the rank's own cores move the bytes).
+      const double slowdown = cluster.compute_slowdown[size_t(l)];
+      if (slowdown > 0) c.blocking.push_back({call.axis, slowdown * s});
+      c.overlapped.push_back({call.axis, s});
+    }
+    out.costs.push_back(std::move(c));
+  }
+  return out;
+}
 
+StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& layout,
+                            const Cluster& cluster, const ModelConfig& model,
+                            const StepOptions& step) {
+  const double global_tokens = double(step.micro_batch_size) * step.seq_len * step.grad_accum_steps;
+  const int pp = layout.mesh.degree(Axis::pp);
+  CLEAVE_CHECK(int(work.size()) == pp, "predict_step: " + std::to_string(work.size()) +
+                                           " ranks' work for pp = " + std::to_string(pp));
   StepPrediction out;
   out.model_flops = global_tokens * model_flops_per_token(model, step.seq_len);
   std::vector<Program> programs;
-  std::vector<std::vector<InstructionCost>> costs(work.size());
-  std::vector<std::array<double, 3>> parts(work.size(), {0, 0, 0});  // gemm, attention, memory
-  for (int r = 0; r < pp; ++r) {
-    const StepWork& w = work[size_t(r)];
+  std::vector<CostedWork> costed;
+  for (const StepWork& w : work) {
     programs.push_back(w.program);
-    for (const InstructionWork& iw : w.work) {
-      InstructionCost c;
-      const double g = products(iw.gemms, std::nullopt),
-                   a = products(iw.attention, cluster.attention_dtype);
-      const double e = iw.elementwise_bytes > 0 ? memory_seconds(cluster, iw.elementwise_bytes) : 0;
-      c.compute = g + a + e;
-      parts[size_t(r)][0] += g;
-      parts[size_t(r)][1] += a;
-      parts[size_t(r)][2] += e;
-      for (const CommCall& call : iw.comms) {
-        const LinkClass l = link(r, call);
-        const double s = collective_seconds(cluster, call.kind, l, call.bytes, call.ranks);
-        if (!call.overlapped) {
-          c.blocking.push_back({call.axis, s});
-          continue;
-        }
-        // It runs beside compute, and slows it (where the rank's own cores move the bytes).
-        const double slowdown = cluster.compute_slowdown[size_t(l)];
-        if (slowdown > 0) c.blocking.push_back({call.axis, slowdown * s});
-        c.overlapped.push_back({call.axis, s});
-      }
-      costs[size_t(r)].push_back(std::move(c));
-    }
+    costed.push_back(cost_work(w, layout, cluster));
   }
   out.ranks = simulate_programs(
-      programs, [&](int r, size_t i) { return costs[size_t(r)][i]; });
+      programs, [&](int r, size_t i) { return costed[size_t(r)].costs[i]; });
   for (int r = 0; r < pp; ++r) {
     RankTime& t = out.ranks[size_t(r)];
-    t.gemm = parts[size_t(r)][0];
-    t.attention = parts[size_t(r)][1];
-    t.elementwise = parts[size_t(r)][2];
+    t.gemm = costed[size_t(r)].gemm;
+    t.attention = costed[size_t(r)].attention;
+    t.elementwise = costed[size_t(r)].elementwise;
     out.step_seconds = std::max(out.step_seconds, t.end);
   }
   out.tokens_per_second = global_tokens / out.step_seconds;
-  auto peak = cluster.peak_gflops.find(product_dtype(dtype));
+  auto peak = cluster.peak_gflops.find(product_dtype(step.dtype));
   if (peak != cluster.peak_gflops.end()) {
     out.peak_gflops = peak->second;
-    out.mfu = out.model_flops / out.step_seconds / (double(mesh.world()) * peak->second * 1e9);
+    out.mfu = out.model_flops / out.step_seconds /
+              (double(layout.mesh.world()) * peak->second * 1e9);
   }
   return out;
 }

@@ -51,6 +51,14 @@ std::vector<RankTime> simulate_programs(
     const std::vector<Program>& programs,
     const std::function<InstructionCost(int rank, size_t i)>& cost);
 
+// Every instruction of pp rank `work.pp_rank`'s step costed on `cluster` (its links as the rank's
+// groups sit on the cluster's hosts), and the compute by kind.
+struct CostedWork {
+  std::vector<InstructionCost> costs;  // per instruction of work.program
+  double gemm = 0, attention = 0, elementwise = 0;
+};
+CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& cluster);
+
 struct StepPrediction {
   std::vector<RankTime> ranks;  // per pp rank
   double step_seconds = 0;      // the slowest rank's end

@@ -1,6 +1,8 @@
 #include "cleave/plan/step_work.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <memory>
 
 #include "cleave/mesh/mesh.h"
@@ -54,18 +56,26 @@ class Builder {
   StepWork build() {
     StepWork out;
     out.pp_rank = r_;
+    out.model = model_;
     out.program = training_program(step_, par_, layout_, r_, *model_);
     units_.resize(size_t(model_->n_units()));
+    for (const Transformer::Unit& u : model_->units())
+      out.unit_layer.push_back(u.kind == Kind::embedding ? -1
+                               : u.kind == Kind::head    ? m_.n_layers
+                                                         : u.layer);
     count_fp8_gathered();
     for (int u = 0; u < model_->n_units(); ++u) describe_unit(u);
     add_products();
     const std::vector<bool> starts =
         par_.zero_stage == 3 ? zero3_gather_starts(out.program, model_->n_units())
                              : std::vector<bool>(out.program.instructions.size(), false);
+    std::map<std::tuple<Op, int, int, int, bool>, std::shared_ptr<const InstructionWork>> made;
     for (size_t i = 0; i < out.program.instructions.size(); ++i) {
       const Instruction& in = out.program.instructions[i];
-      out.work.push_back(instruction_work(in, starts[i]));
-      if (is_compute(in.op) && in.op != Op::recompute) out.model_flops += out.work.back().flops();
+      auto [it, added] = made.try_emplace({in.op, in.unit, in.group, in.peer, starts[i]});
+      if (added) it->second = std::make_shared<const InstructionWork>(instruction_work(in, starts[i]));
+      out.work.push_back(it->second);
+      if (is_compute(in.op) && in.op != Op::recompute) out.model_flops += it->second->flops();
     }
     return out;
   }
@@ -177,14 +187,14 @@ class Builder {
       w.backward_comms.push_back(
           cp_call(Collective::reduce_scatter, R * kv, R, "the K|V gradients"));
     } else if (R > 1) {
-      for (int s = 0; s < R - 1; ++s) {
-        w.forward_comms.push_back(cp_call(Collective::send_recv, kv, 2, "K|V around the ring"));
-        w.backward_comms.push_back(
-            cp_call(Collective::send_recv, kv, 2, "K|V around the ring again"));
-      }
-      for (int s = 0; s < R; ++s)
-        w.backward_comms.push_back(
-            cp_call(Collective::send_recv, kv, 2, "the K|V gradients around the ring"));
+      auto ring = [&](int steps, const char* what) {
+        CommCall c = cp_call(Collective::send_recv, kv, 2, what);
+        c.repeats = steps;
+        return c;
+      };
+      w.forward_comms.push_back(ring(R - 1, "K|V around the ring"));
+      w.backward_comms.push_back(ring(R - 1, "K|V around the ring again"));
+      w.backward_comms.push_back(ring(R, "the K|V gradients around the ring"));
     }
     if (U > 1) {
       const double qkv = tokens_ * (heads_u + 2 * kv_heads_u) * hd * kF;
@@ -446,7 +456,7 @@ class Builder {
   int tp_ = 1, cp_ = 1, R_ = 1, S_ = 1, dp_ = 1, ep_ = 1, T_ = 0;
   std::string shard_axis_;
   double tokens_ = 0, rows_ = 0;
-  std::unique_ptr<Transformer> model_;
+  std::shared_ptr<Transformer> model_;
   std::vector<UnitWork> units_;
   std::vector<std::vector<double>> fp8_gathered_;  // per group and unit
 };

@@ -6,10 +6,12 @@
 // walked from the lowered program the trainer runs (training_program).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cleave/model/model_config.h"
+#include "cleave/model/transformer.h"
 #include "cleave/parallel/comm_meter.h"
 #include "cleave/parallel/layout.h"
 #include "cleave/parallel/parallel_config.h"
@@ -33,7 +35,10 @@ struct CommCall {
   // pipeline sends), else waited for by the instruction itself.
   bool overlapped = false;
   int peer = -1;  // send_recv over pp: the receiving stage's pp rank
-  double sent() const { return ring_bytes_sent(kind, bytes, ranks); }
+  // Run this many times one after another (a ring's steps): one call, so that a ring over
+  // thousands of cp ranks costs one entry, not thousands, per layer and micro-batch.
+  int repeats = 1;
+  double sent() const { return repeats * ring_bytes_sent(kind, bytes, ranks); }  // all repeats
 };
 
 // C[m, n] = A[m, k] B[k, n] in `dtype`, `count` times.
@@ -55,8 +60,16 @@ struct InstructionWork {
 
 struct StepWork {
   int pp_rank = 0;
+  // The rank's model as the trainer builds it (Transformer::planned: shapes, no values), which
+  // plan_memory reads too.
+  std::shared_ptr<Transformer> model;
   Program program;
-  std::vector<InstructionWork> work;  // per instruction of program
+  // Per instruction of program; instructions that do the same work (a unit's forward on every
+  // micro-batch) share one.
+  std::vector<std::shared_ptr<const InstructionWork>> work;
+  // Per unit of the rank's model, its place in forward order: the embedding -1, a block its
+  // layer, the head n_layers.
+  std::vector<int> unit_layer;
   double model_flops = 0;             // per step on this rank, as MFU counts them
 };
 

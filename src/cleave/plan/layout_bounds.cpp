@@ -1,0 +1,148 @@
+#include "cleave/plan/layout_bounds.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "cleave/base/check.h"
+#include "cleave/model/transformer.h"
+#include "cleave/plan/memory.h"
+#include "cleave/plan/step_time.h"
+#include "cleave/plan/step_work.h"
+
+namespace cleave {
+
+namespace {
+
+// Each stage's positions in forward order (the embedding 0, layer l at l + 1, the head last) as
+// [first, end) of stage_layers' layers.
+std::vector<std::pair<int, int>> stage_positions(const PipelinePlan& pipeline) {
+  std::vector<std::pair<int, int>> out;
+  const size_t stages = pipeline.stage_layers.size();
+  int layer = 0;
+  for (size_t k = 0; k < stages; ++k) {
+    const int end = layer + pipeline.stage_layers[k];
+    out.push_back({k == 0 ? 0 : layer + 1, k + 1 == stages ? end + 2 : end + 1});
+    layer = end;
+  }
+  return out;
+}
+
+double sum(const std::vector<double>& v, std::pair<int, int> range) {
+  double s = 0;
+  for (int i = range.first; i < range.second; ++i) s += v[size_t(i)];
+  return s;
+}
+
+}  // namespace
+
+LayoutBounds::LayoutBounds(const ModelConfig& model, std::string optimizer_offload, int world,
+                           const Cluster& cluster)
+    : model_(model), optimizer_offload_(std::move(optimizer_offload)), world_(world),
+      cluster_(cluster) {}
+
+const LayoutBounds::UnitCosts& LayoutBounds::unit_costs(const ParallelConfig& parallel,
+                                                        const StepOptions& step) {
+  const int dp = parallel.dp_replicate * parallel.dp_shard;
+  const int64_t local_batch = step.micro_batch_size / dp;
+  // ep's groups are carved out of dp_shard x cp: where they sit depends on dp_shard too.
+  auto [it, added] = costs_.try_emplace(
+      {parallel.tp, parallel.cp, parallel.sequence_parallel, step.activation_checkpointing,
+       local_batch, parallel.ep, parallel.ep > 1 ? parallel.dp_shard : 0});
+  UnitCosts& c = it->second;
+  if (!added) return c;
+  // The same micro-batch on one pipeline rank, run once.
+  ParallelConfig p = parallel;
+  p.pp = 1;
+  p.pp_layers.clear();
+  p.pp_schedule = "1f1b";
+  p.pp_virtual = 0;
+  p.pp_schedule_csv.clear();
+  StepOptions s = step;
+  s.grad_accum_steps = 1;
+  const int probe_world = world_ / parallel.pp;
+  std::optional<Layout> layout;
+  try {
+    layout.emplace(layout_of(plan_mesh(model_, p, s, probe_world), plan_pipeline(model_, p, 1, 1)));
+  } catch (const Error&) {
+    return c;  // no probe: no bound
+  }
+  // The probe's groups are pp rank 0's; pp rank r's are theirs moved by r x probe_world ranks,
+  // on links of the same class when hosts hold whole multiples of probe_world or divide it.
+  const int per_host = std::max(1, cluster_.devices_per_host);
+  const bool same_links = probe_world % per_host == 0 || per_host % probe_world == 0;
+  const StepWork work = step_work(model_, p, s, *layout, 0);
+  const CostedWork costed = cost_work(work, *layout, cluster_);
+  const size_t positions = size_t(model_.n_layers) + 2;
+  c.forward.assign(positions, 0);
+  c.all.assign(positions, 0);
+  for (size_t i = 0; i < work.program.instructions.size(); ++i) {
+    const Instruction& in = work.program.instructions[i];
+    if (!is_compute(in.op)) continue;
+    const InstructionCost& cost = costed.costs[i];
+    double seconds = cost.compute;
+    if (same_links)
+      for (const auto& part : cost.blocking) seconds += part.second;
+    const size_t at = size_t(work.unit_layer[size_t(in.unit)] + 1);
+    c.all[at] += seconds;
+    if (in.op == Op::forward) c.forward[at] += seconds;
+  }
+  c.valid = true;
+  return c;
+}
+
+const std::vector<double>& LayoutBounds::layer_floats(int tp) {
+  auto [it, added] = floats_.try_emplace(tp);
+  if (!added) return it->second;
+  std::vector<double>& out = it->second;
+  const std::unique_ptr<Transformer> built =
+      Transformer::planned(model_, tp, false, {}, Precision::fp32, 1);
+  const ParamStore& store = built->params();
+  out.assign(size_t(model_.n_layers) + 2, 0);
+  for (int u = 0; u < built->n_units(); ++u) {
+    const Transformer::Unit& unit = built->units()[size_t(u)];
+    const size_t at = unit.kind == Transformer::UnitKind::embedding ? 0
+                      : unit.kind == Transformer::UnitKind::head    ? out.size() - 1
+                                                                    : size_t(unit.layer) + 1;
+    for (int g = 0; g < store.n_groups(); ++g)
+      out[at] += double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]);
+  }
+  return out;
+}
+
+double LayoutBounds::step_seconds(const ParallelConfig& parallel, const StepOptions& step,
+                                  const PipelinePlan& pipeline) {
+  const UnitCosts& c = unit_costs(parallel, step);
+  if (!c.valid) return 0;
+  const std::vector<std::pair<int, int>> stages = stage_positions(pipeline);
+  const std::vector<int>& rank_of = pipeline.check.stages.rank_of_stage;
+  double bound = 0, before = 0;  // before: the first micro-batch's forward up to stage k
+  std::vector<double> start(size_t(parallel.pp), -1), busy(size_t(parallel.pp), 0);
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const size_t r = size_t(rank_of[k]);
+    if (start[r] < 0) start[r] = before;
+    busy[r] += sum(c.all, stages[k]);
+    before += sum(c.forward, stages[k]);
+  }
+  for (size_t r = 0; r < busy.size(); ++r)
+    bound = std::max(bound, std::max(0.0, start[r]) + step.grad_accum_steps * busy[r]);
+  return bound;
+}
+
+double LayoutBounds::memory_bytes(const ParallelConfig& parallel, const StepOptions& step,
+                                  const PipelinePlan& pipeline) {
+  const std::vector<double>& floats = layer_floats(parallel.tp);
+  const std::vector<std::pair<int, int>> stages = stage_positions(pipeline);
+  const std::vector<int>& rank_of = pipeline.check.stages.rank_of_stage;
+  std::vector<double> all(size_t(parallel.pp), 0);
+  for (size_t k = 0; k < stages.size(); ++k) all[size_t(rank_of[k])] += sum(floats, stages[k]);
+  // ZeRO-2/3 hold the whole gradient buffer while micro-batches accumulate (plan_memory).
+  const bool accumulating = step.grad_accum_steps > 1 || parallel.pp > 1;
+  const double dp = double(parallel.dp_replicate) * parallel.dp_shard * parallel.cp;
+  double bound = 0;
+  for (double a : all)
+    bound = std::max(bound, resident_state(parallel, optimizer_offload_, a, a / dp, 0,
+                                           accumulating ? a : 0).total());
+  return bound;
+}
+
+}  // namespace cleave

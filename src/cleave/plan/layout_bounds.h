@@ -1,0 +1,57 @@
+// Lower bounds on a layout's step time and memory, from probes that many layouts share, so that
+// `cleave plan --search` plans and simulates in full only the layouts that can reach its top
+// (docs/planner.md, Search). Within a rank the simulation runs compute and the collectives an
+// instruction waits for one after another, so a pp rank's step takes at least, for every
+// micro-batch, the forward, backward and recompute of its stages' units with their blocking
+// collectives, started no earlier than the first micro-batch's forward through the stages before
+// its first. Those per-unit costs depend on the shape of a micro-batch on a rank (tp, cp, SP, AC,
+// its sequences, ep), not on the data-parallel split, the ZeRO stage, the pipeline or the number
+// of micro-batches: one one-rank-per-stage, one-micro-batch program per shape gives them all.
+// A rank's memory is at least its model state under its ZeRO stage, its shard of it counted over
+// the whole data-parallel group.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cleave/model/model_config.h"
+#include "cleave/parallel/layout.h"
+#include "cleave/parallel/parallel_config.h"
+#include "cleave/parallel/step_options.h"
+#include "cleave/plan/cluster.h"
+
+namespace cleave {
+
+class LayoutBounds {
+ public:
+  LayoutBounds(const ModelConfig& model, std::string optimizer_offload, int world,
+               const Cluster& cluster);
+
+  // Seconds that no step of the layout can take less than, whose stages `pipeline` places
+  // (plan_pipeline's for its pp and micro-batch count).
+  double step_seconds(const ParallelConfig& parallel, const StepOptions& step,
+                      const PipelinePlan& pipeline);
+  // Bytes that the layout's fullest pp rank holds at least.
+  double memory_bytes(const ParallelConfig& parallel, const StepOptions& step,
+                      const PipelinePlan& pipeline);
+
+ private:
+  // Per layer in forward order (the embedding first, the head last), per micro-batch.
+  struct UnitCosts {
+    std::vector<double> forward, all;  // forward: its forward; all: forward, backward, recompute
+    bool valid = false;                // the probe could be planned
+  };
+  const UnitCosts& unit_costs(const ParallelConfig& parallel, const StepOptions& step);
+  const std::vector<double>& layer_floats(int tp);  // parameters per layer, as UnitCosts
+
+  const ModelConfig& model_;
+  std::string optimizer_offload_;
+  int world_;
+  const Cluster& cluster_;
+  std::map<std::tuple<int, int, bool, std::string, int64_t, int, int>, UnitCosts> costs_;
+  std::map<int, std::vector<double>> floats_;
+};
+
+}  // namespace cleave
