@@ -6,7 +6,6 @@
 #pragma once
 #include <sys/mman.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -16,10 +15,11 @@
 
 namespace cleave {
 
-// The bytes every Buffer owns at this moment, touched or not: the planner sizes a set of work
-// buffers by reserving it on a model that never runs (Transformer::backward_scratch_bytes), so the
-// figure is the code's own, not a second formula.
-inline std::atomic<int64_t> buffer_bytes_owned{0};
+// The bytes the Buffers this thread allocated own (less those it released), touched or not: the
+// planner sizes a set of work buffers by reserving it on a model that never runs
+// (Transformer::backward_scratch_bytes), so the figure is the code's own, not a second formula.
+// Per thread, so that the search's threads reserving at once do not count each other's.
+inline thread_local int64_t buffer_bytes_owned = 0;
 
 template <class T>
 class Buffer {

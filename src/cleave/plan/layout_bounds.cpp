@@ -42,14 +42,33 @@ LayoutBounds::LayoutBounds(const ModelConfig& model, std::string optimizer_offlo
 
 const LayoutBounds::UnitCosts& LayoutBounds::unit_costs(const ParallelConfig& parallel,
                                                         const StepOptions& step) {
-  const int dp = parallel.dp_replicate * parallel.dp_shard;
-  const int64_t local_batch = step.micro_batch_size / dp;
+  // The probe's groups are pp rank 0's; pp rank r's are theirs moved by r x (world / pp) ranks,
+  // on links of the same class when hosts hold whole multiples of world / pp or divide it; else
+  // the bound leaves the collectives out.
+  const int per_host = std::max(1, cluster_.devices_per_host), rest = world_ / parallel.pp;
+  const bool same_links = rest % per_host == 0 || per_host % rest == 0;
   // ep's groups are carved out of dp_shard x cp: where they sit depends on dp_shard too.
-  auto [it, added] = costs_.try_emplace(
-      {parallel.tp, parallel.cp, parallel.sequence_parallel, step.activation_checkpointing,
-       local_batch, parallel.ep, parallel.ep > 1 ? parallel.dp_shard : 0});
-  UnitCosts& c = it->second;
-  if (!added) return c;
+  const auto key = std::tuple{same_links,
+                              parallel.tp,
+                              parallel.cp,
+                              parallel.sequence_parallel,
+                              step.activation_checkpointing,
+                              int64_t(step.micro_batch_size / (parallel.dp_replicate * parallel.dp_shard)),
+                              parallel.ep,
+                              parallel.ep > 1 ? parallel.dp_shard : 0};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = costs_.find(key);
+    if (it != costs_.end()) return it->second;
+  }
+  UnitCosts made = probe(parallel, step, same_links);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return costs_.try_emplace(key, std::move(made)).first->second;
+}
+
+LayoutBounds::UnitCosts LayoutBounds::probe(const ParallelConfig& parallel,
+                                            const StepOptions& step, bool with_comms) const {
+  UnitCosts c;
   // The same micro-batch on one pipeline rank, run once.
   ParallelConfig p = parallel;
   p.pp = 1;
@@ -66,10 +85,6 @@ const LayoutBounds::UnitCosts& LayoutBounds::unit_costs(const ParallelConfig& pa
   } catch (const Error&) {
     return c;  // no probe: no bound
   }
-  // The probe's groups are pp rank 0's; pp rank r's are theirs moved by r x probe_world ranks,
-  // on links of the same class when hosts hold whole multiples of probe_world or divide it.
-  const int per_host = std::max(1, cluster_.devices_per_host);
-  const bool same_links = probe_world % per_host == 0 || per_host % probe_world == 0;
   const StepWork work = step_work(model_, p, s, *layout, 0);
   const CostedWork costed = cost_work(work, *layout, cluster_);
   const size_t positions = size_t(model_.n_layers) + 2;
@@ -80,7 +95,7 @@ const LayoutBounds::UnitCosts& LayoutBounds::unit_costs(const ParallelConfig& pa
     if (!is_compute(in.op)) continue;
     const InstructionCost& cost = costed.costs[i];
     double seconds = cost.compute;
-    if (same_links)
+    if (with_comms)
       for (const auto& part : cost.blocking) seconds += part.second;
     const size_t at = size_t(work.unit_layer[size_t(in.unit)] + 1);
     c.all[at] += seconds;
@@ -91,13 +106,15 @@ const LayoutBounds::UnitCosts& LayoutBounds::unit_costs(const ParallelConfig& pa
 }
 
 const std::vector<double>& LayoutBounds::layer_floats(int tp) {
-  auto [it, added] = floats_.try_emplace(tp);
-  if (!added) return it->second;
-  std::vector<double>& out = it->second;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = floats_.find(tp);
+    if (it != floats_.end()) return it->second;
+  }
+  std::vector<double> out(size_t(model_.n_layers) + 2, 0);
   const std::unique_ptr<Transformer> built =
       Transformer::planned(model_, tp, false, {}, Precision::fp32, 1);
   const ParamStore& store = built->params();
-  out.assign(size_t(model_.n_layers) + 2, 0);
   for (int u = 0; u < built->n_units(); ++u) {
     const Transformer::Unit& unit = built->units()[size_t(u)];
     const size_t at = unit.kind == Transformer::UnitKind::embedding ? 0
@@ -106,7 +123,8 @@ const std::vector<double>& LayoutBounds::layer_floats(int tp) {
     for (int g = 0; g < store.n_groups(); ++g)
       out[at] += double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]);
   }
-  return out;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return floats_.try_emplace(tp, std::move(out)).first->second;
 }
 
 double LayoutBounds::step_seconds(const ParallelConfig& parallel, const StepOptions& step,

@@ -12,6 +12,7 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -24,6 +25,7 @@
 
 namespace cleave {
 
+// Safe to use from several threads at once (the search bounds layouts on all of them).
 class LayoutBounds {
  public:
   LayoutBounds(const ModelConfig& model, std::string optimizer_offload, int world,
@@ -43,14 +45,17 @@ class LayoutBounds {
     std::vector<double> forward, all;  // forward: its forward; all: forward, backward, recompute
     bool valid = false;                // the probe could be planned
   };
+  // Each made once (entries never change once in their tables).
   const UnitCosts& unit_costs(const ParallelConfig& parallel, const StepOptions& step);
+  UnitCosts probe(const ParallelConfig& parallel, const StepOptions& step, bool with_comms) const;
   const std::vector<double>& layer_floats(int tp);  // parameters per layer, as UnitCosts
 
   const ModelConfig& model_;
   std::string optimizer_offload_;
   int world_;
   const Cluster& cluster_;
-  std::map<std::tuple<int, int, bool, std::string, int64_t, int, int>, UnitCosts> costs_;
+  std::mutex mutex_;  // guards the probes' tables; a probe runs outside it
+  std::map<std::tuple<bool, int, int, bool, std::string, int64_t, int, int>, UnitCosts> costs_;
   std::map<int, std::vector<double>> floats_;
 };
 

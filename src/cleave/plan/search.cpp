@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+
+#include <omp.h>
 
 #include "cleave/base/check.h"
 #include "cleave/parallel/layout.h"
@@ -202,6 +205,9 @@ SearchResult search_layouts(const ModelConfig& model, const ParallelConfig& base
   std::vector<Candidate> all = valid_layouts(model, base, base_step, world);
   out.valid = all.size();
   PipelinePlans pipelines(model, base);
+  std::vector<const PipelinePlan*> pipeline(all.size());
+  for (size_t i = 0; i < all.size(); ++i)
+    pipeline[i] = pipelines.get(all[i].parallel.pp, all[i].step.grad_accum_steps);
   LayoutBounds bounds(model, optimizer_offload, world, cluster);
   const double capacity = cluster.memory_gib * double(1 << 30);
   // A bound and a cost are sums of the same terms in other orders: allow for their rounding.
@@ -210,17 +216,31 @@ SearchResult search_layouts(const ModelConfig& model, const ParallelConfig& base
     double seconds = 0, bytes = 0;
   };
   std::vector<Bound> bound(all.size());
+  // The layouts are independent: bound and cost them on every thread, each error kept for the
+  // caller (an exception may not leave a parallel region).
+  std::vector<std::exception_ptr> failed(all.size());
+  auto rethrow = [&] {
+    for (const std::exception_ptr& e : failed)
+      if (e) std::rethrow_exception(e);
+  };
+#pragma omp parallel for schedule(dynamic, 64)
+  for (size_t i = 0; i < all.size(); ++i) {
+    try {
+      const Candidate& c = all[i];
+      bound[i].bytes = bounds.memory_bytes(c.parallel, c.step, *pipeline[i]) * (1 - kSlack);
+      if (bound[i].bytes <= capacity)
+        bound[i].seconds = bounds.step_seconds(c.parallel, c.step, *pipeline[i]) * (1 - kSlack);
+    } catch (...) {
+      failed[i] = std::current_exception();
+    }
+  }
+  rethrow();
   std::vector<size_t> order;
   for (size_t i = 0; i < all.size(); ++i) {
-    const Candidate& c = all[i];
-    const PipelinePlan& p = *pipelines.get(c.parallel.pp, c.step.grad_accum_steps);
-    bound[i].bytes = bounds.memory_bytes(c.parallel, c.step, p) * (1 - kSlack);
-    if (bound[i].bytes > capacity) {
+    if (bound[i].bytes > capacity)
       ++out.beyond_memory;
-      continue;
-    }
-    bound[i].seconds = bounds.step_seconds(c.parallel, c.step, p) * (1 - kSlack);
-    order.push_back(i);
+    else
+      order.push_back(i);
   }
   auto check_bounds = [&](size_t i, const Ranked& r) {
     CLEAVE_CHECK(double(r.peak_bytes) >= bound[i].bytes,
@@ -240,20 +260,39 @@ SearchResult search_layouts(const ModelConfig& model, const ParallelConfig& base
   };
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return bound[a].seconds < bound[b].seconds; });
-  for (size_t n = 0; n < order.size(); ++n) {
-    const size_t i = order[n];
-    if (int(best.size()) == top && bound[i].seconds > best.back().second.prediction.step_seconds) {
+  // In the order of the time bound, a thread's worth at a time, until the bound passes the
+  // top-th best found: no layout after it can enter the top.
+  const size_t threads = size_t(std::max(1, omp_get_max_threads()));
+  for (size_t n = 0; n < order.size();) {
+    std::vector<size_t> batch;
+    while (n < order.size() && batch.size() < threads &&
+           !(int(best.size()) == top &&
+             bound[order[n]].seconds > best.back().second.prediction.step_seconds))
+      batch.push_back(order[n++]);
+    if (batch.empty()) {
       out.beyond_time = order.size() - n;
       break;
     }
-    Ranked r = cost_layout_until(model, all[i], optimizer_offload, world, cluster, capacity);
-    ++out.planned;
-    check_bounds(i, r);
-    if (!r.fits) continue;
-    ++out.fitting;
-    std::pair<size_t, Ranked> entry{i, std::move(r)};
-    best.insert(std::upper_bound(best.begin(), best.end(), entry, better), std::move(entry));
-    if (int(best.size()) > top) best.pop_back();
+    std::vector<Ranked> costed(batch.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t b = 0; b < batch.size(); ++b) {
+      try {
+        costed[b] =
+            cost_layout_until(model, all[batch[b]], optimizer_offload, world, cluster, capacity);
+      } catch (...) {
+        failed[batch[b]] = std::current_exception();
+      }
+    }
+    rethrow();
+    for (size_t b = 0; b < batch.size(); ++b) {
+      ++out.planned;
+      check_bounds(batch[b], costed[b]);
+      if (!costed[b].fits) continue;
+      ++out.fitting;
+      std::pair<size_t, Ranked> entry{batch[b], std::move(costed[b])};
+      best.insert(std::upper_bound(best.begin(), best.end(), entry, better), std::move(entry));
+      if (int(best.size()) > top) best.pop_back();
+    }
   }
   for (auto& [i, r] : best) out.best.push_back(std::move(r));
   if (!out.best.empty()) return out;
