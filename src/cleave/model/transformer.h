@@ -153,6 +153,11 @@ class Transformer {
   // input, logits and losses, a loss chunk's rows at a time).
   SavedBytes block_saved_bytes(int unit, int64_t B, int64_t T) const;
   int64_t slot_bytes(int64_t B, int64_t T, const std::vector<int>& slots) const;
+  // The floats of one slot of chunk k (any chunk of this model's layers), as slot_bytes counts
+  // them: the planner's bound on a layout's memory (plan/layout_bounds.h).
+  int64_t slot_floats(const ModelChunk& k, int64_t B, int64_t T) const {
+    return slot_shape(k, B * T).floats();
+  }
   // The bytes of the blocks' shared backward scratch (BlockGrads) prepare(B, T) reserves: sized
   // by reserving it, so the figure is the reservation's own.
   int64_t backward_scratch_bytes(int64_t B, int64_t T) const;

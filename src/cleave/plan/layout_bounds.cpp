@@ -105,26 +105,30 @@ LayoutBounds::UnitCosts LayoutBounds::probe(const ParallelConfig& parallel,
   return c;
 }
 
-const std::vector<double>& LayoutBounds::layer_floats(int tp) {
+const LayoutBounds::Planned& LayoutBounds::planned(int tp, bool sequence_parallel, bool selective,
+                                                   Precision dtype) {
+  const auto key = std::tuple{tp, sequence_parallel, selective, dtype};
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = floats_.find(tp);
-    if (it != floats_.end()) return it->second;
+    auto it = planned_.find(key);
+    if (it != planned_.end()) return it->second;
   }
-  std::vector<double> out(size_t(model_.n_layers) + 2, 0);
-  const std::unique_ptr<Transformer> built =
-      Transformer::planned(model_, tp, false, {}, Precision::fp32, 1);
-  const ParamStore& store = built->params();
-  for (int u = 0; u < built->n_units(); ++u) {
-    const Transformer::Unit& unit = built->units()[size_t(u)];
+  Planned p;
+  p.model = Transformer::planned(model_, tp, sequence_parallel, {}, dtype, 1);
+  p.model->set_selective_recompute(selective);
+  const ParamStore& store = p.model->params();
+  p.floats.assign(size_t(model_.n_layers) + 2, 0);
+  for (int u = 0; u < p.model->n_units(); ++u) {
+    const Transformer::Unit& unit = p.model->units()[size_t(u)];
     const size_t at = unit.kind == Transformer::UnitKind::embedding ? 0
-                      : unit.kind == Transformer::UnitKind::head    ? out.size() - 1
+                      : unit.kind == Transformer::UnitKind::head    ? p.floats.size() - 1
                                                                     : size_t(unit.layer) + 1;
     for (int g = 0; g < store.n_groups(); ++g)
-      out[at] += double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]);
+      p.floats[at] +=
+          double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]);
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  return floats_.try_emplace(tp, std::move(out)).first->second;
+  return planned_.try_emplace(key, std::move(p)).first->second;
 }
 
 double LayoutBounds::step_seconds(const ParallelConfig& parallel, const StepOptions& step,
@@ -148,18 +152,44 @@ double LayoutBounds::step_seconds(const ParallelConfig& parallel, const StepOpti
 
 double LayoutBounds::memory_bytes(const ParallelConfig& parallel, const StepOptions& step,
                                   const PipelinePlan& pipeline) {
-  const std::vector<double>& floats = layer_floats(parallel.tp);
+  const std::string& ac = step.activation_checkpointing;
+  const Planned& p = planned(parallel.tp, parallel.sequence_parallel, ac == "selective", step.dtype);
   const std::vector<std::pair<int, int>> stages = stage_positions(pipeline);
   const std::vector<int>& rank_of = pipeline.check.stages.rank_of_stage;
-  std::vector<double> all(size_t(parallel.pp), 0);
-  for (size_t k = 0; k < stages.size(); ++k) all[size_t(rank_of[k])] += sum(floats, stages[k]);
+  const int64_t B = step.micro_batch_size / (parallel.dp_replicate * parallel.dp_shard);
+  const int64_t T = step.seq_len / parallel.cp;
+  const double dp = double(parallel.dp_replicate) * parallel.dp_shard * parallel.cp;
   // ZeRO-2/3 hold the whole gradient buffer while micro-batches accumulate (plan_memory).
   const bool accumulating = step.grad_accum_steps > 1 || parallel.pp > 1;
-  const double dp = double(parallel.dp_replicate) * parallel.dp_shard * parallel.cp;
+  struct Rank {
+    double floats = 0, slots = 0, saved = 0;
+  };
+  std::vector<Rank> ranks(size_t(parallel.pp));
+  int first_layer = 0;
+  for (size_t k = 0; k < stages.size(); ++k) {
+    Rank& r = ranks[size_t(rank_of[k])];
+    r.floats += sum(p.floats, stages[k]);
+    const int end_layer = first_layer + pipeline.stage_layers[k];
+    const double in_flight = pipeline.check.max_in_flight[size_t(rank_of[k])]
+                                                         [size_t(pipeline.check.stages.chunk_of_stage[k])];
+    r.slots += in_flight * 4 *
+               double(p.model->slot_floats({first_layer, end_layer, k == 0, k + 1 == stages.size()},
+                                           B, T));
+    // What the chunk's blocks keep after their forward: all they save, or checkpointing's part.
+    double kept = 0;
+    for (int l = first_layer; l < end_layer; ++l) {
+      const SavedBytes b = p.model->block_saved_bytes(l + 1, B, T);
+      kept += ac == "none" ? double(b.whole()) : ac == "selective" ? double(b.kept) : 0;
+    }
+    r.saved = std::max(r.saved, in_flight * kept);
+    first_layer = end_layer;
+  }
   double bound = 0;
-  for (double a : all)
-    bound = std::max(bound, resident_state(parallel, optimizer_offload_, a, a / dp, 0,
-                                           accumulating ? a : 0).total());
+  for (const Rank& r : ranks)
+    bound = std::max(bound, resident_state(parallel, optimizer_offload_, r.floats, r.floats / dp,
+                                           0, accumulating ? r.floats : 0)
+                                    .total() +
+                                r.slots + r.saved);
   return bound;
 }
 

@@ -7,8 +7,10 @@
 // its first. Those per-unit costs depend on the shape of a micro-batch on a rank (tp, cp, SP, AC,
 // its sequences, ep), not on the data-parallel split, the ZeRO stage, the pipeline or the number
 // of micro-batches: one one-rank-per-stage, one-micro-batch program per shape gives them all.
-// A rank's memory is at least its model state under its ZeRO stage, its shard of it counted over
-// the whole data-parallel group.
+// A rank's memory is at least its model state under its ZeRO stage (its shard counted over the
+// whole data-parallel group), plus, for each of its chunks, a slot's buffers for every
+// micro-batch the schedule keeps in flight there, and the activations its blocks keep after their
+// forward for as many micro-batches in its fullest chunk.
 #pragma once
 #include <map>
 #include <memory>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "cleave/model/model_config.h"
+#include "cleave/model/transformer.h"
 #include "cleave/parallel/layout.h"
 #include "cleave/parallel/parallel_config.h"
 #include "cleave/parallel/step_options.h"
@@ -48,7 +51,12 @@ class LayoutBounds {
   // Each made once (entries never change once in their tables).
   const UnitCosts& unit_costs(const ParallelConfig& parallel, const StepOptions& step);
   UnitCosts probe(const ParallelConfig& parallel, const StepOptions& step, bool with_comms) const;
-  const std::vector<double>& layer_floats(int tp);  // parameters per layer, as UnitCosts
+  // The model on one rank (its tp share, no values), and per layer as UnitCosts its parameters.
+  struct Planned {
+    std::unique_ptr<Transformer> model;
+    std::vector<double> floats;
+  };
+  const Planned& planned(int tp, bool sequence_parallel, bool selective, Precision dtype);
 
   const ModelConfig& model_;
   std::string optimizer_offload_;
@@ -56,7 +64,7 @@ class LayoutBounds {
   const Cluster& cluster_;
   std::mutex mutex_;  // guards the probes' tables; a probe runs outside it
   std::map<std::tuple<bool, int, int, bool, std::string, int64_t, int, int>, UnitCosts> costs_;
-  std::map<int, std::vector<double>> floats_;
+  std::map<std::tuple<int, bool, bool, Precision>, Planned> planned_;
 };
 
 }  // namespace cleave

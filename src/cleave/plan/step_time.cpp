@@ -164,18 +164,17 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
       s += gemm_seconds(cluster, g.m, g.n, g.k, dtype.value_or(product_dtype(g.dtype))) * g.count;
     return s;
   };
-  CostedWork out;
-  out.costs.reserve(work.work.size());
-  for (const auto& shared : work.work) {
-    const InstructionWork& iw = *shared;
-    InstructionCost c;
-    const double g = products(iw.gemms, std::nullopt),
-                 a = products(iw.attention, cluster.attention_dtype);
-    const double e = iw.elementwise_bytes > 0 ? memory_seconds(cluster, iw.elementwise_bytes) : 0;
-    c.compute = g + a + e;
-    out.gemm += g;
-    out.attention += a;
-    out.elementwise += e;
+  struct Costed {
+    InstructionCost cost;
+    double gemm = 0, attention = 0, elementwise = 0;
+  };
+  auto cost_instruction = [&](const InstructionWork& iw) {
+    Costed k;
+    InstructionCost& c = k.cost;
+    k.gemm = products(iw.gemms, std::nullopt);
+    k.attention = products(iw.attention, cluster.attention_dtype);
+    k.elementwise = iw.elementwise_bytes > 0 ? memory_seconds(cluster, iw.elementwise_bytes) : 0;
+    c.compute = k.gemm + k.attention + k.elementwise;
     for (const CommCall& call : iw.comms) {
       const LinkClass l = link(call);
       const double s =
@@ -189,7 +188,20 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
       if (slowdown > 0) c.blocking.push_back({call.axis, slowdown * s});
       c.overlapped.push_back({call.axis, s});
     }
-    out.costs.push_back(std::move(c));
+    return k;
+  };
+  CostedWork out;
+  out.costs.reserve(work.work.size());
+  // Instructions that share their work (a unit's forward on every micro-batch) cost the same.
+  std::map<const InstructionWork*, Costed> costed;
+  for (const auto& shared : work.work) {
+    auto [it, added] = costed.try_emplace(shared.get());
+    Costed& k = it->second;
+    if (added) k = cost_instruction(*shared);
+    out.gemm += k.gemm;
+    out.attention += k.attention;
+    out.elementwise += k.elementwise;
+    out.costs.push_back(k.cost);
   }
   return out;
 }
