@@ -205,6 +205,14 @@ TEST(PlanSearch, FindsExactlyTheTopOfCostingEveryLayout) {
   const std::string why = explain_winner(two.best[0], two.best[1]);
   EXPECT_NE(why.find(two.best[0].candidate.label()), std::string::npos) << why;
   EXPECT_NE(why.find(two.best[1].candidate.label()), std::string::npos) << why;
+  // Equal throughputs tie, whatever their parts.
+  Ranked twin = two.best[1];
+  twin.prediction.tokens_per_second = two.best[0].prediction.tokens_per_second;
+  const std::string tie = explain_winner(two.best[0], twin);
+  EXPECT_NE(tie.find(" tie at "), std::string::npos) << tie;
+  if (two.best[0].prediction.tokens_per_second != two.best[1].prediction.tokens_per_second) {
+    EXPECT_EQ(why.find(" tie at "), std::string::npos) << why;
+  }
 }
 
 }  // namespace

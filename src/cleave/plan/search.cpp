@@ -1,6 +1,7 @@
 #include "cleave/plan/search.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <functional>
@@ -312,6 +313,13 @@ SearchResult search_layouts(const ModelConfig& model, const ParallelConfig& base
 }
 
 std::string explain_winner(const Ranked& winner, const Ranked& runner_up) {
+  const double w_rate = winner.prediction.tokens_per_second,
+               u_rate = runner_up.prediction.tokens_per_second;
+  if (std::abs(w_rate - u_rate) <= 1e-9 * w_rate)
+    return winner.candidate.label() + " and " + runner_up.candidate.label() + " tie at " +
+           std::to_string(std::llround(w_rate)) +
+           " tokens/s (their slowest stages end together); ties keep the order in which the "
+           "search lists layouts.";
   // The slowest stage of each, its time by part.
   auto parts = [](const Ranked& r) {
     const RankTime* slowest = &r.prediction.ranks[0];

@@ -62,7 +62,7 @@ SearchResult search_layouts(const ModelConfig& model, const ParallelConfig& base
 
 // A sentence or two on why `winner` beats `runner_up`: their throughputs and the part of the
 // step (products, attention, element-wise work, the pipeline's waits, an axis's collectives) in
-// which their slowest stages differ most.
+// which their slowest stages differ most; or, at equal throughputs, that they tie.
 std::string explain_winner(const Ranked& winner, const Ranked& runner_up);
 
 }  // namespace cleave
