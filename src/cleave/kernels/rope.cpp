@@ -47,8 +47,7 @@ namespace {
 // Validated before the parallel region: an exception must not escape OpenMP.
 void check_args(const RopeTable& table, int64_t rows, int n_heads, int64_t row_stride,
                 const int32_t* positions) {
-  CLEAVE_CHECK(table.head_dim() > 0 && table.head_dim() % 2 == 0,
-               "rope head_dim=" << table.head_dim() << " must be positive and even");
+  // The table's head_dim is positive and even: its constructor checks it.
   CLEAVE_CHECK(rows >= 0, "rope rows=" << rows << " must be >= 0");
   CLEAVE_CHECK(n_heads > 0, "rope n_heads=" << n_heads << " must be > 0");
   CLEAVE_CHECK(row_stride >= static_cast<int64_t>(n_heads) * table.head_dim(),
