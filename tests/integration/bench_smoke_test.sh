@@ -20,6 +20,7 @@ checks=(
   "precision ^fp8 +[0-9]+ +[0-9]+ +[0-9]+ MiB$"
   "tp_memory ^peak RSS/rank"
   "plan_accuracy ^pp 2 1f1b m4 +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%$"
+  "plan_search ^search [0-9.]+ s \(median wall time\)$"
 )
 for c in "${checks[@]}"; do
   read -r name pattern <<<"$c"
