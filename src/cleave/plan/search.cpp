@@ -107,10 +107,13 @@ std::string Candidate::label() const {
   return out;
 }
 
-std::vector<Candidate> valid_layouts(const ModelConfig& model, const ParallelConfig& base,
-                                     const StepOptions& base_step, int world) {
+namespace {
+
+// valid_layouts' with the search's pipeline plans, which it goes on to use.
+std::vector<Candidate> valid_layouts_with(const ModelConfig& model, const ParallelConfig& base,
+                                          const StepOptions& base_step, int world,
+                                          PipelinePlans& pipelines) {
   const int64_t global = int64_t(base_step.micro_batch_size) * base_step.grad_accum_steps;
-  PipelinePlans pipelines(model, base);
   std::vector<Candidate> out;
   for (int pp : divisors(world))
     for (int R : divisors(world / pp))
@@ -162,15 +165,22 @@ std::vector<Candidate> valid_layouts(const ModelConfig& model, const ParallelCon
   return out;
 }
 
+}  // namespace
+
+std::vector<Candidate> valid_layouts(const ModelConfig& model, const ParallelConfig& base,
+                                     const StepOptions& base_step, int world) {
+  PipelinePlans pipelines(model, base);
+  return valid_layouts_with(model, base, base_step, world, pipelines);
+}
+
 namespace {
 
-// cost_layout's, planning pp rank 0 first and the last second (which hold the most activations
+// cost_layout's on the candidate's layout, planning pp rank 0 first and the last second (which hold the most activations
 // and the head), and stopping at the first whose memory is above `stop_above` bytes: the layout
 // does not fit, and peak_bytes is that rank's.
-Ranked cost_layout_until(const ModelConfig& model, const Candidate& c,
-                         const std::string& optimizer_offload, int world, const Cluster& cluster,
+Ranked cost_layout_until(const ModelConfig& model, const Candidate& c, const Layout& layout,
+                         const std::string& optimizer_offload, const Cluster& cluster,
                          double stop_above) {
-  const Layout layout = plan_layout(model, c.parallel, c.step, world);
   const int pp = layout.mesh.degree(Axis::pp);
   Ranked r;
   r.candidate = c;
@@ -194,8 +204,8 @@ Ranked cost_layout_until(const ModelConfig& model, const Candidate& c,
 
 Ranked cost_layout(const ModelConfig& model, const Candidate& c,
                    const std::string& optimizer_offload, int world, const Cluster& cluster) {
-  return cost_layout_until(model, c, optimizer_offload, world, cluster,
-                           std::numeric_limits<double>::infinity());
+  return cost_layout_until(model, c, plan_layout(model, c.parallel, c.step, world),
+                           optimizer_offload, cluster, std::numeric_limits<double>::infinity());
 }
 
 SearchResult search_layouts(const ModelConfig& model, const ParallelConfig& base,
@@ -203,12 +213,15 @@ SearchResult search_layouts(const ModelConfig& model, const ParallelConfig& base
                             int world, const Cluster& cluster, int top) {
   CLEAVE_CHECK(top >= 1, "search_layouts: top = " + std::to_string(top));
   SearchResult out;
-  std::vector<Candidate> all = valid_layouts(model, base, base_step, world);
-  out.valid = all.size();
   PipelinePlans pipelines(model, base);
+  std::vector<Candidate> all = valid_layouts_with(model, base, base_step, world, pipelines);
+  out.valid = all.size();
   std::vector<const PipelinePlan*> pipeline(all.size());
   for (size_t i = 0; i < all.size(); ++i)
     pipeline[i] = pipelines.get(all[i].parallel.pp, all[i].step.grad_accum_steps);
+  auto layout_at = [&](size_t i) {
+    return layout_of(plan_mesh(model, all[i].parallel, all[i].step, world), *pipeline[i]);
+  };
   LayoutBounds bounds(model, optimizer_offload, world, cluster);
   const double capacity = cluster.memory_gib * double(1 << 30);
   // A bound and a cost are sums of the same terms in other orders: allow for their rounding.
@@ -278,8 +291,8 @@ SearchResult search_layouts(const ModelConfig& model, const ParallelConfig& base
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t b = 0; b < batch.size(); ++b) {
       try {
-        costed[b] =
-            cost_layout_until(model, all[batch[b]], optimizer_offload, world, cluster, capacity);
+        costed[b] = cost_layout_until(model, all[batch[b]], layout_at(batch[b]),
+                                      optimizer_offload, cluster, capacity);
       } catch (...) {
         failed[batch[b]] = std::current_exception();
       }
@@ -305,7 +318,8 @@ SearchResult search_layouts(const ModelConfig& model, const ParallelConfig& base
                    [&](size_t a, size_t b) { return bound[a].bytes < bound[b].bytes; });
   for (size_t i : by_memory) {
     if (out.smallest && bound[i].bytes > double(out.smallest->peak_bytes)) break;
-    Ranked r = cost_layout(model, all[i], optimizer_offload, world, cluster);
+    Ranked r = cost_layout_until(model, all[i], layout_at(i), optimizer_offload, cluster,
+                                 std::numeric_limits<double>::infinity());
     check_bounds(i, r);
     if (!out.smallest || r.peak_bytes < out.smallest->peak_bytes) out.smallest = std::move(r);
   }
