@@ -13,6 +13,11 @@ namespace cleave {
 
 namespace {
 
+// The sequences of a micro-batch on one data-parallel rank.
+int64_t local_batch(const ParallelConfig& parallel, const StepOptions& step) {
+  return step.micro_batch_size / (parallel.dp_replicate * parallel.dp_shard);
+}
+
 // Each stage's positions in forward order (the embedding 0, layer l at l + 1, the head last) as
 // [first, end) of stage_layers' layers.
 std::vector<std::pair<int, int>> stage_positions(const PipelinePlan& pipeline) {
@@ -53,7 +58,7 @@ const LayoutBounds::UnitCosts& LayoutBounds::unit_costs(const ParallelConfig& pa
                               parallel.cp,
                               parallel.sequence_parallel,
                               step.activation_checkpointing,
-                              int64_t(step.micro_batch_size / (parallel.dp_replicate * parallel.dp_shard)),
+                              local_batch(parallel, step),
                               parallel.ep,
                               parallel.ep > 1 ? parallel.dp_shard : 0};
   {
@@ -119,10 +124,7 @@ const LayoutBounds::Planned& LayoutBounds::planned(int tp, bool sequence_paralle
   const ParamStore& store = p.model->params();
   p.floats.assign(size_t(model_.n_layers) + 2, 0);
   for (int u = 0; u < p.model->n_units(); ++u) {
-    const Transformer::Unit& unit = p.model->units()[size_t(u)];
-    const size_t at = unit.kind == Transformer::UnitKind::embedding ? 0
-                      : unit.kind == Transformer::UnitKind::head    ? p.floats.size() - 1
-                                                                    : size_t(unit.layer) + 1;
+    const size_t at = size_t(unit_layer(p.model->units()[size_t(u)], model_.n_layers) + 1);
     for (int g = 0; g < store.n_groups(); ++g)
       p.floats[at] +=
           double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]);
@@ -156,7 +158,7 @@ double LayoutBounds::memory_bytes(const ParallelConfig& parallel, const StepOpti
   const Planned& p = planned(parallel.tp, parallel.sequence_parallel, ac == "selective", step.dtype);
   const std::vector<std::pair<int, int>> stages = stage_positions(pipeline);
   const std::vector<int>& rank_of = pipeline.check.stages.rank_of_stage;
-  const int64_t B = step.micro_batch_size / (parallel.dp_replicate * parallel.dp_shard);
+  const int64_t B = local_batch(parallel, step);
   const int64_t T = step.seq_len / parallel.cp;
   const double dp = double(parallel.dp_replicate) * parallel.dp_shard * parallel.cp;
   // ZeRO-2/3 hold the whole gradient buffer while micro-batches accumulate (plan_memory).

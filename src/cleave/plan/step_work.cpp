@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <map>
-#include <tuple>
 #include <memory>
+#include <tuple>
 
 #include "cleave/mesh/mesh.h"
 #include "cleave/model/placement.h"
@@ -60,9 +60,7 @@ class Builder {
     out.program = training_program(step_, par_, layout_, r_, *model_);
     units_.resize(size_t(model_->n_units()));
     for (const Transformer::Unit& u : model_->units())
-      out.unit_layer.push_back(u.kind == Kind::embedding ? -1
-                               : u.kind == Kind::head    ? m_.n_layers
-                                                         : u.layer);
+      out.unit_layer.push_back(unit_layer(u, m_.n_layers));
     count_fp8_gathered();
     for (int u = 0; u < model_->n_units(); ++u) describe_unit(u);
     add_products();

@@ -73,6 +73,13 @@ struct StepWork {
   double model_flops = 0;             // per step on this rank, as MFU counts them
 };
 
+// A unit's place in forward order, as StepWork::unit_layer gives it: the embedding -1, a block
+// its layer, the head n_layers.
+inline int unit_layer(const Transformer::Unit& unit, int n_layers) {
+  if (unit.kind == Transformer::UnitKind::embedding) return -1;
+  return unit.kind == Transformer::UnitKind::head ? n_layers : unit.layer;
+}
+
 // pp rank `pp_rank`'s step (its tp rank 0 and data-parallel rank 0 stand for the others, which do
 // as much), with MoE routing assumed balanced.
 StepWork step_work(const ModelConfig& model, const ParallelConfig& parallel,
