@@ -84,6 +84,26 @@ std::string utc_now() {
   return buf;
 }
 
+// No GEMM runs faster than the FMA units under it, so a timed hardware peak below a GEMM measured
+// on the same cores was disturbed (on a shared host, a neighbour on the core's other hardware
+// thread halves the FMA rate for a while: CI once read 16 FLOP/cycle where the core has 32). It
+// is timed again, a few times, keeping the best; if it stays below, the run says so. Returns
+// whether the peak changed.
+bool raise_timed_peak_to(HardwarePeak& hardware, double gemm_gflops, const PeakRequest& r) {
+  if (hardware.derived || hardware.gflops <= 0 || hardware.gflops >= gemm_gflops) return false;
+  const double first = hardware.gflops;
+  for (int attempt = 0; attempt < 4 && hardware.gflops < gemm_gflops; ++attempt) {
+    const HardwarePeak again = measure_hardware_peak(r.precision, r.threads);
+    if (again.gflops > hardware.gflops) hardware = again;
+  }
+  if (hardware.gflops < gemm_gflops)
+    std::fprintf(stderr, "cleave: warning: the hardware FMA peak timed %.0f GF/s (first %.0f), "
+                         "below the GEMM peak of %.0f GF/s on the same %d threads: the cores "
+                         "were shared while it was timed; `cleave peak --refresh` times both "
+                         "again\n", hardware.gflops, first, gemm_gflops, r.threads);
+  return hardware.gflops != first;
+}
+
 }  // namespace
 
 const char* source_name(PeakSource s) {
@@ -141,6 +161,8 @@ ComputePeak resolve_peak(const PeakRequest& r) {
     entry["gemm_rounds"] = g.rounds;
     entry["gemm_seconds"] = g.seconds;
     changed = true;
+    if (raise_timed_peak_to(peak.hardware, g.gflops, r))
+      entry["hardware"] = to_json(peak.hardware);
   }
   if (changed && !r.cache_path.empty()) {
     entry["measured_at"] = utc_now();
