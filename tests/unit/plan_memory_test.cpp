@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "cleave/model/transformer.h"
+#include "cleave/parallel/data_parallel.h"
 #include "cleave/parallel/layout.h"
 #include "cleave/plan/memory.h"
 
@@ -123,6 +124,33 @@ TEST(PlanMemory, ZeroStagesShardTheState) {
   EXPECT_LT(plans[3].parameters, all * 4);
   EXPECT_GT(plans[3].parameters, all * 4 / 4);
   for (const MemoryPlan& p : plans) EXPECT_GT(p.activations.total(), 0);
+}
+
+// ZeRO-3's peak walks the program: a unit's values from its gather or prefetch to its release,
+// its weight copies from the product that makes each kind to that release. Three units (100, 200
+// and 300 floats; copies 10 bytes rounded, 40 forward, 80 backward each), prefetching one ahead:
+// the values peak at units 1 and 2 (500 floats), and unit 1's forward adds its rounding and
+// forward copies (50 bytes) there. Holding every unit's, or two units' whole copies, would be 390
+// or 260.
+TEST(PlanMemory, Zero3PeakHoldsCopiesFromTheirProductToTheRelease) {
+  Program program;
+  auto add = [&](Op op, int unit) { program.instructions.push_back(Instruction{op, unit}); };
+  add(Op::gather, 0), add(Op::prefetch, 1), add(Op::forward, 0), add(Op::release, 0);
+  add(Op::gather, 1), add(Op::prefetch, 2), add(Op::forward, 1), add(Op::release, 1);
+  add(Op::gather, 2), add(Op::forward, 2), add(Op::backward, 2), add(Op::release, 2);
+  add(Op::gather, 1), add(Op::backward, 1), add(Op::release, 1);
+  const std::vector<int64_t> floats = {100, 200, 300};
+  const std::vector<LinearGemm::WeightCopies> copies(3, {10, 40, 80});
+  const Zero3Peak with = zero3_peak(program, floats, copies);
+  EXPECT_EQ(with.values, 500);
+  EXPECT_EQ(with.copies, 50);
+  const Zero3Peak without = zero3_peak(program, floats);
+  EXPECT_EQ(without.values, 500);
+  EXPECT_EQ(without.copies, 0);
+  // Unit 2 alone, forward then backward: its values and all three copies at once.
+  const Zero3Peak last = zero3_peak(program, {0, 0, 300}, copies);
+  EXPECT_EQ(last.values, 300);
+  EXPECT_EQ(last.copies, 130);
 }
 
 }  // namespace

@@ -584,9 +584,10 @@ void LinearGemm::copy_operand(const float* a, int64_t count, OperandCopy& keep) 
   if (impl_->fp8) impl_->fp8->keep(a, count / impl_->in, impl_->in, fp8_x, keep);
 }
 
-int64_t LinearGemm::weight_copy_bytes(int64_t N) const {
+LinearGemm::WeightCopies LinearGemm::weight_copy_bytes(int64_t N) const {
   const Impl& m = *impl_;
-  int64_t bytes = m.precision == Precision::fp16 || m.emulated ? int64_t(m.in) * m.out * 4 : 0;
+  WeightCopies copies;
+  if (m.precision == Precision::fp16 || m.emulated) copies.rounded = int64_t(m.in) * m.out * 4;
   // The layouts packed_weights asks its plans for, and whether each is W as it lies (no copy).
   const memory::dim rows = m.rows(N);
   // A plan's choice depends on the shapes and types alone; the planner asks for the same ones
@@ -612,7 +613,9 @@ int64_t LinearGemm::weight_copy_bytes(int64_t N) const {
     }
     return m.reads_in_place(want, transposed) ? 0 : int64_t(want.get_size());
   };
-  return bytes + packed(m.in, m.out, true) + packed(m.out, m.in, false);
+  copies.forward = packed(m.in, m.out, true);
+  copies.backward = packed(m.out, m.in, false);
+  return copies;
 }
 
 int64_t LinearGemm::kept_copy_bytes(int64_t rows) const {

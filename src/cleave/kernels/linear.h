@@ -113,10 +113,19 @@ class LinearGemm {
   // The bytes such a copy of `rows` input rows holds (0 where products keep no copy).
   int64_t kept_copy_bytes(int64_t rows) const;
   // The bytes of the copies of W this linear holds between products on N rows: the weight
-  // rounded (fp16 mode, emulated bf16) and each product's packed layout that is not W itself
-  // (forward's and backward_input's, as this CPU's oneDNN prefers them). For the planner: what a
-  // rank's weights cost beside the parameters.
-  int64_t weight_copy_bytes(int64_t N) const;
+  // rounded (fp16 mode, emulated bf16), made by the first product of either kind, and each
+  // product's packed layout that is not W itself (forward's and backward_input's, as this CPU's
+  // oneDNN prefers them), made by the first product of its kind. All are freed together
+  // (release_packed). For the planner: what a rank's weights cost beside the parameters.
+  struct WeightCopies {
+    int64_t rounded = 0, forward = 0, backward = 0;
+    int64_t total() const { return rounded + forward + backward; }
+    WeightCopies& operator+=(const WeightCopies& o) {
+      rounded += o.rounded, forward += o.forward, backward += o.backward;
+      return *this;
+    }
+  };
+  WeightCopies weight_copy_bytes(int64_t N) const;
 
   // For an optimizer that packs W while it writes it, after set_weight: the rows per band (0 when
   // no copy can be packed this way; they are then packed at the next product, as usual).

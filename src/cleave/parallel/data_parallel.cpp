@@ -278,18 +278,45 @@ std::vector<bool> zero3_gather_starts(const Program& program, int n_units) {
   return starts;
 }
 
-int64_t zero3_peak(const Program& program, const std::vector<int64_t>& per_unit) {
+Zero3Peak zero3_peak(const Program& program, const std::vector<int64_t>& per_unit,
+                     const std::vector<LinearGemm::WeightCopies>& copies) {
   std::vector<bool> held(per_unit.size(), false);
-  int64_t now = 0, peak = 0;
+  std::vector<LinearGemm::WeightCopies> made(per_unit.size());
+  int64_t values = 0, copied = 0, values_peak = 0, bytes_peak = 0;
+  auto make = [&](size_t u, bool forward) {
+    if (copies.empty()) return;
+    LinearGemm::WeightCopies& m = made[u];
+    const LinearGemm::WeightCopies& c = copies[u];
+    copied += c.rounded - m.rounded;
+    m.rounded = c.rounded;
+    int64_t& kind = forward ? m.forward : m.backward;
+    copied += (forward ? c.forward : c.backward) - kind;
+    kind = forward ? c.forward : c.backward;
+  };
   for (const Instruction& i : program.instructions) {
-    if (i.op != Op::gather && i.op != Op::prefetch && i.op != Op::release) continue;
     const size_t u = size_t(i.unit);
-    if (held[u] == (i.op != Op::release)) continue;
-    held[u] = i.op != Op::release;
-    now += held[u] ? per_unit[u] : -per_unit[u];
-    peak = std::max(peak, now);
+    switch (i.op) {
+      case Op::forward:
+      case Op::recompute: make(u, true); break;
+      case Op::backward:
+      case Op::backward_input: make(u, false); break;
+      case Op::gather:
+      case Op::prefetch:
+      case Op::release:
+        if (held[u] == (i.op != Op::release)) continue;
+        held[u] = i.op != Op::release;
+        values += held[u] ? per_unit[u] : -per_unit[u];
+        if (!held[u]) {
+          copied -= made[u].total();
+          made[u] = {};
+        }
+        break;
+      default: continue;
+    }
+    values_peak = std::max(values_peak, values);
+    bytes_peak = std::max(bytes_peak, 4 * values + copied);
   }
-  return peak;
+  return {values_peak, bytes_peak - 4 * values_peak};
 }
 
 }  // namespace cleave

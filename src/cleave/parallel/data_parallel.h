@@ -144,8 +144,16 @@ int64_t bucket_floats(double bucket_mb);
 // instruction): a gather or prefetch of a unit neither resident nor in flight, release making the
 // unit absent again (DataParallel's rules, for predictions from the program).
 std::vector<bool> zero3_gather_starts(const Program& program, int n_units);
-// The most that ZeRO-3's gathered units hold at once as `program` runs: the largest sum of
-// per_unit[u] (a unit's floats) over the units gathered or being prefetched at one time.
-int64_t zero3_peak(const Program& program, const std::vector<int64_t>& per_unit);
+// The most that ZeRO-3's gathered units hold at once as `program` runs. values: the largest sum of
+// per_unit[u] (a unit's floats) over the units gathered or being prefetched at one time. copies:
+// what the units' weight copies (copies[u], bytes; none when empty) add, in bytes, to the values'
+// bytes at the peak of both together. A unit's forward or recompute makes its rounding and forward
+// copies, its backward its rounding and backward copies, and its release frees them all.
+struct Zero3Peak {
+  int64_t values = 0;  // floats
+  int64_t copies = 0;  // bytes
+};
+Zero3Peak zero3_peak(const Program& program, const std::vector<int64_t>& per_unit,
+                     const std::vector<LinearGemm::WeightCopies>& copies = {});
 
 }  // namespace cleave

@@ -133,6 +133,25 @@ const LayoutBounds::Planned& LayoutBounds::planned(int tp, bool sequence_paralle
   return planned_.try_emplace(key, std::move(p)).first->second;
 }
 
+const std::vector<double>& LayoutBounds::weight_copies(const Planned& p, int64_t rows) {
+  const auto key = std::pair{&p, rows};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = copies_.find(key);
+    if (it != copies_.end()) return it->second;
+  }
+  std::vector<double> copies(size_t(model_.n_layers) + 2, 0);
+  const ParamStore& store = p.model->params();
+  for (size_t i = 0; i < store.tensors().size(); ++i)
+    if (const LinearGemm* g = store.packed_by(int(i))) {
+      const Transformer::Unit& unit = p.model->units()[size_t(store.tensor(int(i)).unit)];
+      copies[size_t(unit_layer(unit, model_.n_layers) + 1)] +=
+          double(g->weight_copy_bytes(rows).total());
+    }
+  std::lock_guard<std::mutex> lock(mutex_);
+  return copies_.try_emplace(key, std::move(copies)).first->second;
+}
+
 double LayoutBounds::step_seconds(const ParallelConfig& parallel, const StepOptions& step,
                                   const PipelinePlan& pipeline) {
   const UnitCosts& c = unit_costs(parallel, step);
@@ -163,14 +182,17 @@ double LayoutBounds::memory_bytes(const ParallelConfig& parallel, const StepOpti
   const double dp = double(parallel.dp_replicate) * parallel.dp_shard * parallel.cp;
   // ZeRO-2/3 hold the whole gradient buffer while micro-batches accumulate (plan_memory).
   const bool accumulating = step.grad_accum_steps > 1 || parallel.pp > 1;
+  const std::vector<double>& copies = weight_copies(p, B * T);
   struct Rank {
-    double floats = 0, slots = 0, saved = 0;
+    double floats = 0, copies = 0, slots = 0, saved = 0;
   };
   std::vector<Rank> ranks(size_t(parallel.pp));
   int first_layer = 0;
   for (size_t k = 0; k < stages.size(); ++k) {
     Rank& r = ranks[size_t(rank_of[k])];
     r.floats += sum(p.floats, stages[k]);
+    // ZeRO-3 frees a unit's copies with its values, and its peak may fall where none are held.
+    if (parallel.zero_stage < 3) r.copies += sum(copies, stages[k]);
     const int end_layer = first_layer + pipeline.stage_layers[k];
     const double in_flight = pipeline.check.max_in_flight[size_t(rank_of[k])]
                                                          [size_t(pipeline.check.stages.chunk_of_stage[k])];
@@ -191,7 +213,7 @@ double LayoutBounds::memory_bytes(const ParallelConfig& parallel, const StepOpti
     bound = std::max(bound, resident_state(parallel, optimizer_offload_, r.floats, r.floats / dp,
                                            0, accumulating ? r.floats : 0)
                                     .total() +
-                                r.slots + r.saved);
+                                r.copies + r.slots + r.saved);
   return bound;
 }
 

@@ -8,9 +8,9 @@
 // its sequences, ep), not on the data-parallel split, the ZeRO stage, the pipeline or the number
 // of micro-batches: one one-rank-per-stage, one-micro-batch program per shape gives them all.
 // A rank's memory is at least its model state under its ZeRO stage (its shard counted over the
-// whole data-parallel group), plus, for each of its chunks, a slot's buffers for every
-// micro-batch the schedule keeps in flight there, and the activations its blocks keep after their
-// forward for as many micro-batches in its fullest chunk.
+// whole data-parallel group), its linears' weight copies (below ZeRO-3), plus, for each of its
+// chunks, a slot's buffers for every micro-batch the schedule keeps in flight there, and the
+// activations its blocks keep after their forward for as many micro-batches in its fullest chunk.
 #pragma once
 #include <map>
 #include <memory>
@@ -57,6 +57,9 @@ class LayoutBounds {
     std::vector<double> floats;
   };
   const Planned& planned(int tp, bool sequence_parallel, bool selective, Precision dtype);
+  // Per layer as UnitCosts, the bytes of the weight copies its linears' products keep (packed
+  // layouts, images in the product's type) for micro-batches of `rows` rows on a rank.
+  const std::vector<double>& weight_copies(const Planned& planned, int64_t rows);
 
   const ModelConfig& model_;
   std::string optimizer_offload_;
@@ -65,6 +68,7 @@ class LayoutBounds {
   std::mutex mutex_;  // guards the probes' tables; a probe runs outside it
   std::map<std::tuple<bool, int, int, bool, std::string, int64_t, int, int>, UnitCosts> costs_;
   std::map<std::tuple<int, bool, bool, Precision>, Planned> planned_;
+  std::map<std::pair<const Planned*, int64_t>, std::vector<double>> copies_;
 };
 
 }  // namespace cleave

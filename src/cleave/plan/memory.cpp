@@ -68,7 +68,7 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
   }
   const int64_t all = store.total();
   const int64_t N = layout.local_batch * (step.seq_len / cp);
-  std::vector<int64_t> unit_copies(size_t(m.n_units()), 0);
+  std::vector<LinearGemm::WeightCopies> unit_copies(size_t(m.n_units()));
   for (size_t i = 0; i < store.tensors().size(); ++i)
     if (const LinearGemm* g = store.packed_by(int(i)))
       unit_copies[size_t(store.tensor(int(i)).unit)] += g->weight_copy_bytes(N);
@@ -82,14 +82,17 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
   // accumulation (several micro-batches, or a pipeline's) keeps the whole buffer summing.
   const bool accumulating = step.grad_accum_steps > 1 || pp > 1;
   const bool offload_params = parallel.offload_params == "file";
+  const Zero3Peak gathered = zero == 3 ? zero3_peak(train, unit_floats, unit_copies) : Zero3Peak{};
   const ModelState state =
       resident_state(parallel, optimizer_offload, double(all), double(shard_floats),
-                     double(zero == 3 ? zero3_peak(train, unit_floats) : 0),
-                     double(accumulating ? all : largest(unit_floats, 3)));
+                     double(gathered.values), double(accumulating ? all : largest(unit_floats, 3)));
   plan.parameters = int64_t(state.values);
   plan.gradients = int64_t(state.gradients);
   plan.optimizer = int64_t(state.optimizer);
-  plan.weight_copies = largest(unit_copies, zero < 3 ? int(unit_copies.size()) : 2);
+  // Without ZeRO-3 every unit keeps its copies from step to step.
+  plan.weight_copies = gathered.copies;
+  if (zero < 3)
+    for (const LinearGemm::WeightCopies& c : unit_copies) plan.weight_copies += c.total();
   if (offload_params && zero == 3)
     plan.notes.push_back("the parameter shards live in offload files");
   if (optimizer_offload == "file") plan.notes.push_back("AdamW's moments live in offload files");
