@@ -4,7 +4,9 @@
 # predicted tokens/s beside the median tokens/s of a run's steps 3-12, on a GPT-2 of d_model 512,
 # 8 layers, 8 heads, vocabulary 8192, sequences of 128 tokens, 4 per micro-batch (a step of
 # several hundred ms per rank), fp32. Prints one row per layout and the error of the prediction.
-# Run it on a machine as quiet as the one the cluster file was calibrated on.
+# Run it on a machine as quiet as the one the cluster file was calibrated on. The ranks run
+# unbound (mpirun --bind-to none), the fast launch docs/data_parallel.md gives: on the Zen 5 VM
+# of 2026-11-27 a rank bound to its core ran at 0.5-0.9 of an unbound one, erratically.
 # Usage: [CLEAVE_BENCH_SMOKE=1] bench/plan_accuracy.sh [CLUSTER=clusters/epyc_zen3_2core.toml]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +39,7 @@ for entry in "${layouts[@]}"; do
   read -r -a extra <<<"$sets"
   out=$work/run
   rm -rf "$out"
-  OMP_NUM_THREADS=1 mpirun --oversubscribe -np "$np" "$cleave" train configs/gpt2_124m.toml \
+  OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np "$np" "$cleave" train configs/gpt2_124m.toml \
     "${common[@]}" "${model[@]}" "${extra[@]}" --set train.steps=$steps \
     --set train.out_dir="$out" > "$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
   measured=$(field "$out" tokens_per_s)

@@ -435,6 +435,43 @@ TEST_P(LinearPrecisionTest, BiasGradientIndependentOfThreadCount) {
   EXPECT_EQ(0, std::memcmp(db1.data(), db2.data(), db1.size() * 4));
 }
 
+// ZeRO-3 releases a unit's packed copies with its values (release_packed), and their storage
+// serves the next products' copies of the same size, holding the old copies' bytes: a layer
+// packed into it computes bit for bit what a layer packing into fresh memory does, padding
+// included (shapes that are no multiple of the blocks), and the released layer repacks.
+TEST_P(LinearPrecisionTest, ReleasedCopiesServeTheNextLayerBitForBit) {
+  const Precision p = GetParam();
+  const int64_t N = 64;
+  const int in = 200, out = 130;
+  auto wa = random_vec(size_t(out) * in, 81, 0.5f), wb = random_vec(size_t(out) * in, 82, 0.5f);
+  auto x = random_vec(size_t(N) * in, 83);
+  auto dy = random_vec(size_t(N) * out, 84);
+  auto run = [&](LinearGemm& g, std::vector<float>& y, std::vector<float>& dx) {
+    y.assign(size_t(N) * out, 0.f);
+    dx.assign(size_t(N) * in, 0.f);
+    g.forward(y.data(), x.data(), N, nullptr);
+    g.backward_input(dx.data(), dy.data(), N, false);
+  };
+  std::vector<float> y_fresh, dx_fresh, y_a, dx_a, y, dx;
+  {
+    LinearGemm fresh(in, out, p);
+    fresh.set_weight(wb.data());
+    run(fresh, y_fresh, dx_fresh);
+  }
+  LinearGemm a(in, out, p), b(in, out, p);
+  a.set_weight(wa.data());
+  b.set_weight(wb.data());
+  run(a, y_a, dx_a);
+  a.release_packed();
+  run(b, y, dx);
+  EXPECT_EQ(0, std::memcmp(y.data(), y_fresh.data(), y.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dx.data(), dx_fresh.data(), dx.size() * sizeof(float)));
+  b.release_packed();
+  run(a, y, dx);
+  EXPECT_EQ(0, std::memcmp(y.data(), y_a.data(), y.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dx.data(), dx_a.data(), dx.size() * sizeof(float)));
+}
+
 TEST_P(LinearPrecisionTest, MoveKeepsState) {
   const Precision p = GetParam();
   const double rel = p == Precision::bf16 ? 1e-2 : 1e-5;

@@ -56,6 +56,7 @@
 
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
+#include "cleave/base/spare_buffers.h"
 #include "cleave/kernels/convert.h"
 #include "cleave/kernels/linear_fp8.h"
 #include "cleave/kernels/weight_pack.h"
@@ -113,13 +114,24 @@ struct PlansForN {
   std::optional<Plan> fwd, fwd_bias, bin, bin_acc, bwd_w, bwd_w_set;
 };
 
+// The storage of packed copies released with their ZeRO-3 unit (release_packed), for the next
+// unit's: packing into freshly mapped pages faulted them in on every gather, which on a Zen 5 VM
+// put a third of a ZeRO-3 step (d_model 512, 2 ranks) in the kernel. As many exist as units hold
+// copies at once.
+struct PackedSpares {
+  std::mutex mutex;
+  SpareBuffers<char> spares;
+};
+PackedSpares& packed_spares() {
+  static PackedSpares s;
+  return s;
+}
+
 struct Packed {
   Role role;
   memory::desc md;
   std::optional<kernels::BlockedLayout> layout;  // nullopt: oneDNN's reorder packs it
-  // Ours rather than oneDNN's allocation: large ones are mapped and unmapped, so releasing a
-  // ZeRO-3 unit returns its pages at once (glibc's malloc would keep freed blocks of this size
-  // once its dynamic mmap threshold has risen past them).
+  // Ours rather than oneDNN's allocation, from the packed spares (below) when one fits.
   Buffer<char> storage;
   memory mem;
   uint64_t version = 0;  // weight version packed into mem; 0 = never packed
@@ -307,7 +319,12 @@ struct LinearGemm::Impl {
     for (auto& p : packed)
       if (p.role == role && p.md == want) entry = &p;
     if (!entry) {
-      Buffer<char> storage(int64_t(want.get_size()));
+      Buffer<char> storage;
+      {
+        PackedSpares& s = packed_spares();
+        std::lock_guard<std::mutex> lock(s.mutex);
+        s.spares.fill(storage, int64_t(want.get_size()));
+      }
       memory mem(want, ctx.engine, storage.data());
       packed.push_back(Packed{role, want, kernels::blocked_layout(want), std::move(storage),
                               std::move(mem), 0});
@@ -446,6 +463,11 @@ void LinearGemm::set_variable_rows() {
 }
 
 void LinearGemm::release_packed() {
+  PackedSpares& s = packed_spares();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (Packed& p : impl_->packed) s.spares.give(p.storage);
+  }
   impl_->packed.clear();
   impl_->rounded = Buffer<float>();
   impl_->rounded_version = 0;

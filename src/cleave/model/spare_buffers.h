@@ -1,48 +1,11 @@
-// Buffers that activation checkpointing takes from a block after its forward (full: all it saved;
-// selective: the cheap part) and hands to the next block's forward or recompute instead of freeing
-// them: a freed buffer's pages go back to the kernel and a new one faults them in again, which
-// cost a third of a step (llama_long, 8 layers at 2K tokens: 64K page faults per step). Only as
-// many exist as blocks hold them at once (one, or a few under the pipeline's split backward).
+// The spares a model's blocks share (base/spare_buffers.h): activation checkpointing takes a
+// block's saved buffers after its forward (full: all it saved; selective: the cheap part) and
+// hands them to the next block's forward or recompute.
 #pragma once
-#include <cstdint>
-#include <utility>
-#include <vector>
-
 #include "cleave/base/bf16.h"
-#include "cleave/base/buffer.h"
+#include "cleave/base/spare_buffers.h"
 
 namespace cleave {
-
-template <class T>
-class SpareBuffers {
- public:
-  // Into *b (empty, or already of n elements): a spare of n elements, or a new one.
-  void fill(Buffer<T>& b, int64_t n) {
-    if (b.size() == n) return;
-    for (Buffer<T>& s : spares_)
-      if (s.size() == n) {
-        std::swap(b, s);
-        spares_.erase(spares_.begin() + (&s - spares_.data()));
-        return;
-      }
-    b.resize(n);
-  }
-  // Into *b: a spare of n elements if there is one; else *b stays as it is.
-  void reuse(Buffer<T>& b, int64_t n) {
-    if (b.size() == 0 && has(n)) fill(b, n);
-  }
-  void give(Buffer<T>& b) {
-    if (b.size() > 0) spares_.push_back(std::exchange(b, Buffer<T>()));
-  }
-
- private:
-  bool has(int64_t n) const {
-    for (const Buffer<T>& s : spares_)
-      if (s.size() == n) return true;
-    return false;
-  }
-  std::vector<Buffer<T>> spares_;
-};
 
 // A model's spares: activations, and the bf16 copies of them its products keep.
 struct RecomputeSpares {
