@@ -404,11 +404,12 @@ void Trainer::run(int64_t exit_after) {
   else if (bound && CPU_COUNT(&cpus) == 1 && world_ > 1 && rank_ == 0 &&
            sysconf(_SC_NPROCESSORS_ONLN) > 1)
     // Even one thread shares its core then, with the progress thread that drives its
-    // collectives (docs/data_parallel.md: unbound, DDP 2 x 1 ran 9-33% faster on 2 cores).
+    // collectives (docs/data_parallel.md: unbound, DDP 2 x 1 ran 9-33% faster on a 2-core Zen 4,
+    // and up to twice as fast on a 2-core Zen 5 VM, whose cores run a pinned thread slower).
     std::fprintf(stderr,
                  "cleave: note: rank 0 is bound to one CPU, which its communication progress "
                  "thread shares with its compute thread; %s is faster where ranks have no spare "
-                 "core (DDP 2 x 1: 9-33%%, docs/data_parallel.md)\n",
+                 "core (DDP 2 x 1 on 2 cores: 1.1-2x, docs/data_parallel.md)\n",
                  srun ? "under srun --cpu-bind=none" : "under mpirun --bind-to none");
   if (rank_ == 0) {
     std::cout << "cleave: " << family_name(cfg_.model.family) << " model, "
