@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -87,12 +89,14 @@ std::string utc_now() {
 // No GEMM runs faster than the FMA units under it, so a timed hardware peak below a GEMM measured
 // on the same cores was disturbed (on a shared host, a neighbour on the core's other hardware
 // thread halves the FMA rate for a while: CI once read 16 FLOP/cycle where the core has 32). It
-// is timed again, a few times, keeping the best; if it stays below, the run says so. Returns
-// whether the peak changed.
+// is timed again, a few times a second apart (the GEMM's timing spans seconds, the FMA loop's a
+// fifth of one), keeping the best; if it stays below, the run says so. Returns whether the peak
+// changed.
 bool raise_timed_peak_to(HardwarePeak& hardware, double gemm_gflops, const PeakRequest& r) {
   if (hardware.derived || hardware.gflops <= 0 || hardware.gflops >= gemm_gflops) return false;
   const double first = hardware.gflops;
   for (int attempt = 0; attempt < 4 && hardware.gflops < gemm_gflops; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::seconds(1));
     const HardwarePeak again = measure_hardware_peak(r.precision, r.threads);
     if (again.gflops > hardware.gflops) hardware = again;
   }
