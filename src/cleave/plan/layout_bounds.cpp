@@ -141,13 +141,10 @@ const std::vector<double>& LayoutBounds::weight_copies(const Planned& p, int64_t
     if (it != copies_.end()) return it->second;
   }
   std::vector<double> copies(size_t(model_.n_layers) + 2, 0);
-  const ParamStore& store = p.model->params();
-  for (size_t i = 0; i < store.tensors().size(); ++i)
-    if (const LinearGemm* g = store.packed_by(int(i))) {
-      const Transformer::Unit& unit = p.model->units()[size_t(store.tensor(int(i)).unit)];
-      copies[size_t(unit_layer(unit, model_.n_layers) + 1)] +=
-          double(g->weight_copy_bytes(rows).total());
-    }
+  const std::vector<LinearGemm::WeightCopies> per_unit = unit_weight_copies(*p.model, rows);
+  for (size_t u = 0; u < per_unit.size(); ++u)
+    copies[size_t(unit_layer(p.model->units()[u], model_.n_layers) + 1)] +=
+        double(per_unit[u].total());
   std::lock_guard<std::mutex> lock(mutex_);
   return copies_.try_emplace(key, std::move(copies)).first->second;
 }
