@@ -155,6 +155,42 @@ TEST(SwiGlu, ExtremeGatesStayFinite) {
   EXPECT_EQ(dgu[3], 1.0f);
 }
 
+// The bf16 outputs (a bf16 product's operand, written without an fp32 activation or gradient) are
+// the fp32 outputs rounded: the same bits as converting them.
+TEST(Activation, Bf16OutputsAreTheFp32OutputsRounded) {
+  const int N = 37, F = 4096 / 16 + 3;  // GELU over several blocks and a ragged end
+  const size_t n = size_t(N) * F;
+  auto x = randn(2 * n, 13, 3.0f);
+  std::vector<float> out(n);
+  std::vector<cleave::bf16> rounded(n);
+  k::gelu_forward(out.data(), x.data(), n);
+  k::gelu_forward(rounded.data(), x.data(), n);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rounded[i], cleave::to_bf16(out[i])) << "gelu " << i;
+  k::swiglu_forward(out.data(), x.data(), N, F);
+  k::swiglu_forward(rounded.data(), x.data(), N, F);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rounded[i], cleave::to_bf16(out[i])) << "swiglu " << i;
+
+  // The backwards: fp32 alone, bf16 alone, or both from one pass; the same values each way.
+  auto dout = randn(n, 14);
+  auto check = [&](const char* what, auto backward, size_t count) {
+    std::vector<float> alone(count), both(count);
+    std::vector<cleave::bf16> r_alone(count), r_both(count);
+    backward(k::GradOut(alone.data()));
+    backward(k::GradOut(nullptr, r_alone.data()));
+    backward(k::GradOut(both.data(), r_both.data()));
+    EXPECT_TRUE(bitwise_equal(alone, both)) << what;
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(r_alone[i], cleave::to_bf16(alone[i])) << what << " " << i;
+      ASSERT_EQ(r_both[i], r_alone[i]) << what << " " << i;
+    }
+  };
+  check("gelu", [&](k::GradOut o) { k::gelu_backward(o, dout.data(), x.data(), n); }, n);
+  check("swiglu", [&](k::GradOut o) { k::swiglu_backward(o, dout.data(), x.data(), N, F); },
+        2 * n);
+  EXPECT_THROW(k::gelu_backward(k::GradOut(nullptr, nullptr), dout.data(), x.data(), n),
+               cleave::Error);
+}
+
 TEST(AddInplace, AddsAndIsIndependentOfThreadCount) {
   const size_t n = 4096 * 3 + 17;
   auto x = randn(n, 11), y0 = randn(n, 12);

@@ -378,6 +378,49 @@ TEST_P(LinearPrecisionTest, KeptOperandCopies) {
   }
 }
 
+// A product from an operand copy its producer wrote (bf16 mode: an activation or its gradient
+// written straight to bf16) gives the bits of the product that converts the same values itself;
+// a copy of another size, or another mode, is refused.
+TEST_P(LinearPrecisionTest, ProductsFromCopiesMatchProductsThatConvert) {
+  const Precision p = GetParam();
+  const int64_t N = 24;
+  const int in = 40, out = 56;
+  auto w = random_vec(size_t(out) * in, 45, 0.5f);
+  auto x = random_vec(size_t(N) * in, 46);
+  auto bias = random_vec(size_t(out), 47);
+  LinearGemm g(in, out, p);
+  g.set_weight(w.data());
+  std::vector<float> y(size_t(N) * out), from_copy(size_t(N) * out);
+  OperandCopy copy;
+  g.forward(y.data(), x.data(), N, bias.data(), &copy);
+  if (p != Precision::bf16) {
+    EXPECT_THROW(g.forward_from_copy(from_copy.data(), copy, N, bias.data()), cleave::Error);
+    return;
+  }
+  OperandCopy made;
+  made.data.resize(N * in);
+  cleave::kernels::f32_to_bf16(made.data.data(), x.data(), N * in);
+  made.count = N * in;
+  g.forward_from_copy(from_copy.data(), made, N, bias.data());
+  EXPECT_EQ(0, std::memcmp(y.data(), from_copy.data(), y.size() * sizeof(float)));
+  EXPECT_THROW(g.forward_from_copy(from_copy.data(), made, N / 2, bias.data()), cleave::Error);
+
+  // backward_input likewise, writing and accumulating.
+  auto dy = random_vec(size_t(N) * out, 48);
+  OperandCopy dy_made;
+  dy_made.data.resize(N * out);
+  cleave::kernels::f32_to_bf16(dy_made.data.data(), dy.data(), N * out);
+  dy_made.count = N * out;
+  for (bool accumulate : {false, true}) {
+    std::vector<float> dx(size_t(N) * in, 0.5f), dx_from_copy(size_t(N) * in, 0.5f);
+    g.backward_input(dx.data(), dy.data(), N, accumulate);
+    g.backward_input_from_copy(dx_from_copy.data(), dy_made, N, accumulate);
+    EXPECT_EQ(0, std::memcmp(dx.data(), dx_from_copy.data(), dx.size() * sizeof(float)))
+        << "accumulate " << accumulate;
+  }
+  EXPECT_THROW(g.backward_input_from_copy(from_copy.data(), made, N, false), cleave::Error);
+}
+
 TEST_P(LinearPrecisionTest, BitwiseDeterministic) {
   const Precision p = GetParam();
   const int64_t N = 256;

@@ -437,6 +437,44 @@ struct LinearGemm::Impl {
     return static_cast<float*>(buffer.reserve(size_t(count) * sizeof(float)));
   }
 
+  // y = x W^T (+ bias), x's operand memory from operand() once the weights are packed (so that
+  // the copy just packed is still in cache).
+  template <class Operand>
+  void forward_product(float* y, int64_t N, const float* bias, Operand operand) {
+    auto& ctx = dnnl_context();
+    Plan& plan = forward_plan(N, bias != nullptr);
+    memory wei = packed_weights(Role::forward, plan);
+    memory src(at(plan.pd.src_desc(), {N, in}, {in, 1}), ctx.engine, operand());
+    memory dst(at(plan.pd.dst_desc(), {N, out}, {out, 1}), ctx.engine, y);
+    if (bias) {
+      memory b(plan.pd.bias_desc(), ctx.engine, const_cast<float*>(bias));
+      execute(plan, src, wei, &b, dst);
+    } else {
+      execute(plan, src, wei, nullptr, dst);
+    }
+  }
+
+  // dx (=, or += when accumulate) dy W, dy's operand memory from operand() as in forward_product.
+  template <class Operand>
+  void backward_input_product(float* dx, int64_t N, bool accumulate, Operand operand) {
+    auto& ctx = dnnl_context();
+    Plan& plan = backward_input_plan(N, accumulate);
+    memory wei = packed_weights(Role::backward_input, plan);
+    memory src(at(plan.pd.src_desc(), {N, out}, {out, 1}), ctx.engine, operand());
+    memory dst(at(plan.pd.dst_desc(), {N, in}, {in, 1}), ctx.engine, dx);
+    execute(plan, src, wei, nullptr, dst);
+  }
+
+  // A product's operand given as its bf16 copy: bf16 mode only, and N rows of `width`.
+  void check_copy(const OperandCopy& copy, int64_t N, int64_t width, const char* what) const {
+    CLEAVE_CHECK(precision == Precision::bf16, "LinearGemm::" << what << ": a "
+                                                   << precision_name(precision)
+                                                   << " product has no bf16 operand copy");
+    CLEAVE_CHECK(N > 0 && copy.count == N * width, "LinearGemm::" << what << ": the copy holds "
+                                                       << copy.count << " elements, not " << N
+                                                       << " x " << width);
+  }
+
   // backward_weight's operand: the caller's copy, or a conversion into scratch.
   void* kept_operand(const float* a, int64_t count, const OperandCopy* copy, int which,
                      const char* what) {
@@ -556,17 +594,13 @@ void LinearGemm::forward(float* y, const float* x, int64_t N, const float* bias,
     if (factor != 1.0f || bias) kernels::fp8_epilogue(y, N, m.out, factor, bias);
     return;
   }
-  Plan& plan = m.forward_plan(N, bias != nullptr);
-  memory wei = m.packed_weights(Role::forward, plan);
-  void* xs = m.operand(x, N * m.in, keep_x, 0);
-  memory src(m.at(plan.pd.src_desc(), {N, m.in}, {m.in, 1}), ctx.engine, xs);
-  memory dst(m.at(plan.pd.dst_desc(), {N, m.out}, {m.out, 1}), ctx.engine, y);
-  if (bias) {
-    memory b(plan.pd.bias_desc(), ctx.engine, const_cast<float*>(bias));
-    m.execute(plan, src, wei, &b, dst);
-  } else {
-    m.execute(plan, src, wei, nullptr, dst);
-  }
+  m.forward_product(y, N, bias, [&] { return m.operand(x, N * m.in, keep_x, 0); });
+}
+
+void LinearGemm::forward_from_copy(float* y, const OperandCopy& x, int64_t N, const float* bias) {
+  auto& m = *impl_;
+  m.check_copy(x, N, m.in, "forward_from_copy");
+  m.forward_product(y, N, bias, [&] { return m.bf16_operand(x.data.data(), x.count, 0); });
 }
 
 void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accumulate,
@@ -593,12 +627,16 @@ void LinearGemm::backward_input(float* dx, const float* dy, int64_t N, bool accu
       kernels::fp8_epilogue(dx, N, m.in, factor, nullptr);
     return;
   }
-  Plan& plan = m.backward_input_plan(N, accumulate);
-  memory wei = m.packed_weights(Role::backward_input, plan);
-  void* dys = m.operand(dy, N * m.out, keep_dy, 0);
-  memory src(m.at(plan.pd.src_desc(), {N, m.out}, {m.out, 1}), ctx.engine, dys);
-  memory dst(m.at(plan.pd.dst_desc(), {N, m.in}, {m.in, 1}), ctx.engine, dx);
-  m.execute(plan, src, wei, nullptr, dst);
+  m.backward_input_product(dx, N, accumulate,
+                           [&] { return m.operand(dy, N * m.out, keep_dy, 0); });
+}
+
+void LinearGemm::backward_input_from_copy(float* dx, const OperandCopy& dy, int64_t N,
+                                          bool accumulate) {
+  auto& m = *impl_;
+  m.check_copy(dy, N, m.out, "backward_input_from_copy");
+  m.backward_input_product(dx, N, accumulate,
+                           [&] { return m.bf16_operand(dy.data.data(), dy.count, 0); });
 }
 
 void LinearGemm::copy_operand(const float* a, int64_t count, OperandCopy& keep) {

@@ -98,12 +98,17 @@ class LinearGemm {
   // keep_x when given (for backward_weight), else into scratch.
   void forward(float* y, const float* x, int64_t N, const float* bias,
                OperandCopy* keep_x = nullptr);
+  // y = x W^T (+ bias) from x's bf16 copy alone (bf16 mode): a producer that wrote its output
+  // straight to bf16 (an activation) keeps no fp32 x. The copy must hold N rows.
+  void forward_from_copy(float* y, const OperandCopy& x, int64_t N, const float* bias);
   // dx (=, or += when accumulate) dy W. bf16 mode: dy's copy goes into keep_dy when given.
   void backward_input(float* dx, const float* dy, int64_t N, bool accumulate,
                       OperandCopy* keep_dy = nullptr);
+  // The same from dy's bf16 copy alone (bf16 mode), as forward_from_copy.
+  void backward_input_from_copy(float* dx, const OperandCopy& dy, int64_t N, bool accumulate);
   // dweight += dy^T x; dbias += column sums of dy (if non-null). bf16 mode: the copies given are
   // used in place of converting dy and x (they must hold them: checked by size); without one the
-  // operand is converted here. The bias gradient does not depend on the number of threads; the
+  // operand is converted here. x may be null where its copy is given. The bias gradient does not depend on the number of threads; the
   // products are bitwise reproducible for a fixed thread count.
   void backward_weight(float* dweight, float* dbias, const float* dy, const float* x, int64_t N,
                        const OperandCopy* dy_copy = nullptr, const OperandCopy* x_copy = nullptr);

@@ -33,6 +33,10 @@ void Linear::forward(float* y, const float* x, int64_t N, OperandCopy* keep_x) {
   gemm_.forward(y, x, N, bias_after_sum_ ? nullptr : bias_, keep_x);
 }
 
+void Linear::forward_from_copy(float* y, const OperandCopy& x, int64_t N) {
+  gemm_.forward_from_copy(y, x, N, bias_after_sum_ ? nullptr : bias_);
+}
+
 void Linear::add_bias(float* y, int64_t N) const {
   if (!bias_ || !bias_after_sum_) return;
   const int64_t out = gemm_.out_features();
@@ -44,6 +48,11 @@ void Linear::add_bias(float* y, int64_t N) const {
 void Linear::backward_input(float* dx, const float* dy, int64_t N, bool accumulate,
                             OperandCopy* keep_dy) {
   gemm_.backward_input(dx, dy, N, accumulate, keep_dy);
+}
+
+void Linear::backward_input_from_copy(float* dx, const OperandCopy& dy, int64_t N,
+                                      bool accumulate) {
+  gemm_.backward_input_from_copy(dx, dy, N, accumulate);
 }
 
 void Linear::backward_weight(const float* dy, const float* x, int64_t N,

@@ -22,13 +22,17 @@ class Linear {
 
   // The bf16 copies (bf16 mode) a caller keeps for the weight gradient: LinearGemm's.
   void forward(float* y, const float* x, int64_t N, OperandCopy* keep_x = nullptr);
+  // From x's bf16 copy alone (bf16 mode): LinearGemm::forward_from_copy.
+  void forward_from_copy(float* y, const OperandCopy& x, int64_t N);
   void add_bias(float* y, int64_t N) const;  // row-parallel: y[i, :] += bias
   void backward_input(float* dx, const float* dy, int64_t N, bool accumulate,
                       OperandCopy* keep_dy = nullptr);
+  void backward_input_from_copy(float* dx, const OperandCopy& dy, int64_t N, bool accumulate);
   void backward_weight(const float* dy, const float* x, int64_t N,
                        const OperandCopy* dy_copy = nullptr, const OperandCopy* x_copy = nullptr);
 
   int weight_index() const { return w_; }
+  bool has_bias() const { return b_ >= 0; }
   LinearGemm& gemm() { return gemm_; }
   const LinearGemm& gemm() const { return gemm_; }
 

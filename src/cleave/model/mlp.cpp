@@ -43,7 +43,7 @@ void Mlp::bind(ParamStore& store) {
 
 void Mlp::reserve(Scratch& g, int64_t N) const {
   g.d_act.resize(N * ffn_);
-  g.d_fc.resize(N * fc_.gemm().out_features());
+  if (fc_grad_in_fp32()) g.d_fc.resize(N * fc_.gemm().out_features());
 }
 
 void Mlp::forward(Saved& s, float* y, const float* x, int64_t N, bool keep_x) {
@@ -54,16 +54,26 @@ void Mlp::forward(Saved& s, float* y, const float* x, int64_t N, bool keep_x) {
   s.x_kept = keep_x;
   fc_.forward(s.fc.data(), x, N, keep_x ? &s.x_copy : nullptr);
   activate(s);
-  proj_.forward(y, s.act.data(), N, &s.act_copy);
+  if (act_in_fp32()) proj_.forward(y, s.act.data(), N, &s.act_copy);
+  else proj_.forward_from_copy(y, s.act_copy, N);
 }
 
+// In bf16 mode the activation goes straight to the bf16 operand of proj: one pass, and no fp32
+// activation written, kept or read again to convert it.
 void Mlp::activate(Saved& s) const {
   const int64_t N = s.N;
-  s.act.grow(N * ffn_);
-  if (cfg_.family == Family::gpt2)
-    kernels::gelu_forward(s.act.data(), s.fc.data(), N * ffn_);
-  else
-    kernels::swiglu_forward(s.act.data(), s.fc.data(), N, ffn_);
+  auto write = [&](auto* out) {
+    if (cfg_.family == Family::gpt2)
+      kernels::gelu_forward(out, s.fc.data(), N * ffn_);
+    else
+      kernels::swiglu_forward(out, s.fc.data(), N, ffn_);
+  };
+  if (act_in_fp32()) {
+    write(s.act.grow(N * ffn_));
+  } else {
+    write(s.act_copy.data.grow(N * ffn_));
+    s.act_copy.count = N * ffn_;
+  }
 }
 
 void Mlp::release_activation(Saved& s, RecomputeSpares& spares) const {
@@ -81,7 +91,7 @@ void Mlp::give_all(Saved& s, RecomputeSpares& spares) const {
 
 void Mlp::take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
   spares.floats.fill(s.fc, N * fc_.gemm().out_features());
-  spares.floats.fill(s.act, N * ffn_);
+  if (act_in_fp32()) spares.floats.fill(s.act, N * ffn_);
   spares.copies.reuse(s.x_copy.data, N * fc_.gemm().in_features());
   spares.copies.reuse(s.act_copy.data, N * ffn_);
 }
@@ -89,7 +99,8 @@ void Mlp::take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const {
 SavedBytes Mlp::saved_bytes(int64_t N, bool keep_x) const {
   SavedBytes b;
   b.kept = N * fc_width() * kFloatBytes;
-  b.recomputable = N * act_width() * kFloatBytes + proj_.gemm().kept_copy_bytes(N) +
+  b.recomputable = (act_in_fp32() ? N * act_width() * kFloatBytes : 0) +
+                   proj_.gemm().kept_copy_bytes(N) +
                    (keep_x ? fc_.gemm().kept_copy_bytes(N) : 0);
   b.deferred = N * (cfg_.d_model + fc_width()) * kFloatBytes;  // dy, d_fc
   return b;
@@ -97,7 +108,7 @@ SavedBytes Mlp::saved_bytes(int64_t N, bool keep_x) const {
 
 void Mlp::recompute_activation(Saved& s, const float* x) {
   activate(s);
-  proj_.gemm().copy_operand(s.act.data(), s.N * ffn_, s.act_copy);
+  if (act_in_fp32()) proj_.gemm().copy_operand(s.act.data(), s.N * ffn_, s.act_copy);
   if (s.x_kept) fc_.gemm().copy_operand(x, s.N * fc_.gemm().in_features(), s.x_copy);
 }
 
@@ -107,13 +118,23 @@ void Mlp::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
     s.dy.resize(N * d);
     s.d_fc.resize(N * fc_.gemm().out_features());
   }
-  float* d_fc = defer ? s.d_fc.data() : g.d_fc.data();
+  // bf16 mode, not deferred: the activation's backward writes fc's gradient as the bf16 operand of
+  // its products in the same pass (and in fp32 only where fc's bias gradient sums it).
+  const bool fused = !act_in_fp32() && !defer;
+  float* d_fc = defer ? s.d_fc.data() : fc_grad_in_fp32() ? g.d_fc.data() : nullptr;
+  kernels::GradOut d_fc_out(d_fc);
+  if (fused) {
+    const int64_t count = N * fc_.gemm().out_features();
+    d_fc_out.rounded = g.dfc_copy.data.grow(count);
+    g.dfc_copy.count = count;
+  }
   proj_.backward_input(g.d_act.data(), dy, N, false, defer ? nullptr : &g.dy_copy);
   if (cfg_.family == Family::gpt2)
-    kernels::gelu_backward(d_fc, g.d_act.data(), s.fc.data(), N * ffn_);
+    kernels::gelu_backward(d_fc_out, g.d_act.data(), s.fc.data(), N * ffn_);
   else
-    kernels::swiglu_backward(d_fc, g.d_act.data(), s.fc.data(), N, ffn_);
-  fc_.backward_input(dx, d_fc, N, false, defer ? nullptr : &g.dfc_copy);
+    kernels::swiglu_backward(d_fc_out, g.d_act.data(), s.fc.data(), N, ffn_);
+  if (fused) fc_.backward_input_from_copy(dx, g.dfc_copy, N, false);
+  else fc_.backward_input(dx, d_fc, N, false, defer ? nullptr : &g.dfc_copy);
   if (defer) std::memcpy(s.dy.data(), dy, N * d * sizeof(float));
   // The output gradients' bf16 copies serve the weight gradients of a whole backward only.
   if (defer) s.weight = {s.dy.data(), d_fc, nullptr, nullptr};
@@ -122,7 +143,8 @@ void Mlp::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
 
 void Mlp::backward_weight(Saved& s, const float* x) {
   const WeightGradInputs& w = s.weight;
-  proj_.backward_weight(w.dy, s.act.data(), s.N, w.dy_copy, &s.act_copy);
+  proj_.backward_weight(w.dy, act_in_fp32() ? s.act.data() : nullptr, s.N, w.dy_copy,
+                        &s.act_copy);
   fc_.backward_weight(w.inner, x, s.N, w.inner_copy, s.x_kept ? &s.x_copy : nullptr);
 }
 

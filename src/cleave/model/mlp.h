@@ -20,8 +20,9 @@ class Mlp {
  public:
   struct Saved {
     int64_t N = 0;
-    Buffer<float> fc, act;        // fc's output, the activation's output
-    OperandCopy x_copy, act_copy;  // bf16 copies of the linears' inputs (x's when kept)
+    Buffer<float> fc, act;        // fc's output, the activation's output (empty in bf16 mode)
+    OperandCopy x_copy, act_copy;  // bf16 copies of the linears' inputs (x's when kept); in bf16
+                                   // mode the activation is written straight into act_copy
     bool x_kept = false;
     Buffer<float> dy, d_fc;       // kept by a deferred input half
     WeightGradInputs weight;      // for the weight half: the output and fc gradients
@@ -53,9 +54,14 @@ class Mlp {
   void recompute_activation(Saved& s, const float* x);
   // As SelfAttention's, over N tokens.
   SavedBytes saved_bytes(int64_t N, bool keep_x) const;
-  // Floats per row of Saved's fc and act.
+  // Floats per row of Saved's fc and act; whether act is kept in fp32 (not in bf16 mode, where
+  // proj reads the activation's bf16 copy alone).
   int64_t fc_width() const { return fc_.gemm().out_features(); }
   int64_t act_width() const { return ffn_; }
+  bool act_in_fp32() const { return proj_.gemm().precision() != Precision::bf16; }
+  // Whether a whole backward writes fc's output gradient in fp32 (in bf16 mode only for fc's
+  // bias gradient; a deferred input half always keeps it).
+  bool fc_grad_in_fp32() const { return act_in_fp32() || fc_.has_bias(); }
   // Its products take a new row count at every call (an expert): LinearGemm::set_variable_rows.
   void set_variable_rows() {
     fc_.gemm().set_variable_rows();
@@ -66,7 +72,7 @@ class Mlp {
   const ModelConfig& cfg_;
   int hidden_;  // hidden units over every tp rank
   int ffn_;     // hidden units held
-  void activate(Saved& s) const;  // act from fc
+  void activate(Saved& s) const;  // act (or act_copy in bf16 mode) from fc
   Linear fc_, proj_;
 };
 

@@ -457,7 +457,7 @@ void Moe::lend(Saved& s, bool activations, bool deferred) const {
   auto pool = [&](auto& buffer, int64_t width) { buffer.grow(rows * width); };
   if (activations) {
     pool(s.pool_fc, fc);
-    pool(s.pool_act, act);
+    if (first.act_in_fp32()) pool(s.pool_act, act);
     if (precision_ == Precision::bf16) {
       pool(s.pool_x_copy, d);
       pool(s.pool_act_copy, act);
@@ -472,7 +472,7 @@ void Moe::lend(Saved& s, bool activations, bool deferred) const {
     Mlp::Saved& es = s.experts[size_t(e)];
     if (activations) {
       es.fc.borrow(s.pool_fc.data() + at * fc, n * fc);
-      es.act.borrow(s.pool_act.data() + at * act, n * act);
+      if (first.act_in_fp32()) es.act.borrow(s.pool_act.data() + at * act, n * act);
       if (precision_ == Precision::bf16) {
         es.x_copy.data.borrow(s.pool_x_copy.data() + at * d, n * d);
         es.act_copy.data.borrow(s.pool_act_copy.data() + at * act, n * act);
@@ -505,7 +505,8 @@ SavedBytes Moe::saved_bytes(int64_t N, bool keep_x) const {
   // received and the experts' outputs of their fc.
   b.kept += (N * E_ + N * k_ + routed * (2 * d + fc)) * kFloatBytes +
             routed * int64_t(sizeof(int32_t) + sizeof(int64_t));
-  b.recomputable += routed * (act * kFloatBytes + (d + act) * copy);
+  b.recomputable +=
+      routed * ((first.act_in_fp32() ? act * kFloatBytes : 0) + (d + act) * copy);
   b.deferred += (routed * (d + fc) + N * E_) * kFloatBytes;  // dy, d_fc, the router's d_logits
   return b;
 }
