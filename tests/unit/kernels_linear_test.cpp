@@ -397,10 +397,8 @@ TEST_P(LinearPrecisionTest, ProductsFromCopiesMatchProductsThatConvert) {
     EXPECT_THROW(g.forward_from_copy(from_copy.data(), copy, N, bias.data()), cleave::Error);
     return;
   }
-  OperandCopy made;
-  made.data.resize(N * in);
-  cleave::kernels::f32_to_bf16(made.data.data(), x.data(), N * in);
-  made.count = N * in;
+  OperandCopy made;  // as a producer writes it: x's values rounded to bf16
+  g.copy_operand(x.data(), N * in, made);
   g.forward_from_copy(from_copy.data(), made, N, bias.data());
   EXPECT_EQ(0, std::memcmp(y.data(), from_copy.data(), y.size() * sizeof(float)));
   EXPECT_THROW(g.forward_from_copy(from_copy.data(), made, N / 2, bias.data()), cleave::Error);
@@ -408,9 +406,7 @@ TEST_P(LinearPrecisionTest, ProductsFromCopiesMatchProductsThatConvert) {
   // backward_input likewise, writing and accumulating.
   auto dy = random_vec(size_t(N) * out, 48);
   OperandCopy dy_made;
-  dy_made.data.resize(N * out);
-  cleave::kernels::f32_to_bf16(dy_made.data.data(), dy.data(), N * out);
-  dy_made.count = N * out;
+  g.copy_operand(dy.data(), N * out, dy_made);
   for (bool accumulate : {false, true}) {
     std::vector<float> dx(size_t(N) * in, 0.5f), dx_from_copy(size_t(N) * in, 0.5f);
     g.backward_input(dx.data(), dy.data(), N, accumulate);
