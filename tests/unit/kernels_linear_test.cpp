@@ -497,10 +497,15 @@ TEST_P(LinearPrecisionTest, ReleasedCopiesServeTheNextLayerBitForBit) {
     fresh.set_weight(wb.data());
     run(fresh, y_fresh, dx_fresh);
   }
+  // Right, not only alike: copies that were never packed would agree with each other.
+  const double rel = p == Precision::bf16 ? 1e-2 : 1e-5;
+  expect_close(y_fresh, ref_forward(x, wb, nullptr, N, in, out), rel, nullptr, "forward");
+  expect_close(dx_fresh, ref_backward_input(dy, wb, N, in, out), rel, nullptr, "backward_input");
   LinearGemm a(in, out, p), b(in, out, p);
   a.set_weight(wa.data());
   b.set_weight(wb.data());
   run(a, y_a, dx_a);
+  expect_close(y_a, ref_forward(x, wa, nullptr, N, in, out), rel, nullptr, "forward, a");
   a.release_packed();
   run(b, y, dx);
   EXPECT_EQ(0, std::memcmp(y.data(), y_fresh.data(), y.size() * sizeof(float)));
