@@ -416,13 +416,9 @@ struct LinearGemm::Impl {
       return r;
     }
     if (precision != Precision::bf16) return const_cast<float*>(a);
-    bf16* b;
-    if (keep) {
-      b = keep->data.grow(count);
-      keep->count = count;
-    } else {
-      b = static_cast<bf16*>(scratch_operand(which).reserve(size_t(count) * sizeof(bf16)));
-    }
+    bf16* b = keep ? keep->refill(count)
+                   : static_cast<bf16*>(
+                         scratch_operand(which).reserve(size_t(count) * sizeof(bf16)));
     kernels::f32_to_bf16(b, a, count);
     return bf16_operand(b, count, which);
   }

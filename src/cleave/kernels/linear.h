@@ -78,6 +78,12 @@ struct OperandCopy {
   Buffer<uint8_t> fp8;
   Buffer<float> factors;  // fp8: one per tile (one for a per-tensor scale)
   int64_t count = 0;  // elements converted by the latest product that filled it
+  // Room for the n bf16 values about to be written into it (by a product, or by the producer of
+  // the operand), recorded as what the copy holds.
+  bf16* refill(int64_t n) {
+    count = n;
+    return data.grow(n);
+  }
 };
 
 class LinearGemm {
@@ -108,8 +114,9 @@ class LinearGemm {
   void backward_input_from_copy(float* dx, const OperandCopy& dy, int64_t N, bool accumulate);
   // dweight += dy^T x; dbias += column sums of dy (if non-null). bf16 mode: the copies given are
   // used in place of converting dy and x (they must hold them: checked by size); without one the
-  // operand is converted here. x may be null where its copy is given. The bias gradient does not depend on the number of threads; the
-  // products are bitwise reproducible for a fixed thread count.
+  // operand is converted here. x may be null where its copy is given. The bias gradient does not
+  // depend on the number of threads; the products are bitwise reproducible for a fixed thread
+  // count.
   void backward_weight(float* dweight, float* dbias, const float* dy, const float* x, int64_t N,
                        const OperandCopy* dy_copy = nullptr, const OperandCopy* x_copy = nullptr);
   // The copy of `count` floats at a that a product would keep (bf16 mode; nothing otherwise),

@@ -68,12 +68,8 @@ void Mlp::activate(Saved& s) const {
     else
       kernels::swiglu_forward(out, s.fc.data(), N, ffn_);
   };
-  if (act_in_fp32()) {
-    write(s.act.grow(N * ffn_));
-  } else {
-    write(s.act_copy.data.grow(N * ffn_));
-    s.act_copy.count = N * ffn_;
-  }
+  if (act_in_fp32()) write(s.act.grow(N * ffn_));
+  else write(s.act_copy.refill(N * ffn_));
 }
 
 void Mlp::release_activation(Saved& s, RecomputeSpares& spares) const {
@@ -123,11 +119,7 @@ void Mlp::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
   const bool fused = !act_in_fp32() && !defer;
   float* d_fc = defer ? s.d_fc.data() : fc_grad_in_fp32() ? g.d_fc.data() : nullptr;
   kernels::GradOut d_fc_out(d_fc);
-  if (fused) {
-    const int64_t count = N * fc_.gemm().out_features();
-    d_fc_out.rounded = g.dfc_copy.data.grow(count);
-    g.dfc_copy.count = count;
-  }
+  if (fused) d_fc_out.rounded = g.dfc_copy.refill(N * fc_.gemm().out_features());
   proj_.backward_input(g.d_act.data(), dy, N, false, defer ? nullptr : &g.dy_copy);
   if (cfg_.family == Family::gpt2)
     kernels::gelu_backward(d_fc_out, g.d_act.data(), s.fc.data(), N * ffn_);
