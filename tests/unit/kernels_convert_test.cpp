@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cleave/base/check.h"
+#include "cleave/base/bf16_round.h"
 #include "cleave/kernels/convert.h"
 
 namespace k = cleave::kernels;
@@ -86,6 +87,51 @@ TEST(Convert, MatchesReferenceOnRandomBits) {
   EXPECT_EQ(out[0], 0x7F80);
   EXPECT_EQ(out[1], 0xFF7F);
 }
+
+// The vector lanes give to_bf16's bits for every class of input, alone in a vector or mixed with
+// others: the rounding instruction of AVX-512 BF16 reads a subnormal as zero, so a vector holding
+// one (among NaNs, infinities and ties) takes the integer path for it.
+TEST(Convert, VectorLanesMatchTheScalarRoundingOnSpecialValues) {
+  const std::vector<uint32_t> special = {
+      0x00000001u, 0x80000001u, 0x00008000u, 0x00018000u, 0x007FFFFFu, 0x807F8000u,  // subnormal
+      0x7FC00000u, 0x7F800001u, 0xFF80FFFFu, 0x7FFFFFFFu,                            // NaN
+      0x7F800000u, 0xFF800000u, 0x7F7F8000u, 0x7F7FFFFFu,                // inf, overflow tie
+      0x3F808000u, 0x3F818000u, 0x00800000u, 0x80000000u, 0x00000000u};  // ties, normal, zeros
+  std::mt19937 gen(3);
+  for (int mix = 0; mix < 3; ++mix) {  // all special; one in every 16; specials among normals
+    std::vector<float> in(16 * 64 + 7);
+    for (size_t i = 0; i < in.size(); ++i) {
+      const bool pick = mix == 0 || (mix == 1 ? i % 16 == (i / 16) % 16 : gen() % 4 == 0);
+      in[i] = pick ? from_bits(special[gen() % special.size()])
+                   : std::normal_distribution<float>()(gen);
+    }
+    std::vector<k::bf16> out(in.size());
+    k::f32_to_bf16(out.data(), in.data(), int64_t(in.size()));
+    for (size_t i = 0; i < in.size(); ++i)
+      ASSERT_EQ(out[i], cleave::to_bf16(in[i]))
+          << "mix " << mix << " at " << i << ": " << std::hex << std::bit_cast<uint32_t>(in[i]);
+  }
+}
+
+#ifdef __AVX512F__
+// The integer path alone (all of it on a CPU without AVX-512 BF16): every class of input, and
+// random bits, against to_bf16.
+TEST(Convert, IntegerLanesMatchTheScalarRounding) {
+  const uint32_t special[16] = {0x00000001u, 0x807F8000u, 0x7FC00000u, 0x7F800001u,
+                                0xFF80FFFFu, 0x7FFFFFFFu, 0x7F800000u, 0xFF800000u,
+                                0x7F7F8000u, 0x7F7FFFFFu, 0x3F808000u, 0x3F818000u,
+                                0x00800000u, 0x80000000u, 0x00000000u, 0x3F807FFFu};
+  std::mt19937 gen(4);
+  for (int round = 0; round < 4096; ++round) {
+    alignas(64) float in[16];
+    for (int l = 0; l < 16; ++l) in[l] = from_bits(round == 0 ? special[l] : gen());
+    alignas(32) k::bf16 out[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out), cleave::bf16_round_int(_mm512_load_ps(in)));
+    for (int l = 0; l < 16; ++l)
+      ASSERT_EQ(out[l], cleave::to_bf16(in[l])) << std::hex << std::bit_cast<uint32_t>(in[l]);
+  }
+}
+#endif
 
 TEST(Convert, EveryBf16RoundTrips) {
   std::vector<k::bf16> all(65536), back(65536);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "cleave/base/bf16_round.h"
 #include "cleave/base/check.h"
 #include "cleave/comm/communicator.h"
 #include "cleave/comm/tasks.h"
@@ -77,8 +78,7 @@ float* to_f32_scratch(int index, const void* src, int64_t n) {
 }
 
 void narrow_to_bf16(void* dst, const float* src, int64_t n) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = to_bf16(src[i]);
+  bf16_round_run(static_cast<uint16_t*>(dst), src, n);
 }
 
 std::unique_ptr<Task> all_reduce(const CollArgs& a) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "cleave/base/check.h"
+#include "cleave/base/bf16_round.h"
 #include "cleave/kernels/for_blocks.h"
 #include "cleave/kernels/vmath.h"
 
@@ -37,20 +38,53 @@ inline float gelu_slope(float v) {
 }
 
 // The writers of an output: fp32, bf16 (a bf16 product's operand) or both, one type each so
-// that every loop is compiled without a branch.
+// that every loop is compiled without a branch. A loop computes a run of values into
+// values(i, tile): the fp32 output itself where there is one, else a tile on the stack; commit
+// then narrows the run for a bf16 output, 16 values at a time (bf16_round.h).
 struct ToF32 {
   float* f;
-  void operator()(int64_t i, float v) const { f[i] = v; }
+  float* values(int64_t i, float*) const { return f + i; }
+  void commit(int64_t, const float*, int64_t) const {}
 };
 struct ToBf16 {
   bf16* r;
-  void operator()(int64_t i, float v) const { r[i] = to_bf16(v); }
+  float* values(int64_t, float* tile) const { return tile; }
+  void commit(int64_t i, const float* v, int64_t n) const { bf16_round_run(r + i, v, n); }
 };
 struct ToBoth {
   float* f;
   bf16* r;
-  void operator()(int64_t i, float v) const { f[i] = v, r[i] = to_bf16(v); }
+  float* values(int64_t i, float*) const { return f + i; }
+  void commit(int64_t i, const float* v, int64_t n) const { bf16_round_run(r + i, v, n); }
 };
+
+constexpr int64_t kRun = 256;  // values per run: a 1 KiB tile, a multiple of every vector width
+
+// fn(v, i, n) writes v[j], the value of output element i + j, for j < n, on runs that cover
+// [begin, end). paired_runs does the same for a kernel that makes two outputs per input (SwiGLU's
+// backward): fn(v, v2, i, n) also writes v2[j], element second + (i - begin) + j.
+template <class Out, class Fn>
+void runs(Out out, int64_t begin, int64_t end, Fn fn) {
+  alignas(64) float tile[kRun];
+  for (int64_t i = begin; i < end; i += kRun) {
+    const int64_t n = std::min(kRun, end - i);
+    float* v = out.values(i, tile);
+    fn(v, i, n);
+    out.commit(i, v, n);
+  }
+}
+template <class Out, class Fn>
+void paired_runs(Out out, int64_t begin, int64_t end, int64_t second, Fn fn) {
+  alignas(64) float tile[2][kRun];
+  for (int64_t i = begin; i < end; i += kRun) {
+    const int64_t n = std::min(kRun, end - i), i2 = second + (i - begin);
+    float* v = out.values(i, tile[0]);
+    float* v2 = out.values(i2, tile[1]);
+    fn(v, v2, i, n);
+    out.commit(i, v, n);
+    out.commit(i2, v2, n);
+  }
+}
 
 template <class Body>
 void with_grad_out(const GradOut& o, Body body) {
@@ -63,14 +97,18 @@ void with_grad_out(const GradOut& o, Body body) {
 template <class Out>
 void gelu_forward_into(Out out, const float* x, int64_t n) {
   for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; i++) out(i, gelu(x[i]));
+    runs(out, b, e, [=](float* __restrict v, int64_t i, int64_t m) {
+      for (int64_t j = 0; j < m; j++) v[j] = gelu(x[i + j]);
+    });
   });
 }
 
 template <class Out>
 void gelu_backward_into(Out dx, const float* dout, const float* x, int64_t n) {
   for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; i++) dx(i, dout[i] * gelu_slope(x[i]));
+    runs(dx, b, e, [=](float* __restrict v, int64_t i, int64_t m) {
+      for (int64_t j = 0; j < m; j++) v[j] = dout[i + j] * gelu_slope(x[i + j]);
+    });
   });
 }
 
@@ -83,10 +121,15 @@ void swiglu_forward_into(Out out, const float* gate_up, int64_t N, int F) {
   for (int64_t i = 0; i < N; i++) {
     const float* g = gate_up + i * 2 * static_cast<int64_t>(F);
     const float* u = g + F;
-    for (int f = 0; f < F; f++) {
-      const float sig = 1.0f / (1.0f + vmath::exp_f(-g[f]));
-      out(i * F + f, g[f] * sig * u[f]);
-    }
+    const int64_t first = i * F;
+    runs(out, first, first + F, [=](float* __restrict v, int64_t k, int64_t m) {
+      const float* gk = g + (k - first);
+      const float* uk = u + (k - first);
+      for (int64_t j = 0; j < m; j++) {
+        const float sig = 1.0f / (1.0f + vmath::exp_f(-gk[j]));
+        v[j] = gk[j] * sig * uk[j];
+      }
+    });
   }
 }
 
@@ -101,13 +144,17 @@ void swiglu_backward_into(Out dgate_up, const float* dout, const float* gate_up,
     const float* g = gate_up + row;
     const float* u = g + F;
     const float* d = dout + i * F;
-    for (int f = 0; f < F; f++) {
-      const float ex = vmath::exp_f(-g[f]);
-      const float sig = 1.0f / (1.0f + ex);
-      const float gf = g[f], uf = u[f], df = d[f];
-      dgate_up(row + f, df * uf * sig * (1.0f + gf * (ex * sig)));
-      dgate_up(row + F + f, df * gf * sig);
-    }
+    paired_runs(dgate_up, row, row + F, row + F,
+                [=](float* __restrict dg, float* __restrict du, int64_t k, int64_t m) {
+                  const int64_t f = k - row;
+                  for (int64_t j = 0; j < m; j++) {
+                    const float ex = vmath::exp_f(-g[f + j]);
+                    const float sig = 1.0f / (1.0f + ex);
+                    const float gf = g[f + j], uf = u[f + j], df = d[f + j];
+                    dg[j] = df * uf * sig * (1.0f + gf * (ex * sig));
+                    du[j] = df * gf * sig;
+                  }
+                });
   }
 }
 

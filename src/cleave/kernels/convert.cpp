@@ -5,6 +5,7 @@
 
 #include <bit>
 
+#include "cleave/base/bf16_round.h"
 #include "cleave/kernels/for_blocks.h"
 
 namespace cleave::kernels {
@@ -15,9 +16,7 @@ constexpr int64_t kBlock = 1 << 14;  // elements per task
 }  // namespace
 
 void f32_to_bf16(bf16* out, const float* in, int64_t n) {
-  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; i++) out[i] = to_bf16(in[i]);
-  });
+  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) { bf16_round_run(out + b, in + b, e - b); });
 }
 
 void bf16_to_f32(float* out, const bf16* in, int64_t n) {

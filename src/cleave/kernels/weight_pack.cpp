@@ -9,14 +9,6 @@
 
 #include <omp.h>
 
-// GCC 12's AVX-512 intrinsics start from an "undefined" vector that -Wmaybe-uninitialized
-// mistakes for a read of an uninitialised variable (GCC bug 105593, fixed in GCC 13).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +17,7 @@
 
 #include "cleave/base/bf16.h"
 #include "cleave/base/check.h"
+#include "cleave/base/bf16_round.h"
 #include "cleave/kernels/linear.h"
 
 namespace cleave::kernels {
@@ -109,13 +102,8 @@ void transpose16(__m512 r[16]) {
   }
 }
 
-// to_bf16 on 16 values, each in the low half of a 32-bit lane (the loop vectorises).
-__m512i bf16_lanes(const float* x) {
-  alignas(64) uint32_t lanes[16];
-#pragma omp simd
-  for (int i = 0; i < 16; ++i) lanes[i] = to_bf16(x[i]);
-  return _mm512_load_si512(lanes);
-}
+// to_bf16 on 16 values, each in the low half of a 32-bit lane.
+__m512i bf16_lanes(const float* x) { return _mm512_cvtepu16_epi32(bf16_round(_mm512_loadu_ps(x))); }
 
 void put(void* dst, __m512i v, bool streaming) {
   if (streaming)
@@ -166,8 +154,8 @@ void bf16_block(bf16* dst, const float* w, int64_t in, int64_t r0, int64_t c0, b
     __m512 rows[16];
     for (int i = 0; i < 16; ++i) {
       const float* row = w + (c0 + c + i) * in + r0;
-      const __m256i lo = _mm512_cvtepi32_epi16(bf16_lanes(row));
-      const __m256i hi = _mm512_cvtepi32_epi16(bf16_lanes(row + 16));
+      const __m256i lo = bf16_round(_mm512_loadu_ps(row));
+      const __m256i hi = bf16_round(_mm512_loadu_ps(row + 16));
       rows[i] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
     }
     transpose16(rows);
