@@ -201,16 +201,25 @@ Docs docs_of(const int32_t* qid, int64_t nq, const int32_t* kid, int64_t nk) {
   return one ? Docs::kOne : Docs::kMixed;
 }
 
-// Per-thread scratch, 64-byte aligned, sized once per call.
-struct Scratch {
-  float* p = nullptr;
-  explicit Scratch(int64_t n)
-      : p(static_cast<float*>(
-            ::operator new(sizeof(float) * std::max<int64_t>(n, 1), std::align_val_t(64)))) {}
-  ~Scratch() { ::operator delete(p, std::align_val_t(64)); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
+// Per-thread scratch, 64-byte aligned, kept from call to call and grown when a call needs more:
+// freed after every call, it went back to the kernel and came back through page faults and TLB
+// shootdowns, several percent of a call. Forward and backward take different slots.
+float* thread_scratch(int slot, int64_t n) {
+  struct Slot {
+    float* p = nullptr;
+    int64_t n = 0;
+    ~Slot() { ::operator delete(p, std::align_val_t(64)); }
+  };
+  static thread_local Slot slots[16];
+  Slot& s = slots[slot];
+  if (s.n < n) {
+    ::operator delete(s.p, std::align_val_t(64));
+    s.p = nullptr;
+    s.p = static_cast<float*>(::operator new(sizeof(float) * n, std::align_val_t(64)));
+    s.n = n;
+  }
+  return s.p;
+}
 
 void check_shape(const AttentionShape& s) {
   CLEAVE_CHECK(s.B > 0 && s.T > 0, "attention: B=" << s.B << ", T=" << s.T << " must be positive");
@@ -265,15 +274,13 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 #pragma omp parallel
   {
-    Scratch qt_buf(hd * kFwdQ), st_buf(kFwdK * kFwdQ), v_buf(kFwdK * hdp), o_buf(kFwdQ * hdp),
-        stat_buf(3 * kFwdQ);
-    float* qt = qt_buf.p;                   // [hd][kFwdQ]: scaled Q_i^T
-    float* st = st_buf.p;                   // [kFwdK][kFwdQ]: S^T, then P^T
-    float* vb = v_buf.p;                    // [kFwdK][hdp]: V_j
-    float* ob = o_buf.p;                    // [kFwdQ][hdp]: unnormalised output rows
-    float* m = stat_buf.p;                  // running max per query
-    float* l = stat_buf.p + kFwdQ;          // running sum of exp(s - m) per query
-    float* alpha = stat_buf.p + 2 * kFwdQ;  // exp(m_old - m_new)
+    float* qt = thread_scratch(0, hd * kFwdQ);      // [hd][kFwdQ]: scaled Q_i^T
+    float* st = thread_scratch(1, kFwdK * kFwdQ);   // [kFwdK][kFwdQ]: S^T, then P^T
+    float* vb = thread_scratch(2, kFwdK * hdp);     // [kFwdK][hdp]: V_j, padded (hd < hdp)
+    float* ob = thread_scratch(3, kFwdQ * hdp);     // [kFwdQ][hdp]: unnormalised output rows
+    float* m = thread_scratch(4, 3 * kFwdQ);        // running max per query
+    float* l = m + kFwdQ;                           // running sum of exp(s - m) per query
+    float* alpha = m + 2 * kFwdQ;                   // exp(m_old - m_new)
 
     // Causal cost grows with the query block index: dynamic scheduling, largest blocks first.
     // Each task's result depends only on its inputs, so the schedule does not change the output.
@@ -346,14 +353,20 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           }
         }
         first = false;
-        const float* vbase = v + (b * Tk + k0) * kvs + kvh * hd;
-        for (int64_t kk = 0; kk < nk; ++kk) {
-          float* row = vb + kk * hdp;
-          std::memcpy(row, vbase + kk * kvs, sizeof(float) * hd);
-          for (int64_t d = hd; d < hdp; ++d) row[d] = 0.0f;
+        // V_j's rows as they lie, or copied with their padding where hd is not a whole number of
+        // vectors.
+        const float* vrows = v + (b * Tk + k0) * kvs + kvh * hd;
+        int64_t ldv = kvs;
+        if (hdp != hd) {
+          for (int64_t kk = 0; kk < nk; ++kk) {
+            float* row = vb + kk * hdp;
+            std::memcpy(row, vrows + kk * kvs, sizeof(float) * hd);
+            for (int64_t d = hd; d < hdp; ++d) row[d] = 0.0f;
+          }
+          vrows = vb, ldv = hdp;
         }
         // O += (P^T)^T V_j; query qa+i has non-zero P for keys k0+kk <= qa+i only.
-        gemm<true>(ob, hdp, st, 1, kFwdQ, vb, hdp, nq, hdp, nk, diag ? Tri::kKTo : Tri::kNone,
+        gemm<true>(ob, hdp, st, 1, kFwdQ, vrows, ldv, nq, hdp, nk, diag ? Tri::kKTo : Tri::kNone,
                    qa - k0);
       }
 
@@ -392,20 +405,17 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 
 #pragma omp parallel
   {
-    Scratch kt_buf(hd * kBwdK), ks_buf(kBwdK * hdp), vt_buf(hd * kBwdK), dk_buf(kBwdK * hdp),
-        dv_buf(kBwdK * hdp), q_buf(kBwdQ * hdp), do_buf(kBwdQ * hdp), p_buf(kBwdQ * kBwdK),
-        ds_buf(kBwdQ * kBwdK), dqt_buf(kBwdQ * hdp), d_buf(group * Tq);
-    float* kt = kt_buf.p;    // [hd][kBwdK]: scale K_j^T
-    float* ksc = ks_buf.p;   // [kBwdK][hdp]: scale K_j
-    float* vt = vt_buf.p;    // [hd][kBwdK]: V_j^T
-    float* dka = dk_buf.p;   // [kBwdK][hdp]: dK_j / scale accumulator
-    float* dva = dv_buf.p;   // [kBwdK][hdp]: dV_j accumulator
-    float* qb = q_buf.p;     // [kBwdQ][hdp]: Q_i
-    float* dob = do_buf.p;   // [kBwdQ][hdp]: dO_i
-    float* pb = p_buf.p;     // [kBwdQ][kBwdK]: P
-    float* dsb = ds_buf.p;   // [kBwdQ][kBwdK]: dP, then dS
-    float* dqt = dqt_buf.p;  // [kBwdQ][hdp]: this key block's part of dQ_i
-    float* Dv = d_buf.p;     // [group][Tq]: D = rowsum(dO * O) per head of the group
+    float* kt = thread_scratch(5, hd * kBwdK);      // [hd][kBwdK]: scale K_j^T
+    float* ksc = thread_scratch(6, kBwdK * hdp);    // [kBwdK][hdp]: scale K_j
+    float* vt = thread_scratch(7, hd * kBwdK);      // [hd][kBwdK]: V_j^T
+    float* dka = thread_scratch(8, kBwdK * hdp);    // [kBwdK][hdp]: dK_j / scale accumulator
+    float* dva = thread_scratch(9, kBwdK * hdp);    // [kBwdK][hdp]: dV_j accumulator
+    float* qb = thread_scratch(10, kBwdQ * hdp);    // [kBwdQ][hdp]: Q_i, padded (hd < hdp)
+    float* dob = thread_scratch(11, kBwdQ * hdp);   // [kBwdQ][hdp]: dO_i, padded (hd < hdp)
+    float* pb = thread_scratch(12, kBwdQ * kBwdK);  // [kBwdQ][kBwdK]: P
+    float* dsb = thread_scratch(13, kBwdQ * kBwdK); // [kBwdQ][kBwdK]: dP, then dS
+    float* dqt = thread_scratch(14, kBwdQ * hdp);   // [kBwdQ][hdp]: this key block's part of dQ_i
+    float* Dv = thread_scratch(15, group * Tq);     // [group][Tq]: D = rowsum(dO * O) per head
 
     // All tasks cost the same: static schedule.
 #pragma omp for schedule(static)
@@ -470,12 +480,17 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             const int64_t q0 = ib * kBwdQ, nq = std::min(kBwdQ, Tq - q0);
             const int32_t* qid = qids ? qids + q0 : nullptr;
             const bool mixed = docs_of(qid, nq, kid, nk) == Docs::kMixed;
-            for (int64_t i = 0; i < nq; ++i) {
-              const float* qrow = q + (b * Tq + q0 + i) * qs + h * hd;
-              const float* drow = dout + ((b * Tq + q0 + i) * H + h) * hd;
-              std::memcpy(qb + i * hdp, qrow, sizeof(float) * hd);
-              std::memcpy(dob + i * hdp, drow, sizeof(float) * hd);
-              for (int64_t d = hd; d < hdp; ++d) qb[i * hdp + d] = dob[i * hdp + d] = 0.0f;
+            // Q_i's and dO_i's rows as they lie, or copied with their padding (as V_j in forward).
+            const float* qrows = q + (b * Tq + q0) * qs + h * hd;
+            const float* drows = dout + ((b * Tq + q0) * H + h) * hd;
+            int64_t ldq = qs, ldd = H * hd;
+            if (hdp != hd) {
+              for (int64_t i = 0; i < nq; ++i) {
+                std::memcpy(qb + i * hdp, qrows + i * ldq, sizeof(float) * hd);
+                std::memcpy(dob + i * hdp, drows + i * ldd, sizeof(float) * hd);
+                for (int64_t d = hd; d < hdp; ++d) qb[i * hdp + d] = dob[i * hdp + d] = 0.0f;
+              }
+              qrows = qb, drows = dob, ldq = ldd = hdp;
             }
 
             // On a diagonal block query q0+i (token of key row qa+i) sees keys c <= qa+i-k0 = i+dq0
@@ -484,8 +499,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             const bool diag = k0 + kBwdK - 1 > qa;
             const int64_t dq0 = qa - k0;
             const Tri row_cols = diag ? Tri::kColTo : Tri::kNone;
-            gemm<false>(pb, kBwdK, qb, hdp, 1, kt, kBwdK, nq, kBwdK, hd, row_cols, dq0);    // S
-            gemm<false>(dsb, kBwdK, dob, hdp, 1, vt, kBwdK, nq, kBwdK, hd, row_cols, dq0);  // dP
+            gemm<false>(pb, kBwdK, qrows, ldq, 1, kt, kBwdK, nq, kBwdK, hd, row_cols, dq0);  // S
+            gemm<false>(dsb, kBwdK, drows, ldd, 1, vt, kBwdK, nq, kBwdK, hd, row_cols, dq0);  // dP
             const float* lrow = lse + (b * H + h) * Tq + q0;
             const float* Drow = Dv + hh * Tq + q0;
             for (int64_t i = 0; i < nq; ++i) {
@@ -506,8 +521,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               for (int64_t c = lim; c < kBwdK; ++c) p[c] = ds[c] = 0.0f;
             }
             const Tri key_rows = diag ? Tri::kKFrom : Tri::kNone;
-            gemm<true>(dva, hdp, pb, 1, kBwdK, dob, hdp, nk, hdp, nq, key_rows, -dq0);  // P^T dO_i
-            gemm<true>(dka, hdp, dsb, 1, kBwdK, qb, hdp, nk, hdp, nq, key_rows, -dq0);  // dS^T Q_i
+            gemm<true>(dva, hdp, pb, 1, kBwdK, drows, ldd, nk, hdp, nq, key_rows, -dq0);  // P^T dO_i
+            gemm<true>(dka, hdp, dsb, 1, kBwdK, qrows, ldq, nk, hdp, nq, key_rows, -dq0);  // dS^T Q_i
             gemm<false>(dqt, hdp, dsb, kBwdK, 1, ksc, hdp, nq, hdp, nk,                 // dS K_j s
                         diag ? Tri::kKTo : Tri::kNone, dq0);
             for (int64_t i = 0; i < nq; ++i) {
