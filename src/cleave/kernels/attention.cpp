@@ -36,6 +36,7 @@
 #include <new>
 
 #include "cleave/base/check.h"
+#include "cleave/kernels/transpose16.h"
 #include "cleave/kernels/vmath.h"
 
 namespace cleave::kernels {
@@ -167,11 +168,29 @@ void gemm(float* C, int64_t ldc, const float* A, int64_t ars, int64_t acs, const
   }
 }
 
-// dst[d * ld + i] = src[i * ss + d] * scale for i < n, d < hd; zero for n <= i < n_pad. Reads rows
-// contiguously; the scattered stores stay in L1 (this order is ~2x faster than the reverse).
+// dst[d * ld + i] = src[i * ss + d] * scale for i < n, d < hd; zero for n <= i < n_pad. With
+// AVX-512, 16 rows at a time are turned into columns 16 values at a time in registers; otherwise
+// (and for what is left) rows are read contiguously and the scattered stores stay in L1 (this
+// order is ~2x faster than the reverse).
 void pack_transposed(float* __restrict dst, int64_t ld, const float* __restrict src, int64_t ss,
                      int64_t n, int64_t n_pad, int64_t hd, float scale) {
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i0 = 0;
+#ifdef __AVX512F__
+  const int64_t hd16 = hd / 16 * 16;
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (; i0 + 16 <= n; i0 += 16) {
+    for (int64_t d0 = 0; d0 < hd16; d0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = _mm512_mul_ps(_mm512_loadu_ps(src + (i0 + i) * ss + d0), sc);
+      transpose16(r);
+      for (int d = 0; d < 16; ++d) _mm512_storeu_ps(dst + (d0 + d) * ld + i0, r[d]);
+    }
+    for (int64_t i = i0; i < i0 + 16; ++i)
+      for (int64_t d = hd16; d < hd; ++d) dst[d * ld + i] = src[i * ss + d] * scale;
+  }
+#endif
+  for (int64_t i = i0; i < n; ++i) {
     const float* row = src + i * ss;
     for (int64_t d = 0; d < hd; ++d) dst[d * ld + i] = row[d] * scale;
   }

@@ -19,6 +19,7 @@
 #include "cleave/base/check.h"
 #include "cleave/base/bf16_round.h"
 #include "cleave/kernels/linear.h"
+#include "cleave/kernels/transpose16.h"
 
 namespace cleave::kernels {
 namespace {
@@ -70,38 +71,6 @@ void assemble_block(T* stage, const BlockedLayout& L, bool transposed, const flo
 }
 
 #ifdef __AVX512F__
-// r[j] becomes column j of the 16 x 16 matrix whose row i was r[i].
-void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  auto lo = [](__m512 a, __m512 b) {
-    return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
-  };
-  auto hi = [](__m512 a, __m512 b) {
-    return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
-  };
-  // u[4g + k] holds, per 128-bit lane l, columns k + 4l of rows 4g..4g+3.
-  for (int g = 0; g < 4; ++g) {
-    u[4 * g + 0] = lo(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 1] = hi(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 2] = lo(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = hi(t[4 * g + 1], t[4 * g + 3]);
-  }
-  for (int k = 0; k < 4; ++k) {
-    const __m512 v0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);
-    const __m512 v1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
-    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
-    const __m512 v3 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
-    r[k] = _mm512_shuffle_f32x4(v0, v2, 0x88);
-    r[k + 8] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
-    r[k + 4] = _mm512_shuffle_f32x4(v1, v3, 0x88);
-    r[k + 12] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
-  }
-}
-
 // to_bf16 on 16 values, each in the low half of a 32-bit lane.
 __m512i bf16_lanes(const float* x) { return _mm512_cvtepu16_epi32(bf16_round(_mm512_loadu_ps(x))); }
 
