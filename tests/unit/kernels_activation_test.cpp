@@ -170,25 +170,44 @@ TEST(Activation, Bf16OutputsAreTheFp32OutputsRounded) {
   k::swiglu_forward(rounded.data(), x.data(), N, F);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(rounded[i], cleave::to_bf16(out[i])) << "swiglu " << i;
 
-  // The backwards: fp32 alone, bf16 alone, or both from one pass; the same values each way.
+  // The backwards: the bf16 gradient is the fp32 one rounded.
   auto dout = randn(n, 14);
   auto check = [&](const char* what, auto backward, size_t count) {
-    std::vector<float> alone(count), both(count);
-    std::vector<cleave::bf16> r_alone(count), r_both(count);
-    backward(k::GradOut(alone.data()));
-    backward(k::GradOut(nullptr, r_alone.data()));
-    backward(k::GradOut(both.data(), r_both.data()));
-    EXPECT_TRUE(bitwise_equal(alone, both)) << what;
-    for (size_t i = 0; i < count; ++i) {
-      ASSERT_EQ(r_alone[i], cleave::to_bf16(alone[i])) << what << " " << i;
-      ASSERT_EQ(r_both[i], r_alone[i]) << what << " " << i;
-    }
+    std::vector<float> f32(count);
+    std::vector<cleave::bf16> rounded(count);
+    backward(f32.data());
+    backward(rounded.data());
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_EQ(rounded[i], cleave::to_bf16(f32[i])) << what << " " << i;
   };
-  check("gelu", [&](k::GradOut o) { k::gelu_backward(o, dout.data(), x.data(), n); }, n);
-  check("swiglu", [&](k::GradOut o) { k::swiglu_backward(o, dout.data(), x.data(), N, F); },
-        2 * n);
-  EXPECT_THROW(k::gelu_backward(k::GradOut(nullptr, nullptr), dout.data(), x.data(), n),
-               cleave::Error);
+  check("gelu", [&](auto* o) { k::gelu_backward(o, dout.data(), x.data(), n); }, n);
+  check("swiglu", [&](auto* o) { k::swiglu_backward(o, dout.data(), x.data(), N, F); }, 2 * n);
+}
+
+// GELU's backward that also sums fc's bias gradient: the bf16 gradient is the fp32 one rounded,
+// and the bias gets, added to what it held, each column of the fp32 gradient summed over the rows
+// in order in double (LinearGemm's bias gradient), whatever the thread count.
+TEST(Activation, GeluBackwardSumsTheBiasGradientOfItsFp32Values) {
+  const int N = 37, F = 3 * 64 + 5;  // column blocks of the sum, the last one partial
+  const size_t n = size_t(N) * F;
+  auto x = randn(n, 15, 3.0f), dout = randn(n, 16);
+  std::vector<float> f32(n);
+  k::gelu_backward(f32.data(), dout.data(), x.data(), n);
+  std::vector<float> expect = randn(F, 17);
+  const std::vector<float> start = expect;
+  for (int c = 0; c < F; ++c) {
+    double acc = 0;
+    for (int r = 0; r < N; ++r) acc += f32[size_t(r) * F + c];
+    expect[c] = float(double(start[c]) + acc);
+  }
+  for (int threads : {1, 3}) {
+    Threads t(threads);
+    std::vector<float> bias = start;
+    std::vector<cleave::bf16> rounded(n);
+    k::gelu_backward_bias(rounded.data(), bias.data(), dout.data(), x.data(), N, F);
+    EXPECT_TRUE(bitwise_equal(bias, expect)) << threads << " threads";
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(rounded[i], cleave::to_bf16(f32[i])) << i;
+  }
 }
 
 TEST(AddInplace, AddsAndIsIndependentOfThreadCount) {

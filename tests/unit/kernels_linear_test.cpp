@@ -474,6 +474,32 @@ TEST_P(LinearPrecisionTest, BiasGradientIndependentOfThreadCount) {
   EXPECT_EQ(0, std::memcmp(db1.data(), db2.data(), db1.size() * 4));
 }
 
+// A copy of dy whose producer summed the bias (bias_summed) makes backward_weight leave the bias
+// alone and compute the same weight gradient; refilling the copy clears the mark.
+TEST_P(LinearPrecisionTest, BiasLeftAloneWhereTheCopyOfDyHasSummedIt) {
+  const Precision p = GetParam();
+  const int64_t N = 30;
+  const int in = 40, out = 70;
+  auto w = random_vec(size_t(out) * in, 71);
+  auto x = random_vec(size_t(N) * in, 72);
+  auto dy = random_vec(size_t(N) * out, 73);
+  LinearGemm g(in, out, p);
+  g.set_weight(w.data());
+  OperandCopy dyc;
+  std::vector<float> dx(size_t(N) * in);
+  g.backward_input(dx.data(), dy.data(), N, false, &dyc);
+  std::vector<float> dw(size_t(out) * in, 0.f), db(out, 0.f), dw_marked(dw), db_marked(out, 1.5f);
+  g.backward_weight(dw.data(), db.data(), dy.data(), x.data(), N, &dyc);
+  dyc.bias_summed = true;
+  g.backward_weight(dw_marked.data(), db_marked.data(), dy.data(), x.data(), N, &dyc);
+  EXPECT_EQ(0, std::memcmp(dw.data(), dw_marked.data(), dw.size() * 4));
+  EXPECT_EQ(db_marked, std::vector<float>(out, 1.5f));
+  EXPECT_NE(db, std::vector<float>(out, 0.f));
+  if (p != Precision::bf16) return;  // only bf16 products fill the copy
+  g.backward_input(dx.data(), dy.data(), N, false, &dyc);
+  EXPECT_FALSE(dyc.bias_summed) << "refilling the copy clears the mark";
+}
+
 // ZeRO-3 releases a unit's packed copies with its values (release_packed), and their storage
 // serves the next products' copies of the same size, holding the old copies' bytes: a layer
 // packed into it computes bit for bit what a layer packing into fresh memory does, padding

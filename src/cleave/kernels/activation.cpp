@@ -9,6 +9,7 @@
 
 #include "cleave/base/check.h"
 #include "cleave/base/bf16_round.h"
+#include "cleave/kernels/column_sums.h"
 #include "cleave/kernels/for_blocks.h"
 #include "cleave/kernels/vmath.h"
 
@@ -37,8 +38,8 @@ inline float gelu_slope(float v) {
   return s + 2.0f * v * s * (ex * s) * du;
 }
 
-// The writers of an output: fp32, bf16 (a bf16 product's operand) or both, one type each so
-// that every loop is compiled without a branch. A loop computes a run of values into
+// The writers of an output: fp32 or bf16 (a bf16 product's operand), one type each so that
+// every loop is compiled without a branch. A loop computes a run of values into
 // values(i, tile): the fp32 output itself where there is one, else a tile on the stack; commit
 // then narrows the run for a bf16 output, 16 values at a time (bf16_round.h).
 struct ToF32 {
@@ -49,12 +50,6 @@ struct ToF32 {
 struct ToBf16 {
   bf16* r;
   float* values(int64_t, float* tile) const { return tile; }
-  void commit(int64_t i, const float* v, int64_t n) const { bf16_round_run(r + i, v, n); }
-};
-struct ToBoth {
-  float* f;
-  bf16* r;
-  float* values(int64_t i, float*) const { return f + i; }
   void commit(int64_t i, const float* v, int64_t n) const { bf16_round_run(r + i, v, n); }
 };
 
@@ -84,14 +79,6 @@ void paired_runs(Out out, int64_t begin, int64_t end, int64_t second, Fn fn) {
     out.commit(i, v, n);
     out.commit(i2, v2, n);
   }
-}
-
-template <class Body>
-void with_grad_out(const GradOut& o, Body body) {
-  CLEAVE_CHECK(o.f32 || o.rounded, "an activation's gradient needs somewhere to go");
-  if (o.f32 && o.rounded) body(ToBoth{o.f32, o.rounded});
-  else if (o.f32) body(ToF32{o.f32});
-  else body(ToBf16{o.rounded});
 }
 
 template <class Out>
@@ -163,8 +150,22 @@ void swiglu_backward_into(Out dgate_up, const float* dout, const float* gate_up,
 void gelu_forward(float* out, const float* x, int64_t n) { gelu_forward_into(ToF32{out}, x, n); }
 void gelu_forward(bf16* out, const float* x, int64_t n) { gelu_forward_into(ToBf16{out}, x, n); }
 
-void gelu_backward(GradOut dx, const float* dout, const float* x, int64_t n) {
-  with_grad_out(dx, [&](auto out) { gelu_backward_into(out, dout, x, n); });
+void gelu_backward(float* dx, const float* dout, const float* x, int64_t n) {
+  gelu_backward_into(ToF32{dx}, dout, x, n);
+}
+void gelu_backward(bf16* dx, const float* dout, const float* x, int64_t n) {
+  gelu_backward_into(ToBf16{dx}, dout, x, n);
+}
+
+void gelu_backward_bias(bf16* dx, float* dbias, const float* dout, const float* x, int64_t N,
+                        int F) {
+  CLEAVE_CHECK(N >= 0 && F > 0, "gelu_backward_bias: N=" << N << ", F=" << F);
+  add_column_sums(dbias, N, F, [=](int64_t n, int c0, int c1, float* __restrict tile) {
+    const int64_t at = n * F + c0;
+    for (int j = 0; j < c1 - c0; ++j) tile[j] = dout[at + j] * gelu_slope(x[at + j]);
+    bf16_round_run(dx + at, tile, c1 - c0);
+    return tile;
+  });
 }
 
 void swiglu_forward(float* out, const float* gate_up, int64_t N, int F) {
@@ -174,8 +175,11 @@ void swiglu_forward(bf16* out, const float* gate_up, int64_t N, int F) {
   swiglu_forward_into(ToBf16{out}, gate_up, N, F);
 }
 
-void swiglu_backward(GradOut dgate_up, const float* dout, const float* gate_up, int64_t N, int F) {
-  with_grad_out(dgate_up, [&](auto out) { swiglu_backward_into(out, dout, gate_up, N, F); });
+void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up, int64_t N, int F) {
+  swiglu_backward_into(ToF32{dgate_up}, dout, gate_up, N, F);
+}
+void swiglu_backward(bf16* dgate_up, const float* dout, const float* gate_up, int64_t N, int F) {
+  swiglu_backward_into(ToBf16{dgate_up}, dout, gate_up, N, F);
 }
 
 void add_inplace(float* y, const float* x, int64_t n) {

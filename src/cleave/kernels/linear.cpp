@@ -57,6 +57,7 @@
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
 #include "cleave/base/spare_buffers.h"
+#include "cleave/kernels/column_sums.h"
 #include "cleave/kernels/convert.h"
 #include "cleave/kernels/linear_fp8.h"
 #include "cleave/kernels/weight_pack.h"
@@ -706,24 +707,10 @@ void LinearGemm::backward_weight(float* dweight, float* dbias, const float* dy, 
   m.execute(plan, src, wei, nullptr, dst);
   if (factor != 1.0f) kernels::fp8_add_scaled(dweight, result, int64_t(m.out) * m.in, factor);
 
-  if (dbias) {
-    // Column sums of dy, each column summed over rows 0..N-1 in order (double accumulator) by
-    // one thread: bitwise independent of the thread count.
-    const int out = m.out;
-    constexpr int kCols = 64;
-    const int nblocks = (out + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static)
-    for (int b = 0; b < nblocks; ++b) {
-      const int c0 = b * kCols;
-      const int c1 = std::min(out, c0 + kCols);
-      double acc[kCols] = {};
-      for (int64_t n = 0; n < N; ++n) {
-        const float* row = dy + n * out;
-#pragma omp simd
-        for (int c = c0; c < c1; ++c) acc[c - c0] += row[c];
-      }
-      for (int c = c0; c < c1; ++c) dbias[c] = float(double(dbias[c]) + acc[c - c0]);
-    }
+  if (dbias && !(dy_copy && dy_copy->bias_summed)) {
+    const int cols = m.out;
+    kernels::add_column_sums(dbias, N, cols,
+                             [=](int64_t n, int c0, int, float*) { return dy + n * cols + c0; });
   }
 }
 

@@ -78,10 +78,15 @@ struct OperandCopy {
   Buffer<uint8_t> fp8;
   Buffer<float> factors;  // fp8: one per tile (one for a per-tensor scale)
   int64_t count = 0;  // elements converted by the latest product that filled it
+  // The producer of this copy of an output gradient added its column sums to the bias gradient
+  // as it wrote it (GELU's backward, kernels::gelu_backward_bias): the backward_weight that reads
+  // the copy leaves the bias alone.
+  bool bias_summed = false;
   // Room for the n bf16 values about to be written into it (by a product, or by the producer of
   // the operand), recorded as what the copy holds.
   bf16* refill(int64_t n) {
     count = n;
+    bias_summed = false;
     return data.grow(n);
   }
 };
@@ -112,7 +117,8 @@ class LinearGemm {
                       OperandCopy* keep_dy = nullptr);
   // The same from dy's bf16 copy alone (bf16 mode), as forward_from_copy.
   void backward_input_from_copy(float* dx, const OperandCopy& dy, int64_t N, bool accumulate);
-  // dweight += dy^T x; dbias += column sums of dy (if non-null). bf16 mode: the copies given are
+  // dweight += dy^T x; dbias += column sums of dy (if non-null, and unless dy_copy says that its
+  // producer added them). bf16 mode: the copies given are
   // used in place of converting dy and x (they must hold them: checked by size); without one the
   // operand is converted here. x may be null where its copy is given. The bias gradient does not
   // depend on the number of threads; the products are bitwise reproducible for a fixed thread

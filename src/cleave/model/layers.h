@@ -33,6 +33,8 @@ class Linear {
 
   int weight_index() const { return w_; }
   bool has_bias() const { return b_ >= 0; }
+  // The bias's gradient, for a producer of the output gradient that sums it as it writes it.
+  float* bias_grad() { return dbias_; }
   LinearGemm& gemm() { return gemm_; }
   const LinearGemm& gemm() const { return gemm_; }
 

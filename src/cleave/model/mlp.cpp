@@ -115,16 +115,23 @@ void Mlp::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool 
     s.d_fc.resize(N * fc_.gemm().out_features());
   }
   // bf16 mode, not deferred: the activation's backward writes fc's gradient as the bf16 operand of
-  // its products in the same pass (and in fp32 only where fc's bias gradient sums it).
+  // its products in the same pass; GPT-2's adds fc's bias gradient there too (the copy says so).
   const bool fused = !act_in_fp32() && !defer;
   float* d_fc = defer ? s.d_fc.data() : fc_grad_in_fp32() ? g.d_fc.data() : nullptr;
-  kernels::GradOut d_fc_out(d_fc);
-  if (fused) d_fc_out.rounded = g.dfc_copy.refill(N * fc_.gemm().out_features());
   proj_.backward_input(g.d_act.data(), dy, N, false, defer ? nullptr : &g.dy_copy);
-  if (cfg_.family == Family::gpt2)
-    kernels::gelu_backward(d_fc_out, g.d_act.data(), s.fc.data(), N * ffn_);
-  else
-    kernels::swiglu_backward(d_fc_out, g.d_act.data(), s.fc.data(), N, ffn_);
+  if (fused) {
+    bf16* rounded = g.dfc_copy.refill(N * fc_.gemm().out_features());
+    if (cfg_.family == Family::gpt2) {
+      kernels::gelu_backward_bias(rounded, fc_.bias_grad(), g.d_act.data(), s.fc.data(), N, ffn_);
+      g.dfc_copy.bias_summed = true;
+    } else {
+      kernels::swiglu_backward(rounded, g.d_act.data(), s.fc.data(), N, ffn_);
+    }
+  } else if (cfg_.family == Family::gpt2) {
+    kernels::gelu_backward(d_fc, g.d_act.data(), s.fc.data(), N * ffn_);
+  } else {
+    kernels::swiglu_backward(d_fc, g.d_act.data(), s.fc.data(), N, ffn_);
+  }
   if (fused) fc_.backward_input_from_copy(dx, g.dfc_copy, N, false);
   else fc_.backward_input(dx, d_fc, N, false, defer ? nullptr : &g.dfc_copy);
   if (defer) std::memcpy(s.dy.data(), dy, N * d * sizeof(float));

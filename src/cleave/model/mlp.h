@@ -59,9 +59,10 @@ class Mlp {
   int64_t fc_width() const { return fc_.gemm().out_features(); }
   int64_t act_width() const { return ffn_; }
   bool act_in_fp32() const { return proj_.gemm().precision() != Precision::bf16; }
-  // Whether a whole backward writes fc's output gradient in fp32 (in bf16 mode only for fc's
-  // bias gradient; a deferred input half always keeps it).
-  bool fc_grad_in_fp32() const { return act_in_fp32() || fc_.has_bias(); }
+  // Whether a whole backward writes fc's output gradient in fp32 (not in bf16 mode, where the
+  // activation's backward writes its bf16 copy and sums fc's bias; a deferred input half always
+  // keeps it).
+  bool fc_grad_in_fp32() const { return act_in_fp32(); }
   // Its products take a new row count at every call (an expert): LinearGemm::set_variable_rows.
   void set_variable_rows() {
     fc_.gemm().set_variable_rows();
