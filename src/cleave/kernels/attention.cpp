@@ -22,8 +22,7 @@
 // to bf16, in pairs along head_dim, S = scale (Q K^T) with the scale applied to the fp32 result.
 // Forward and backward then compute the same S bit for bit (a pair product does not depend on
 // which operand is A), and each rounding is of one input element, the same wherever a layout puts
-// it; P, dS and the other three products stay fp32, O = P V on V's rounded values and D from dO's
-// (so that every row of dS still sums to 0).
+// it; P, dS and the other three products stay fp32.
 //
 // In both passes ranges of tokens (context parallelism) shift the diagonal: query row i is key
 // row i + shift. Block pairs whose documents differ throughout are skipped like blocks past the
@@ -172,20 +171,13 @@ pair16* pair_scratch(int slot, int64_t n) {
 }
 
 // sum_d a[d] b[d] in a fixed order: kVL lane partial sums (a sequential sum is latency-bound).
-// With round_b, b's values rounded to bf16 first.
-template <bool round_b = false>
 float dot(const float* a, const float* b, int64_t n) {
-  auto bv = [&](int64_t d) { return round_b ? from_bf16(to_bf16(b[d])) : b[d]; };
   vf acc{};
   int64_t d = 0;
-  for (; d + kVL <= n; d += kVL) {
-    alignas(64) float t[kVL];
-    for (int l = 0; l < kVL; ++l) t[l] = bv(d + l);
-    acc += loadv(a + d) * loadv(t);
-  }
+  for (; d + kVL <= n; d += kVL) acc += loadv(a + d) * loadv(b + d);
   float sum = 0.0f;
   for (int l = 0; l < kVL; ++l) sum += acc[l];
-  for (; d < n; ++d) sum += a[d] * bv(d);
+  for (; d < n; ++d) sum += a[d] * b[d];
   return sum;
 }
 
@@ -347,15 +339,13 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
         }
         first = false;
         // V_j's rows as they lie, or copied with their padding where hd is not a whole number of
-        // vectors. With bf16 scores V is rounded to bf16 values here as in dP: backward's
-        // D = rowsum(dO O) then equals rowsum(P dP).
+        // vectors.
         const float* vrows = v + (b * Tk + k0) * kvs + kvh * hd;
         int64_t ldv = kvs;
-        if (hdp != hd || pairs) {
+        if (hdp != hd) {
           for (int64_t kk = 0; kk < nk; ++kk) {
             float* row = vb + kk * hdp;
-            const float* src = vrows + kk * kvs;
-            for (int64_t d = 0; d < hd; ++d) row[d] = pairs ? from_bf16(to_bf16(src[d])) : src[d];
+            std::memcpy(row, vrows + kk * kvs, sizeof(float) * hd);
             for (int64_t d = hd; d < hdp; ++d) row[d] = 0.0f;
           }
           vrows = vb, ldv = hdp;
@@ -431,10 +421,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         for (int64_t t = 0; t < Tq; ++t) {
           const float* o = out + ((b * Tq + t) * H + h) * hd;
           const float* dO = dout + ((b * Tq + t) * H + h) * hd;
-          // With bf16 scores dP takes dO and V rounded, and forward's O = P V took V rounded: D
-          // takes dO rounded too, so that D = rowsum(P dP) and every row of dS sums to 0, as it
-          // must (K's bias, say, has no gradient but rounding noise).
-          Dv[hh * Tq + t] = pairs ? dot<true>(o, dO, hd) : dot(o, dO, hd);
+          Dv[hh * Tq + t] = dot(o, dO, hd);
           if (!accumulate) std::memset(dq + (b * Tq + t) * qs + h * hd, 0, sizeof(float) * hd);
         }
         if (pairs) {
