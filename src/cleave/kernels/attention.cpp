@@ -1,8 +1,10 @@
-// Causal GQA attention, FlashAttention-2 style, on CPU: the block products in
-// attention_tiles.h, fp32, with the score products optionally on bf16 pairs (below).
+// Causal GQA attention, FlashAttention-2 style, fp32 on CPU.
 //
-// The loops are arranged so that B of every block product is either contiguous in memory or a
-// small block we pack once and reuse many times:
+// Every product is one small GEMM on a block pair, C[M,N] (+)= A[M,K] B[K,N], done by one register-
+// tiled micro-kernel: B is read row by row as vectors (row-major, N contiguous) and A is read one
+// scalar at a time and broadcast, so A may be stored transposed at no cost (strides ars, acs). The
+// loops are arranged so that B is always either contiguous in memory or a small block we pack once
+// and reuse many times:
 //
 // forward, one (b, head, query block) per task:   S^T[keys, queries] = K_j (Q_i scale)^T
 //   A = K rows straight from memory, B = Q_i^T packed once per task. Softmax statistics are per
@@ -18,18 +20,13 @@
 //   and no write conflicts; every sum runs in a fixed order (heads, then query blocks, then key
 //   blocks ascending for dq), so results do not depend on the number of threads.
 //
-// bf16 scores (AttentionShape::bf16_scores): S in both passes and dP take Q, K, V and dO rounded
-// to bf16, in pairs along head_dim, S = scale (Q K^T) with the scale applied to the fp32 result.
-// Forward and backward then compute the same S bit for bit (a pair product does not depend on
-// which operand is A), and each rounding is of one input element, the same wherever a layout puts
-// it; P, dS and the other three products stay fp32.
-//
 // In both passes ranges of tokens (context parallelism) shift the diagonal: query row i is key
 // row i + shift. Block pairs whose documents differ throughout are skipped like blocks past the
 // diagonal; a pair that holds a document boundary masks element-wise, and only such pairs pay.
 //
-// The elementwise loops (softmax, packing) are plain and auto-vectorise; exp is vmath::exp_f (no
-// -ffast-math).
+// The micro-kernel uses GCC vector extensions (also understood by clang): with plain loops g++
+// keeps the accumulator tile in memory (loads and stores around every FMA). The elementwise loops
+// (softmax, packing) are plain and auto-vectorise; exp is vmath::exp_f (no -ffast-math).
 #include "cleave/kernels/attention.h"
 
 #include <algorithm>
@@ -39,20 +36,137 @@
 #include <new>
 
 #include "cleave/base/check.h"
-#include "cleave/kernels/attention_tiles.h"
 #include "cleave/kernels/transpose16.h"
 #include "cleave/kernels/vmath.h"
 
 namespace cleave::kernels {
 namespace {
 
-using namespace attention_tiles;
+#if defined(__AVX512F__)
+constexpr int kVL = 16;  // floats per vector
+constexpr int kMR = 6;   // micro-tile rows: 6 x 4 accumulators + 4 B vectors + 1 broadcast <= 32
+constexpr int kNV = 4;   // micro-tile width in vectors
+#else
+constexpr int kVL = 8;  // AVX2 / SSE / NEON: 16 vector registers
+constexpr int kMR = 6;  // 6 x 2 accumulators + 2 B vectors + 1 broadcast <= 16
+constexpr int kNV = 2;
+#endif
+using vf = float __attribute__((vector_size(kVL * sizeof(float))));
 
 // Block sizes (query rows x key columns), multiples of kVL; any combination is valid. 64 x 64 keeps
 // a block of S, K^T or V at 16 KB (head_dim 64). Measured on Zen 4: 128-wide blocks in either pass
 // were within noise (+-5%) at T = 256 and T = 2048.
 constexpr int64_t kFwdQ = 64, kFwdK = 64;
 constexpr int64_t kBwdQ = 64, kBwdK = 64;
+
+inline vf loadv(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void storev(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// C[R, NV*kVL] (+)= sum_k A[r*ars + k*acs] * B[k*ldb + c]. The accumulators stay in registers.
+template <int R, int NV, bool Acc>
+inline void tile(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t ars,
+                 int64_t acs, const float* __restrict B, int64_t ldb, int64_t K) {
+  vf acc[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) acc[r][c] = Acc ? loadv(C + r * ldc + c * kVL) : vf{};
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    vf bv[NV];
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) bv[c] = loadv(b + c * kVL);
+    const float* a = A + k * acs;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float ar = a[r * ars];
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) acc[r][c] += ar * bv[c];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) storev(C + r * ldc + c * kVL, acc[r][c]);
+}
+
+// R rows, all N columns (N a multiple of kVL).
+template <int R, bool Acc>
+inline void row_panel(float* C, int64_t ldc, const float* A, int64_t ars, int64_t acs,
+                      const float* B, int64_t ldb, int64_t N, int64_t K) {
+  int64_t c = 0;
+  for (; c + kNV * kVL <= N; c += kNV * kVL)
+    tile<R, kNV, Acc>(C + c, ldc, A, ars, acs, B + c, ldb, K);
+  const int64_t rest = (N - c) / kVL;
+  if constexpr (kNV > 1)
+    if (rest == 1) tile<R, 1, Acc>(C + c, ldc, A, ars, acs, B + c, ldb, K);
+  if constexpr (kNV > 2)
+    if (rest == 2) tile<R, 2, Acc>(C + c, ldc, A, ars, acs, B + c, ldb, K);
+  if constexpr (kNV > 3)
+    if (rest == 3) tile<R, 3, Acc>(C + c, ldc, A, ars, acs, B + c, ldb, K);
+}
+
+template <bool Acc, int R = kMR - 1>
+inline void row_tail(int64_t rows, float* C, int64_t ldc, const float* A, int64_t ars, int64_t acs,
+                     const float* B, int64_t ldb, int64_t N, int64_t K) {
+  if constexpr (R > 0) {
+    if (rows == R) return row_panel<R, Acc>(C, ldc, A, ars, acs, B, ldb, N, K);
+    row_tail<Acc, R - 1>(rows, C, ldc, A, ars, acs, B, ldb, N, K);
+  }
+}
+
+// Causal structure of a block product, so diagonal blocks skip (most of) their zero half. Row m of
+// C only needs (or only has non-zero terms for) a range that moves with m, by whole row panels:
+//   kColFrom: columns n >= m + off     kColTo: columns n <= m + off
+//   kKFrom:   terms k >= m + off       kKTo:   terms k <= m + off
+// Skipped columns of C are left unwritten (callers mask them); skipped terms are zero.
+enum class Tri { kNone, kColFrom, kColTo, kKFrom, kKTo };
+
+// C[M, N] (+)= A[M, K] B[K, N]; A(m, k) = A[m*ars + k*acs]; N must be a multiple of kVL.
+template <bool Acc>
+void gemm(float* C, int64_t ldc, const float* A, int64_t ars, int64_t acs, const float* B,
+          int64_t ldb, int64_t M, int64_t N, int64_t K, Tri tri = Tri::kNone, int64_t off = 0) {
+  for (int64_t r = 0; r < M; r += kMR) {
+    const int64_t rows = std::min<int64_t>(kMR, M - r);
+    int64_t c_lo = 0, c_hi = N, k_lo = 0, k_hi = K;
+    switch (tri) {
+      case Tri::kNone:
+        break;
+      case Tri::kColFrom:
+        c_lo = std::clamp<int64_t>((r + off) / kVL * kVL, 0, N);
+        break;
+      case Tri::kColTo:
+        c_hi = std::clamp<int64_t>(round_up(r + rows + off, kVL), 0, N);
+        break;
+      case Tri::kKFrom:
+        k_lo = std::clamp<int64_t>(r + off, 0, K);
+        break;
+      case Tri::kKTo:
+        k_hi = std::clamp<int64_t>(r + rows + off, 0, K);
+        break;
+    }
+    if (c_hi <= c_lo) continue;
+    float* c = C + r * ldc + c_lo;
+    if (k_hi <= k_lo) {
+      if (!Acc)
+        for (int64_t i = 0; i < rows; ++i)
+          std::memset(c + i * ldc, 0, sizeof(float) * (c_hi - c_lo));
+      continue;
+    }
+    const float* a = A + r * ars + k_lo * acs;
+    const float* b = B + k_lo * ldb + c_lo;
+    if (rows == kMR)
+      row_panel<kMR, Acc>(c, ldc, a, ars, acs, b, ldb, c_hi - c_lo, k_hi - k_lo);
+    else
+      row_tail<Acc>(rows, c, ldc, a, ars, acs, b, ldb, c_hi - c_lo, k_hi - k_lo);
+  }
+}
 
 // dst[d * ld + i] = src[i * ss + d] * scale for i < n, d < hd; zero for n <= i < n_pad. With
 // AVX-512, 16 rows at a time are turned into columns 16 values at a time in registers; otherwise
@@ -84,92 +198,6 @@ void pack_transposed(float* __restrict dst, int64_t ld, const float* __restrict 
     for (int64_t i = n; i < n_pad; ++i) dst[d * ld + i] = 0.0f;
 }
 
-// Per-thread scratch, 64-byte aligned, kept from call to call and grown when a call needs more:
-// freed after every call, it went back to the kernel and came back through page faults and TLB
-// shootdowns, several percent of a call. Forward and backward take different slots.
-float* thread_scratch(int slot, int64_t n) {
-  struct Slot {
-    float* p = nullptr;
-    int64_t n = 0;
-    ~Slot() { ::operator delete(p, std::align_val_t(64)); }
-  };
-  static thread_local Slot slots[22];
-  Slot& s = slots[slot];
-  if (s.n < n) {
-    ::operator delete(s.p, std::align_val_t(64));
-    s.p = nullptr;
-    s.p = static_cast<float*>(::operator new(sizeof(float) * n, std::align_val_t(64)));
-    s.n = n;
-  }
-  return s.p;
-}
-
-// Pair d / 2 of a row of hd values: elements d and d + 1 rounded to bf16 (0 past hd).
-inline pair16 pair_of(const float* row, int64_t d, int64_t hd) {
-  const uint32_t hi = d + 1 < hd ? to_bf16(row[d + 1]) : 0;
-  return uint32_t(to_bf16(row[d])) | hi << 16;
-}
-
-// dst[i * ldw + p] = pair p of row i (src[i * ss ...]) for i < n: rows of pairs along hd.
-void pack_pair_rows(pair16* dst, int64_t ldw, const float* src, int64_t ss, int64_t n,
-                    int64_t hd) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = src + i * ss;
-    pair16* out = dst + i * ldw;
-    int64_t d = 0;
-#ifdef __AVX512F__
-    // 16 values rounded are 8 pairs, the lower element in the lower half of each 32-bit lane.
-    for (; d + 16 <= hd; d += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + d / 2),
-                          bf16_round(_mm512_loadu_ps(row + d)));
-#endif
-    for (; d < hd; d += 2) out[d / 2] = pair_of(row, d, hd);
-  }
-}
-
-// dst[p * ld + i] = pair p of row i for i < n, 0 for n <= i < n_pad: pairs along hd as columns,
-// the B operand of a product over hd. With AVX-512, 16 rows by 16 pairs at a time through a
-// register transpose.
-void pack_pairs_transposed(pair16* dst, int64_t ld, const float* src, int64_t ss, int64_t n,
-                           int64_t n_pad, int64_t hd) {
-  const int64_t hdw = (hd + 1) / 2;
-  int64_t i0 = 0;
-#ifdef __AVX512F__
-  const int64_t whole = hd / 32 * 16;  // pairs in whole groups of 16
-  for (; i0 + 16 <= n; i0 += 16) {
-    for (int64_t p0 = 0; p0 < whole; p0 += 16) {
-      __m512 r[16];
-      for (int i = 0; i < 16; ++i) {
-        const float* row = src + (i0 + i) * ss + 2 * p0;
-        const __m256i lo = bf16_round(_mm512_loadu_ps(row));
-        const __m256i hi = bf16_round(_mm512_loadu_ps(row + 16));
-        r[i] = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
-      }
-      transpose16(r);
-      for (int p = 0; p < 16; ++p)
-        _mm512_storeu_si512(dst + (p0 + p) * ld + i0, _mm512_castps_si512(r[p]));
-    }
-    for (int64_t i = i0; i < i0 + 16; ++i)
-      for (int64_t p = whole; p < hdw; ++p) dst[p * ld + i] = pair_of(src + i * ss, 2 * p, hd);
-  }
-#endif
-  for (int64_t i = i0; i < n; ++i)
-    for (int64_t p = 0; p < hdw; ++p) dst[p * ld + i] = pair_of(src + i * ss, 2 * p, hd);
-  for (int64_t p = 0; p < hdw; ++p)
-    for (int64_t i = n; i < n_pad; ++i) dst[p * ld + i] = 0;
-}
-
-// x[r * ld + c] *= scale for r < rows, c < cols: bf16 scores get the scale after the product.
-void scale_block(float* x, int64_t ld, int64_t rows, int64_t cols, float scale) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) x[r * ld + c] *= scale;
-}
-
-// Scratch as pairs of bf16 (slots used for nothing else).
-pair16* pair_scratch(int slot, int64_t n) {
-  return reinterpret_cast<pair16*>(thread_scratch(slot, n));
-}
-
 // sum_d a[d] b[d] in a fixed order: kVL lane partial sums (a sequential sum is latency-bound).
 float dot(const float* a, const float* b, int64_t n) {
   vf acc{};
@@ -190,6 +218,26 @@ Docs docs_of(const int32_t* qid, int64_t nq, const int32_t* kid, int64_t nk) {
   if (kid[nk - 1] < qid[0] || kid[0] > qid[nq - 1]) return Docs::kApart;
   const bool one = kid[0] == kid[nk - 1] && qid[0] == qid[nq - 1] && kid[0] == qid[0];
   return one ? Docs::kOne : Docs::kMixed;
+}
+
+// Per-thread scratch, 64-byte aligned, kept from call to call and grown when a call needs more:
+// freed after every call, it went back to the kernel and came back through page faults and TLB
+// shootdowns, several percent of a call. Forward and backward take different slots.
+float* thread_scratch(int slot, int64_t n) {
+  struct Slot {
+    float* p = nullptr;
+    int64_t n = 0;
+    ~Slot() { ::operator delete(p, std::align_val_t(64)); }
+  };
+  static thread_local Slot slots[16];
+  Slot& s = slots[slot];
+  if (s.n < n) {
+    ::operator delete(s.p, std::align_val_t(64));
+    s.p = nullptr;
+    s.p = static_cast<float*>(::operator new(sizeof(float) * n, std::align_val_t(64)));
+    s.n = n;
+  }
+  return s.p;
 }
 
 void check_shape(const AttentionShape& s) {
@@ -240,8 +288,6 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   const int64_t nqb = (Tq + kFwdQ - 1) / kFwdQ, nkb = (Tk + kFwdK - 1) / kFwdK;
   const int64_t tasks = s.B * H * nqb;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool pairs = s.bf16_scores;
-  const int64_t hdw = (hd + 1) / 2;  // pairs per row of bf16 scores
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr float kLowest = std::numeric_limits<float>::lowest();
 
@@ -254,8 +300,6 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
     float* m = thread_scratch(4, 3 * kFwdQ);        // running max per query
     float* l = m + kFwdQ;                           // running sum of exp(s - m) per query
     float* alpha = m + 2 * kFwdQ;                   // exp(m_old - m_new)
-    pair16* qtw = pairs ? pair_scratch(16, hdw * kFwdQ) : nullptr;  // [hdw][kFwdQ]: Q_i^T pairs
-    pair16* kw = pairs ? pair_scratch(17, kFwdK * hdw) : nullptr;   // [kFwdK][hdw]: K_j pairs
 
     // Causal cost grows with the query block index: dynamic scheduling, largest blocks first.
     // Each task's result depends only on its inputs, so the schedule does not change the output.
@@ -268,11 +312,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       const int32_t* qid = s.q_seq ? s.q_seq + b * Tq + q0 : nullptr;
       const int32_t* kids = s.k_seq ? s.k_seq + b * Tk : nullptr;
 
-      const float* qrows = q + (b * Tq + q0) * qs + h * hd;
-      if (pairs)
-        pack_pairs_transposed(qtw, kFwdQ, qrows, qs, nq, nqp, hd);
-      else
-        pack_transposed(qt, kFwdQ, qrows, qs, nq, nqp, hd, scale);
+      pack_transposed(qt, kFwdQ, q + (b * Tq + q0) * qs + h * hd, qs, nq, nqp, hd, scale);
       // The running max starts finite: a query that has seen no key yet (a whole column of -inf)
       // then gets alpha = exp(0) and P = exp(-inf) = 0, not exp(-inf + inf) = NaN.
       for (int64_t i = 0; i < kFwdQ; ++i) m[i] = kLowest, l[i] = 0.0f;
@@ -288,14 +328,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
         const float* kbase = k + (b * Tk + k0) * kvs + kvh * hd;
         const bool diag = k0 + kFwdK - 1 > qa;  // block crosses the diagonal
         // S^T row kk (key k0+kk) is needed only for queries qa+i >= k0+kk.
-        const Tri cols = diag ? Tri::kColFrom : Tri::kNone;
-        if (pairs) {
-          pack_pair_rows(kw, hdw, kbase, kvs, nk, hd);
-          gemm<false>(st, kFwdQ, kw, hdw, 1, qtw, kFwdQ, nk, nqp, hdw, cols, k0 - qa);
-          scale_block(st, kFwdQ, nk, nqp, scale);
-        } else {
-          gemm<false>(st, kFwdQ, kbase, kvs, 1, qt, kFwdQ, nk, nqp, hd, cols, k0 - qa);
-        }
+        gemm<false>(st, kFwdQ, kbase, kvs, 1, qt, kFwdQ, nk, nqp, hd,
+                    diag ? Tri::kColFrom : Tri::kNone, k0 - qa);
         if (diag) {  // key k0+kk is hidden from queries i < thr
           for (int64_t kk = 0; kk < nk; ++kk) {
             const int64_t thr = std::min(k0 + kk - qa, nqp);
@@ -386,8 +420,6 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const int64_t nqb = (Tq + kBwdQ - 1) / kBwdQ, nkb = (Tk + kBwdK - 1) / kBwdK;
   const int64_t tasks = s.B * Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool pairs = s.bf16_scores;
-  const int64_t hdw = (hd + 1) / 2;  // pairs per row of bf16 scores
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 #pragma omp parallel
@@ -403,11 +435,6 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     float* dsb = thread_scratch(13, kBwdQ * kBwdK); // [kBwdQ][kBwdK]: dP, then dS
     float* dqt = thread_scratch(14, kBwdQ * hdp);   // [kBwdQ][hdp]: this key block's part of dQ_i
     float* Dv = thread_scratch(15, group * Tq);     // [group][Tq]: D = rowsum(dO * O) per head
-    // bf16 scores: the group's Q and dO rows as pairs, once per task, and K_j^T, V_j^T as pairs.
-    pair16* qw = pairs ? pair_scratch(18, group * Tq * hdw) : nullptr;   // [group][Tq][hdw]
-    pair16* dow = pairs ? pair_scratch(19, group * Tq * hdw) : nullptr;  // [group][Tq][hdw]
-    pair16* ktw = pairs ? pair_scratch(20, hdw * kBwdK) : nullptr;       // [hdw][kBwdK]
-    pair16* vtw = pairs ? pair_scratch(21, hdw * kBwdK) : nullptr;       // [hdw][kBwdK]
 
     // All tasks cost the same: static schedule.
 #pragma omp for schedule(static)
@@ -423,10 +450,6 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           const float* dO = dout + ((b * Tq + t) * H + h) * hd;
           Dv[hh * Tq + t] = dot(o, dO, hd);
           if (!accumulate) std::memset(dq + (b * Tq + t) * qs + h * hd, 0, sizeof(float) * hd);
-        }
-        if (pairs) {
-          pack_pair_rows(qw + hh * Tq * hdw, hdw, q + b * Tq * qs + h * hd, qs, Tq, hd);
-          pack_pair_rows(dow + hh * Tq * hdw, hdw, dout + (b * Tq * H + h) * hd, H * hd, Tq, hd);
         }
       }
 
@@ -458,13 +481,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         const float* vbase = v + (b * Tk + k0) * kvs + g * hd;
         // Pack K_j^T, V_j^T (zero columns past nk: the products over hd then give 0 there) and
         // K_j rows (zero rows past nk / columns past hd).
-        if (pairs) {
-          pack_pairs_transposed(ktw, kBwdK, kbase, kvs, nk, kBwdK, hd);
-          pack_pairs_transposed(vtw, kBwdK, vbase, kvs, nk, kBwdK, hd);
-        } else {
-          pack_transposed(kt, kBwdK, kbase, kvs, nk, kBwdK, hd, scale);
-          pack_transposed(vt, kBwdK, vbase, kvs, nk, kBwdK, hd, 1.0f);
-        }
+        pack_transposed(kt, kBwdK, kbase, kvs, nk, kBwdK, hd, scale);
+        pack_transposed(vt, kBwdK, vbase, kvs, nk, kBwdK, hd, 1.0f);
         for (int64_t kk = 0; kk < kBwdK; ++kk) {
           float* row = ksc + kk * hdp;
           int64_t d = 0;
@@ -500,16 +518,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             const bool diag = k0 + kBwdK - 1 > qa;
             const int64_t dq0 = qa - k0;
             const Tri row_cols = diag ? Tri::kColTo : Tri::kNone;
-            if (pairs) {
-              const int64_t at = (hh * Tq + q0) * hdw;
-              gemm<false>(pb, kBwdK, qw + at, hdw, 1, ktw, kBwdK, nq, kBwdK, hdw, row_cols, dq0);
-              scale_block(pb, kBwdK, nq, kBwdK, scale);                                    // S
-              gemm<false>(dsb, kBwdK, dow + at, hdw, 1, vtw, kBwdK, nq, kBwdK, hdw, row_cols,
-                          dq0);                                                            // dP
-            } else {
-              gemm<false>(pb, kBwdK, qrows, ldq, 1, kt, kBwdK, nq, kBwdK, hd, row_cols, dq0);  // S
-              gemm<false>(dsb, kBwdK, drows, ldd, 1, vt, kBwdK, nq, kBwdK, hd, row_cols, dq0);  // dP
-            }
+            gemm<false>(pb, kBwdK, qrows, ldq, 1, kt, kBwdK, nq, kBwdK, hd, row_cols, dq0);  // S
+            gemm<false>(dsb, kBwdK, drows, ldd, 1, vt, kBwdK, nq, kBwdK, hd, row_cols, dq0);  // dP
             const float* lrow = lse + (b * H + h) * Tq + q0;
             const float* Drow = Dv + hh * Tq + q0;
             for (int64_t i = 0; i < nq; ++i) {

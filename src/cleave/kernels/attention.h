@@ -32,10 +32,6 @@ struct AttentionShape {
   // documents follow each other); a query sees only keys of its own document. Null: one document.
   const int32_t* q_seq = nullptr;
   const int32_t* k_seq = nullptr;
-  // The score products (S = Q K^T in both passes, dP = dO V^T) on Q, K, V and dO rounded to
-  // bf16, two at a time with AVX-512 BF16's dot product, accumulating in fp32: bf16 mode's
-  // attention. Each rounding is of one input element, so every layout rounds alike.
-  bool bf16_scores = false;
 
   int64_t keys() const { return Tk > 0 ? Tk : T; }
 };

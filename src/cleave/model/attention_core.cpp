@@ -11,8 +11,8 @@ namespace {
 // The blockwise kernel over the rank's whole sequences, keeping each row's log-sum-exp.
 class LocalAttention final : public AttentionCore {
  public:
-  LocalAttention(int heads, int kv_heads, int head_dim, bool bf16_scores)
-      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), bf16_scores_(bf16_scores) {}
+  LocalAttention(int heads, int kv_heads, int head_dim)
+      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim) {}
 
   struct Saved final : AttentionCore::Saved {
     Buffer<float> lse;
@@ -50,21 +50,18 @@ class LocalAttention final : public AttentionCore {
     const int64_t qkv_dim = q_dim() + 2 * kv_dim();
     kernels::AttentionShape shape{rows.B, rows.T, heads_, kv_heads_, head_dim_, qkv_dim, qkv_dim};
     shape.q_seq = shape.k_seq = rows.documents;
-    shape.bf16_scores = bf16_scores_;
     return shape;
   }
 
   int heads_, kv_heads_, head_dim_;
-  bool bf16_scores_;
 };
 
 }  // namespace
 
 std::unique_ptr<AttentionCore> make_attention_core(const ContextParallelOptions& cp, int heads,
-                                                   int kv_heads, int head_dim, bool bf16_scores) {
-  if (cp.enabled())
-    return std::make_unique<ContextAttention>(cp, heads, kv_heads, head_dim, bf16_scores);
-  return std::make_unique<LocalAttention>(heads, kv_heads, head_dim, bf16_scores);
+                                                   int kv_heads, int head_dim) {
+  if (cp.enabled()) return std::make_unique<ContextAttention>(cp, heads, kv_heads, head_dim);
+  return std::make_unique<LocalAttention>(heads, kv_heads, head_dim);
 }
 
 }  // namespace cleave

@@ -45,10 +45,8 @@ class AttentionCore {
                         const float* o, const Rows& rows) = 0;
 };
 
-// The rank's attention over heads, kv_heads of head_dim: context-parallel where cp is enabled;
-// with bf16 scores (bf16 products) its score products take bf16 operands
-// (kernels::AttentionShape::bf16_scores).
+// The rank's attention over heads, kv_heads of head_dim: context-parallel where cp is enabled.
 std::unique_ptr<AttentionCore> make_attention_core(const ContextParallelOptions& cp, int heads,
-                                                   int kv_heads, int head_dim, bool bf16_scores);
+                                                   int kv_heads, int head_dim);
 
 }  // namespace cleave

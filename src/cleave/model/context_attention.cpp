@@ -45,8 +45,8 @@ void ContextAttention::Saved::release() {
 }
 
 ContextAttention::ContextAttention(const ContextParallelOptions& o, int heads, int kv_heads,
-                                   int head_dim, bool bf16_scores)
-    : opt_(o), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), bf16_scores_(bf16_scores) {
+                                   int head_dim)
+    : opt_(o), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim) {
   if (!opt_.work) opt_.work = std::make_shared<ContextWork>();
   U_ = o.ulysses ? o.ulysses->size() : 1;
   R_ = o.ring ? o.ring->size() : 1;
@@ -156,7 +156,6 @@ void ContextAttention::gather_heads(const Geometry& g, float* qkv, const float* 
 kernels::AttentionShape ContextAttention::chunk_shape(const Geometry& g) const {
   kernels::AttentionShape shape{1, g.c, heads_u_, kv_heads_u_, head_dim_, g.dim, 2 * g.kv_cols};
   shape.Tk = g.c;
-  shape.bf16_scores = bf16_scores_;
   return shape;
 }
 
@@ -255,7 +254,6 @@ void ContextAttention::forward(AttentionCore::Saved& saved, float* o, const floa
     permute(g, s.qkv_u.data(), w.rows.data(), g.dim, U_, true);
     const float* A = s.qkv_u.data();
     kernels::AttentionShape shape{g.B, g.T_full, heads_u_, kv_heads_u_, head_dim_, g.dim, g.dim};
-    shape.bf16_scores = bf16_scores_;
     shape.q_seq = shape.k_seq = documents;
     kernels::attention_forward(w.out.data(), s.lse.data(), A, A + g.q_cols,
                                A + g.q_cols + g.kv_cols, shape);
@@ -327,7 +325,6 @@ void ContextAttention::backward(AttentionCore::Saved& saved, float* d_qkv, const
     const float* A = s.qkv_u.data();
     float* dA = w.rows.data();
     kernels::AttentionShape shape{g.B, g.T_full, heads_u_, kv_heads_u_, head_dim_, g.dim, g.dim};
-    shape.bf16_scores = bf16_scores_;
     shape.q_seq = shape.k_seq = documents;
     kernels::attention_backward(dA, dA + g.q_cols, dA + g.q_cols + g.kv_cols, w.grads.data(), A,
                                 A + g.q_cols, A + g.q_cols + g.kv_cols, w.out.data(),

@@ -44,8 +44,7 @@ class ContextAttention final : public AttentionCore {
 
   // heads, kv_heads: this rank's (its tp share), which Ulysses must be able to split (the layout
   // checks it first). The work buffers are options.work's (made here when null).
-  ContextAttention(const ContextParallelOptions& options, int heads, int kv_heads, int head_dim,
-                   bool bf16_scores);
+  ContextAttention(const ContextParallelOptions& options, int heads, int kv_heads, int head_dim);
 
   // o [B*T, heads*head_dim] (=) from qkv [B*T, (heads + 2 kv_heads) * head_dim] (q | k | v per
   // row), this rank's T = 2 chunks of each of B sequences. documents: the whole sequences'
@@ -100,7 +99,6 @@ class ContextAttention final : public AttentionCore {
 
   ContextParallelOptions opt_;
   int heads_, kv_heads_, head_dim_;
-  bool bf16_scores_;  // kernels::AttentionShape::bf16_scores
   int U_, R_;                 // Ulysses group size, ring size (R_ * U_ = cp)
   int heads_u_, kv_heads_u_;  // per Ulysses member
   bool kv_split_;             // kv heads split over the Ulysses group (else replicated)

@@ -40,8 +40,7 @@ SelfAttention::SelfAttention(ParamStore& store, const std::string& name, const M
       out_(store, name + ".out", share.heads * c.head_dim(), c.d_model, c.family == Family::gpt2,
            c.residual_init_std(), p,
            row_parallel(share, c.d_model, c.n_heads * c.head_dim(), share.heads * c.head_dim())),
-      core_(make_attention_core(cp, share.heads, share.kv_heads, c.head_dim(),
-                                product_dtype(p) == Precision::bf16)) {}
+      core_(make_attention_core(cp, share.heads, share.kv_heads, c.head_dim())) {}
 
 void SelfAttention::bind(ParamStore& store) {
   qkv_.bind(store);
