@@ -455,15 +455,22 @@ TEST_P(LinearPrecisionTest, BitwiseDeterministic) {
   EXPECT_EQ(0, std::memcmp(db1.data(), db2.data(), db1.size() * 4));
 }
 
+// A layer of random weights with a random input and output gradient over N rows.
+struct RandomLayer {
+  std::vector<float> w, x, dy;
+  LinearGemm g;
+  RandomLayer(int64_t N, int in, int out, Precision p, uint32_t seed)
+      : w(random_vec(size_t(out) * in, seed)), x(random_vec(size_t(N) * in, seed + 1)),
+        dy(random_vec(size_t(N) * out, seed + 2)), g(in, out, p) {
+    g.set_weight(w.data());
+  }
+};
+
 TEST_P(LinearPrecisionTest, BiasGradientIndependentOfThreadCount) {
-  const Precision p = GetParam();
   const int64_t N = 300;
   const int in = 8, out = 200;
-  auto w = random_vec(size_t(out) * in, 61);
-  auto x = random_vec(size_t(N) * in, 62);
-  auto dy = random_vec(size_t(N) * out, 63);
-  LinearGemm g(in, out, p);
-  g.set_weight(w.data());
+  RandomLayer layer(N, in, out, GetParam(), 61);
+  auto& [w, x, dy, g] = layer;
   std::vector<float> dw(size_t(out) * in, 0.f), db1(out, 0.f), db2(out, 0.f);
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
@@ -480,11 +487,8 @@ TEST_P(LinearPrecisionTest, BiasLeftAloneWhereTheCopyOfDyHasSummedIt) {
   const Precision p = GetParam();
   const int64_t N = 30;
   const int in = 40, out = 70;
-  auto w = random_vec(size_t(out) * in, 71);
-  auto x = random_vec(size_t(N) * in, 72);
-  auto dy = random_vec(size_t(N) * out, 73);
-  LinearGemm g(in, out, p);
-  g.set_weight(w.data());
+  RandomLayer layer(N, in, out, p, 71);
+  auto& [w, x, dy, g] = layer;
   OperandCopy dyc;
   std::vector<float> dx(size_t(N) * in);
   g.backward_input(dx.data(), dy.data(), N, false, &dyc);
