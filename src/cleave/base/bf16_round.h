@@ -1,8 +1,9 @@
-// Runs of fp32 narrowed to bf16 with the bits of to_bf16 (bf16.h), 16 at a time. to_bf16's integer rounding costs about six vector operations per 16 values; where
-// the CPU has AVX-512 BF16, vcvtneps2bf16 rounds the same way (nearest, ties to even, overflow to
-// inf, NaN to a quiet NaN with its sign) in one. It differs on one class of input only: it reads
-// an fp32 subnormal as zero, where to_bf16 rounds it. A vector holding one takes the integer path
-// for those lanes, so the result is to_bf16's everywhere.
+// Runs of fp32 narrowed to bf16 with the bits of to_bf16 (bf16.h), 16 at a time. to_bf16's
+// integer rounding costs about six vector operations per 16 values; where the CPU has AVX-512
+// BF16, vcvtneps2bf16 rounds the same way (nearest, ties to even, overflow to inf, NaN to a quiet
+// NaN with its sign) in one. It differs on one class of input only: it reads an fp32 subnormal
+// as zero, where to_bf16 rounds it. A vector holding one takes the integer path for those lanes,
+// so the result is to_bf16's everywhere.
 #pragma once
 #include <cstdint>
 

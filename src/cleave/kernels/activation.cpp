@@ -7,8 +7,8 @@
 
 #include <algorithm>
 
-#include "cleave/base/check.h"
 #include "cleave/base/bf16_round.h"
+#include "cleave/base/check.h"
 #include "cleave/kernels/column_sums.h"
 #include "cleave/kernels/for_blocks.h"
 #include "cleave/kernels/vmath.h"

@@ -33,8 +33,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <new>
 
+#include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
 #include "cleave/kernels/transpose16.h"
 #include "cleave/kernels/vmath.h"
@@ -224,20 +224,8 @@ Docs docs_of(const int32_t* qid, int64_t nq, const int32_t* kid, int64_t nk) {
 // freed after every call, it went back to the kernel and came back through page faults and TLB
 // shootdowns, several percent of a call. Forward and backward take different slots.
 float* thread_scratch(int slot, int64_t n) {
-  struct Slot {
-    float* p = nullptr;
-    int64_t n = 0;
-    ~Slot() { ::operator delete(p, std::align_val_t(64)); }
-  };
-  static thread_local Slot slots[16];
-  Slot& s = slots[slot];
-  if (s.n < n) {
-    ::operator delete(s.p, std::align_val_t(64));
-    s.p = nullptr;
-    s.p = static_cast<float*>(::operator new(sizeof(float) * n, std::align_val_t(64)));
-    s.n = n;
-  }
-  return s.p;
+  static thread_local Buffer<float> slots[16];
+  return slots[slot].grow(n);
 }
 
 void check_shape(const AttentionShape& s) {

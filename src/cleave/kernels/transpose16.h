@@ -2,7 +2,9 @@
 // rows into columns (the weight packer's transposed blocks, attention's transposed operands).
 #pragma once
 
-#include "cleave/base/bf16_round.h"  // <immintrin.h>, with GCC 12's AVX-512 warnings off
+// <immintrin.h> through bf16_round.h, which includes it with GCC 12's false AVX-512 warnings off
+// (they follow the header's first inclusion in a file).
+#include "cleave/base/bf16_round.h"
 
 namespace cleave::kernels {
 

@@ -16,8 +16,8 @@
 #include <numeric>
 
 #include "cleave/base/bf16.h"
-#include "cleave/base/check.h"
 #include "cleave/base/bf16_round.h"
+#include "cleave/base/check.h"
 #include "cleave/kernels/linear.h"
 #include "cleave/kernels/transpose16.h"
 
