@@ -1,15 +1,18 @@
-// Generation: decoding through the key/value cache gives the logits of a full forward pass, and
-// sampling follows temperature and top-k.
+// Inference through the paged key/value cache: the logits of the trainer's forward pass, bit for
+// bit, and the same for a sequence alone or in any batch; the block pool; sampling follows
+// temperature and top-k.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
 
 #include "cleave/model/generate.h"
 
 namespace cleave {
 namespace {
 
-void check_cache_matches_full_forward(Family family) {
+ModelConfig tiny(Family family) {
   ModelConfig c;
   c.family = family;
   c.vocab_size = 31;
@@ -18,27 +21,186 @@ void check_cache_matches_full_forward(Family family) {
   c.n_heads = 4;
   c.n_kv_heads = family == Family::llama ? 2 : 4;
   c.ffn_hidden = 64;
-  c.max_seq_len = 16;
+  c.max_seq_len = 160;
   c.tie_embeddings = family == Family::gpt2;
   c.init_std = 0.2f;
-  Transformer model(c, Precision::fp32, 4);
-  const std::vector<int32_t> tokens = {3, 17, 5, 29, 0, 11, 8};
-  const int64_t T = int64_t(tokens.size());
+  return c;
+}
+
+std::vector<int32_t> some_tokens(int64_t n, int vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t) x = int32_t(gen() % uint32_t(vocab));
+  return t;
+}
+
+// One ragged step: each sequence's next `rows` tokens after what its cache holds, the logits of
+// its last row.
+struct Step {
+  std::vector<int32_t> tokens;
+  std::vector<std::pair<SequenceCache*, int64_t>> seqs;  // (cache, rows)
+};
+
+std::vector<float> run_step(Transformer& model, KvPool& pool, const Step& step) {
+  Batch b;
+  b.cache_rows = {0};
+  size_t at = 0;
+  for (auto [cache, rows] : step.seqs) {
+    reserve_tokens(pool, *cache, cache->length + rows);
+    for (int64_t t = 0; t < rows; ++t) {
+      b.tokens.push_back(step.tokens[at++]);
+      b.positions.push_back(int32_t(cache->length + t));
+    }
+    b.cache_past.push_back(cache->length);
+    b.cache_blocks.push_back(cache->blocks.data());
+    b.cache_rows.push_back(int64_t(b.tokens.size()));
+    b.logit_rows.push_back(int64_t(b.tokens.size()) - 1);
+    cache->length += rows;
+  }
+  b.B = 1, b.T = int64_t(b.tokens.size());
+  const float* logits = model.forward_cached(b, pool);
+  return std::vector<float>(logits, logits + b.logit_rows.size() * model.config().vocab_size);
+}
+
+// fp32: the log-probabilities through the cache are the trainer's forward's, bit for bit, whether
+// the prompt goes in at once, in chunks, or a token at a time.
+void check_cache_matches_full_forward(Family family, Precision precision) {
+  const ModelConfig c = tiny(family);
+  Transformer model(c, precision, 4);
+  const int64_t T = 150;  // past two key blocks
+  const std::vector<int32_t> tokens = some_tokens(T, c.vocab_size, 3);
   std::vector<int32_t> targets(T, 0);
   model.forward(tokens.data(), targets.data(), 1, T, 0.0f);
-  std::vector<float> full(model.logits(), model.logits() + T * c.vocab_size);
-  auto cache = model.new_cache(T);
-  // A prompt of 3 tokens at once, then one token at a time.
-  const float* logits = model.forward_cached(tokens.data(), 3, cache);
-  for (int64_t t = 2; t < T; ++t) {
-    if (t > 2) logits = model.forward_cached(&tokens[t], 1, cache);
-    for (int v = 0; v < c.vocab_size; ++v)
-      EXPECT_NEAR(logits[v], full[t * c.vocab_size + v], 1e-4) << "position " << t << " token " << v;
+  const std::vector<float> full(model.logits(), model.logits() + T * c.vocab_size);
+  for (int64_t chunk : {T, int64_t(70), int64_t(1)}) {
+    KvPool pool = model.new_pool(8);
+    SequenceCache seq;
+    for (int64_t t = 0; t < T;) {
+      const int64_t n = std::min(chunk, T - t);
+      Step step{{tokens.begin() + t, tokens.begin() + t + n}, {{&seq, n}}};
+      const std::vector<float> logits = run_step(model, pool, step);
+      t += n;
+      ASSERT_EQ(0, std::memcmp(logits.data(), &full[size_t((t - 1) * c.vocab_size)],
+                               c.vocab_size * sizeof(float)))
+          << "chunks of " << chunk << ", position " << t - 1;
+    }
   }
 }
 
-TEST(Generate, CacheMatchesFullForwardGpt2) { check_cache_matches_full_forward(Family::gpt2); }
-TEST(Generate, CacheMatchesFullForwardLlama) { check_cache_matches_full_forward(Family::llama); }
+TEST(Generate, CacheMatchesTrainerForwardBitwiseGpt2) {
+  check_cache_matches_full_forward(Family::gpt2, Precision::fp32);
+}
+TEST(Generate, CacheMatchesTrainerForwardBitwiseLlama) {
+  check_cache_matches_full_forward(Family::llama, Precision::fp32);
+}
+TEST(Generate, CacheMatchesTrainerForwardBitwiseLlamaBf16) {
+  check_cache_matches_full_forward(Family::llama, Precision::bf16);
+}
+
+// Batch invariance: a sequence's logits are the same alone, among 15 others, and at another
+// place in the batch, bit for bit.
+void check_batch_invariance(Family family, Precision precision) {
+  const ModelConfig c = tiny(family);
+  Transformer model(c, precision, 5);
+  const std::vector<int32_t> prompt = some_tokens(90, c.vocab_size, 11);
+  auto logits_of = [&](int others, int place) {
+    KvPool pool = model.new_pool(64);
+    std::vector<SequenceCache> caches(size_t(others) + 1);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i <= others; ++i)
+      prompts.push_back(i == place ? prompt : some_tokens(1 + 13 * i % 120, c.vocab_size, 20 + i));
+    // Prefill every sequence in one ragged batch, then one decode token each.
+    std::vector<std::vector<float>> out(2);
+    for (int phase = 0; phase < 2; ++phase) {
+      Step step;
+      for (int i = 0; i <= others; ++i) {
+        const std::vector<int32_t>& p = prompts[size_t(i)];
+        if (phase == 0) step.tokens.insert(step.tokens.end(), p.begin(), p.end());
+        else step.tokens.push_back(p.front());
+        step.seqs.push_back({&caches[size_t(i)], phase == 0 ? int64_t(p.size()) : 1});
+      }
+      const std::vector<float> all = run_step(model, pool, step);
+      out[size_t(phase)].assign(all.begin() + place * c.vocab_size,
+                                all.begin() + (place + 1) * c.vocab_size);
+    }
+    return out;
+  };
+  const auto alone = logits_of(0, 0);
+  for (auto [others, place] : {std::pair{15, 0}, std::pair{15, 9}, std::pair{3, 3}}) {
+    const auto among = logits_of(others, place);
+    for (int phase = 0; phase < 2; ++phase)
+      EXPECT_EQ(0, std::memcmp(alone[size_t(phase)].data(), among[size_t(phase)].data(),
+                               c.vocab_size * sizeof(float)))
+          << (phase ? "decode" : "prefill") << " logits among " << others << " others at place "
+          << place;
+  }
+}
+
+TEST(Generate, BatchInvarianceGpt2) { check_batch_invariance(Family::gpt2, Precision::fp32); }
+TEST(Generate, BatchInvarianceLlama) { check_batch_invariance(Family::llama, Precision::fp32); }
+TEST(Generate, BatchInvarianceGpt2Bf16) { check_batch_invariance(Family::gpt2, Precision::bf16); }
+TEST(Generate, BatchInvarianceLlamaBf16) { check_batch_invariance(Family::llama, Precision::bf16); }
+
+// generate_batch gives each prompt what generate gives it alone, greedy and sampled, with the
+// prompts prefilled at once or in chunks.
+TEST(Generate, BatchOfPromptsMatchesEachAlone) {
+  const ModelConfig c = tiny(Family::llama);
+  Transformer model(c, Precision::fp32, 6);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(some_tokens(1 + 17 * i, c.vocab_size, 40 + i));
+  for (float temperature : {0.0f, 1.0f}) {
+    SamplingOptions o;
+    o.max_new_tokens = 12, o.temperature = temperature, o.seed = 9;
+    std::vector<std::vector<int32_t>> alone;
+    for (const auto& p : prompts) alone.push_back(generate(model, p, o));
+    o.prefill_chunk = 16;
+    const auto together = generate_batch(model, prompts, o);
+    ASSERT_EQ(together.size(), prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(alone[i], together[i]) << "prompt " << i << " at temperature " << temperature;
+      EXPECT_EQ(alone[i].size(), 12u);
+    }
+  }
+}
+
+TEST(Generate, PoolAllocatesSharesAndFrees) {
+  KvPool pool(2, 8, 64, 4);
+  EXPECT_EQ(pool.free_blocks(), 4);
+  SequenceCache a;
+  reserve_tokens(pool, a, 100);  // two blocks
+  ASSERT_EQ(a.blocks.size(), 2u);
+  EXPECT_EQ(pool.free_blocks(), 2);
+  // Rows written to the second block, then shared by b at 70 tokens: both hold both blocks.
+  a.length = 100;
+  KvLayer l1 = pool.layer(1);
+  l1.k[(a.blocks[1] * 64 + 5) * 8] = 42.0f;
+  SequenceCache b = share_prefix(pool, a, 70);
+  EXPECT_EQ(pool.refs(a.blocks[0]), 2);
+  EXPECT_EQ(pool.refs(a.blocks[1]), 2);
+  // b writes its token 70, in the shared second block: it gets a copy of the block first.
+  reserve_tokens(pool, b, 71);
+  EXPECT_NE(b.blocks[1], a.blocks[1]);
+  EXPECT_EQ(b.blocks[0], a.blocks[0]);
+  EXPECT_EQ(pool.refs(a.blocks[1]), 1);
+  EXPECT_EQ(l1.k[(b.blocks[1] * 64 + 5) * 8], 42.0f);  // its rows below 70 came along
+  EXPECT_EQ(pool.free_blocks(), 1);
+  // Exhaustion is an error that says so, and takes nothing.
+  SequenceCache c;
+  try {
+    reserve_tokens(pool, c, 130);
+    FAIL() << "a pool of 1 free block held 130 tokens";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot hold 130 tokens"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pool.free_blocks(), 1);
+  EXPECT_TRUE(c.blocks.empty());
+  release_sequence(pool, a);
+  EXPECT_EQ(pool.refs(b.blocks[0]), 1);
+  release_sequence(pool, b);
+  EXPECT_EQ(pool.free_blocks(), 4);
+  EXPECT_THROW(pool.release(0), Error);  // not in use
+  EXPECT_THROW(KvPool(2, 8, 48, 4), Error);  // blocks must hold whole key blocks
+}
 
 TEST(Generate, SamplingRules) {
   const float logits[5] = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};

@@ -23,6 +23,17 @@ struct Batch {
   std::vector<uint8_t> loss_mask;  // [B * T]: 1 where the token's loss counts
   int64_t valid_tokens = 0;        // tokens whose loss counts
 
+  // Inference over a paged key/value cache (model/kv_pool.h, docs/inference.md): B = 1 and the T
+  // tokens are the new tokens of several sequences one after another, a ragged batch. Sequence s
+  // has rows [cache_rows[s], cache_rows[s + 1]), following the cache_past[s] tokens its blocks
+  // hold already (positions go on from there); cache_blocks[s] is its block table, with room for
+  // both. Empty: no cache (training).
+  std::vector<int64_t> cache_rows, cache_past;
+  std::vector<const int32_t*> cache_blocks;
+  // Inference: the rows whose logits the head computes, in this order; no loss is computed.
+  std::vector<int64_t> logit_rows;
+  bool cached() const { return !cache_past.empty(); }
+
   void resize(int64_t b, int64_t t) {
     B = b, T = t;
     const size_t n = size_t(b * t);
@@ -38,6 +49,10 @@ struct Batch {
     for (int64_t i = 0; i < b * t; ++i) positions[size_t(i)] = int32_t(i % t);
     documents.clear();
     sequence_documents.clear();
+    cache_rows.clear();
+    cache_past.clear();
+    cache_blocks.clear();
+    logit_rows.clear();
     std::fill(loss_mask.begin(), loss_mask.end(), uint8_t(1));
     valid_tokens = b * t;
   }

@@ -13,6 +13,11 @@
 
 namespace cleave::kernels {
 
+// Forward visits a sequence's keys in blocks of this many, from its first token: a paged cache
+// whose blocks hold a multiple of it gives each query the same sums, in the same order, as the
+// keys laid out in one piece.
+constexpr int64_t kAttentionKeyBlock = 64;
+
 struct AttentionShape {
   int64_t B = 0, T = 0;   // batch, query rows per sequence
   int n_heads = 0;        // query heads
@@ -40,6 +45,27 @@ struct AttentionShape {
 // A query row that sees no key gets out = 0 and lse = -inf.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionShape& s);
+
+// Inference: a ragged batch of sequences, each attending to its keys and values in a paged cache
+// (model/kv_pool.h). Sequence s owns rows [rows[s], rows[s + 1]) of q and out, its tokens past[s],
+// past[s] + 1, ...; the keys and values of all its tokens up to the last of these (the new ones
+// written already) lie in blocks of block_rows rows, a multiple of kAttentionKeyBlock: token t's
+// at row t % block_rows of block blocks[s][t / block_rows]. Each query gets bit for bit what
+// attention_forward gives it over the same keys laid out in one piece.
+struct PagedAttention {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t q_row_stride = 0;
+  const float* k = nullptr;  // block b's rows start at k + b * block_rows * kv_row_stride
+  const float* v = nullptr;  // likewise
+  int64_t kv_row_stride = 0, block_rows = 0;
+  int64_t sequences = 0;
+  const int64_t* rows = nullptr;          // [sequences + 1], non-decreasing from 0
+  const int64_t* past = nullptr;          // [sequences]
+  const int32_t* const* blocks = nullptr;  // [sequences]: each one's block table
+};
+
+// out: [rows, n_heads * head_dim]; lse: [n_heads, rows].
+void attention_forward_paged(float* out, float* lse, const float* q, const PagedAttention& p);
 
 // dq, dk, dv are laid out like q, k, v (same row strides) and written (=), or added to (+=) with
 // accumulate. dout, out: [B, T, H*hd]. out and lse are those of the whole attention, over all key

@@ -1,9 +1,9 @@
 // Attention between SelfAttention's q|k|v projection and its output projection, through one
 // interface: the blockwise kernel over the rank's whole sequences (LocalAttention), or context
 // parallelism's exchanges over the cp ranks (ContextAttention, model/context_attention.h).
-// make_attention_core picks one at construction and SelfAttention never asks which. Generation
-// through a KVCache stays SelfAttention's own path until the cache's blocks become an
-// implementation here (the inference issue).
+// make_attention_core picks one at construction and SelfAttention never asks which. Inference
+// over a paged key/value cache (model/kv_pool.h) is SelfAttention's attend_cached, through the
+// same kernel's paged form.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -75,9 +75,7 @@ void Block::leave_row(float* partial, float* out, int64_t N) {
 }
 
 void Block::forward(Saved& s, float* x_out, const float* x_in, const Batch& batch, BlockGrads& g,
-                    KVCache* cache, float grad_scale, bool count_stats) {
-  CLEAVE_CHECK(!cache || share_.tp == 1,
-               "generation runs at tp = 1 (the model has tp " << share_.tp << ")");
+                    const KvLayer* cache, float grad_scale, bool count_stats) {
   const int64_t B = batch.B, T = batch.T, N = B * T, n = local_rows(N), d = cfg_.d_model;
   take_spares(s, N);
   s.B = B, s.T = T;

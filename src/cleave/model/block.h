@@ -16,7 +16,6 @@
 #include "cleave/base/batch.h"
 #include "cleave/base/buffer.h"
 #include "cleave/kernels/rope.h"
-#include "cleave/model/kv_cache.h"
 #include "cleave/model/feed_forward.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/model_config.h"
@@ -81,11 +80,12 @@ class Block {
 
   // x_in and x_out hold the rank's rows of the batch's B sequences of T tokens (all of them, or
   // 1/tp under sequence parallelism). x_in and the batch must stay unchanged until the backward
-  // of s. With a cache (generation, tp = 1): one sequence of T new tokens following the cache's
-  // contents. A MoE layer takes the loss's grad_scale for its balancing terms' gradients and,
-  // with count_stats, adds the micro-batch to its routing statistics.
+  // of s. With a cache (inference: the layer's blocks of a key/value pool), the batch is a ragged
+  // one of new tokens following their sequences' cached ones (Batch::cached). A MoE layer takes
+  // the loss's grad_scale for its balancing terms' gradients and, with count_stats, adds the
+  // micro-batch to its routing statistics.
   void forward(Saved& s, float* x_out, const float* x_in, const Batch& batch, BlockGrads& g,
-               KVCache* cache = nullptr, float grad_scale = 0, bool count_stats = false);
+               const KvLayer* cache = nullptr, float grad_scale = 0, bool count_stats = false);
   Moe* moe() { return ffn_->moe(); }  // null in a dense layer
   // dx_in (=) from dx_out, and the weight gradients (+=), of s's micro-batch. With both, each
   // column-parallel linear's input gradient is reduced over tp while its and its row-parallel

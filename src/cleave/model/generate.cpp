@@ -28,27 +28,98 @@ int32_t sample_token(const float* logits, int vocab, float temperature, int top_
   return ids[k - 1];
 }
 
+namespace {
+
+// One sequence being generated: its prompt, what it produced, and its tokens in the pool.
+struct Sequence {
+  const std::vector<int32_t>* prompt = nullptr;
+  std::vector<int32_t> out;
+  SequenceCache cache;
+  int64_t total = 0;  // prompt and new tokens it may reach
+  bool done = false;
+};
+
+// on_token: called with every token drawn, in the order drawn.
+std::vector<std::vector<int32_t>> generate_all(Transformer& model,
+                                               const std::vector<std::vector<int32_t>>& prompts,
+                                               const SamplingOptions& o,
+                                               const std::function<void(int32_t)>& on_token) {
+  const ModelConfig& c = model.config();
+  CLEAVE_CHECK(o.max_new_tokens >= 0 && o.prefill_chunk >= 0,
+               "max_new_tokens " << o.max_new_tokens << " and prefill_chunk " << o.prefill_chunk
+                                 << " must not be negative");
+  const int64_t block_rows = kernels::kAttentionKeyBlock;
+  std::vector<Sequence> seqs(prompts.size());
+  int64_t blocks = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t n = int64_t(prompts[i].size());
+    CLEAVE_CHECK(n > 0, "prompt " << i << " holds no token");
+    CLEAVE_CHECK(n < c.max_seq_len, "prompt " << i << " of " << n
+                                      << " tokens leaves no room in max_seq_len " << c.max_seq_len);
+    seqs[i].prompt = &prompts[i];
+    seqs[i].total = std::min<int64_t>(c.max_seq_len, n + o.max_new_tokens);
+    seqs[i].done = o.max_new_tokens == 0;
+    blocks += (seqs[i].total + block_rows - 1) / block_rows;
+  }
+  KvPool pool = model.new_pool(std::max<int64_t>(blocks, 1), block_rows);
+  const uint64_t stream = hash_name("generate");
+  Batch batch;
+  std::vector<Sequence*> logits_of;  // the sequence of each logit row
+  for (;;) {
+    // One step: every unfinished sequence's next prompt chunk, or its latest token.
+    batch.tokens.clear(), batch.positions.clear();
+    batch.cache_rows.assign(1, 0);
+    batch.cache_past.clear(), batch.cache_blocks.clear(), batch.logit_rows.clear();
+    logits_of.clear();
+    for (Sequence& s : seqs) {
+      if (s.done) continue;
+      const int64_t past = s.cache.length, prompt = int64_t(s.prompt->size());
+      int64_t n = 1;
+      if (past < prompt) n = o.prefill_chunk > 0 ? std::min(o.prefill_chunk, prompt - past) : prompt - past;
+      for (int64_t t = past; t < past + n; ++t) {
+        batch.tokens.push_back(t < prompt ? (*s.prompt)[size_t(t)] : s.out[size_t(t - prompt)]);
+        batch.positions.push_back(int32_t(t));
+      }
+      reserve_tokens(pool, s.cache, past + n);
+      batch.cache_past.push_back(past);
+      batch.cache_blocks.push_back(s.cache.blocks.data());
+      batch.cache_rows.push_back(int64_t(batch.tokens.size()));
+      if (past + n >= prompt) {
+        batch.logit_rows.push_back(int64_t(batch.tokens.size()) - 1);
+        logits_of.push_back(&s);
+      }
+      s.cache.length = past + n;
+    }
+    if (batch.cache_past.empty()) break;
+    batch.B = 1, batch.T = int64_t(batch.tokens.size());
+    const float* logits = model.forward_cached(batch, pool);
+    for (size_t r = 0; r < logits_of.size(); ++r) {
+      Sequence& s = *logits_of[r];
+      const float u = philox_uniform(o.seed, stream, s.out.size());
+      const int32_t next = sample_token(logits + int64_t(r) * c.vocab_size, c.vocab_size,
+                                        o.temperature, o.top_k, u);
+      s.out.push_back(next);
+      if (on_token) on_token(next);
+      s.done = next == o.stop_token || int64_t(s.prompt->size() + s.out.size()) >= s.total;
+    }
+  }
+  std::vector<std::vector<int32_t>> out;
+  for (Sequence& s : seqs) out.push_back(std::move(s.out));
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
+                                                 const std::vector<std::vector<int32_t>>& prompts,
+                                                 const SamplingOptions& options) {
+  return generate_all(model, prompts, options, {});
+}
+
 std::vector<int32_t> generate(Transformer& model, const std::vector<int32_t>& prompt,
                               const SamplingOptions& o,
                               const std::function<void(int32_t)>& on_token) {
-  const ModelConfig& c = model.config();
-  CLEAVE_CHECK(!prompt.empty(), "the prompt must hold at least one token");
-  const int64_t total = std::min<int64_t>(c.max_seq_len, int64_t(prompt.size()) + o.max_new_tokens);
-  CLEAVE_CHECK(int64_t(prompt.size()) < c.max_seq_len,
-               "prompt of " << prompt.size() << " tokens leaves no room in max_seq_len " << c.max_seq_len);
-  auto cache = model.new_cache(total);
-  const float* logits = model.forward_cached(prompt.data(), int64_t(prompt.size()), cache);
-  std::vector<int32_t> out;
-  const uint64_t stream = hash_name("generate");
-  while (int64_t(prompt.size() + out.size()) < total) {
-    const float u = philox_uniform(o.seed, stream, out.size());
-    const int32_t next = sample_token(logits, c.vocab_size, o.temperature, o.top_k, u);
-    out.push_back(next);
-    if (on_token) on_token(next);
-    if (next == o.stop_token || int64_t(prompt.size() + out.size()) >= total) break;
-    logits = model.forward_cached(&next, 1, cache);
-  }
-  return out;
+  return std::move(generate_all(model, {prompt}, o, on_token).front());
 }
 
 }  // namespace cleave

@@ -1,6 +1,8 @@
-// Sampling text from a model with a key/value cache: temperature (0 = greedy) and top-k (0 = the
-// whole vocabulary). The draw of token i uses Philox keyed by (seed, i): the same seed gives the
-// same text.
+// Sampling text from a model through a paged key/value cache: temperature (0 = greedy) and top-k
+// (0 = the whole vocabulary). Every prompt is prefilled in one pass (or in chunks of a set size),
+// then decoded one token a step; the sequences of a step go through one forward as a ragged
+// batch (Transformer::forward_cached). The draw of a sequence's token i uses Philox keyed by
+// (seed, i): the same seed gives the same text, alone or among other sequences.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -16,12 +18,20 @@ struct SamplingOptions {
   int top_k = 0;
   uint64_t seed = 0;
   int stop_token = -1;  // stop after producing this token (e.g. end of text); -1: never
+  // Prompt tokens per forward while prefilling (0: the whole prompt in one).
+  int64_t prefill_chunk = 0;
 };
 
 // Returns the new tokens; on_token is called with each as it is produced.
 std::vector<int32_t> generate(Transformer& model, const std::vector<int32_t>& prompt,
                               const SamplingOptions& options,
                               const std::function<void(int32_t)>& on_token = {});
+
+// Several prompts at once, each with the options' seed; returns each one's new tokens, which are
+// those it gets alone (batch invariance, docs/inference.md).
+std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
+                                                 const std::vector<std::vector<int32_t>>& prompts,
+                                                 const SamplingOptions& options);
 
 // One draw from logits [vocab]: exposed for tests.
 int32_t sample_token(const float* logits, int vocab, float temperature, int top_k, float uniform);

@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-#include "cleave/kernels/attention_cached.h"
 
 namespace cleave {
 
@@ -24,7 +23,7 @@ Placement qkv_placement(const ModelConfig& c, const TpShare& s) {
 }  // namespace
 
 void SelfAttention::Saved::release() {
-  for (Buffer<float>* b : {&qkv, &o, &dy, &d_qkv}) *b = Buffer<float>();
+  for (Buffer<float>* b : {&qkv, &o, &dy, &d_qkv, &cache_lse}) *b = Buffer<float>();
   if (core) core->release();
   x_copy = OperandCopy();
   o_copy = OperandCopy();
@@ -92,10 +91,9 @@ void SelfAttention::recompute_input_copy(Saved& s, const float* x) {
 }
 
 void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& batch, bool keep_x,
-                            KVCache* cache) {
+                            const KvLayer* cache) {
   const int64_t B = batch.B, T = batch.T, N = B * T, hd = cfg_.head_dim();
-  const int64_t q_dim = int64_t(share_.heads) * hd, kv_dim = int64_t(share_.kv_heads) * hd;
-  const int64_t qkv_dim = share_.qkv_dim(int(hd));
+  const int64_t q_dim = int64_t(share_.heads) * hd, qkv_dim = share_.qkv_dim(int(hd));
   // Sized once per slot (a resize maps fresh pages; under Ulysses qkv is freed after each
   // forward); the log-sum-exps are the attention core's.
   if (s.qkv.size() != N * qkv_dim) s.qkv.resize(N * qkv_dim);
@@ -109,26 +107,46 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
   s.x_kept = keep_x;
   qkv_.forward(s.qkv.data(), x, N, keep_x ? &s.x_copy : nullptr);
   rotate(s, s.positions);
-  const float* q = s.qkv.data();
   if (!cache) {
-    core_->forward(*s.core, s.o.data(), q, rows(s));
+    core_->forward(*s.core, s.o.data(), s.qkv.data(), rows(s));
     // Under Ulysses attention keeps its own copy of q, k and v (its heads over the sequence):
     // the rank's is freed, a page-fault per forward traded for a q|k|v per layer and micro-batch.
     if (!core_->reads_qkv()) s.qkv = Buffer<float>();
   } else {
-    CLEAVE_CHECK(B == 1, "generation runs one sequence, not " << B);
-    const int64_t pos0 = cache->length;
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = q + t * qkv_dim;
-      std::memcpy(cache->k.data() + (pos0 + t) * kv_dim, row + q_dim, kv_dim * sizeof(float));
-      std::memcpy(cache->v.data() + (pos0 + t) * kv_dim, row + q_dim + kv_dim,
-                  kv_dim * sizeof(float));
-    }
-    kernels::attention_cached(s.o.data(), q, qkv_dim, cache->k.data(), cache->v.data(), T, pos0,
-                              share_.heads, share_.kv_heads, int(hd));
-    cache->length += T;
+    attend_cached(s, batch, *cache);
   }
   out_.forward(y, s.o.data(), N, &s.o_copy);
+}
+
+void SelfAttention::attend_cached(Saved& s, const Batch& batch, const KvLayer& cache) {
+  const int64_t hd = cfg_.head_dim(), q_dim = int64_t(share_.heads) * hd;
+  const int64_t kv_dim = int64_t(share_.kv_heads) * hd, qkv_dim = share_.qkv_dim(int(hd));
+  const int64_t sequences = int64_t(batch.cache_past.size()), br = cache.block_rows;
+  CLEAVE_CHECK(batch.cached(), "a key/value cache for a batch that does not use one");
+  CLEAVE_CHECK(cache.row == kv_dim, "a key/value pool of rows of " << cache.row
+                                        << " floats for attention's " << kv_dim);
+  // The new tokens' keys and values go into their blocks first: each token then attends to
+  // its sequence's keys where they all lie.
+  for (int64_t sq = 0; sq < sequences; ++sq) {
+    const int32_t* table = batch.cache_blocks[size_t(sq)];
+    for (int64_t r = batch.cache_rows[size_t(sq)]; r < batch.cache_rows[size_t(sq) + 1]; ++r) {
+      const int64_t t = batch.cache_past[size_t(sq)] + r - batch.cache_rows[size_t(sq)];
+      const int64_t at = (int64_t(table[t / br]) * br + t % br) * kv_dim;
+      const float* row = s.qkv.data() + r * qkv_dim + q_dim;
+      std::memcpy(cache.k + at, row, kv_dim * sizeof(float));
+      std::memcpy(cache.v + at, row + kv_dim, kv_dim * sizeof(float));
+    }
+  }
+  const int64_t N = s.B * s.T;
+  s.cache_lse.grow(N * share_.heads);
+  kernels::PagedAttention p;
+  p.n_heads = share_.heads, p.n_kv_heads = share_.kv_heads, p.head_dim = int(hd);
+  p.q_row_stride = qkv_dim;
+  p.k = cache.k, p.v = cache.v, p.kv_row_stride = kv_dim, p.block_rows = br;
+  p.sequences = sequences;
+  p.rows = batch.cache_rows.data(), p.past = batch.cache_past.data();
+  p.blocks = batch.cache_blocks.data();
+  kernels::attention_forward_paged(s.o.data(), s.cache_lse.data(), s.qkv.data(), p);
 }
 
 void SelfAttention::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer) {

@@ -13,7 +13,7 @@
 #include "cleave/kernels/attention.h"
 #include "cleave/kernels/rope.h"
 #include "cleave/model/attention_core.h"
-#include "cleave/model/kv_cache.h"
+#include "cleave/model/kv_pool.h"
 #include "cleave/model/layers.h"
 #include "cleave/model/model_config.h"
 #include "cleave/model/saved_bytes.h"
@@ -36,6 +36,7 @@ class SelfAttention {
     bool x_kept = false;
     Buffer<float> dy, d_qkv;     // kept by a deferred input half
     WeightGradInputs weight;     // for the weight half: the output and qkv gradients
+    Buffer<float> cache_lse;     // inference: the paged attention's log-sum-exps
     void release();
   };
   // Shared by every block: the gradients inside one whole backward.
@@ -54,10 +55,10 @@ class SelfAttention {
   // its document and rotated by its position; y holds the out projection without its bias
   // (add_bias, once the partial sums are complete). keep_x: keep x's bf16 copy for the weight
   // gradient (else x is given again, e.g. gathered again, and converted then). With a cache
-  // (generation: one sequence, the batch's positions following the cache's contents), the keys
-  // and values are appended to it and the tokens attend to all of it.
+  // (inference: a ragged batch, Batch::cached), the new tokens' keys and values go into their
+  // sequences' blocks and each token attends to its sequence's keys there.
   void forward(Saved& s, float* y, const float* x, const Batch& batch, bool keep_x,
-               KVCache* cache = nullptr);
+               const KvLayer* cache = nullptr);
   void add_bias(float* y, int64_t rows) const { out_.add_bias(y, rows); }
   // dx (=) from dy; defer keeps dy and the internal gradients in s for a later backward_weight
   // (else they live in g until this backward's backward_weight).
@@ -82,6 +83,7 @@ class SelfAttention {
 
  private:
   void rotate(Saved& s, const int32_t* positions);  // RoPE on q and k (Llama)
+  void attend_cached(Saved& s, const Batch& batch, const KvLayer& cache);
   AttentionCore::Rows rows(const Saved& s) const {
     return {s.B, s.T, s.documents, s.sequence_documents};
   }

@@ -121,6 +121,10 @@ void Transformer::prepare(int64_t B, int64_t T, const std::vector<int>& slots) {
                slots.size() << " slot counts for " << chunks_.size() << " chunks");
   CLEAVE_CHECK(T <= cfg_.max_seq_len, "sequence of " << T << " tokens exceeds max_seq_len "
                                                      << cfg_.max_seq_len);
+  size_slots(B, T, slots);
+}
+
+void Transformer::size_slots(int64_t B, int64_t T, const std::vector<int>& slots) {
   const int64_t N = B * T, n = local_rows(N);
   CLEAVE_CHECK(n * tp_.size() == N || !tp_.sequence_parallel,
                B << " x " << T << " tokens cannot be split in " << tp_.size()
@@ -305,14 +309,21 @@ void Transformer::forward_unit(int unit, int slot, const Batch& batch, float gra
     case UnitKind::block: {
       const int k = u.layer - chunks_[size_t(u.chunk)].first_layer;  // within the chunk
       // Routing statistics count the forwards that prepare a backward, once each.
-      blocks_[size_t(block_of_unit_[size_t(unit)])]->forward(
-          saved_[size_t(unit)].at(size_t(slot)), s.stream[size_t(k) + 1].data(),
-          s.stream[size_t(k)].data(), batch, grads_, nullptr, grad_scale,
-          grad_scale != 0 && !recomputing_);
+      const int b = block_of_unit_[size_t(unit)];
+      KvLayer layer;
+      if (batch.cached()) {
+        CLEAVE_CHECK(pool_, "a batch over a key/value cache outside forward_cached");
+        layer = pool_->layer(b);
+      }
+      blocks_[size_t(b)]->forward(saved_[size_t(unit)].at(size_t(slot)),
+                                  s.stream[size_t(k) + 1].data(), s.stream[size_t(k)].data(),
+                                  batch, grads_, batch.cached() ? &layer : nullptr, grad_scale,
+                                  grad_scale != 0 && !recomputing_);
       break;
     }
     case UnitKind::head:
-      head_forward(s, batch, grad_scale);
+      if (batch.cached()) head_logit_rows(s, batch);
+      else head_forward(s, batch, grad_scale);
       break;
   }
 }
@@ -471,43 +482,58 @@ void Transformer::backward() {
   for (int u = n_units() - 1; u >= 0; --u) backward_unit(u, 0);
 }
 
-std::vector<KVCache> Transformer::new_cache(int64_t max_pos) const {
-  std::vector<KVCache> cache(cfg_.n_layers);
-  const int64_t kv_dim = int64_t(cfg_.n_kv_heads) * cfg_.head_dim();
-  for (auto& c : cache) {
-    c.k.resize(max_pos * kv_dim);
-    c.v.resize(max_pos * kv_dim);
-  }
-  return cache;
+KvPool Transformer::new_pool(int64_t blocks, int64_t block_rows) const {
+  CLEAVE_CHECK(!blocks_.empty(), "a key/value pool for a rank that holds no layer");
+  return KvPool(int(blocks_.size()), int64_t(share_.kv_heads) * cfg_.head_dim(), block_rows, blocks);
 }
 
-const float* Transformer::forward_cached(const int32_t* tokens, int64_t T,
-                                         std::vector<KVCache>& cache) {
-  CLEAVE_CHECK(!tp_.comm, "generation runs at tp = 1 (the model has tp " << tp_.size() << ")");
-  const int64_t pos0 = cache.at(0).length;
-  CLEAVE_CHECK(pos0 + T <= cfg_.max_seq_len && pos0 + T <= cache[0].k.size() / (cfg_.n_kv_heads * cfg_.head_dim()),
-               "generation of " << pos0 + T << " positions exceeds the cache or max_seq_len "
-                                << cfg_.max_seq_len);
-  CLEAVE_CHECK(chunks_.size() == 1, "generation runs the whole model (this rank holds "
-                                         << chunks_.size() << " pipeline chunks)");
-  prepare(1, T, {1});
-  Slot& s = slot_of(0, 0);
-  const int64_t d = cfg_.d_model;
-  whole_.whole_sequences(1, T);
-  std::copy(tokens, tokens + T, whole_.tokens.begin());
-  for (int32_t& p : whole_.positions) p += int32_t(pos0);
-  embed(s.stream[0].data(), tokens, whole_.positions.data(), T);
-  for (int u = 0; u < n_units(); ++u) {
-    const int l = units_[size_t(u)].layer;
-    if (units_[size_t(u)].kind == UnitKind::block)
-      blocks_[size_t(block_of_unit_[size_t(u)])]->forward(
-          saved_[size_t(u)].front(), s.stream[size_t(l) + 1].data(), s.stream[size_t(l)].data(),
-          whole_, grads_, &cache[size_t(l)]);
+int64_t Transformer::kv_bytes_per_token() const {
+  return 2 * int64_t(blocks_.size()) * share_.kv_heads * cfg_.head_dim() * int64_t(sizeof(float));
+}
+
+const float* Transformer::forward_cached(const Batch& batch, KvPool& pool) {
+  CLEAVE_CHECK(chunks_.size() == 1 && chunks_[0].embedding && chunks_[0].head,
+               "forward_cached runs the whole model; this rank holds pipeline stages");
+  CLEAVE_CHECK(!tp_.comm, "inference runs at tp = 1 here (the model has tp " << tp_.size() << ")");
+  CLEAVE_CHECK(batch.cached() && batch.B == 1 && batch.T > 0,
+               "forward_cached takes a ragged batch (B = 1, Batch::cached), not " << batch.B
+                   << " x " << batch.T);
+  CLEAVE_CHECK(pool.layers() == int(blocks_.size()) && pool.row() == int64_t(share_.kv_heads) * cfg_.head_dim(),
+               "a key/value pool of " << pool.layers() << " layers of " << pool.row()
+                   << " floats for a model of " << blocks_.size() << " layers of "
+                   << int64_t(share_.kv_heads) * cfg_.head_dim());
+  const size_t sequences = batch.cache_past.size();
+  CLEAVE_CHECK(batch.cache_rows.size() == sequences + 1 && batch.cache_blocks.size() == sequences &&
+                   batch.cache_rows.front() == 0 && batch.cache_rows.back() == batch.T,
+               "a ragged batch of " << batch.T << " tokens whose " << sequences
+                                    << " sequences do not cover it");
+  for (size_t sq = 0; sq < sequences; ++sq) {
+    const int64_t end = batch.cache_past[sq] + batch.cache_rows[sq + 1] - batch.cache_rows[sq];
+    CLEAVE_CHECK(end <= cfg_.max_seq_len, "sequence " << sq << " of the batch reaches " << end
+                                              << " tokens, past max_seq_len " << cfg_.max_seq_len);
+    for (int64_t r = batch.cache_rows[sq]; r < batch.cache_rows[sq + 1]; ++r)
+      CLEAVE_CHECK(batch.positions[size_t(r)] == batch.cache_past[sq] + r - batch.cache_rows[sq],
+                   "row " << r << " of the batch is at position " << batch.positions[size_t(r)]
+                          << ", not the next of sequence " << sq);
   }
-  const float* last = s.stream.back().data() + (T - 1) * d;
-  final_norm_->forward(s.hf.data(), last, 1, s.final_norm);
-  head_gemm_->forward(s.logits.data(), s.hf.data(), 1, nullptr);
-  return s.logits.data();
+  size_slots(1, batch.T, {1});
+  pool_ = &pool;
+  for (int u = 0; u < n_units(); ++u) forward_unit(u, 0, batch, 0.0f);
+  pool_ = nullptr;
+  return head_slot(0).logits.data();
+}
+
+void Transformer::head_logit_rows(Slot& s, const Batch& batch) {
+  const int64_t d = cfg_.d_model, R = int64_t(batch.logit_rows.size()), N = B_ * T_;
+  logit_in_.grow(std::max<int64_t>(R, 1) * d);
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t r = batch.logit_rows[size_t(i)];
+    CLEAVE_CHECK(r >= 0 && r < N, "logits asked of row " << r << " of a batch of " << N);
+    std::memcpy(logit_in_.data() + i * d, s.stream.back().data() + r * d, d * sizeof(float));
+  }
+  if (R == 0) return;
+  final_norm_->forward(s.hf.data(), logit_in_.data(), R, s.final_norm);
+  head_gemm_->forward(s.logits.data(), s.hf.data(), R, nullptr, &s.head_x);
 }
 
 namespace {

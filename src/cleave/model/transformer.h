@@ -14,7 +14,7 @@
 #include "cleave/base/batch.h"
 #include "cleave/model/block.h"
 #include "cleave/model/fp8_amax.h"
-#include "cleave/model/kv_cache.h"
+#include "cleave/model/kv_pool.h"
 #include "cleave/model/model_config.h"
 
 namespace cleave {
@@ -132,10 +132,14 @@ class Transformer {
   // rank's columns.
   const float* logits() const;
 
-  // Generation: caches for one sequence of up to max_pos positions; forward_cached appends T
-  // tokens and returns the logits of the last one ([vocab_size]).
-  std::vector<KVCache> new_cache(int64_t max_pos) const;
-  const float* forward_cached(const int32_t* tokens, int64_t T, std::vector<KVCache>& cache);
+  // Inference (docs/inference.md): a key/value pool of `blocks` blocks of block_rows tokens for
+  // the layers and kv heads this rank holds; what one token takes in it, keys and values.
+  KvPool new_pool(int64_t blocks, int64_t block_rows = kernels::kAttentionKeyBlock) const;
+  int64_t kv_bytes_per_token() const;
+  // One forward of a ragged batch over the pool (Batch::cached), the training forward's units on
+  // slot 0: the new tokens' keys and values go into their blocks, and the head computes the
+  // logits of batch.logit_rows alone, [logit_rows, vocab_size], with no loss.
+  const float* forward_cached(const Batch& batch, KvPool& pool);
 
   // For planning: what tp rank 0 of tp ranks holds of `chunks`, built without communication and
   // without touching the parameter buffers (mapped, never written). It cannot run; its linears
@@ -205,6 +209,8 @@ class Transformer {
   void loss(Slot& s, const Batch& batch, int64_t r0, int64_t rows, float grad_scale);
   int64_t head_chunk(int64_t N) const;  // rows of logits at a time, of N
   void head_forward(Slot& s, const Batch& batch, float grad_scale);
+  void head_logit_rows(Slot& s, const Batch& batch);  // inference: batch.logit_rows' logits
+  void size_slots(int64_t B, int64_t T, const std::vector<int>& slots);  // prepare's, unchecked
   void head_backward(Slot& s);
   void embedding_backward(Slot& s, const float* d_stream);
 
@@ -242,7 +248,9 @@ class Transformer {
   OperandCopy d_logits_;                  // bf16 mode: the head's output gradient, likewise
   Buffer<float> stats_, all_stats_;       // tp > 1
   Buffer<float> embed_full_, d_full_;     // sequence parallelism
-  Batch whole_;  // the batch of forward's whole sequences, and of forward_cached's new tokens
+  Batch whole_;  // the batch of forward's whole sequences
+  KvPool* pool_ = nullptr;    // forward_cached's, while it runs
+  Buffer<float> logit_in_;    // forward_cached: the hidden rows whose logits are asked for
 };
 
 }  // namespace cleave

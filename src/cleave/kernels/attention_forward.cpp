@@ -1,0 +1,266 @@
+// Attention's forward pass (kernels/attention.h), FlashAttention-2 style, fp32 on CPU, one
+// (sequence, head, query block) per task: S^T[keys, queries] = K_j (Q_i scale)^T with A = K rows
+// straight from memory and B = Q_i^T packed once per task. Softmax statistics are per query = per
+// column of S^T, so running max and row sums are vertical vector ops, never horizontal
+// reductions. O += P V_j with A = (S^T)^T read through strides, B = V_j rows. Key blocks past the
+// diagonal are skipped; diagonal blocks skip their masked half by row panel.
+//
+// A task reads its keys through a function from a key block's first token to its K and V rows:
+// one piece of memory in training, a paged cache's blocks in inference. Every other step is the
+// same code, so a query's result does not depend on where its keys lie, nor on which queries
+// share its task (each column of S^T is computed alone).
+#include "cleave/kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cleave/kernels/attention_tiles.h"
+#include "cleave/kernels/vmath.h"
+
+namespace cleave::kernels {
+namespace {
+
+using namespace attention_tiles;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One thread's scratch for forward tasks.
+struct ForwardScratch {
+  float *qt, *st, *vb, *ob, *m, *l, *alpha;
+  explicit ForwardScratch(int64_t hd) {
+    const int64_t hdp = round_up(hd, kVL);
+    qt = thread_scratch(0, hd * kFwdQ);     // [hd][kFwdQ]: scaled Q_i^T
+    st = thread_scratch(1, kFwdK * kFwdQ);  // [kFwdK][kFwdQ]: S^T, then P^T
+    vb = thread_scratch(2, kFwdK * hdp);    // [kFwdK][hdp]: V_j, padded (hd < hdp)
+    ob = thread_scratch(3, kFwdQ * hdp);    // [kFwdQ][hdp]: unnormalised output rows
+    m = thread_scratch(4, 3 * kFwdQ);       // running max per query
+    l = m + kFwdQ;                          // running sum of exp(s - m) per query
+    alpha = m + 2 * kFwdQ;                  // exp(m_old - m_new)
+  }
+};
+
+// One task: nq <= kFwdQ query rows of one head, q its first (row stride qs), the first being
+// token qa of the sequence's keys (0 .. Tk - 1); out its first output row (stride os), lse its
+// first log-sum-exp (stride 1). qid and kids: the query rows' and the sequence's keys' documents
+// (null: one). key_rows(k0) gives {K, V} at key k0 for the task's kv head, rows kvs apart, for a
+// whole key block.
+struct ForwardTask {
+  const float* q;
+  int64_t qs, nq, qa, Tk;
+  float* out;
+  int64_t os;
+  float* lse;
+  const int32_t* qid;
+  const int32_t* kids;
+};
+
+template <class KeyRows>
+void forward_task(const ForwardTask& t, const KeyRows& key_rows, int64_t kvs, int64_t hd,
+                  const ForwardScratch& w) {
+  constexpr float kLowest = std::numeric_limits<float>::lowest();
+  const int64_t hdp = round_up(hd, kVL), nq = t.nq, nqp = round_up(nq, kVL), qa = t.qa;
+  const int64_t nkb = (t.Tk + kFwdK - 1) / kFwdK;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  float *st = w.st, *ob = w.ob, *m = w.m, *l = w.l, *alpha = w.alpha;
+
+  pack_transposed(w.qt, kFwdQ, t.q, t.qs, nq, nqp, hd, scale);
+  // The running max starts finite: a query that has seen no key yet (a whole column of -inf)
+  // then gets alpha = exp(0) and P = exp(-inf) = 0, not exp(-inf + inf) = NaN.
+  for (int64_t i = 0; i < kFwdQ; ++i) m[i] = kLowest, l[i] = 0.0f;
+  std::memset(ob, 0, sizeof(float) * kFwdQ * hdp);
+
+  // Key blocks past the one holding the last query's token are fully masked: skipped.
+  const int64_t jend = qa + nq <= 0 ? 0 : std::min(nkb, (qa + nq - 1) / kFwdK + 1);
+  bool first = true;
+  for (int64_t j = 0; j < jend; ++j) {
+    const int64_t k0 = j * kFwdK, nk = std::min(kFwdK, t.Tk - k0);
+    const Docs docs = docs_of(t.qid, nq, t.kids ? t.kids + k0 : nullptr, nk);
+    if (docs == Docs::kApart) continue;
+    const auto [kbase, vbase] = key_rows(k0);
+    const bool diag = k0 + kFwdK - 1 > qa;  // block crosses the diagonal
+    // S^T row kk (key k0+kk) is needed only for queries qa+i >= k0+kk.
+    gemm<false>(st, kFwdQ, kbase, kvs, 1, w.qt, kFwdQ, nk, nqp, hd,
+                diag ? Tri::kColFrom : Tri::kNone, k0 - qa);
+    if (diag) {  // key k0+kk is hidden from queries i < thr
+      for (int64_t kk = 0; kk < nk; ++kk) {
+        const int64_t thr = std::min(k0 + kk - qa, nqp);
+        float* row = st + kk * kFwdQ;
+        for (int64_t i = 0; i < thr; ++i) row[i] = kNegInf;
+      }
+    }
+    if (docs == Docs::kMixed) {
+      for (int64_t kk = 0; kk < nk; ++kk) {
+        const int32_t id = t.kids[k0 + kk];
+        float* row = st + kk * kFwdQ;
+        for (int64_t i = 0; i < nq; ++i) row[i] = t.qid[i] == id ? row[i] : kNegInf;
+      }
+    }
+    // Online softmax, column-wise: all loops below are elementwise over queries i.
+    for (int64_t i = 0; i < nqp; ++i) alpha[i] = m[i];
+    for (int64_t kk = 0; kk < nk; ++kk) {
+      const float* row = st + kk * kFwdQ;
+      for (int64_t i = 0; i < nqp; ++i) alpha[i] = row[i] > alpha[i] ? row[i] : alpha[i];
+    }
+    // Now alpha = m_new.
+    for (int64_t i = 0; i < nqp; ++i) {
+      const float m_new = alpha[i];
+      alpha[i] = vmath::exp_f(m[i] - m_new);  // 0 on the first key a query sees
+      m[i] = m_new;
+      l[i] *= alpha[i];
+    }
+    for (int64_t kk = 0; kk < nk; ++kk) {
+      float* row = st + kk * kFwdQ;
+      for (int64_t i = 0; i < nqp; ++i) {
+        row[i] = vmath::exp_f(row[i] - m[i]);
+        l[i] += row[i];
+      }
+    }
+    if (!first) {
+      for (int64_t i = 0; i < nq; ++i) {
+        float* orow = ob + i * hdp;
+        const float a = alpha[i];
+        for (int64_t d = 0; d < hdp; ++d) orow[d] *= a;
+      }
+    }
+    first = false;
+    // V_j's rows as they lie, or copied with their padding where hd is not a whole number of
+    // vectors.
+    const float* vrows = vbase;
+    int64_t ldv = kvs;
+    if (hdp != hd) {
+      for (int64_t kk = 0; kk < nk; ++kk) {
+        float* row = w.vb + kk * hdp;
+        std::memcpy(row, vrows + kk * kvs, sizeof(float) * hd);
+        for (int64_t d = hd; d < hdp; ++d) row[d] = 0.0f;
+      }
+      vrows = w.vb, ldv = hdp;
+    }
+    // O += (P^T)^T V_j; query qa+i has non-zero P for keys k0+kk <= qa+i only.
+    gemm<true>(ob, hdp, st, 1, kFwdQ, vrows, ldv, nq, hdp, nk, diag ? Tri::kKTo : Tri::kNone,
+               qa - k0);
+  }
+
+  for (int64_t i = 0; i < nq; ++i) {
+    float* dst = t.out + i * t.os;
+    if (l[i] == 0.0f) {  // saw no key (one that it saw would add exp(0) = 1 to l)
+      std::memset(dst, 0, sizeof(float) * hd);
+      t.lse[i] = kNegInf;
+      continue;
+    }
+    const float inv = 1.0f / l[i];
+    const float* orow = ob + i * hdp;
+    for (int64_t d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
+    t.lse[i] = m[i] + std::log(l[i]);
+  }
+}
+
+struct KvRows {
+  const float* k;
+  const float* v;
+};
+
+void check_paged(const PagedAttention& p) {
+  CLEAVE_CHECK(p.n_heads > 0 && p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0 && p.head_dim > 0,
+               "paged attention: n_heads=" << p.n_heads << ", n_kv_heads=" << p.n_kv_heads
+                                           << ", head_dim=" << p.head_dim);
+  CLEAVE_CHECK(p.q_row_stride >= int64_t(p.n_heads) * p.head_dim &&
+                   p.kv_row_stride >= int64_t(p.n_kv_heads) * p.head_dim,
+               "paged attention: row strides q " << p.q_row_stride << ", kv " << p.kv_row_stride
+                                                 << " are shorter than their heads");
+  CLEAVE_CHECK(p.block_rows > 0 && p.block_rows % kAttentionKeyBlock == 0,
+               "paged attention: blocks of " << p.block_rows << " rows; they must hold a multiple of "
+                                             << kAttentionKeyBlock);
+  CLEAVE_CHECK(p.sequences >= 0 && p.rows && p.rows[0] == 0 && (p.sequences == 0 || (p.past && p.blocks)),
+               "paged attention: a batch of " << p.sequences << " sequences without its row table");
+  for (int64_t s = 0; s < p.sequences; ++s)
+    CLEAVE_CHECK(p.rows[s + 1] >= p.rows[s] && p.past[s] >= 0 && p.blocks[s],
+                 "paged attention: sequence " << s << " has rows [" << p.rows[s] << ", "
+                                              << p.rows[s + 1] << "), past " << p.past[s]);
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const AttentionShape& s) {
+  check_shape(s);
+  CLEAVE_CHECK(out && lse && q && k && v, "attention_forward: null pointer");
+  const int64_t Tq = s.T, Tk = s.keys(), H = s.n_heads, hd = s.head_dim, qs = s.q_row_stride,
+                kvs = s.kv_row_stride, group = s.n_heads / s.n_kv_heads;
+  const int64_t shift = s.q_begin - s.k_begin;  // query row i is the token of key row i + shift
+  const int64_t nqb = (Tq + kFwdQ - 1) / kFwdQ;
+  const int64_t tasks = s.B * H * nqb;
+
+#pragma omp parallel
+  {
+    const ForwardScratch w(hd);
+    // Causal cost grows with the query block index: dynamic scheduling, largest blocks first.
+    // Each task's result depends only on its inputs, so the schedule does not change the output.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t ib = nqb - 1 - task % nqb;
+      const int64_t bh = task / nqb, b = bh / H, h = bh % H, kvh = h / group;
+      const int64_t q0 = ib * kFwdQ;
+      const ForwardTask t{q + (b * Tq + q0) * qs + h * hd,
+                          qs,
+                          std::min(kFwdQ, Tq - q0),
+                          q0 + shift,
+                          Tk,
+                          out + ((b * Tq + q0) * H + h) * hd,
+                          H * hd,
+                          lse + (b * H + h) * Tq + q0,
+                          s.q_seq ? s.q_seq + b * Tq + q0 : nullptr,
+                          s.k_seq ? s.k_seq + b * Tk : nullptr};
+      const int64_t first_key = b * Tk * kvs + kvh * hd;
+      forward_task(
+          t,
+          [&](int64_t k0) { return KvRows{k + first_key + k0 * kvs, v + first_key + k0 * kvs}; },
+          kvs, hd, w);
+    }
+  }
+}
+
+void attention_forward_paged(float* out, float* lse, const float* q, const PagedAttention& p) {
+  check_paged(p);
+  const int64_t H = p.n_heads, hd = p.head_dim, group = p.n_heads / p.n_kv_heads;
+  const int64_t N = p.rows[p.sequences], kvs = p.kv_row_stride, block = p.block_rows * kvs;
+  // Tasks in order of (sequence, query block), then head: first_task[s] is sequence s's first.
+  std::vector<int64_t> first_task(size_t(p.sequences) + 1, 0);
+  for (int64_t s = 0; s < p.sequences; ++s)
+    first_task[size_t(s) + 1] = first_task[size_t(s)] + (p.rows[s + 1] - p.rows[s] + kFwdQ - 1) / kFwdQ * H;
+  const int64_t tasks = first_task.back();
+
+#pragma omp parallel
+  {
+    const ForwardScratch w(hd);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t s = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
+      const int64_t local = task - first_task[size_t(s)], ib = local / H, h = local % H;
+      const int64_t row = p.rows[s] + ib * kFwdQ, kvh = h / group;
+      const ForwardTask t{q + row * p.q_row_stride + h * hd,
+                          p.q_row_stride,
+                          std::min(kFwdQ, p.rows[s + 1] - row),
+                          p.past[s] + ib * kFwdQ,
+                          p.past[s] + p.rows[s + 1] - p.rows[s],
+                          out + (row * H + h) * hd,
+                          H * hd,
+                          lse + h * N + row,
+                          nullptr,
+                          nullptr};
+      const int32_t* table = p.blocks[s];
+      const int64_t column = kvh * hd;
+      forward_task(
+          t,
+          [&](int64_t k0) {
+            const int64_t at = int64_t(table[k0 / p.block_rows]) * block + (k0 % p.block_rows) * kvs + column;
+            return KvRows{p.k + at, p.v + at};
+          },
+          kvs, hd, w);
+    }
+  }
+}
+
+}  // namespace cleave::kernels

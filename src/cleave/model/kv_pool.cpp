@@ -1,0 +1,111 @@
+#include "cleave/model/kv_pool.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cleave/base/check.h"
+#include "cleave/kernels/attention.h"
+
+namespace cleave {
+
+KvPool::KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks)
+    : row_(row), block_rows_(block_rows) {
+  CLEAVE_CHECK(layers > 0 && row > 0, "a key/value pool of " << layers << " layers of rows of "
+                                                            << row << " floats");
+  CLEAVE_CHECK(block_rows > 0 && block_rows % kernels::kAttentionKeyBlock == 0,
+               "key/value blocks of " << block_rows << " tokens: they must hold a multiple of "
+                                      << kernels::kAttentionKeyBlock << " tokens");
+  CLEAVE_CHECK(blocks > 0 && blocks <= INT32_MAX,
+               "a key/value pool of " << blocks << " blocks (1 to " << INT32_MAX << ")");
+  k_.resize(size_t(layers));
+  v_.resize(size_t(layers));
+  for (int l = 0; l < layers; ++l) {
+    k_[size_t(l)].resize(blocks * block_rows * row);
+    v_[size_t(l)].resize(blocks * block_rows * row);
+  }
+  refs_.assign(size_t(blocks), 0);
+  free_.resize(size_t(blocks));
+  for (int64_t b = 0; b < blocks; ++b) free_[size_t(b)] = int32_t(blocks - 1 - b);
+}
+
+int64_t KvPool::bytes() const { return 2 * layers() * blocks() * block_rows_ * row_ * int64_t(sizeof(float)); }
+
+KvLayer KvPool::layer(int l) {
+  CLEAVE_CHECK(l >= 0 && l < layers(), "layer " << l << " of a key/value pool of " << layers());
+  return {k_[size_t(l)].data(), v_[size_t(l)].data(), block_rows_, row_};
+}
+
+void KvPool::check_block(int32_t block, const char* what) const {
+  CLEAVE_CHECK(block >= 0 && block < blocks() && refs_[size_t(block)] > 0,
+               what << " block " << block << ", which is not in use (pool of " << blocks()
+                    << " blocks)");
+}
+
+int32_t KvPool::allocate() {
+  CLEAVE_CHECK(!free_.empty(), "the key/value pool is full: all " << blocks() << " blocks of "
+                                   << block_rows_ << " tokens are in use");
+  const int32_t b = free_.back();
+  free_.pop_back();
+  refs_[size_t(b)] = 1;
+  return b;
+}
+
+void KvPool::retain(int32_t block) {
+  check_block(block, "retain of");
+  ++refs_[size_t(block)];
+}
+
+void KvPool::release(int32_t block) {
+  check_block(block, "release of");
+  if (--refs_[size_t(block)] == 0) free_.push_back(block);
+}
+
+int KvPool::refs(int32_t block) const {
+  CLEAVE_CHECK(block >= 0 && block < blocks(), "block " << block << " of a pool of " << blocks());
+  return refs_[size_t(block)];
+}
+
+void reserve_tokens(KvPool& pool, SequenceCache& seq, int64_t tokens) {
+  const int64_t br = pool.block_rows(), have = int64_t(seq.blocks.size());
+  const int64_t need = (tokens + br - 1) / br;
+  // The block the next token goes into, if it is partly filled and shared, is copied first.
+  const int64_t partial = seq.length % br;
+  const bool copy = tokens > seq.length && partial != 0 &&
+                    pool.refs(seq.blocks[size_t(seq.length / br)]) > 1;
+  const int64_t take = std::max<int64_t>(need - have, 0) + (copy ? 1 : 0);
+  CLEAVE_CHECK(take <= pool.free_blocks(),
+               "the key/value pool cannot hold " << tokens << " tokens of a sequence: it needs "
+                   << take << " more blocks of " << br << " tokens and " << pool.free_blocks()
+                   << " of " << pool.blocks() << " are free");
+  if (copy) {
+    int32_t& at = seq.blocks[size_t(seq.length / br)];
+    const int32_t fresh = pool.allocate();
+    for (int l = 0; l < pool.layers(); ++l) {
+      const KvLayer kv = pool.layer(l);
+      const int64_t n = partial * kv.row;
+      std::memcpy(kv.k + fresh * br * kv.row, kv.k + at * br * kv.row, n * sizeof(float));
+      std::memcpy(kv.v + fresh * br * kv.row, kv.v + at * br * kv.row, n * sizeof(float));
+    }
+    pool.release(at);
+    at = fresh;
+  }
+  while (int64_t(seq.blocks.size()) < need) seq.blocks.push_back(pool.allocate());
+}
+
+SequenceCache share_prefix(KvPool& pool, const SequenceCache& seq, int64_t tokens) {
+  CLEAVE_CHECK(tokens >= 0 && tokens <= seq.length,
+               "a prefix of " << tokens << " tokens of a sequence of " << seq.length);
+  SequenceCache out;
+  out.length = tokens;
+  const int64_t n = (tokens + pool.block_rows() - 1) / pool.block_rows();
+  out.blocks.assign(seq.blocks.begin(), seq.blocks.begin() + n);
+  for (int32_t b : out.blocks) pool.retain(b);
+  return out;
+}
+
+void release_sequence(KvPool& pool, SequenceCache& seq) {
+  for (int32_t b : seq.blocks) pool.release(b);
+  seq = SequenceCache();
+}
+
+}  // namespace cleave
