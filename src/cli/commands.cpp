@@ -1,9 +1,12 @@
 // The subcommands: each parses its arguments, then calls into the engine.
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <sstream>
 
 #include <mpi.h>
 #include <omp.h>
@@ -91,33 +94,50 @@ int tokenize(int argc, char** argv) {
 
 int generate(int argc, char** argv) {
   const Args a = Args::parse("generate", argc, argv,
-                             {"--prompt", "--max-new-tokens", "--temperature", "--top-k", "--seed",
-                              "--tokenizer", "--threads"},
-                             {"--ids"});
+                             {"--prompt", "--prompt-ids", "--max-new-tokens", "--temperature",
+                              "--top-k", "--seed", "--tokenizer", "--threads", "--dtype",
+                              "--prefill-chunk", "--batch"},
+                             {"--ids", "--warmup"});
   if (a.positional.size() != 1) throw Error("cleave generate: expected one CHECKPOINT_DIR");
-  if (!a.has("--prompt")) throw Error("cleave generate: --prompt TEXT is required");
+  if (a.has("--prompt") == a.has("--prompt-ids"))
+    throw Error("cleave generate: give the prompt as --prompt TEXT or as --prompt-ids \"ID ID ...\"");
   if (a.has("--threads")) omp_set_num_threads(int(a.integer("--threads", 1, 1, 4096)));
+  const std::string dtype = a.get("--dtype", "fp32");
+  if (dtype != "fp32" && dtype != "bf16")
+    throw Error("cleave generate: --dtype must be fp32 or bf16, not '" + dtype + "'");
   SamplingOptions o;
   o.temperature = float(a.number_in("--temperature", 0.8, 0.0, 1e4));
   o.top_k = int(a.integer("--top-k", 40, 0, INT32_MAX));  // 0: every token
   o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
-  const LoadedModel loaded = load_model(a.positional[0], Precision::fp32);
+  o.prefill_chunk = a.integer("--prefill-chunk", 0, 0, INT64_MAX);
+  const int64_t copies = a.integer("--batch", 1, 1, 4096);
+  const LoadedModel loaded =
+      load_model(a.positional[0], dtype == "bf16" ? Precision::bf16 : Precision::fp32);
   Transformer& model = *loaded.model;
-  const std::string tokenizer_path = a.get("--tokenizer", carried_tokenizer(loaded));
-  if (tokenizer_path.empty())
-    throw Error("cleave generate: no tokenizer: neither the checkpoint " + loaded.dir +
-                " nor the data folder " + loaded.data_dir +
-                " holds a tokenizer.model or tokenizer.json; give one with --tokenizer");
-  const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(tokenizer_path);
-  const Tokenizer& tok = *tokenizer;
-  std::cerr << "# tokenizer: " << tok.path() << " (" << tok.kind() << ", vocabulary "
-            << tok.vocab_size() << ")" << std::endl;
-  if (tok.vocab_size() != model.config().vocab_size)
-    throw Error("tokenizer " + tok.path() + " has " + std::to_string(tok.vocab_size()) +
-                " tokens but the model's vocab_size is " +
-                std::to_string(model.config().vocab_size));
+  const int vocab = model.config().vocab_size;
+  std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> prompt;
-  for (uint32_t id : tok.encode(a.get("--prompt", ""))) prompt.push_back(int32_t(id));
+  if (a.has("--prompt-ids")) {  // token ids: no tokenizer needed
+    std::istringstream ids(a.get("--prompt-ids", ""));
+    for (std::string id; ids >> id;)
+      prompt.push_back(int32_t(parse_integer(id, "--prompt-ids", 0, vocab - 1)));
+    if (prompt.empty()) throw Error("cleave generate: --prompt-ids holds no token id");
+  } else {
+    const std::string tokenizer_path = a.get("--tokenizer", carried_tokenizer(loaded));
+    if (tokenizer_path.empty())
+      throw Error("cleave generate: no tokenizer: neither the checkpoint " + loaded.dir +
+                  " nor the data folder " + loaded.data_dir +
+                  " holds a tokenizer.model or tokenizer.json; give one with --tokenizer");
+    tokenizer = open_tokenizer(tokenizer_path);
+    std::cerr << "# tokenizer: " << tokenizer->path() << " (" << tokenizer->kind()
+              << ", vocabulary " << tokenizer->vocab_size() << ")" << std::endl;
+    if (tokenizer->vocab_size() != vocab)
+      throw Error("tokenizer " + tokenizer->path() + " has " +
+                  std::to_string(tokenizer->vocab_size()) + " tokens but the model's vocab_size is " +
+                  std::to_string(vocab));
+    for (uint32_t id : tokenizer->encode(a.get("--prompt", ""))) prompt.push_back(int32_t(id));
+    o.stop_token = tokenizer->eos_id();
+  }
   // The prompt and what follows it fit the model's context.
   const int64_t room = model.config().max_seq_len - int64_t(prompt.size());
   if (room < 1)
@@ -125,23 +145,57 @@ int generate(int argc, char** argv) {
                 " tokens, which leaves no room in the model's max_seq_len of " +
                 std::to_string(model.config().max_seq_len));
   o.max_new_tokens = int(a.integer("--max-new-tokens", std::min<int64_t>(100, room), 0, room));
-  o.stop_token = tok.eos_id();
-  // --ids: the prompt's token ids and the continuation's, as numbers (to compare with another
-  // implementation without a tokenizer).
-  if (a.has("--ids")) {
-    for (int32_t t : prompt) std::cout << t << " ";
-    std::cout << "|";
-    for (int32_t t : generate(model, prompt, o)) std::cout << " " << t;
-    std::cout << std::endl;
-    return 0;
+  std::cerr << "# generate: " << dtype << " weights, " << omp_get_max_threads() << " threads, "
+            << copies << " sequence" << (copies > 1 ? "s" : "") << " of a " << prompt.size()
+            << "-token prompt, prefill "
+            << (o.prefill_chunk > 0 ? "in chunks of " + std::to_string(o.prefill_chunk) : "whole")
+            << std::endl;
+  // --warmup: the weights' packed copies and the products' primitives for these row counts are
+  // made by an untimed run first, as a server makes them before its first request.
+  if (a.has("--warmup")) {
+    SamplingOptions once = o;
+    once.max_new_tokens = std::min(o.max_new_tokens, 2);
+    generate_batch(model, std::vector<std::vector<int32_t>>(size_t(copies), prompt), once);
   }
-  std::cout << a.get("--prompt", "") << std::flush;
-  DecodeStream stream(tok);
-  generate(model, prompt, o, [&](int32_t t) {
-    if (t != o.stop_token) std::cout << stream.next(uint32_t(t)) << std::flush;
-  });
-  std::cout << stream.finish();
-  std::cout << std::endl;
+  // Prefill ends with the first token drawn; the rest is decoding, one forward a step.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point first;
+  int64_t drawn = 0;
+  DecodeStream* text = nullptr;
+  std::optional<DecodeStream> stream;
+  const bool ids = a.has("--ids") || !tokenizer;
+  if (!ids) {
+    stream.emplace(*tokenizer);
+    text = &*stream;
+    std::cout << a.get("--prompt", "") << std::flush;
+  }
+  std::vector<std::vector<int32_t>> out;
+  const auto on_token = [&](int32_t t) {
+    if (drawn++ == 0) first = Clock::now();
+    if (text && t != o.stop_token) std::cout << text->next(uint32_t(t)) << std::flush;
+  };
+  out = generate_batch(model, std::vector<std::vector<int32_t>>(size_t(copies), prompt), o, on_token);
+  const Clock::time_point end = Clock::now();
+  if (ids) {
+    for (const std::vector<int32_t>& seq : out) {
+      for (int32_t t : prompt) std::cout << t << " ";
+      std::cout << "|";
+      for (int32_t t : seq) std::cout << " " << t;
+      std::cout << "\n";
+    }
+  } else {
+    std::cout << text->finish() << "\n";
+  }
+  std::cout << std::flush;
+  const double prefill_s = std::chrono::duration<double>(first - start).count();
+  const double decode_s = std::chrono::duration<double>(end - first).count();
+  const int64_t decoded = drawn - copies;  // the first token of each sequence ends its prefill
+  if (drawn > 0)
+    std::fprintf(stderr, "# prefill: %lld tokens in %.1f ms (%.1f tokens/s); decode: %lld tokens in %.1f ms (%.1f tokens/s)\n",
+                 (long long)(copies * int64_t(prompt.size())), prefill_s * 1e3,
+                 double(copies * int64_t(prompt.size())) / prefill_s, (long long)decoded,
+                 decode_s * 1e3, decoded > 0 ? double(decoded) / decode_s : 0.0);
   return 0;
 }
 

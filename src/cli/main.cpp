@@ -32,9 +32,11 @@ namespace {
 const char* kUsage = R"(usage: cleave COMMAND ...
   train CONFIG.toml [--set key=value ...] [--resume latest|CHECKPOINT_DIR] [--exit-after N]
   tokenize CONFIG.toml [--set key=value ...]     train the tokenizer, write token shards
-  generate CHECKPOINT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
-           [--seed S] [--tokenizer PATH] [--ids]   (PATH: tokenizer.model, tokenizer.json
-           or a folder; --ids: token ids, not text)
+  generate CHECKPOINT_DIR --prompt TEXT|--prompt-ids "ID ..." [--max-new-tokens N]
+           [--temperature T] [--top-k K] [--seed S] [--tokenizer PATH] [--ids] [--dtype fp32|bf16]
+           [--prefill-chunk N] [--batch N] [--warmup]   (PATH: tokenizer.model, tokenizer.json
+           or a folder; --ids: token ids, not text; --batch: N sequences of the prompt at once;
+           --warmup: an untimed run first, before the timings on standard error)
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   checkpoint info|verify CHECKPOINT_DIR           what a checkpoint holds | check every checksum
   plot RUN_DIR... [--out FILE.svg|.png|.pdf]      loss, validation loss, tokens/s, MFU by step

@@ -39,11 +39,12 @@ struct Sequence {
   bool done = false;
 };
 
-// on_token: called with every token drawn, in the order drawn.
-std::vector<std::vector<int32_t>> generate_all(Transformer& model,
-                                               const std::vector<std::vector<int32_t>>& prompts,
-                                               const SamplingOptions& o,
-                                               const std::function<void(int32_t)>& on_token) {
+}  // namespace
+
+std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
+                                                 const std::vector<std::vector<int32_t>>& prompts,
+                                                 const SamplingOptions& o,
+                                                 const std::function<void(int32_t)>& on_token) {
   const ModelConfig& c = model.config();
   CLEAVE_CHECK(o.max_new_tokens >= 0 && o.prefill_chunk >= 0,
                "max_new_tokens " << o.max_new_tokens << " and prefill_chunk " << o.prefill_chunk
@@ -108,18 +109,10 @@ std::vector<std::vector<int32_t>> generate_all(Transformer& model,
   return out;
 }
 
-}  // namespace
-
-std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
-                                                 const std::vector<std::vector<int32_t>>& prompts,
-                                                 const SamplingOptions& options) {
-  return generate_all(model, prompts, options, {});
-}
-
 std::vector<int32_t> generate(Transformer& model, const std::vector<int32_t>& prompt,
                               const SamplingOptions& o,
                               const std::function<void(int32_t)>& on_token) {
-  return std::move(generate_all(model, {prompt}, o, on_token).front());
+  return std::move(generate_batch(model, {prompt}, o, on_token).front());
 }
 
 }  // namespace cleave

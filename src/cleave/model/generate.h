@@ -28,10 +28,11 @@ std::vector<int32_t> generate(Transformer& model, const std::vector<int32_t>& pr
                               const std::function<void(int32_t)>& on_token = {});
 
 // Several prompts at once, each with the options' seed; returns each one's new tokens, which are
-// those it gets alone (batch invariance, docs/inference.md).
-std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
-                                                 const std::vector<std::vector<int32_t>>& prompts,
-                                                 const SamplingOptions& options);
+// those it gets alone (batch invariance, docs/inference.md). on_token is called with every token
+// drawn, in the order drawn.
+std::vector<std::vector<int32_t>> generate_batch(
+    Transformer& model, const std::vector<std::vector<int32_t>>& prompts,
+    const SamplingOptions& options, const std::function<void(int32_t)>& on_token = {});
 
 // One draw from logits [vocab]: exposed for tests.
 int32_t sample_token(const float* logits, int vocab, float temperature, int top_k, float uniform);
