@@ -19,6 +19,7 @@
 #include "cleave/kernels/gemm_bench.h"
 #include "cleave/model/generate.h"
 #include "cleave/model/hf_export.h"
+#include "cleave/parallel/process_groups.h"
 #include "cleave/train/peak.h"
 #include "cleave/train/trainer.h"
 #include "cli/args.h"
@@ -111,9 +112,33 @@ int generate(int argc, char** argv) {
   o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
   o.prefill_chunk = a.integer("--prefill-chunk", 0, 0, INT64_MAX);
   const int64_t copies = a.integer("--batch", 1, 1, 4096);
+  // The inference layout: tensor parallelism over the ranks mpirun started.
+  int tp = 1;
+  for (const std::string& kv : a.overrides) {
+    const size_t eq = kv.find('=');
+    const std::string key = kv.substr(0, eq);
+    if (key != "parallel.tp" || eq == std::string::npos)
+      throw Error("cleave generate: --set " + kv + ": the inference layout takes parallel.tp=N");
+    tp = int(parse_integer(kv.substr(eq + 1), "parallel.tp", 1, 4096));
+  }
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (world != tp)
+    throw EveryRankError("cleave generate: parallel.tp = " + std::to_string(tp) + " but " +
+                         std::to_string(world) + " ranks were started: start tp ranks");
+  const ModelCheckpoint opened = open_model_checkpoint(a.positional[0]);
+  init_comm(CommOptions{});
+  Mesh mesh(world, MeshDegrees{1, 1, 1, 1, tp});
+  ProcessGroups groups = make_process_groups(mesh, rank, opened.model, looped_stages(1, 1));
+  TensorParallelOptions tp_options;
+  if (groups.tp_comm) tp_options.comm = groups.tp_comm.get();
   const LoadedModel loaded =
-      load_model(a.positional[0], dtype == "bf16" ? Precision::bf16 : Precision::fp32);
+      load_model(opened, dtype == "bf16" ? Precision::bf16 : Precision::fp32, tp_options);
   Transformer& model = *loaded.model;
+  // Every rank computes the same tokens; rank 0 prints them.
+  std::ostringstream discard;
+  std::ostream& out_stream = rank == 0 ? std::cout : discard;
   const int vocab = model.config().vocab_size;
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> prompt;
@@ -129,7 +154,7 @@ int generate(int argc, char** argv) {
                   " nor the data folder " + loaded.data_dir +
                   " holds a tokenizer.model or tokenizer.json; give one with --tokenizer");
     tokenizer = open_tokenizer(tokenizer_path);
-    std::cerr << "# tokenizer: " << tokenizer->path() << " (" << tokenizer->kind()
+    if (rank == 0) std::cerr << "# tokenizer: " << tokenizer->path() << " (" << tokenizer->kind()
               << ", vocabulary " << tokenizer->vocab_size() << ")" << std::endl;
     if (tokenizer->vocab_size() != vocab)
       throw Error("tokenizer " + tokenizer->path() + " has " +
@@ -145,9 +170,10 @@ int generate(int argc, char** argv) {
                 " tokens, which leaves no room in the model's max_seq_len of " +
                 std::to_string(model.config().max_seq_len));
   o.max_new_tokens = int(a.integer("--max-new-tokens", std::min<int64_t>(100, room), 0, room));
-  std::cerr << "# generate: " << dtype << " weights, " << omp_get_max_threads() << " threads, "
+  if (rank == 0)
+    std::cerr << "# generate: " << dtype << " weights, " << omp_get_max_threads() << " threads, "
             << copies << " sequence" << (copies > 1 ? "s" : "") << " of a " << prompt.size()
-            << "-token prompt, prefill "
+            << "-token prompt, tp " << tp << ", prefill "
             << (o.prefill_chunk > 0 ? "in chunks of " + std::to_string(o.prefill_chunk) : "whole")
             << std::endl;
   // --warmup: the weights' packed copies and the products' primitives for these row counts are
@@ -168,30 +194,30 @@ int generate(int argc, char** argv) {
   if (!ids) {
     stream.emplace(*tokenizer);
     text = &*stream;
-    std::cout << a.get("--prompt", "") << std::flush;
+    out_stream << a.get("--prompt", "") << std::flush;
   }
   std::vector<std::vector<int32_t>> out;
   const auto on_token = [&](int32_t t) {
     if (drawn++ == 0) first = Clock::now();
-    if (text && t != o.stop_token) std::cout << text->next(uint32_t(t)) << std::flush;
+    if (text && t != o.stop_token) out_stream << text->next(uint32_t(t)) << std::flush;
   };
   out = generate_batch(model, std::vector<std::vector<int32_t>>(size_t(copies), prompt), o, on_token);
   const Clock::time_point end = Clock::now();
   if (ids) {
     for (const std::vector<int32_t>& seq : out) {
-      for (int32_t t : prompt) std::cout << t << " ";
-      std::cout << "|";
-      for (int32_t t : seq) std::cout << " " << t;
-      std::cout << "\n";
+      for (int32_t t : prompt) out_stream << t << " ";
+      out_stream << "|";
+      for (int32_t t : seq) out_stream << " " << t;
+      out_stream << "\n";
     }
   } else {
-    std::cout << text->finish() << "\n";
+    out_stream << text->finish() << "\n";
   }
-  std::cout << std::flush;
+  out_stream << std::flush;
   const double prefill_s = std::chrono::duration<double>(first - start).count();
   const double decode_s = std::chrono::duration<double>(end - first).count();
   const int64_t decoded = drawn - copies;  // the first token of each sequence ends its prefill
-  if (drawn > 0)
+  if (drawn > 0 && rank == 0)
     std::fprintf(stderr, "# prefill: %lld tokens in %.1f ms (%.1f tokens/s); decode: %lld tokens in %.1f ms (%.1f tokens/s)\n",
                  (long long)(copies * int64_t(prompt.size())), prefill_s * 1e3,
                  double(copies * int64_t(prompt.size())) / prefill_s, (long long)decoded,

@@ -36,7 +36,8 @@ const char* kUsage = R"(usage: cleave COMMAND ...
            [--temperature T] [--top-k K] [--seed S] [--tokenizer PATH] [--ids] [--dtype fp32|bf16]
            [--prefill-chunk N] [--batch N] [--warmup]   (PATH: tokenizer.model, tokenizer.json
            or a folder; --ids: token ids, not text; --batch: N sequences of the prompt at once;
-           --warmup: an untimed run first, before the timings on standard error)
+           --warmup: an untimed run first, before the timings on standard error;
+           under mpirun -np T: --set parallel.tp=T, each rank reading its slices)
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   checkpoint info|verify CHECKPOINT_DIR           what a checkpoint holds | check every checksum
   plot RUN_DIR... [--out FILE.svg|.png|.pdf]      loss, validation loss, tokens/s, MFU by step
@@ -80,11 +81,12 @@ int main(int argc, char** argv) {
                                      std::to_string(MPI_THREAD_MULTIPLE) +
                                      "), which cleave's communication thread needs");
       const std::string cmd = argv[1];
-      if (world > 1 && cmd != "train" && cmd != "bench-comm" && cmd != "calibrate")
+      if (world > 1 && cmd != "train" && cmd != "bench-comm" && cmd != "calibrate" &&
+          cmd != "generate")
         throw cleave::EveryRankError("cleave " + cmd + " runs on one rank (" +
                                      std::to_string(world) +
-                                     " were started); under mpirun use train, bench-comm or "
-                                     "calibrate");
+                                     " were started); under mpirun use train, generate, "
+                                     "bench-comm or calibrate");
       if (cmd == "train") rc = cleave::cli::train(argc - 2, argv + 2);
       else if (cmd == "bench-comm") rc = cleave::cli::bench_comm(argc - 2, argv + 2);
       else if (cmd == "calibrate") rc = cleave::cli::calibrate(argc - 2, argv + 2);

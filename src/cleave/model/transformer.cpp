@@ -494,7 +494,7 @@ int64_t Transformer::kv_bytes_per_token() const {
 const float* Transformer::forward_cached(const Batch& batch, KvPool& pool) {
   CLEAVE_CHECK(chunks_.size() == 1 && chunks_[0].embedding && chunks_[0].head,
                "forward_cached runs the whole model; this rank holds pipeline stages");
-  CLEAVE_CHECK(!tp_.comm, "inference runs at tp = 1 here (the model has tp " << tp_.size() << ")");
+  CLEAVE_CHECK(!tp_.sequence_parallel, "inference runs without sequence parallelism");
   CLEAVE_CHECK(batch.cached() && batch.B == 1 && batch.T > 0,
                "forward_cached takes a ragged batch (B = 1, Batch::cached), not " << batch.B
                    << " x " << batch.T);
@@ -520,7 +520,7 @@ const float* Transformer::forward_cached(const Batch& batch, KvPool& pool) {
   pool_ = &pool;
   for (int u = 0; u < n_units(); ++u) forward_unit(u, 0, batch, 0.0f);
   pool_ = nullptr;
-  return head_slot(0).logits.data();
+  return tp_.comm ? logits_full_.data() : head_slot(0).logits.data();
 }
 
 void Transformer::head_logit_rows(Slot& s, const Batch& batch) {
@@ -534,6 +534,20 @@ void Transformer::head_logit_rows(Slot& s, const Batch& batch) {
   if (R == 0) return;
   final_norm_->forward(s.hf.data(), logit_in_.data(), R, s.final_norm);
   head_gemm_->forward(s.logits.data(), s.hf.data(), R, nullptr, &s.head_x);
+  if (!tp_.comm) return;
+  // Each tp rank has its rows of the vocabulary (vocab_rows columns of logits, the last shard's
+  // tail padding): every rank gathers all of them into whole rows, so that every rank draws the
+  // same token.
+  const int64_t V = share_.vocab_rows, tp = tp_.size();
+  logit_parts_.grow(tp * R * V);
+  logits_full_.grow(R * cfg_.vocab_size);
+  tp_.comm->all_gather(s.logits.data(), logit_parts_.data(), R * V)();
+  for (int64_t r = 0; r < tp; ++r) {
+    const int64_t real = std::clamp<int64_t>(cfg_.vocab_size - r * V, 0, V);
+    for (int64_t i = 0; i < R; ++i)
+      std::memcpy(logits_full_.data() + i * cfg_.vocab_size + r * V,
+                  logit_parts_.data() + (r * R + i) * V, real * sizeof(float));
+  }
 }
 
 namespace {

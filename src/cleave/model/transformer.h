@@ -138,7 +138,7 @@ class Transformer {
   int64_t kv_bytes_per_token() const;
   // One forward of a ragged batch over the pool (Batch::cached), the training forward's units on
   // slot 0: the new tokens' keys and values go into their blocks, and the head computes the
-  // logits of batch.logit_rows alone, [logit_rows, vocab_size], with no loss.
+  // logits of batch.logit_rows alone, [logit_rows, vocab_size] on every tp rank, with no loss.
   const float* forward_cached(const Batch& batch, KvPool& pool);
 
   // For planning: what tp rank 0 of tp ranks holds of `chunks`, built without communication and
@@ -251,6 +251,7 @@ class Transformer {
   Batch whole_;  // the batch of forward's whole sequences
   KvPool* pool_ = nullptr;    // forward_cached's, while it runs
   Buffer<float> logit_in_;    // forward_cached: the hidden rows whose logits are asked for
+  Buffer<float> logit_parts_, logits_full_;  // tp > 1: every rank's columns, and whole rows
 };
 
 }  // namespace cleave
