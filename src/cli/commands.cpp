@@ -19,6 +19,7 @@
 #include "cleave/kernels/gemm_bench.h"
 #include "cleave/model/generate.h"
 #include "cleave/model/hf_export.h"
+#include "cleave/parallel/inference_layout.h"
 #include "cleave/parallel/process_groups.h"
 #include "cleave/train/peak.h"
 #include "cleave/train/trainer.h"
@@ -112,30 +113,31 @@ int generate(int argc, char** argv) {
   o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
   o.prefill_chunk = a.integer("--prefill-chunk", 0, 0, INT64_MAX);
   const int64_t copies = a.integer("--batch", 1, 1, 4096);
-  // The inference layout: tensor parallelism over the ranks mpirun started.
-  int tp = 1;
+  // The inference layout over the ranks mpirun started: tensor and pipeline parallelism.
+  int tp = 1, pp = 1;
   for (const std::string& kv : a.overrides) {
     const size_t eq = kv.find('=');
     const std::string key = kv.substr(0, eq);
-    if (key != "parallel.tp" || eq == std::string::npos)
-      throw Error("cleave generate: --set " + kv + ": the inference layout takes parallel.tp=N");
-    tp = int(parse_integer(kv.substr(eq + 1), "parallel.tp", 1, 4096));
+    if ((key != "parallel.tp" && key != "parallel.pp") || eq == std::string::npos)
+      throw Error("cleave generate: --set " + kv +
+                  ": the inference layout takes parallel.tp=N and parallel.pp=N");
+    (key == "parallel.tp" ? tp : pp) = int(parse_integer(kv.substr(eq + 1), key, 1, 4096));
   }
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (world != tp)
-    throw EveryRankError("cleave generate: parallel.tp = " + std::to_string(tp) + " but " +
-                         std::to_string(world) + " ranks were started: start tp ranks");
   const ModelCheckpoint opened = open_model_checkpoint(a.positional[0]);
+  InferenceLayout layout = plan_inference(opened.model, tp, pp, world);
   init_comm(CommOptions{});
-  Mesh mesh(world, MeshDegrees{1, 1, 1, 1, tp});
-  ProcessGroups groups = make_process_groups(mesh, rank, opened.model, looped_stages(1, 1));
+  ProcessGroups groups = make_process_groups(layout.mesh, rank, opened.model,
+                                             looped_stages(pp, 1));
   TensorParallelOptions tp_options;
   if (groups.tp_comm) tp_options.comm = groups.tp_comm.get();
-  const LoadedModel loaded =
-      load_model(opened, dtype == "bf16" ? Precision::bf16 : Precision::fp32, tp_options);
+  const LoadedModel loaded = load_model(opened, dtype == "bf16" ? Precision::bf16 : Precision::fp32,
+                                        tp_options, {layout.chunk(groups.pp->rank())});
   Transformer& model = *loaded.model;
+  GroupStageLink stage_link(*groups.pp);
+  if (pp > 1) model.set_stage_link(&stage_link);
   // Every rank computes the same tokens; rank 0 prints them.
   std::ostringstream discard;
   std::ostream& out_stream = rank == 0 ? std::cout : discard;
@@ -173,7 +175,7 @@ int generate(int argc, char** argv) {
   if (rank == 0)
     std::cerr << "# generate: " << dtype << " weights, " << omp_get_max_threads() << " threads, "
             << copies << " sequence" << (copies > 1 ? "s" : "") << " of a " << prompt.size()
-            << "-token prompt, tp " << tp << ", prefill "
+            << "-token prompt, tp " << tp << ", pp " << pp << ", prefill "
             << (o.prefill_chunk > 0 ? "in chunks of " + std::to_string(o.prefill_chunk) : "whole")
             << std::endl;
   // --warmup: the weights' packed copies and the products' primitives for these row counts are

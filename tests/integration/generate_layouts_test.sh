@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Generation under tensor parallelism (docs/inference.md): each rank reads its slices of a
-# checkpoint one process wrote, and greedy decoding gives the one-process tokens at tp 2 and 4
-# for GPT-2, Llama with grouped-query attention (tp 4 replicates its 2 kv heads) and a mixture of
-# experts, in fp32 and with bf16 weights; seeded sampling and a batch of sequences alike.
+# Generation under tensor and pipeline parallelism (docs/inference.md): each rank reads its slices
+# of a checkpoint one process wrote, and greedy decoding gives the one-process tokens at tp 2, tp
+# 4, pp 2 and tp 2 x pp 2 for GPT-2 (its tied head on the last stage), Llama with grouped-query
+# attention (tp 4 replicates its 2 kv heads) and a mixture of experts: greedy and seeded sampling
+# in fp32, greedy over a batch of 3 sequences with bf16 weights.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 work=$(mktemp -d)
@@ -17,39 +18,40 @@ declare -A models=(
   [llama_gqa]="--set model.family=llama --set model.n_kv_heads=2"
   [moe]="--set model.family=llama --set model.moe_experts=4 --set model.moe_top_k=2 --set model.moe_ffn_hidden=64"
 )
-gen() {  # NP MODEL ARGS...: the token ids rank 0 prints
-  local np=$1 model=$2
-  shift 2
-  mpirun --oversubscribe -np "$np" "$cleave" generate "$work/$model" --prompt-ids "$prompt" \
-    --max-new-tokens 24 --set parallel.tp="$np" "$@" 2> "$work/err" || { cat "$work/err"; exit 1; }
+gen() {  # TP PP MODEL ARGS...: the token ids rank 0 prints
+  local tp=$1 pp=$2 model=$3
+  shift 3
+  mpirun --oversubscribe -np $((tp * pp)) "$cleave" generate "$work/$model" --prompt-ids "$prompt" \
+    --max-new-tokens 24 --set parallel.tp="$tp" --set parallel.pp="$pp" "$@" 2> "$work/err" ||
+    { cat "$work/err"; exit 1; }
 }
 for model in gpt2 llama_gqa moe; do
   # shellcheck disable=SC2086  # the model's --set options
   "$cleave" train "$cfg" --set data.dir="$data" --set train.out_dir="$work/$model" \
     --set train.steps=20 --set train.val_interval=0 --set train.checkpoint_interval=20 \
     --set train.threads=1 ${models[$model]} > /dev/null
-  for dtype in fp32 bf16; do
-    for mode in "--temperature 0" "--temperature 1 --top-k 0 --seed 7" "--temperature 0 --batch 3"; do
-      # shellcheck disable=SC2086  # the mode's options
-      want=$(gen 1 "$model" --dtype "$dtype" $mode)
-      [ "$(wc -w <<<"$want")" -gt 24 ] || { echo "FAIL $model: no tokens: $want"; exit 1; }
-      for tp in 2 4; do
-        # shellcheck disable=SC2086
-        got=$(gen "$tp" "$model" --dtype "$dtype" $mode)
-        [ "$got" = "$want" ] || {
-          printf 'FAIL %s %s (%s) at tp %s:\n  tp 1: %s\n  tp %s: %s\n' "$model" "$dtype" "$mode" \
-            "$tp" "$want" "$tp" "$got"
-          exit 1
-        }
-      done
-      echo "$model $dtype ($mode): tp 1, 2, 4 agree: ${want%%$'\n'*}"
+  for mode in "--dtype fp32 --temperature 0" "--dtype fp32 --temperature 1 --top-k 0 --seed 7" \
+              "--dtype bf16 --temperature 0 --batch 3"; do
+    # shellcheck disable=SC2086  # the mode's options
+    want=$(gen 1 1 "$model" $mode)
+    [ "$(wc -w <<<"$want")" -gt 24 ] || { echo "FAIL $model: no tokens: $want"; exit 1; }
+    for layout in "2 1" "4 1" "1 2" "2 2"; do
+      # shellcheck disable=SC2086  # tp pp, and the mode's options
+      got=$(gen $layout "$model" $mode)
+      [ "$got" = "$want" ] || {
+        printf 'FAIL %s (%s) at tp x pp %s:\n  one process: %s\n  %s: %s\n' "$model" "$mode" \
+          "$layout" "$want" "$layout" "$got"
+        exit 1
+      }
     done
+    echo "$model ($mode): tp 2, tp 4, pp 2, tp 2 x pp 2 agree with one process: ${want%%$'\n'*}"
   done
 done
 # A layout the ranks do not make is refused, naming both.
 if out=$(mpirun --oversubscribe -np 2 "$cleave" generate "$work/gpt2" --prompt-ids "$prompt" \
-           --set parallel.tp=4 2>&1); then
-  echo "FAIL: tp 4 on 2 ranks ran"; exit 1
+           --set parallel.tp=2 --set parallel.pp=2 2>&1); then
+  echo "FAIL: tp 2 x pp 2 on 2 ranks ran"; exit 1
 fi
-grep -q "parallel.tp = 4 but 2 ranks" <<<"$out" || { echo "FAIL: unclear error: $out"; exit 1; }
+grep -q "parallel.tp = 2 x parallel.pp = 2 makes 4 ranks, but 2 were started" <<<"$out" ||
+  { echo "FAIL: unclear error: $out"; exit 1; }
 echo "generate layouts: ok"

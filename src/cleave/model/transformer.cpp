@@ -492,8 +492,11 @@ int64_t Transformer::kv_bytes_per_token() const {
 }
 
 const float* Transformer::forward_cached(const Batch& batch, KvPool& pool) {
-  CLEAVE_CHECK(chunks_.size() == 1 && chunks_[0].embedding && chunks_[0].head,
-               "forward_cached runs the whole model; this rank holds pipeline stages");
+  CLEAVE_CHECK(chunks_.size() == 1, "forward_cached runs one pipeline stage a rank; this rank holds "
+                                         << chunks_.size());
+  const ModelChunk& chunk = chunks_[0];
+  CLEAVE_CHECK((chunk.embedding && chunk.head) || stage_link_,
+               "forward_cached on a pipeline stage without the link to the other stages");
   CLEAVE_CHECK(!tp_.sequence_parallel, "inference runs without sequence parallelism");
   CLEAVE_CHECK(batch.cached() && batch.B == 1 && batch.T > 0,
                "forward_cached takes a ragged batch (B = 1, Batch::cached), not " << batch.B
@@ -517,10 +520,19 @@ const float* Transformer::forward_cached(const Batch& batch, KvPool& pool) {
                           << ", not the next of sequence " << sq);
   }
   size_slots(1, batch.T, {1});
+  const int64_t rows = batch.T * cfg_.d_model;
+  if (!chunk.embedding) stage_link_->receive(chunk_input(0, 0), rows);
   pool_ = &pool;
   for (int u = 0; u < n_units(); ++u) forward_unit(u, 0, batch, 0.0f);
   pool_ = nullptr;
-  return tp_.comm ? logits_full_.data() : head_slot(0).logits.data();
+  if (!chunk.head) stage_link_->send(chunk_output(0, 0), rows);
+  const int64_t R = int64_t(batch.logit_rows.size()), V = cfg_.vocab_size;
+  if (chunk.head && chunk.embedding) return tp_.comm ? logits_full_.data() : head_slot(0).logits.data();
+  // Pipeline stages: the last one's whole rows reach every stage.
+  float* logits = logits_full_.grow(std::max<int64_t>(R, 1) * V);
+  if (chunk.head && !tp_.comm) std::memcpy(logits, head_slot(0).logits.data(), R * V * sizeof(float));
+  stage_link_->share_logits(logits, R * V);
+  return logits;
 }
 
 void Transformer::head_logit_rows(Slot& s, const Batch& batch) {

@@ -16,6 +16,7 @@
 #include "cleave/model/fp8_amax.h"
 #include "cleave/model/kv_pool.h"
 #include "cleave/model/model_config.h"
+#include "cleave/model/stage_link.h"
 
 namespace cleave {
 
@@ -139,7 +140,10 @@ class Transformer {
   // One forward of a ragged batch over the pool (Batch::cached), the training forward's units on
   // slot 0: the new tokens' keys and values go into their blocks, and the head computes the
   // logits of batch.logit_rows alone, [logit_rows, vocab_size] on every tp rank, with no loss.
+  // A rank that holds one pipeline stage takes its input from, and gives its output and the
+  // logits to, the other stages through `link` (set_stage_link); the logits reach every stage.
   const float* forward_cached(const Batch& batch, KvPool& pool);
+  void set_stage_link(StageLink* link) { stage_link_ = link; }
 
   // For planning: what tp rank 0 of tp ranks holds of `chunks`, built without communication and
   // without touching the parameter buffers (mapped, never written). It cannot run; its linears
@@ -250,6 +254,7 @@ class Transformer {
   Buffer<float> embed_full_, d_full_;     // sequence parallelism
   Batch whole_;  // the batch of forward's whole sequences
   KvPool* pool_ = nullptr;    // forward_cached's, while it runs
+  StageLink* stage_link_ = nullptr;
   Buffer<float> logit_in_;    // forward_cached: the hidden rows whose logits are asked for
   Buffer<float> logit_parts_, logits_full_;  // tp > 1: every rank's columns, and whole rows
 };
