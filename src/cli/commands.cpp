@@ -1,12 +1,9 @@
 // The subcommands: each parses its arguments, then calls into the engine.
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <optional>
-#include <sstream>
 
 #include <mpi.h>
 #include <omp.h>
@@ -17,13 +14,11 @@
 #include "cleave/comm/errors.h"
 #include "cleave/data/tokenizer.h"
 #include "cleave/kernels/gemm_bench.h"
-#include "cleave/model/generate.h"
 #include "cleave/model/hf_export.h"
-#include "cleave/parallel/inference_layout.h"
-#include "cleave/parallel/process_groups.h"
 #include "cleave/train/peak.h"
 #include "cleave/train/trainer.h"
 #include "cli/args.h"
+#include "cli/carried_tokenizer.h"
 
 namespace fs = std::filesystem;
 
@@ -36,16 +31,6 @@ Config config_from(const Args& a, const std::string& command) {
     throw Error("cleave " + command + ": expected one CONFIG.toml, got " +
                 std::to_string(a.positional.size()) + " positional arguments");
   return load_config(a.positional[0], a.overrides);
-}
-
-// The tokenizer a checkpoint comes with: the one its folder carries (an imported model's), else
-// the one in its run's data folder; "" when neither has one.
-std::string carried_tokenizer(const LoadedModel& loaded) {
-  for (const std::string& dir : {loaded.dir, loaded.data_dir}) {
-    const std::string found = find_tokenizer(dir);
-    if (!found.empty()) return found;
-  }
-  return "";
 }
 
 }  // namespace
@@ -91,139 +76,6 @@ int tokenize(int argc, char** argv) {
   std::printf("tokenized %s: %llu train tokens, %llu validation tokens, vocabulary %d -> %s/{tokenizer.model,train.bin,val.bin}\n",
               cfg.data.corpus.c_str(), (unsigned long long)r.train_tokens,
               (unsigned long long)r.val_tokens, cfg.model.vocab_size, cfg.data.dir.c_str());
-  return 0;
-}
-
-int generate(int argc, char** argv) {
-  const Args a = Args::parse("generate", argc, argv,
-                             {"--prompt", "--prompt-ids", "--max-new-tokens", "--temperature",
-                              "--top-k", "--seed", "--tokenizer", "--threads", "--dtype",
-                              "--prefill-chunk", "--batch"},
-                             {"--ids", "--warmup"});
-  if (a.positional.size() != 1) throw Error("cleave generate: expected one CHECKPOINT_DIR");
-  if (a.has("--prompt") == a.has("--prompt-ids"))
-    throw Error("cleave generate: give the prompt as --prompt TEXT or as --prompt-ids \"ID ID ...\"");
-  if (a.has("--threads")) omp_set_num_threads(int(a.integer("--threads", 1, 1, 4096)));
-  const std::string dtype = a.get("--dtype", "fp32");
-  if (dtype != "fp32" && dtype != "bf16")
-    throw Error("cleave generate: --dtype must be fp32 or bf16, not '" + dtype + "'");
-  SamplingOptions o;
-  o.temperature = float(a.number_in("--temperature", 0.8, 0.0, 1e4));
-  o.top_k = int(a.integer("--top-k", 40, 0, INT32_MAX));  // 0: every token
-  o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
-  o.prefill_chunk = a.integer("--prefill-chunk", 0, 0, INT64_MAX);
-  const int64_t copies = a.integer("--batch", 1, 1, 4096);
-  // The inference layout over the ranks mpirun started: tensor and pipeline parallelism.
-  int tp = 1, pp = 1;
-  for (const std::string& kv : a.overrides) {
-    const size_t eq = kv.find('=');
-    const std::string key = kv.substr(0, eq);
-    if ((key != "parallel.tp" && key != "parallel.pp") || eq == std::string::npos)
-      throw Error("cleave generate: --set " + kv +
-                  ": the inference layout takes parallel.tp=N and parallel.pp=N");
-    (key == "parallel.tp" ? tp : pp) = int(parse_integer(kv.substr(eq + 1), key, 1, 4096));
-  }
-  int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const ModelCheckpoint opened = open_model_checkpoint(a.positional[0]);
-  InferenceLayout layout = plan_inference(opened.model, tp, pp, world);
-  init_comm(CommOptions{});
-  ProcessGroups groups = make_process_groups(layout.mesh, rank, opened.model,
-                                             looped_stages(pp, 1));
-  TensorParallelOptions tp_options;
-  if (groups.tp_comm) tp_options.comm = groups.tp_comm.get();
-  const LoadedModel loaded = load_model(opened, dtype == "bf16" ? Precision::bf16 : Precision::fp32,
-                                        tp_options, {layout.chunk(groups.pp->rank())});
-  Transformer& model = *loaded.model;
-  GroupStageLink stage_link(*groups.pp);
-  if (pp > 1) model.set_stage_link(&stage_link);
-  // Every rank computes the same tokens; rank 0 prints them.
-  std::ostringstream discard;
-  std::ostream& out_stream = rank == 0 ? std::cout : discard;
-  const int vocab = model.config().vocab_size;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::vector<int32_t> prompt;
-  if (a.has("--prompt-ids")) {  // token ids: no tokenizer needed
-    std::istringstream ids(a.get("--prompt-ids", ""));
-    for (std::string id; ids >> id;)
-      prompt.push_back(int32_t(parse_integer(id, "--prompt-ids", 0, vocab - 1)));
-    if (prompt.empty()) throw Error("cleave generate: --prompt-ids holds no token id");
-  } else {
-    const std::string tokenizer_path = a.get("--tokenizer", carried_tokenizer(loaded));
-    if (tokenizer_path.empty())
-      throw Error("cleave generate: no tokenizer: neither the checkpoint " + loaded.dir +
-                  " nor the data folder " + loaded.data_dir +
-                  " holds a tokenizer.model or tokenizer.json; give one with --tokenizer");
-    tokenizer = open_tokenizer(tokenizer_path);
-    if (rank == 0) std::cerr << "# tokenizer: " << tokenizer->path() << " (" << tokenizer->kind()
-              << ", vocabulary " << tokenizer->vocab_size() << ")" << std::endl;
-    if (tokenizer->vocab_size() != vocab)
-      throw Error("tokenizer " + tokenizer->path() + " has " +
-                  std::to_string(tokenizer->vocab_size()) + " tokens but the model's vocab_size is " +
-                  std::to_string(vocab));
-    for (uint32_t id : tokenizer->encode(a.get("--prompt", ""))) prompt.push_back(int32_t(id));
-    o.stop_token = tokenizer->eos_id();
-  }
-  // The prompt and what follows it fit the model's context.
-  const int64_t room = model.config().max_seq_len - int64_t(prompt.size());
-  if (room < 1)
-    throw Error("cleave generate: the prompt is " + std::to_string(prompt.size()) +
-                " tokens, which leaves no room in the model's max_seq_len of " +
-                std::to_string(model.config().max_seq_len));
-  o.max_new_tokens = int(a.integer("--max-new-tokens", std::min<int64_t>(100, room), 0, room));
-  if (rank == 0)
-    std::cerr << "# generate: " << dtype << " weights, " << omp_get_max_threads() << " threads, "
-            << copies << " sequence" << (copies > 1 ? "s" : "") << " of a " << prompt.size()
-            << "-token prompt, tp " << tp << ", pp " << pp << ", prefill "
-            << (o.prefill_chunk > 0 ? "in chunks of " + std::to_string(o.prefill_chunk) : "whole")
-            << std::endl;
-  // --warmup: the weights' packed copies and the products' primitives for these row counts are
-  // made by an untimed run first, as a server makes them before its first request.
-  if (a.has("--warmup")) {
-    SamplingOptions once = o;
-    once.max_new_tokens = std::min(o.max_new_tokens, 2);
-    generate_batch(model, std::vector<std::vector<int32_t>>(size_t(copies), prompt), once);
-  }
-  // Prefill ends with the first token drawn; the rest is decoding, one forward a step.
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  Clock::time_point first;
-  int64_t drawn = 0;
-  DecodeStream* text = nullptr;
-  std::optional<DecodeStream> stream;
-  const bool ids = a.has("--ids") || !tokenizer;
-  if (!ids) {
-    stream.emplace(*tokenizer);
-    text = &*stream;
-    out_stream << a.get("--prompt", "") << std::flush;
-  }
-  std::vector<std::vector<int32_t>> out;
-  const auto on_token = [&](int32_t t) {
-    if (drawn++ == 0) first = Clock::now();
-    if (text && t != o.stop_token) out_stream << text->next(uint32_t(t)) << std::flush;
-  };
-  out = generate_batch(model, std::vector<std::vector<int32_t>>(size_t(copies), prompt), o, on_token);
-  const Clock::time_point end = Clock::now();
-  if (ids) {
-    for (const std::vector<int32_t>& seq : out) {
-      for (int32_t t : prompt) out_stream << t << " ";
-      out_stream << "|";
-      for (int32_t t : seq) out_stream << " " << t;
-      out_stream << "\n";
-    }
-  } else {
-    out_stream << text->finish() << "\n";
-  }
-  out_stream << std::flush;
-  const double prefill_s = std::chrono::duration<double>(first - start).count();
-  const double decode_s = std::chrono::duration<double>(end - first).count();
-  const int64_t decoded = drawn - copies;  // the first token of each sequence ends its prefill
-  if (drawn > 0 && rank == 0)
-    std::fprintf(stderr, "# prefill: %lld tokens in %.1f ms (%.1f tokens/s); decode: %lld tokens in %.1f ms (%.1f tokens/s)\n",
-                 (long long)(copies * int64_t(prompt.size())), prefill_s * 1e3,
-                 double(copies * int64_t(prompt.size())) / prefill_s, (long long)decoded,
-                 decode_s * 1e3, decoded > 0 ? double(decoded) / decode_s : 0.0);
   return 0;
 }
 

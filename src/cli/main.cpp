@@ -37,7 +37,7 @@ const char* kUsage = R"(usage: cleave COMMAND ...
            [--prefill-chunk N] [--batch N] [--warmup]   (PATH: tokenizer.model, tokenizer.json
            or a folder; --ids: token ids, not text; --batch: N sequences of the prompt at once;
            --warmup: an untimed run first, before the timings on standard error;
-           under mpirun -np T: --set parallel.tp=T, each rank reading its slices)
+           under mpirun: --set parallel.tp=T, parallel.pp=P, parallel.ep=E on T x P x E ranks)
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   checkpoint info|verify CHECKPOINT_DIR           what a checkpoint holds | check every checksum
   plot RUN_DIR... [--out FILE.svg|.png|.pdf]      loss, validation loss, tokens/s, MFU by step

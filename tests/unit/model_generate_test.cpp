@@ -141,8 +141,8 @@ TEST(Generate, BatchInvarianceLlama) { check_batch_invariance(Family::llama, Pre
 TEST(Generate, BatchInvarianceGpt2Bf16) { check_batch_invariance(Family::gpt2, Precision::bf16); }
 TEST(Generate, BatchInvarianceLlamaBf16) { check_batch_invariance(Family::llama, Precision::bf16); }
 
-// generate_batch gives each prompt what generate gives it alone, greedy and sampled, with the
-// prompts prefilled at once or in chunks.
+// generate_batch gives each prompt what generate gives it alone with its seed, greedy and sampled,
+// with the prompts prefilled at once or in chunks.
 TEST(Generate, BatchOfPromptsMatchesEachAlone) {
   const ModelConfig c = tiny(Family::llama);
   Transformer model(c, Precision::fp32, 6);
@@ -152,7 +152,11 @@ TEST(Generate, BatchOfPromptsMatchesEachAlone) {
     SamplingOptions o;
     o.max_new_tokens = 12, o.temperature = temperature, o.seed = 9;
     std::vector<std::vector<int32_t>> alone;
-    for (const auto& p : prompts) alone.push_back(generate(model, p, o));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SamplingOptions own = o;
+      own.seed = o.seed + i;  // prompt i of a batch draws with seed + i
+      alone.push_back(generate(model, prompts[i], own));
+    }
     o.prefill_chunk = 16;
     const auto together = generate_batch(model, prompts, o);
     ASSERT_EQ(together.size(), prompts.size());

@@ -34,12 +34,14 @@ ModelCheckpoint open_model_checkpoint(const std::string& path) {
 }
 
 LoadedModel load_model(const ModelCheckpoint& opened, Precision precision,
-                       const TensorParallelOptions& tp, std::vector<ModelChunk> chunks) {
+                       const TensorParallelOptions& tp, std::vector<ModelChunk> chunks,
+                       EpComm* ep) {
   CLEAVE_CHECK(!tp.sequence_parallel, "a model loaded for inference runs without sequence parallelism");
   // Unmaterialised: its parameters' pages stay untouched until read, so a saved config that asks
   // for a huge model costs nothing before its shapes are compared with the saved tensors'.
   LoadedModel out{std::make_unique<Transformer>(opened.model, precision, opened.seed, 1,
-                                                ParamValues::unset, tp, std::move(chunks)),
+                                                ParamValues::unset, tp, std::move(chunks),
+                                                ContextParallelOptions{}, ep),
                   opened.data_dir, opened.dir};
   ParamStore& params = out.model->params();
   check_saved_shapes(opened.ck, opened.dir, params, "param");

@@ -30,10 +30,12 @@ struct LoadedModel {
 
 // `path` is a checkpoint folder, or a run folder (its newest checkpoint is used).
 ModelCheckpoint open_model_checkpoint(const std::string& path);
-// tp: the rank's share (docs/tensor_parallel.md; sequence parallelism off), and chunks its
-// pipeline stages (empty: the whole model), read as its slices.
+// tp: the rank's share (docs/tensor_parallel.md; sequence parallelism off), chunks its pipeline
+// stages (empty: the whole model) and ep its expert-parallel group (its E / ep experts of every
+// MoE layer), read as its slices.
 LoadedModel load_model(const ModelCheckpoint& opened, Precision precision,
-                       const TensorParallelOptions& tp = {}, std::vector<ModelChunk> chunks = {});
+                       const TensorParallelOptions& tp = {}, std::vector<ModelChunk> chunks = {},
+                       EpComm* ep = nullptr);
 LoadedModel load_model(const std::string& path, Precision precision);
 
 }  // namespace cleave

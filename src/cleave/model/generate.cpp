@@ -33,6 +33,7 @@ namespace {
 // One sequence being generated: its prompt, what it produced, and its tokens in the pool.
 struct Sequence {
   const std::vector<int32_t>* prompt = nullptr;
+  uint64_t seed = 0;
   std::vector<int32_t> out;
   SequenceCache cache;
   int64_t total = 0;  // prompt and new tokens it may reach
@@ -44,25 +45,32 @@ struct Sequence {
 std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
                                                  const std::vector<std::vector<int32_t>>& prompts,
                                                  const SamplingOptions& o,
-                                                 const std::function<void(int32_t)>& on_token) {
+                                                 const std::function<void(int32_t)>& on_token,
+                                                 const PromptShare& share) {
   const ModelConfig& c = model.config();
   CLEAVE_CHECK(o.max_new_tokens >= 0 && o.prefill_chunk >= 0,
                "max_new_tokens " << o.max_new_tokens << " and prefill_chunk " << o.prefill_chunk
                                  << " must not be negative");
+  CLEAVE_CHECK(share.size >= 1 && share.rank >= 0 && share.rank < share.size &&
+                   (share.size == 1 || share.any),
+               "rank " << share.rank << " of " << share.size << " sharing the prompts");
   const int64_t block_rows = kernels::kAttentionKeyBlock;
   std::vector<Sequence> seqs(prompts.size());
-  int64_t blocks = 0;
+  int64_t blocks = 1;  // and one for an idle rank's stand-in token
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int64_t n = int64_t(prompts[i].size());
     CLEAVE_CHECK(n > 0, "prompt " << i << " holds no token");
     CLEAVE_CHECK(n < c.max_seq_len, "prompt " << i << " of " << n
                                       << " tokens leaves no room in max_seq_len " << c.max_seq_len);
     seqs[i].prompt = &prompts[i];
+    seqs[i].seed = o.seed + i;
     seqs[i].total = std::min<int64_t>(c.max_seq_len, n + o.max_new_tokens);
-    seqs[i].done = o.max_new_tokens == 0;
-    blocks += (seqs[i].total + block_rows - 1) / block_rows;
+    seqs[i].done = o.max_new_tokens == 0 || int64_t(i) % share.size != share.rank;
+    if (!seqs[i].done) blocks += (seqs[i].total + block_rows - 1) / block_rows;
   }
-  KvPool pool = model.new_pool(std::max<int64_t>(blocks, 1), block_rows);
+  KvPool pool = model.new_pool(blocks, block_rows);
+  SequenceCache idle;
+  reserve_tokens(pool, idle, 1);
   const uint64_t stream = hash_name("generate");
   Batch batch;
   std::vector<Sequence*> logits_of;  // the sequence of each logit row
@@ -91,12 +99,22 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
       }
       s.cache.length = past + n;
     }
-    if (batch.cache_past.empty()) break;
+    // The ranks sharing the prompts step together (their MoE layers exchange tokens in every
+    // forward): a rank whose sequences are done runs one stand-in token, whose logits nobody
+    // asks for, until all are.
+    const bool work = !batch.cache_past.empty();
+    if (!(share.size > 1 ? share.any(work) : work)) break;
+    if (!work) {
+      batch.tokens.assign(1, 0), batch.positions.assign(1, 0);
+      batch.cache_rows.push_back(1);
+      batch.cache_past.push_back(0);
+      batch.cache_blocks.push_back(idle.blocks.data());
+    }
     batch.B = 1, batch.T = int64_t(batch.tokens.size());
     const float* logits = model.forward_cached(batch, pool);
     for (size_t r = 0; r < logits_of.size(); ++r) {
       Sequence& s = *logits_of[r];
-      const float u = philox_uniform(o.seed, stream, s.out.size());
+      const float u = philox_uniform(s.seed, stream, s.out.size());
       const int32_t next = sample_token(logits + int64_t(r) * c.vocab_size, c.vocab_size,
                                         o.temperature, o.top_k, u);
       s.out.push_back(next);

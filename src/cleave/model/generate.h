@@ -27,12 +27,22 @@ std::vector<int32_t> generate(Transformer& model, const std::vector<int32_t>& pr
                               const SamplingOptions& options,
                               const std::function<void(int32_t)>& on_token = {});
 
-// Several prompts at once, each with the options' seed; returns each one's new tokens, which are
-// those it gets alone (batch invariance, docs/inference.md). on_token is called with every token
-// drawn, in the order drawn.
+// Expert parallelism at inference (docs/inference.md): the ep ranks each generate their share of
+// the prompts (prompt i on rank i % size), attention data parallel over them, and step together,
+// since every forward's MoE layers exchange tokens among them. any(x) is true on every rank when
+// x is true on any (size > 1).
+struct PromptShare {
+  int rank = 0, size = 1;
+  std::function<bool(bool)> any;
+};
+
+// Several prompts at once, prompt i drawing with seed + i; returns each one's new tokens (empty for
+// another rank's share), which are those it gets alone (batch invariance, docs/inference.md).
+// on_token is called with every token this rank draws, in the order drawn.
 std::vector<std::vector<int32_t>> generate_batch(
     Transformer& model, const std::vector<std::vector<int32_t>>& prompts,
-    const SamplingOptions& options, const std::function<void(int32_t)>& on_token = {});
+    const SamplingOptions& options, const std::function<void(int32_t)>& on_token = {},
+    const PromptShare& share = {});
 
 // One draw from logits [vocab]: exposed for tests.
 int32_t sample_token(const float* logits, int vocab, float temperature, int top_k, float uniform);

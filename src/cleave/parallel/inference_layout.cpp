@@ -18,17 +18,24 @@ ModelChunk InferenceLayout::chunk(int stage) const {
   return {first, first + stage_layers[size_t(stage)], stage == 0, stage == last};
 }
 
-InferenceLayout plan_inference(const ModelConfig& model, int tp, int pp, int world) {
-  if (tp * pp != world)
+InferenceLayout plan_inference(const ModelConfig& model, int tp, int pp, int ep, int world) {
+  if (tp * pp * ep != world)
     throw EveryRankError("the inference layout parallel.tp = " + std::to_string(tp) +
-                         " x parallel.pp = " + std::to_string(pp) + " makes " +
-                         std::to_string(tp * pp) + " ranks, but " + std::to_string(world) +
-                         " were started");
+                         " x parallel.pp = " + std::to_string(pp) + " x parallel.ep = " +
+                         std::to_string(ep) + " makes " + std::to_string(tp * pp * ep) +
+                         " ranks, but " + std::to_string(world) + " were started");
+  if (ep > 1 && (model.moe_experts == 0 || model.moe_experts % ep != 0))
+    throw EveryRankError("parallel.ep = " + std::to_string(ep) + " needs a mixture of experts " +
+                         "whose experts it divides (model.moe_experts is " +
+                         std::to_string(model.moe_experts) + ")");
   MeshDegrees degrees;
-  degrees.pp = pp, degrees.tp = tp;
+  degrees.pp = pp, degrees.dp_shard = ep, degrees.tp = tp;
   Schedule one_chunk_each;
   one_chunk_each.pp = pp, one_chunk_each.n_stages = pp;
-  return {Mesh(world, degrees), stage_layers(ParallelConfig{}, one_chunk_each, model.n_layers)};
+  InferenceLayout out{Mesh(world, degrees),
+                      stage_layers(ParallelConfig{}, one_chunk_each, model.n_layers)};
+  if (ep > 1) carve_ep(out.mesh, ep);
+  return out;
 }
 
 void GroupStageLink::receive(float* rows, int64_t n) {

@@ -1,6 +1,9 @@
-// The layout inference runs in (docs/inference.md): tp x pp ranks, pp outer, each pp rank one
+// The layout inference runs in (docs/inference.md): pp x ep x tp ranks. Each pp rank holds one
 // stage of consecutive layers (balanced as training's default, the earlier stages taking any
-// remainder), and the link between the stages over the pp group.
+// remainder). The ep ranks (the mesh's dp_shard, carved as ep) hold the dense weights each and
+// E / ep of every MoE layer's experts, and take their share of the sequences: attention is data
+// parallel over them and tokens reach their experts by all-to-all, as DeepSeek-V3 is served.
+// And the link between the stages over the pp group.
 #pragma once
 #include <vector>
 
@@ -19,8 +22,9 @@ struct InferenceLayout {
   ModelChunk chunk(int stage) const;
 };
 
-// Throws, naming the figures, where tp x pp is not the world or pp exceeds the layers.
-InferenceLayout plan_inference(const ModelConfig& model, int tp, int pp, int world);
+// Throws, naming the figures, where tp x pp x ep is not the world, pp exceeds the layers, or ep
+// does not divide the experts.
+InferenceLayout plan_inference(const ModelConfig& model, int tp, int pp, int ep, int world);
 
 // Point-to-point to the neighbouring stages, and the logits broadcast from the last, over the pp
 // group (pp rank = stage).
