@@ -19,15 +19,7 @@ using cleave::TokenizerVocabulary;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cleave::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using cleave::test_util::error_of;
 
 bool holds(const cleave::gguf::Metadata& m, const std::string& s) {
   return m.bytes().find(s) != std::string::npos;
