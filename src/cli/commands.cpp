@@ -19,6 +19,7 @@
 #include "cleave/train/trainer.h"
 #include "cli/args.h"
 #include "cli/carried_tokenizer.h"
+#include "cli/export_gguf.h"
 
 namespace fs = std::filesystem;
 
@@ -80,11 +81,22 @@ int tokenize(int argc, char** argv) {
 }
 
 int export_hf(int argc, char** argv) {
-  const Args a = Args::parse("export", argc, argv, {});
-  if (a.positional.size() != 2) throw Error("cleave export: expected CHECKPOINT_DIR OUT_DIR");
+  const Args a = Args::parse("export", argc, argv, {"--format", "--dtype", "--tokenizer"});
+  const std::string format = a.get("--format", "hf");
+  if (format != "hf" && format != "gguf")
+    throw Error("cleave export: --format must be hf or gguf, not '" + format + "'");
+  if (a.positional.size() != 2)
+    throw Error(format == "hf" ? "cleave export: expected CHECKPOINT_DIR OUT_DIR"
+                               : "cleave export: expected CHECKPOINT_DIR OUT.gguf");
+  if (format == "hf" && (a.has("--dtype") || a.has("--tokenizer")))
+    throw Error("cleave export: --dtype and --tokenizer are options of --format gguf");
   const LoadedModel loaded = load_model(a.positional[0], Precision::fp32);
-  Transformer& model = *loaded.model;
   const std::string out = a.positional[1];
+  if (format == "gguf") {
+    export_gguf(loaded, out, a.get("--tokenizer", carried_tokenizer(loaded)), a.get("--dtype", "f32"));
+    return 0;
+  }
+  Transformer& model = *loaded.model;
   // Nothing is written through a link: a file of OUT_DIR that is one would have its target
   // overwritten (checked for every file before any is written).
   for (const char* file : {"model.safetensors", "config.json", "tokenizer.model", "tokenizer.json",

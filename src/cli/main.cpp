@@ -39,6 +39,8 @@ const char* kUsage = R"(usage: cleave COMMAND ...
            --warmup: an untimed run first, before the timings on standard error;
            under mpirun: --set parallel.tp=T, parallel.pp=P, parallel.ep=E on T x P x E ranks)
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
+  export CHECKPOINT_DIR OUT.gguf --format gguf [--dtype f32|f16|bf16] [--tokenizer PATH]
+                                                  one GGUF file for llama.cpp, tokenizer inside
   checkpoint info|verify CHECKPOINT_DIR           what a checkpoint holds | check every checksum
   plot RUN_DIR... [--out FILE.svg|.png|.pdf]      loss, validation loss, tokens/s, MFU by step
   import HF_DIR OUT_CHECKPOINT     a Hugging Face folder (GPT-2, Llama, Mixtral; F32, BF16, F16,

@@ -9,6 +9,7 @@
 #include "cleave/data/bpe.h"
 #include "cleave/data/regex.h"
 #include "cleave/data/utf8.h"
+#include "test_util.h"
 
 namespace {
 
@@ -27,15 +28,7 @@ std::vector<uint32_t> encode(const BpeModel& m, const std::string& word) {
   return out;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cleave::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using cleave::test_util::error_of;
 
 //                                     0    1    2    3     4     5      6
 const std::vector<std::string> kAbc = {"a", "b", "c", "ab", "bc", "abc", "aa"};

@@ -21,15 +21,7 @@ using json = nlohmann::json;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cleave::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using cleave::test_util::error_of;
 
 std::string byte_char(char b) {
   std::string s;

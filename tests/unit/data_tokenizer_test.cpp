@@ -80,15 +80,7 @@ class TokenizerTest : public ::testing::Test {
   std::string corpus_;
 };
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cleave::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using cleave::test_util::error_of;
 
 }  // namespace
 

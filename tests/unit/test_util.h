@@ -1,5 +1,5 @@
 // Helpers shared by the unit tests: seeded random inputs, bitwise comparison, a scoped OpenMP
-// thread count (results must not depend on it), and token positions.
+// thread count (results must not depend on it), token positions, an error's message.
 #pragma once
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -12,7 +12,20 @@
 #include <random>
 #include <vector>
 
+#include "cleave/base/check.h"
+
 namespace cleave::test_util {
+
+// The message of the cleave::Error f throws, or "(no error)".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const cleave::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f, float shift = 0.0f) {
   std::mt19937 gen(seed);

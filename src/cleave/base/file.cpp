@@ -22,7 +22,15 @@ void write_file_atomic(const std::string& path, const char* what,
     if (!out)
       CLEAVE_FAIL(what << " " << path << ": cannot create temporary file " << tmp << ": "
                        << std::strerror(errno));
-    write(out);
+    // A writer that throws part way (a value it cannot encode) leaves no temporary file behind.
+    try {
+      write(out);
+    } catch (...) {
+      out.close();
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw;
+    }
     out.flush();
     if (!out) {
       std::error_code ec;

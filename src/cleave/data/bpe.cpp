@@ -1,5 +1,6 @@
 #include "cleave/data/bpe.h"
 
+#include <algorithm>
 #include <array>
 #include <queue>
 
@@ -61,6 +62,23 @@ BpeModel::BpeModel(std::unordered_map<std::string, uint32_t> vocab,
     const uint32_t merged = id_of(merges[i].first + merges[i].second, i);
     merges_[key(left, right)] = Ranked{uint32_t(i), merged};
   }
+}
+
+std::vector<BpeModel::Merge> BpeModel::merges() const {
+  std::vector<const std::string*> token(vocab_.size() + 1, nullptr);
+  for (const auto& [text, id] : vocab_) {
+    if (id >= token.size()) token.resize(size_t(id) + 1, nullptr);
+    token[id] = &text;
+  }
+  std::vector<std::pair<uint32_t, uint64_t>> by_rank;  // rank, (left, right)
+  by_rank.reserve(merges_.size());
+  for (const auto& [pair, ranked] : merges_) by_rank.emplace_back(ranked.rank, pair);
+  std::sort(by_rank.begin(), by_rank.end());
+  std::vector<Merge> out;
+  out.reserve(by_rank.size());
+  for (const auto& [rank, pair] : by_rank)
+    out.emplace_back(*token[pair >> 32], *token[uint32_t(pair)]);
+  return out;
 }
 
 const BpeModel::Ranked* BpeModel::find(uint32_t left, uint32_t right) const {

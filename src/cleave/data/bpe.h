@@ -41,6 +41,8 @@ class BpeModel {
 
   const std::unordered_map<std::string, uint32_t>& vocab() const { return vocab_; }
   size_t merge_count() const { return merges_.size(); }
+  // The merges in rank order (a pair listed twice once, at its later rank).
+  std::vector<Merge> merges() const;
 
  private:
   struct Ranked {

@@ -157,8 +157,9 @@ std::vector<HfTokenizer::Step> read_pre_tokenizer(const Keys& k, const json& roo
                                                     "\"Isolated\")");
       // With Isolated, matches and the text between them are all pieces: invert changes nothing.
       k.flag(*step, at, "invert", false);
-      s.regex = std::make_unique<TokenizerRegex>(
-          regex->get<std::string>(), "tokenizer.json " + k.file + ": " + at + ".pattern");
+      s.pattern = regex->get<std::string>();
+      s.regex = std::make_unique<TokenizerRegex>(s.pattern,
+                                                 "tokenizer.json " + k.file + ": " + at + ".pattern");
     } else {
       k.fail(at + ".type", in_quotes(type) + " is unsupported (this reader handles ByteLevel, and "
                                           "Split with a Regex, alone or in a Sequence)");
@@ -262,7 +263,7 @@ HfTokenizer::HfTokenizer(const std::string& path) {
   if (k.flag(model, "model", "byte_fallback", false))
     k.fail("model.byte_fallback", "is true: byte fallback (SentencePiece-style <0x..> tokens) is "
                                   "unsupported; a folder with a tokenizer.model is read from it");
-  const bool ignore_merges = k.flag(model, "model", "ignore_merges", false);
+  ignore_merges_ = k.flag(model, "model", "ignore_merges", false);
   const json& vocab_json = k.need(model, "model", "vocab");
   if (!vocab_json.is_object()) k.fail("model.vocab", "must be an object {token: id}");
   const json* added_json = k.find(root, "", "added_tokens");
@@ -310,7 +311,7 @@ HfTokenizer::HfTokenizer(const std::string& path) {
       k.fail(at, "must be \"left right\" or [\"left\", \"right\"], not " + Keys::brief(m));
     }
   }
-  bpe_ = std::make_unique<BpeModel>(std::move(vocab), merges, ignore_merges,
+  bpe_ = std::make_unique<BpeModel>(std::move(vocab), merges, ignore_merges_,
                                     "tokenizer.json " + path + ": model.merges");
   const std::unordered_map<std::string, uint32_t>& tokens = bpe_->vocab();
 
@@ -338,6 +339,7 @@ HfTokenizer::HfTokenizer(const std::string& path) {
     known_[id] = true;
     tokens_[id] = content;
     const bool special = k.flag(a, at, "special", false);
+    added_.emplace_back(id, special);
     (k.flag(a, at, "normalized", !special) ? normalized : raw).emplace_back(content, id);
   }
   raw_added_ = sorted_added(std::move(raw));
@@ -373,6 +375,26 @@ HfTokenizer::HfTokenizer(const std::string& path) {
 }
 
 HfTokenizer::~HfTokenizer() = default;
+
+TokenizerVocabulary HfTokenizer::vocabulary() const {
+  TokenizerVocabulary v;
+  v.pieces = tokens_;
+  v.types.assign(tokens_.size(), TokenizerVocabulary::normal);
+  for (size_t id = 0; id < known_.size(); ++id)
+    if (!known_[id]) v.types[id] = TokenizerVocabulary::unused;
+  for (const auto& [id, special] : added_)
+    v.types[id] = special ? TokenizerVocabulary::control : TokenizerVocabulary::user_defined;
+  for (const auto& [left, right] : bpe_->merges()) v.merges.push_back(left + " " + right);
+  for (const Step& s : steps_) {
+    if (!s.byte_level) v.split_patterns.push_back(s.pattern);
+    else {
+      v.byte_level_regex = s.regex != nullptr;
+      v.prefix_space = s.add_prefix_space;
+    }
+  }
+  v.ignore_merges = ignore_merges_;
+  return v;
+}
 
 void HfTokenizer::pre_tokenize(std::string_view stretch, std::vector<uint32_t>& out) const {
   std::vector<std::string> pieces{std::string(stretch)}, next;

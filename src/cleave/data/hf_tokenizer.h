@@ -30,11 +30,13 @@ class HfTokenizer final : public Tokenizer {
   int bos_id() const override { return bos_; }
   int eos_id() const override { return eos_; }
   const char* kind() const override { return "byte-level BPE"; }
+  TokenizerVocabulary vocabulary() const override;
 
   // One pre-tokenizer step: a Split pattern, or ByteLevel (its prefix space, the GPT-2 pattern
   // when use_regex, then the byte-to-character mapping).
   struct Step {
     std::unique_ptr<TokenizerRegex> regex;  // the Split's, or ByteLevel's GPT-2 pattern
+    std::string pattern;                    // the Split's ("" for ByteLevel)
     bool byte_level = false, add_prefix_space = false;
   };
   // Added tokens matched in the text, the longest at the leftmost position where any matches:
@@ -52,6 +54,8 @@ class HfTokenizer final : public Tokenizer {
   std::unique_ptr<BpeModel> bpe_;
   std::vector<std::string> tokens_;  // id -> its token (byte-level text, or an added token's text)
   std::vector<bool> known_;          // ids the file assigns (a file may leave holes)
+  std::vector<std::pair<uint32_t, bool>> added_;  // each added token's id, and whether special
+  bool ignore_merges_ = false;
   int bos_ = -1, eos_ = -1;
 };
 

@@ -20,6 +20,7 @@
 #include "cleave/base/check.h"
 #include "cleave/base/file.h"
 #include "cleave/data/hf_tokenizer.h"
+#include "cleave/data/spm_model_proto.h"
 #include "cleave/data/tokenizer_config.h"
 #include "cleave/data/tokens.h"
 
@@ -259,6 +260,28 @@ class SentencePieceTokenizer final : public Tokenizer {
   int bos_id() const override { return sp_.bos_id(); }
   int eos_id() const override { return sp_.eos_id(); }
   const char* kind() const override { return "SentencePiece"; }
+
+  TokenizerVocabulary vocabulary() const override {
+    const SpmModelFacts facts = read_spm_model_facts(sp_.serialized_model_proto(), path_);
+    const int n = sp_.GetPieceSize();
+    CLEAVE_CHECK(int(facts.piece_types.size()) == n,
+                 "tokenizer model " << path_ << ": lists " << facts.piece_types.size()
+                                    << " pieces, SentencePiece loaded " << n);
+    TokenizerVocabulary v;
+    for (int id = 0; id < n; ++id) {
+      v.pieces.push_back(sp_.IdToPiece(id));
+      v.scores.push_back(sp_.GetScore(id));
+      const int t = facts.piece_types[size_t(id)];
+      CLEAVE_CHECK(t >= TokenizerVocabulary::normal && t <= TokenizerVocabulary::byte,
+                   "tokenizer model " << path_ << ": piece " << id << " has unknown type " << t);
+      v.types.push_back(TokenizerVocabulary::Type(t));
+    }
+    v.spm_model_type = facts.model_type;
+    v.spm_normalizer = facts.normalizer;
+    v.spm_dummy_prefix = facts.add_dummy_prefix;
+    v.spm_remove_extra_whitespaces = facts.remove_extra_whitespaces;
+    return v;
+  }
 
  private:
   spm::SentencePieceProcessor sp_;

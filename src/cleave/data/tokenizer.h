@@ -16,6 +16,26 @@ namespace cleave {
 void train_tokenizer(const std::string& corpus, const std::string& model_prefix, int vocab_size,
                      uint64_t seed);
 
+// A tokenizer's vocabulary as its file holds it, and how text is cut before it: what another
+// format's reader (GGUF's, data/gguf_tokenizer.h) needs to tokenize as this tokenizer does.
+struct TokenizerVocabulary {
+  // SentencePiece's piece types, in its numbering (which GGUF's token_type shares).
+  enum Type : int32_t { normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6 };
+  std::vector<std::string> pieces;  // by id: the file's text of each ("" where it has none)
+  std::vector<Type> types;          // by id; unused where the file has no token
+  // SentencePiece: each piece's score, its algorithm (1 unigram, 2 BPE, ...), its normalizer's
+  // name and whitespace handling.
+  std::vector<float> scores;
+  int spm_model_type = 0;
+  std::string spm_normalizer;
+  bool spm_dummy_prefix = false, spm_remove_extra_whitespaces = false;
+  // Byte-level BPE: the merges by rank ("left right"), the pre-tokenizer's Split patterns in
+  // order, whether ByteLevel runs GPT-2's pattern and adds a prefix space, and ignore_merges.
+  std::vector<std::string> merges;
+  std::vector<std::string> split_patterns;
+  bool byte_level_regex = false, prefix_space = false, ignore_merges = false;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -41,6 +61,10 @@ class Tokenizer {
   virtual int eos_id() const = 0;  // -1: none
   // "SentencePiece" or "byte-level BPE", for messages.
   virtual const char* kind() const = 0;
+  virtual TokenizerVocabulary vocabulary() const = 0;
+  // The ids encode puts before and after encode_text's (a BOS first, an EOS last).
+  const std::vector<uint32_t>& prefix_ids() const { return before_; }
+  const std::vector<uint32_t>& suffix_ids() const { return after_; }
 
   const std::string& path() const { return path_; }  // the file it was read from
   // The chat_template of the tokenizer_config.json beside the tokenizer file ("" without one): a

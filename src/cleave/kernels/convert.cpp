@@ -31,6 +31,12 @@ void f16_to_f32(float* out, const uint16_t* in, int64_t n) {
   });
 }
 
+void f32_to_f16(uint16_t* out, const float* in, int64_t n) {
+  for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) out[i] = std::bit_cast<uint16_t>(_Float16(in[i]));
+  });
+}
+
 void round_to_bf16(float* out, const float* in, int64_t n) {
   for_blocks<kBlock>(n, [=](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) out[i] = from_bf16(to_bf16(in[i]));

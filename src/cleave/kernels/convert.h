@@ -13,6 +13,8 @@ void f32_to_bf16(bf16* out, const float* in, int64_t n);
 void bf16_to_f32(float* out, const bf16* in, int64_t n);
 // IEEE half precision (its bits, as safetensors' F16 stores them) widened to fp32: exact.
 void f16_to_f32(float* out, const uint16_t* in, int64_t n);
+// fp32 narrowed to IEEE half precision's bits, rounded as round_to_fp16 rounds.
+void f32_to_f16(uint16_t* out, const float* in, int64_t n);
 
 // Each value rounded to the nearest fp16 (ties to even), kept as fp32: beyond fp16's largest
 // (65504) it becomes +-inf, below its smallest subnormal (2^-24) 0, as a cast to fp16 would. The

@@ -14,6 +14,16 @@ std::string dims(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+const float* hf_source(const ParamStore& store, const HfEntry& e, const float* flat) {
+  const int i = store.find(e.param);
+  CLEAVE_CHECK(i >= 0, "no parameter " << e.param << " (Hugging Face's " << e.hf << ")");
+  const ParamTensor& t = store.tensor(i);
+  CLEAVE_CHECK(t.shape == e.param_shape, "parameter " << e.param << " has shape " << dims(t.shape)
+                                                      << ", the Hugging Face table "
+                                                      << dims(e.param_shape));
+  return flat + t.offset;
+}
+
 std::vector<HfTensor> hf_tensors(const ParamStore& store, const ModelConfig& cfg, const float* flat,
                                  const std::map<int, std::vector<float>>& router_bias) {
   std::vector<HfTensor> out;
@@ -27,14 +37,8 @@ std::vector<HfTensor> hf_tensors(const ParamStore& store, const ModelConfig& cfg
       out.push_back({e.hf, e.hf_shape(), it->second});
       return true;
     }
-    const int i = store.find(e.param);
-    CLEAVE_CHECK(i >= 0, "no parameter " << e.param << " (Hugging Face's " << e.hf << ")");
-    const ParamTensor& t = store.tensor(i);
-    CLEAVE_CHECK(t.shape == e.param_shape, "parameter " << e.param << " has shape " << dims(t.shape)
-                                                        << ", the Hugging Face table "
-                                                        << dims(e.param_shape));
     HfTensor h{e.hf, e.hf_shape(), std::vector<float>(size_t(e.hf_numel()))};
-    e.to_hf(flat + t.offset, h.data.data());
+    e.to_hf(hf_source(store, e, flat), h.data.data());
     out.push_back(std::move(h));
     return true;
   });

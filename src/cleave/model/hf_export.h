@@ -18,6 +18,10 @@ struct HfTensor {
   std::vector<float> data;
 };
 
+// The start, in `flat` (laid out like the store's parameters), of the cleave tensor entry e reads
+// (not a router_bias), checked to exist with the table's shape.
+const float* hf_source(const ParamStore& store, const HfEntry& e, const float* flat);
+
 // router_bias: sigmoid_bias's bias per MoE layer (by layer; Transformer::moe_biases); a layer
 // without one writes none (gradients have none).
 std::vector<HfTensor> hf_tensors(const ParamStore& store, const ModelConfig& cfg, const float* flat,
