@@ -12,7 +12,7 @@
 namespace cleave {
 namespace {
 
-ModelConfig tiny(Family family) {
+ModelConfig tiny(Family family, bool moe = false) {
   ModelConfig c;
   c.family = family;
   c.vocab_size = 31;
@@ -24,6 +24,7 @@ ModelConfig tiny(Family family) {
   c.max_seq_len = 160;
   c.tie_embeddings = family == Family::gpt2;
   c.init_std = 0.2f;
+  if (moe) c.moe_experts = 4, c.moe_top_k = 2, c.moe_ffn_hidden = 48;
   return c;
 }
 
@@ -99,8 +100,8 @@ TEST(Generate, CacheMatchesTrainerForwardBitwiseLlamaBf16) {
 
 // Batch invariance: a sequence's logits are the same alone, among 15 others, and at another
 // place in the batch, bit for bit.
-void check_batch_invariance(Family family, Precision precision) {
-  const ModelConfig c = tiny(family);
+void check_batch_invariance(Family family, Precision precision, bool moe = false) {
+  const ModelConfig c = tiny(family, moe);
   Transformer model(c, precision, 5);
   const std::vector<int32_t> prompt = some_tokens(90, c.vocab_size, 11);
   auto logits_of = [&](int others, int place) {
@@ -140,6 +141,11 @@ TEST(Generate, BatchInvarianceGpt2) { check_batch_invariance(Family::gpt2, Preci
 TEST(Generate, BatchInvarianceLlama) { check_batch_invariance(Family::llama, Precision::fp32); }
 TEST(Generate, BatchInvarianceGpt2Bf16) { check_batch_invariance(Family::gpt2, Precision::bf16); }
 TEST(Generate, BatchInvarianceLlamaBf16) { check_batch_invariance(Family::llama, Precision::bf16); }
+// An expert's rows depend on the batch: its products pad them to whole row tiles.
+TEST(Generate, BatchInvarianceMoe) { check_batch_invariance(Family::llama, Precision::fp32, true); }
+TEST(Generate, BatchInvarianceMoeBf16) {
+  check_batch_invariance(Family::llama, Precision::bf16, true);
+}
 
 // generate_batch gives each prompt what generate gives it alone with its seed, greedy and sampled,
 // with the prompts prefilled at once or in chunks.

@@ -101,6 +101,7 @@ class Moe {
     Buffer<float> x_send, y_expert, dy_send, dy_expert, dx_expert, dx_send;
     Buffer<float> probs, d_gate, d_probs, d_logits, counts, gathered_counts;
     std::vector<float> chunk_counts;  // [B, k, chunks, E]: each sequence's choices, by chunk
+    Buffer<float> tile_in, tile_out;  // dropless: an expert's rows padded to whole row tiles
   };
 
   Moe(ParamStore& store, const std::string& name, int layer, const ModelConfig& c,
@@ -150,7 +151,10 @@ class Moe {
   // activations, their bf16 copies (bf16), and with `deferred` the output and fc gradients.
   void lend(Saved& s, bool activations, bool deferred) const;
   void dispatch(Saved& s, Scratch& g, const float* x);
-  void run_experts(Saved& s, Scratch& g);
+  // dropless (inference): each expert's rows are padded to whole row tiles (kInferenceRowTile),
+  // since the products' bits for a row depend on how many rows share the call, and an expert's
+  // rows depend on the rest of the batch.
+  void run_experts(Saved& s, Scratch& g, bool dropless);
   void combine(Saved& s, float* y) const;
 
   const ModelConfig& cfg_;
