@@ -10,6 +10,8 @@ chosen); the loss differentiated adds the balancing terms as cleave defines them
 loss per sequence, the z-loss per token), while the loss compared is the cross-entropy alone.
 --greedy HF_DIR [HF_DIR ...] decodes greedily from --prompt-ids with the reference (no cache) and
 prints the prompt and continuation ids as `cleave generate --ids` does, a line per folder.
+The forwards also take a KVCache: the prompt's keys and values kept, each further forward runs
+only its new tokens (bench/torch_generate.py, the inference benchmark's PyTorch peer).
 
 Each DUMP_DIR is what tests/tools/model_dump wrote: config.json (Hugging Face config),
 model.safetensors (parameters under Hugging Face names and layouts), grads.safetensors (cleave's
@@ -219,12 +221,32 @@ def llama_shapes(c):
     return s
 
 
+class KVCache:
+    """The keys and values (kv heads, after RoPE) of every layer for positions [0, length), in
+    tensors of `capacity` positions allocated once, so that a step copies only its own rows."""
+
+    def __init__(self, layers, batch, kv_heads, capacity, head_dim, dtype):
+        shape = (batch, kv_heads, capacity, head_dim)
+        self.k = [torch.empty(shape, dtype=dtype) for _ in range(layers)]
+        self.v = [torch.empty(shape, dtype=dtype) for _ in range(layers)]
+        self.length = 0
+
+    def extend(self, layer, k, v):
+        """Stores the new positions' k, v [B, kv_heads, T, hd] of a layer after the cached ones;
+        returns the layer's keys and values of every position so far."""
+        end = self.length + k.shape[2]
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
 def causal_attention(q, k, v, sabotage):
-    """q: [B, H, T, hd]; k, v: [B, H, T, hd] (kv heads already repeated). Explicit masked softmax."""
-    T, hd = q.shape[-2], q.shape[-1]
+    """q: [B, H, Tq, hd]; k, v: [B, H, Tk, hd] (kv heads already repeated), Tk >= Tq: the queries
+    are the last Tq positions (Tk > Tq after a cache's). Explicit masked softmax."""
+    Tq, Tk, hd = q.shape[-2], k.shape[-2], q.shape[-1]
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
     if sabotage != "no_causal_mask":
-        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        mask = torch.triu(torch.ones(Tq, Tk, dtype=torch.bool), diagonal=Tk - Tq + 1)
         scores = scores.masked_fill(mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
@@ -235,14 +257,17 @@ def gelu_tanh(x, sabotage):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
 
 
-def gpt2_forward(c, p, tokens, sabotage):
+def gpt2_forward(c, p, tokens, sabotage, cache=None):
+    """Logits [B, T, V] of tokens [B, T] and the balancing terms; with a KVCache, tokens are the
+    positions after the cache's, their keys and values added to it."""
     B, T = tokens.shape
     d, H = c["n_embd"], c["n_head"]
     hd = d // H
     eps = c.get("layer_norm_epsilon", 1e-5)
     if sabotage == "norm_eps":
         eps = eps * 1000
-    pos = torch.arange(T)
+    past = cache.length if cache is not None else 0
+    pos = torch.arange(past, past + T)
     x = p["transformer.wte.weight"][tokens] + p["transformer.wpe.weight"][pos][None]
 
     def conv1d(y, name):  # Hugging Face Conv1D: y @ W + b, W stored [in, out]
@@ -261,8 +286,10 @@ def gpt2_forward(c, p, tokens, sabotage):
         h = f"transformer.h.{l}"
         a = F.layer_norm(x, (d,), p[h + ".ln_1.weight"], p[h + ".ln_1.bias"], eps)
         qkv = conv1d(a, h + ".attn.c_attn")
-        q, k, v = qkv.split(d, dim=-1)
-        o = causal_attention(heads(q), heads(k), heads(v), sabotage)
+        q, k, v = (heads(y) for y in qkv.split(d, dim=-1))
+        if cache is not None:
+            k, v = cache.extend(l, k, v)
+        o = causal_attention(q, k, v, sabotage)
         o = o.transpose(1, 2).reshape(B, T, d)
         x = x + conv1d(o, h + ".attn.c_proj")
         m = F.layer_norm(x, (d,), p[h + ".ln_2.weight"], p[h + ".ln_2.bias"], eps)
@@ -271,6 +298,8 @@ def gpt2_forward(c, p, tokens, sabotage):
             x, extra = x + y, extra + terms
         else:
             x = x + mlp(h + ".mlp", m)
+    if cache is not None:
+        cache.length += T
     x = F.layer_norm(x, (d,), p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], eps)
     head = p["transformer.wte.weight"] if c.get("tie_word_embeddings", True) else p["lm_head.weight"]
     return x @ head.t(), extra
@@ -287,7 +316,8 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def llama_forward(c, p, tokens, sabotage):
+def llama_forward(c, p, tokens, sabotage, cache=None):
+    """As gpt2_forward, for Llama and Mixtral."""
     B, T = tokens.shape
     d, H = c["hidden_size"], c["num_attention_heads"]
     KV = c.get("num_key_value_heads", H)
@@ -301,7 +331,8 @@ def llama_forward(c, p, tokens, sabotage):
     # Rotate-half RoPE as Hugging Face Llama: inv_freq[i] = theta^(-2i/hd), i < hd/2; element i of a
     # head pairs with element i + hd/2. Angles in float64, then cast.
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    past = cache.length if cache is not None else 0
+    ang = torch.outer(torch.arange(past, past + T, dtype=torch.float64), inv_freq)
     emb = torch.cat((ang, ang), dim=-1)
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     if sabotage == "rope_sign":
@@ -328,11 +359,14 @@ def llama_forward(c, p, tokens, sabotage):
         k = (a @ p[h + ".self_attn.k_proj.weight"].t()).view(B, T, KV, hd).transpose(1, 2)
         v = (a @ p[h + ".self_attn.v_proj.weight"].t()).view(B, T, KV, hd).transpose(1, 2)
         q, k = rope(q), rope(k)
+        if cache is not None:
+            k, v = cache.extend(l, k, v)
         rep = H // KV
-        if sabotage == "gqa_tile":  # wrong grouping: query head h uses kv head h % KV
-            k, v = k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1)
-        else:  # Hugging Face repeat_kv: query head h uses kv head h // rep
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if rep > 1:  # (one query head per kv head: nothing to repeat, and no copy of the cache)
+            if sabotage == "gqa_tile":  # wrong grouping: query head h uses kv head h % KV
+                k, v = k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1)
+            else:  # Hugging Face repeat_kv: query head h uses kv head h // rep
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         o = causal_attention(q, k, v, sabotage).transpose(1, 2).reshape(B, T, H * hd)
         x = x + o @ p[h + ".self_attn.o_proj.weight"].t()
         m = rms_norm(x, p[h + ".post_attention_layernorm.weight"], eps)
@@ -341,6 +375,8 @@ def llama_forward(c, p, tokens, sabotage):
             x, extra = x + y, extra + terms
         else:
             x = x + mlp(h + ".mlp", m)
+    if cache is not None:
+        cache.length += T
     x = rms_norm(x, p["model.norm.weight"], eps)
     head = p["model.embed_tokens.weight"] if c.get("tie_word_embeddings", False) else p["lm_head.weight"]
     return x @ head.t(), extra

@@ -173,6 +173,21 @@ TEST(Generate, BatchOfPromptsMatchesEachAlone) {
   }
 }
 
+// A request whose cache the machine cannot hold is refused before anything runs (here 32 TiB).
+TEST(Generate, CacheLargerThanTheMachineIsRefused) {
+  ModelConfig c = tiny(Family::llama);
+  c.max_seq_len = 1 << 24;
+  Transformer model(c, Precision::fp32, 7);
+  SamplingOptions o;
+  o.max_new_tokens = 1 << 24;
+  try {
+    generate_batch(model, std::vector<std::vector<int32_t>>(4096, {1, 2}), o);
+    FAIL() << "a 32 TiB cache was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than this machine's"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Generate, PoolAllocatesSharesAndFrees) {
   KvPool pool(2, 8, 64, 4);
   EXPECT_EQ(pool.free_blocks(), 4);

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <unistd.h>
+
 #include "cleave/base/philox.h"
 
 namespace cleave {
@@ -57,8 +59,10 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
   const int64_t block_rows = kernels::kAttentionKeyBlock;
   std::vector<Sequence> seqs(prompts.size());
   int64_t blocks = 1;  // and one for an idle rank's stand-in token
+  int64_t max_prompt = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int64_t n = int64_t(prompts[i].size());
+    max_prompt = std::max(max_prompt, n);
     CLEAVE_CHECK(n > 0, "prompt " << i << " holds no token");
     CLEAVE_CHECK(n < c.max_seq_len, "prompt " << i << " of " << n
                                       << " tokens leaves no room in max_seq_len " << c.max_seq_len);
@@ -68,6 +72,16 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
     seqs[i].done = o.max_new_tokens == 0 || int64_t(i) % share.size != share.rank;
     if (!seqs[i].done) blocks += (seqs[i].total + block_rows - 1) / block_rows;
   }
+  // Its pages are taken as tokens are written: a request the machine cannot hold is refused
+  // before it runs for hours and then fails.
+  const double bytes = double(blocks) * double(block_rows) * double(model.kv_bytes_per_token());
+  const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  CLEAVE_CHECK(bytes <= machine,
+               "the key/value cache of " << prompts.size() << " sequences of up to "
+                   << std::min<int64_t>(c.max_seq_len, max_prompt + o.max_new_tokens)
+                   << " tokens needs " << int64_t(bytes / (1 << 20)) << " MiB, more than this "
+                   << "machine's " << int64_t(machine / (1 << 20)) << " MiB: fewer sequences or "
+                   << "new tokens");
   KvPool pool = model.new_pool(blocks, block_rows);
   SequenceCache idle;
   reserve_tokens(pool, idle, 1);
