@@ -60,7 +60,7 @@ int generate(int argc, char** argv) {
   const Args a = Args::parse("generate", argc, argv,
                              {"--prompt", "--prompt-ids", "--max-new-tokens", "--temperature",
                               "--top-k", "--seed", "--tokenizer", "--threads", "--dtype",
-                              "--prefill-chunk", "--batch"},
+                              "--prefill-chunk", "--batch", "--kv-cache-mib"},
                              {"--ids", "--warmup"});
   if (a.positional.size() != 1) throw Error("cleave generate: expected one CHECKPOINT_DIR");
   if (a.has("--prompt") == a.has("--prompt-ids"))
@@ -74,6 +74,7 @@ int generate(int argc, char** argv) {
   o.top_k = int(a.integer("--top-k", 40, 0, INT32_MAX));  // 0: every token
   o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
   o.prefill_chunk = a.integer("--prefill-chunk", 0, 0, INT64_MAX);
+  o.kv_cache_mib = a.number_in("--kv-cache-mib", 0, 0, 1e9);
   const int64_t copies = a.integer("--batch", 1, 1, 4096);
   const Degrees deg = inference_degrees(a);
   int world = 1, rank = 0;
@@ -142,6 +143,8 @@ int generate(int argc, char** argv) {
               << "-token prompt, tp " << deg.tp << ", pp " << deg.pp << ", ep " << deg.ep
               << ", prefill "
               << (o.prefill_chunk > 0 ? "in chunks of " + std::to_string(o.prefill_chunk) : "whole")
+              << ", key/value cache "
+              << (o.kv_cache_mib > 0 ? std::to_string(int64_t(o.kv_cache_mib)) + " MiB" : "as needed")
               << std::endl;
   const std::vector<std::vector<int32_t>> prompts(size_t(copies), prompt);
   // --warmup: the weights' packed copies and the products' primitives for these row counts are

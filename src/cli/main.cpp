@@ -34,10 +34,12 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   tokenize CONFIG.toml [--set key=value ...]     train the tokenizer, write token shards
   generate CHECKPOINT_DIR --prompt TEXT|--prompt-ids "ID ..." [--max-new-tokens N]
            [--temperature T] [--top-k K] [--seed S] [--tokenizer PATH] [--ids] [--dtype fp32|bf16]
-           [--prefill-chunk N] [--batch N] [--warmup]   (PATH: tokenizer.model, tokenizer.json
-           or a folder; --ids: token ids, not text; --batch: N sequences of the prompt at once;
+           [--prefill-chunk N] [--batch N] [--kv-cache-mib M] [--warmup]
+           PATH: tokenizer.model, tokenizer.json or a folder; --ids: token ids, not text;
+           --batch: N sequences of the prompt at once, the i-th drawn with seed + i;
+           --kv-cache-mib: the paged key/value pool's size (default: what the request needs);
            --warmup: an untimed run first, before the timings on standard error;
-           under mpirun: --set parallel.tp=T, parallel.pp=P, parallel.ep=E on T x P x E ranks)
+           under mpirun: --set parallel.tp=T, parallel.pp=P, parallel.ep=E on T x P x E ranks
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   export CHECKPOINT_DIR OUT.gguf --format gguf [--dtype f32|f16|bf16] [--tokenizer PATH]
                                                   one GGUF file for llama.cpp, tokenizer inside

@@ -2,7 +2,10 @@
 # Every benchmark (bench/*.sh) in its smoke mode (CLEAVE_BENCH_SMOKE=1: a tiny model, one round of
 # a few steps; bench/common.sh) with this build's binary: each must finish and print its report,
 # so a benchmark cannot rot between the runs that measure with it. The figures mean nothing.
-# Needs the PyTorch peer at ../shared/peer beside the source folder (vs_pytorch, ddp_vs_pytorch).
+# Needs the PyTorch peer at ../shared/peer beside the source folder (vs_pytorch, ddp_vs_pytorch,
+# inference); inference also runs llama.cpp, installed from npm into the build folder as the GGUF
+# test installs it, and leaves llama.cpp's columns empty, saying why, if the registry cannot be
+# reached.
 set -euo pipefail
 cleave=$1 src=$2
 work=$(mktemp -d)
@@ -21,6 +24,7 @@ checks=(
   "tp_memory ^peak RSS/rank"
   "plan_accuracy ^pp 2 1f1b m4 +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%$"
   "plan_search ^search [0-9.]+ s \(median wall time\)$"
+  "inference ^bf16 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +>= 0.85$"
 )
 for c in "${checks[@]}"; do
   read -r name pattern <<<"$c"

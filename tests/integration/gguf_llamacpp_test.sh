@@ -11,9 +11,10 @@
 # three quarters of the 16 steps or more (seen: 14 to 16), and at every step llama.cpp gives
 # cleave's token at least half the probability of its own choice (a near-tie, not another answer;
 # seen: 0.57 and above).
-# node-llama-cpp is installed once into the build folder (pinned, its CPU binary package only, no
-# install scripts) and kept; it is told never to build or download llama.cpp. A registry that
-# cannot be reached skips the test (exit 77); a missing node or npm fails it.
+# node-llama-cpp is installed once into the build folder (node_llama_cpp/install.sh: pinned, its
+# CPU binary package only, no install scripts) and kept; it is told never to build or download
+# llama.cpp. A registry that cannot be reached skips the test (exit 77); a missing node or npm
+# fails it.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 here=$src/tests/integration
@@ -21,27 +22,8 @@ npm_dir=$(dirname "$data")/node_llama_cpp
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-command -v node > /dev/null && command -v npm > /dev/null \
-  || { echo "FAIL: node and npm are needed (setup.sh installs them)"; exit 1; }
-version=3.21.1
-case $(uname -m) in
-  x86_64) platform=linux-x64 ;;
-  aarch64) platform=linux-arm64 ;;
-  *) echo "FAIL: node-llama-cpp ships no prebuilt CPU build for $(uname -m)"; exit 1 ;;
-esac
 export NODE_LLAMA_CPP_SKIP_DOWNLOAD=true NODE_LLAMA_CPP_GPU=false
-if [ "$(cat "$npm_dir/.installed" 2>/dev/null)" != "$version $platform" ]; then
-  if ! timeout 30 npm ping > /dev/null 2>&1; then
-    echo "SKIP: the npm registry cannot be reached to install node-llama-cpp"; exit 77
-  fi
-  rm -rf "$npm_dir" && mkdir -p "$npm_dir"
-  echo '{"private": true}' > "$npm_dir/package.json"
-  # Optional dependencies left out: they are the CUDA and Vulkan builds (650 MB); the CPU build
-  # is named instead.
-  (cd "$npm_dir" && npm i -E --omit=optional --ignore-scripts --no-audit --no-fund \
-     --loglevel=error "node-llama-cpp@$version" "@node-llama-cpp/$platform@$version")
-  echo "$version $platform" > "$npm_dir/.installed"
-fi
+bash "$here/node_llama_cpp/install.sh" "$npm_dir"  # exit 77 (skip) or 1 (fail) end the test
 
 text="KING RICHARD: my lord"
 steps=16

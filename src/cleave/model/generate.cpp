@@ -72,16 +72,23 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
     seqs[i].done = o.max_new_tokens == 0 || int64_t(i) % share.size != share.rank;
     if (!seqs[i].done) blocks += (seqs[i].total + block_rows - 1) / block_rows;
   }
+  const double block_bytes = double(block_rows) * double(model.kv_bytes_per_token());
+  if (o.kv_cache_mib > 0) {
+    blocks = int64_t(o.kv_cache_mib * (1 << 20) / block_bytes);
+    CLEAVE_CHECK(blocks >= 2, "a key/value cache of " << o.kv_cache_mib << " MiB holds "
+                                  << blocks << " blocks of " << block_rows << " tokens ("
+                                  << block_bytes / (1 << 20) << " MiB each); it needs 2");
+  }
   // Its pages are taken as tokens are written: a request the machine cannot hold is refused
   // before it runs for hours and then fails.
-  const double bytes = double(blocks) * double(block_rows) * double(model.kv_bytes_per_token());
+  const double bytes = double(blocks) * block_bytes;
   const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   CLEAVE_CHECK(bytes <= machine,
                "the key/value cache of " << prompts.size() << " sequences of up to "
                    << std::min<int64_t>(c.max_seq_len, max_prompt + o.max_new_tokens)
-                   << " tokens needs " << int64_t(bytes / (1 << 20)) << " MiB, more than this "
-                   << "machine's " << int64_t(machine / (1 << 20)) << " MiB: fewer sequences or "
-                   << "new tokens");
+                   << " tokens takes " << int64_t(bytes / (1 << 20)) << " MiB, more than this "
+                   << "machine's " << int64_t(machine / (1 << 20)) << " MiB: fewer sequences, "
+                   << "new tokens or cache MiB");
   KvPool pool = model.new_pool(blocks, block_rows);
   SequenceCache idle;
   reserve_tokens(pool, idle, 1);

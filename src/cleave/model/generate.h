@@ -20,6 +20,9 @@ struct SamplingOptions {
   int stop_token = -1;  // stop after producing this token (e.g. end of text); -1: never
   // Prompt tokens per forward while prefilling (0: the whole prompt in one).
   int64_t prefill_chunk = 0;
+  // The key/value pool's size (0: what the prompts and their new tokens need). A pool too small
+  // for them fails with a clear error when it fills.
+  double kv_cache_mib = 0;
 };
 
 // Returns the new tokens; on_token is called with each as it is produced.
