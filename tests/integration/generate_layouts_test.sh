@@ -4,7 +4,8 @@
 # 4, pp 2 and tp 2 x pp 2 for GPT-2 (its tied head on the last stage), Llama with grouped-query
 # attention (tp 4 replicates its 2 kv heads) and a mixture of experts, which also runs at ep 2,
 # ep 4 (3 sequences: one rank idles, stepping with the others), tp 2 x ep 2 and pp 2 x ep 2:
-# greedy and seeded sampling in fp32, a batch of 3 seeded sequences with bf16 weights.
+# greedy and seeded sampling in fp32, a batch of 3 seeded sequences prefilled in chunks of 3
+# tokens with bf16 weights.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 work=$(mktemp -d)
@@ -32,7 +33,7 @@ for model in gpt2 llama_gqa moe; do
     --set train.steps=20 --set train.val_interval=0 --set train.checkpoint_interval=20 \
     --set train.threads=1 ${models[$model]} > /dev/null
   for mode in "--dtype fp32 --temperature 0" "--dtype fp32 --temperature 1 --top-k 0 --seed 7" \
-              "--dtype bf16 --temperature 1 --top-k 0 --seed 3 --batch 3"; do
+              "--dtype bf16 --temperature 1 --top-k 0 --seed 3 --batch 3 --prefill-chunk 3"; do
     # shellcheck disable=SC2086  # the mode's options
     want=$(gen 1 1 1 "$model" $mode)
     [ "$(wc -w <<<"$want")" -gt 24 ] || { echo "FAIL $model: no tokens: $want"; exit 1; }
