@@ -137,15 +137,16 @@ int generate(int argc, char** argv) {
                 " tokens, which leaves no room in the model's max_seq_len of " +
                 std::to_string(model.config().max_seq_len));
   o.max_new_tokens = int(a.integer("--max-new-tokens", std::min<int64_t>(100, room), 0, room));
+  std::ostringstream cache;
+  if (o.kv_cache_mib > 0) cache << o.kv_cache_mib << " MiB a rank";
+  else cache << "as needed";
   if (rank == 0)
     std::cerr << "# generate: " << dtype << " weights, " << omp_get_max_threads() << " threads, "
               << copies << " sequence" << (copies > 1 ? "s" : "") << " of a " << prompt.size()
               << "-token prompt, tp " << deg.tp << ", pp " << deg.pp << ", ep " << deg.ep
               << ", prefill "
               << (o.prefill_chunk > 0 ? "in chunks of " + std::to_string(o.prefill_chunk) : "whole")
-              << ", key/value cache "
-              << (o.kv_cache_mib > 0 ? std::to_string(int64_t(o.kv_cache_mib)) + " MiB" : "as needed")
-              << std::endl;
+              << ", key/value cache " << cache.str() << std::endl;
   const std::vector<std::vector<int32_t>> prompts(size_t(copies), prompt);
   // --warmup: the weights' packed copies and the products' primitives for these row counts are
   // made by an untimed run first, as a server makes them before its first request.
@@ -161,23 +162,24 @@ int generate(int argc, char** argv) {
   std::ostream& out = rank == 0 ? std::cout : discard;
   const bool ids = a.has("--ids") || !tokenizer;
   std::optional<DecodeStream> stream;
-  if (!ids && copies == 1) {
-    stream.emplace(*tokenizer);
-    out << a.get("--prompt", "") << std::flush;
-  }
+  if (!ids && copies == 1) stream.emplace(*tokenizer);
   // Prefill ends with the first token drawn; the rest is decoding, one forward a step.
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   Clock::time_point first;
   int64_t drawn = 0;
   const auto on_token = [&](int32_t t) {
-    if (drawn++ == 0) first = Clock::now();
+    if (drawn++ == 0) {
+      first = Clock::now();
+      if (stream) out << a.get("--prompt", "");  // once the request is known to run
+    }
     if (stream && t != o.stop_token) out << stream->next(uint32_t(t)) << std::flush;
   };
   std::vector<std::vector<int32_t>> tokens = generate_batch(model, prompts, o, on_token, share);
   const Clock::time_point end = Clock::now();
   share_outputs(tokens, ep);
   if (stream) {
+    if (drawn == 0) out << a.get("--prompt", "");
     out << stream->finish() << "\n";
   } else {
     for (const std::vector<int32_t>& seq : tokens) {

@@ -65,10 +65,13 @@ expect_error "top-k 1.5" "--top-k expects an integer, got '1.5'" "$cleave" gener
 expect_error "top-k negative" "--top-k = -1 is out of range" "$cleave" generate "$ck" --prompt "To be" --top-k -1
 expect_error "max-new-tokens negative" "--max-new-tokens = -3 is out of range [0, " "$cleave" generate "$ck" --prompt "To be" --max-new-tokens -3
 expect_error "max-new-tokens past the context" "--max-new-tokens = 5000 is out of range [0, " "$cleave" generate "$ck" --prompt "To be" --max-new-tokens 5000
-# The key/value pool's size is the one asked for: too small to hold a block pair, or to hold
-# three sequences' blocks (64 KiB a block here), it says so rather than overrunning.
-expect_error "kv cache too small" "holds 1 blocks of 64 tokens" "$cleave" generate "$ck" --prompt "To be" --kv-cache-mib 0.1
-expect_error "kv cache full" "the key/value pool cannot hold" "$cleave" generate "$ck" --prompt "To be" --batch 3 --kv-cache-mib 0.15
+# The key/value pool's size is the one asked for (64 KiB a block here): too small for what the
+# request needs, it is refused before anything runs; large enough, it is the one used.
+expect_error "kv cache too small" "holds 1 blocks of 64 tokens; this rank's sequences need 2" "$cleave" generate "$ck" --prompt "To be" --kv-cache-mib 0.1
+expect_error "kv cache too small for 3" "holds 2 blocks of 64 tokens; this rank's sequences need 4" "$cleave" generate "$ck" --prompt "To be" --batch 3 --kv-cache-mib 0.15
+"$cleave" generate "$ck" --prompt "To be" --batch 3 --kv-cache-mib 0.3 --max-new-tokens 4 2> "$work/kv.err" > /dev/null ||
+  { echo "FAIL: a 0.3 MiB cache for 3 sequences"; cat "$work/kv.err"; exit 1; }
+grep -q "key/value cache 0.3 MiB a rank" "$work/kv.err" || { echo "FAIL: the cache's size is not shown"; cat "$work/kv.err"; exit 1; }
 expect_error "prompt ids out of range" "--prompt-ids = 999 is out of range [0, 255]" "$cleave" generate "$ck" --prompt-ids "1 999"
 expect_error "generate layout not the ranks" "parallel.tp = 2 x parallel.pp = 1 x parallel.ep = 1 makes 2 ranks, but 1 were started" "$cleave" generate "$ck" --prompt "To be" --set parallel.tp=2
 expect_error "generate setting not a layout" "the inference layout takes parallel.tp=N" "$cleave" generate "$ck" --prompt "To be" --set train.steps=3

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "cleave/model/generate.h"
@@ -53,7 +54,7 @@ std::vector<float> run_step(Transformer& model, KvPool& pool, const Step& step) 
       b.positions.push_back(int32_t(cache->length + t));
     }
     b.cache_past.push_back(cache->length);
-    b.cache_blocks.push_back(cache->blocks.data());
+    b.cache_blocks.push_back(cache->blocks);
     b.cache_rows.push_back(int64_t(b.tokens.size()));
     b.logit_rows.push_back(int64_t(b.tokens.size()) - 1);
     cache->length += rows;
@@ -154,22 +155,33 @@ TEST(Generate, BatchOfPromptsMatchesEachAlone) {
   Transformer model(c, Precision::fp32, 6);
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 5; ++i) prompts.push_back(some_tokens(1 + 17 * i, c.vocab_size, 40 + i));
-  for (float temperature : {0.0f, 1.0f}) {
+  // Without a stop token every sequence runs 12 steps; with one that prompt 2 draws early (its
+  // 4th token), sequences end at different steps and the batch shrinks under the others.
+  for (auto [stop, temperature] : {std::pair{false, 0.0f}, {false, 1.0f}, {true, 1.0f}}) {
     SamplingOptions o;
     o.max_new_tokens = 12, o.temperature = temperature, o.seed = 9;
-    std::vector<std::vector<int32_t>> alone;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      SamplingOptions own = o;
-      own.seed = o.seed + i;  // prompt i of a batch draws with seed + i
-      alone.push_back(generate(model, prompts[i], own));
-    }
+    const auto alone_with = [&](const SamplingOptions& with) {
+      std::vector<std::vector<int32_t>> alone;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        SamplingOptions own = with;
+        own.seed = with.seed + i;  // prompt i of a batch draws with seed + i
+        alone.push_back(generate(model, prompts[i], own));
+      }
+      return alone;
+    };
+    if (stop) o.stop_token = alone_with(o)[2][3];
+    const auto alone = alone_with(o);
     o.prefill_chunk = 16;
     const auto together = generate_batch(model, prompts, o);
     ASSERT_EQ(together.size(), prompts.size());
+    size_t shortest = 12;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      EXPECT_EQ(alone[i], together[i]) << "prompt " << i << " at temperature " << temperature;
-      EXPECT_EQ(alone[i].size(), 12u);
+      EXPECT_EQ(alone[i], together[i]) << "prompt " << i << " at temperature " << temperature
+                                       << (stop ? " with a stop token" : "");
+      shortest = std::min(shortest, together[i].size());
     }
+    if (stop) EXPECT_LT(shortest, 12u);
+    else EXPECT_EQ(shortest, 12u);
   }
 }
 
@@ -185,6 +197,38 @@ TEST(Generate, CacheLargerThanTheMachineIsRefused) {
     FAIL() << "a 32 TiB cache was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("more than this machine's"), std::string::npos) << e.what();
+  }
+}
+
+// A ragged batch that would read or write outside a buffer is refused before any unit runs.
+TEST(Generate, BadRaggedBatchesAreRefused) {
+  const ModelConfig c = tiny(Family::llama);
+  Transformer model(c, Precision::fp32, 8);
+  KvPool pool = model.new_pool(4);
+  SequenceCache seq;
+  reserve_tokens(pool, seq, 3);
+  Batch good;
+  good.B = 1, good.T = 3;
+  good.tokens = {1, 2, 3}, good.positions = {0, 1, 2};
+  good.cache_rows = {0, 3}, good.cache_past = {0};
+  good.cache_blocks = {seq.blocks};
+  good.logit_rows = {2};
+  model.forward_cached(good, pool);
+  const std::vector<int32_t> stranger = {3}, none;
+  const std::vector<std::pair<const char*, std::function<void(Batch&)>>> cases = {
+      {"more logit rows than rows", [](Batch& b) { b.logit_rows = {2, 2, 2, 2}; }},
+      {"a logit row outside", [](Batch& b) { b.logit_rows = {3}; }},
+      {"a negative past", [](Batch& b) { b.cache_past = {-64}, b.positions = {-64, -63, -62}; }},
+      {"a block not in use", [&](Batch& b) { b.cache_blocks = {stranger}; }},
+      {"no block", [&](Batch& b) { b.cache_blocks = {none}; }},
+      {"a token outside the vocabulary", [&](Batch& b) { b.tokens[1] = c.vocab_size; }},
+      {"positions that do not follow", [](Batch& b) { b.positions[2] = 5; }},
+      {"rows that do not cover the batch", [](Batch& b) { b.cache_rows = {0, 2}; }},
+  };
+  for (const auto& [what, spoil] : cases) {
+    Batch bad = good;
+    spoil(bad);
+    EXPECT_THROW(model.forward_cached(bad, pool), Error) << what;
   }
 }
 

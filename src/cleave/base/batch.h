@@ -5,6 +5,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace cleave {
@@ -29,8 +30,8 @@ struct Batch {
   // hold already (positions go on from there); cache_blocks[s] is its block table, with room for
   // both. Empty: no cache (training).
   std::vector<int64_t> cache_rows, cache_past;
-  std::vector<const int32_t*> cache_blocks;
-  // Inference: the rows whose logits the head computes, in this order; no loss is computed.
+  std::vector<std::span<const int32_t>> cache_blocks;
+  // Inference: the rows whose logits the head computes, increasing; no loss is computed.
   std::vector<int64_t> logit_rows;
   bool cached() const { return !cache_past.empty(); }
 

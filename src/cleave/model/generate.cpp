@@ -74,10 +74,14 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
   }
   const double block_bytes = double(block_rows) * double(model.kv_bytes_per_token());
   if (o.kv_cache_mib > 0) {
-    blocks = int64_t(o.kv_cache_mib * (1 << 20) / block_bytes);
-    CLEAVE_CHECK(blocks >= 2, "a key/value cache of " << o.kv_cache_mib << " MiB holds "
-                                  << blocks << " blocks of " << block_rows << " tokens ("
-                                  << block_bytes / (1 << 20) << " MiB each); it needs 2");
+    // A pool too small for the request would fill part way through it, with nothing to wait
+    // for: refused now, naming what it needs.
+    const int64_t fits = int64_t(o.kv_cache_mib * (1 << 20) / block_bytes);
+    CLEAVE_CHECK(fits >= blocks, "a key/value cache of " << o.kv_cache_mib << " MiB holds " << fits
+                                     << " blocks of " << block_rows << " tokens; this rank's "
+                                     << "sequences need " << blocks << " ("
+                                     << double(blocks) * block_bytes / (1 << 20) << " MiB)");
+    blocks = fits;
   }
   // Its pages are taken as tokens are written: a request the machine cannot hold is refused
   // before it runs for hours and then fails.
@@ -112,7 +116,7 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
       }
       reserve_tokens(pool, s.cache, past + n);
       batch.cache_past.push_back(past);
-      batch.cache_blocks.push_back(s.cache.blocks.data());
+      batch.cache_blocks.push_back(s.cache.blocks);
       batch.cache_rows.push_back(int64_t(batch.tokens.size()));
       if (past + n >= prompt) {
         batch.logit_rows.push_back(int64_t(batch.tokens.size()) - 1);
@@ -129,7 +133,7 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
       batch.tokens.assign(1, 0), batch.positions.assign(1, 0);
       batch.cache_rows.push_back(1);
       batch.cache_past.push_back(0);
-      batch.cache_blocks.push_back(idle.blocks.data());
+      batch.cache_blocks.push_back(idle.blocks);
     }
     batch.B = 1, batch.T = int64_t(batch.tokens.size());
     const float* logits = model.forward_cached(batch, pool);

@@ -2,7 +2,7 @@
 // (0 = the whole vocabulary). Every prompt is prefilled in one pass (or in chunks of a set size),
 // then decoded one token a step; the sequences of a step go through one forward as a ragged
 // batch (Transformer::forward_cached). The draw of a sequence's token i uses Philox keyed by
-// (seed, i): the same seed gives the same text, alone or among other sequences.
+// (its seed, i): the same seed gives the same text, alone or among other sequences.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -20,8 +20,8 @@ struct SamplingOptions {
   int stop_token = -1;  // stop after producing this token (e.g. end of text); -1: never
   // Prompt tokens per forward while prefilling (0: the whole prompt in one).
   int64_t prefill_chunk = 0;
-  // The key/value pool's size (0: what the prompts and their new tokens need). A pool too small
-  // for them fails with a clear error when it fills.
+  // The key/value pool's size on each rank (0: what the prompts and their new tokens need). One
+  // smaller than that is refused before anything runs.
   double kv_cache_mib = 0;
 };
 

@@ -128,10 +128,10 @@ void SelfAttention::attend_cached(Saved& s, const Batch& batch, const KvLayer& c
   // The new tokens' keys and values go into their blocks first: each token then attends to
   // its sequence's keys where they all lie.
   for (int64_t sq = 0; sq < sequences; ++sq) {
-    const int32_t* table = batch.cache_blocks[size_t(sq)];
+    const std::span<const int32_t> table = batch.cache_blocks[size_t(sq)];
     for (int64_t r = batch.cache_rows[size_t(sq)]; r < batch.cache_rows[size_t(sq) + 1]; ++r) {
       const int64_t t = batch.cache_past[size_t(sq)] + r - batch.cache_rows[size_t(sq)];
-      const int64_t at = (int64_t(table[t / br]) * br + t % br) * kv_dim;
+      const int64_t at = (int64_t(table[size_t(t / br)]) * br + t % br) * kv_dim;
       const float* row = s.qkv.data() + r * qkv_dim + q_dim;
       std::memcpy(cache.k + at, row, kv_dim * sizeof(float));
       std::memcpy(cache.v + at, row + kv_dim, kv_dim * sizeof(float));
@@ -145,7 +145,9 @@ void SelfAttention::attend_cached(Saved& s, const Batch& batch, const KvLayer& c
   p.k = cache.k, p.v = cache.v, p.kv_row_stride = kv_dim, p.block_rows = br;
   p.sequences = sequences;
   p.rows = batch.cache_rows.data(), p.past = batch.cache_past.data();
-  p.blocks = batch.cache_blocks.data();
+  tables_.clear();
+  for (const std::span<const int32_t> t : batch.cache_blocks) tables_.push_back(t.data());
+  p.blocks = tables_.data();
   kernels::attention_forward_paged(s.o.data(), s.cache_lse.data(), s.qkv.data(), p);
 }
 

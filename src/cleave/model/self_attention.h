@@ -7,6 +7,7 @@
 // owns (docs/architecture.md, Modules).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "cleave/base/batch.h"
 #include "cleave/base/buffer.h"
@@ -93,6 +94,7 @@ class SelfAttention {
   const kernels::RopeTable* rope_;  // null for GPT-2
   Linear qkv_, out_;
   std::unique_ptr<AttentionCore> core_;  // local, or context-parallel where cp > 1
+  std::vector<const int32_t*> tables_;   // attend_cached: the batch's block tables
 };
 
 }  // namespace cleave

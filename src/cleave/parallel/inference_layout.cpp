@@ -19,10 +19,11 @@ ModelChunk InferenceLayout::chunk(int stage) const {
 }
 
 InferenceLayout plan_inference(const ModelConfig& model, int tp, int pp, int ep, int world) {
-  if (tp * pp * ep != world)
+  const int64_t ranks = int64_t(tp) * pp * ep;
+  if (ranks != world)
     throw EveryRankError("the inference layout parallel.tp = " + std::to_string(tp) +
                          " x parallel.pp = " + std::to_string(pp) + " x parallel.ep = " +
-                         std::to_string(ep) + " makes " + std::to_string(tp * pp * ep) +
+                         std::to_string(ep) + " makes " + std::to_string(ranks) +
                          " ranks, but " + std::to_string(world) + " were started");
   if (ep > 1 && (model.moe_experts == 0 || model.moe_experts % ep != 0))
     throw EveryRankError("parallel.ep = " + std::to_string(ep) + " needs a mixture of experts " +
@@ -32,8 +33,13 @@ InferenceLayout plan_inference(const ModelConfig& model, int tp, int pp, int ep,
   degrees.pp = pp, degrees.dp_shard = ep, degrees.tp = tp;
   Schedule one_chunk_each;
   one_chunk_each.pp = pp, one_chunk_each.n_stages = pp;
-  InferenceLayout out{Mesh(world, degrees),
-                      stage_layers(ParallelConfig{}, one_chunk_each, model.n_layers)};
+  std::vector<int> layers;
+  try {
+    layers = stage_layers(ParallelConfig{}, one_chunk_each, model.n_layers);
+  } catch (const Error& e) {  // every rank sees the same model and pp
+    throw EveryRankError(e.what());
+  }
+  InferenceLayout out{Mesh(world, degrees), std::move(layers)};
   if (ep > 1) carve_ep(out.mesh, ep);
   return out;
 }
