@@ -17,6 +17,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "cleave/base/file.h"
+#include "cleave/base/host_memory.h"
 #include "cleave/comm/comm_bench.h"
 #include "cleave/comm/errors.h"
 #include "cleave/kernels/gemm_bench.h"
@@ -68,21 +69,6 @@ std::string utc_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
   return buf;
-}
-
-// The host's memory in GiB (/proc/meminfo's MemTotal), 0 where it does not say.
-double host_memory_gib() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key) {
-    if (key == "MemTotal:") {
-      in >> kib;
-      break;
-    }
-    in.ignore(1 << 10, '\n');
-  }
-  return kib / (1 << 20);
 }
 
 // A measured figure to 4 significant digits: the file then shows what the measurement can tell.
@@ -362,7 +348,7 @@ int calibrate(int argc, char** argv) {
   comments["cluster.memory_gbps"] =
       "GB/s per rank (kernels/memory_bandwidth.h): " + triad_what + ",\n" + triad_how;
   comments["cluster.attention_dtype"] = "cleave's attention kernels compute in fp32";
-  const double host_gib = host_memory_gib();
+  const double host_gib = double(host_memory_bytes()) / (1 << 30);
   c.memory_gib = measured(host_gib / host_size);
   comments["cluster.memory_gib"] = "the host's memory (MemTotal " + fixed(host_gib, 2) +
                                    " GiB) over the " + std::to_string(host_size) +

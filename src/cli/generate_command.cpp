@@ -10,6 +10,7 @@
 #include <mpi.h>
 #include <omp.h>
 
+#include "cleave/base/host_memory.h"
 #include "cleave/checkpoint/load_model.h"
 #include "cleave/comm/errors.h"
 #include "cleave/data/tokenizer.h"
@@ -75,6 +76,14 @@ int generate(int argc, char** argv) {
   o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
   o.prefill_chunk = a.integer("--prefill-chunk", 0, 0, INT64_MAX);
   o.kv_cache_mib = a.number_in("--kv-cache-mib", 0, 0, 1e9);
+  {  // the ranks on this host share its memory
+    MPI_Comm host;
+    int on_host = 1;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+    MPI_Comm_size(host, &on_host);
+    MPI_Comm_free(&host);
+    o.memory_bytes = host_memory_bytes() / on_host;
+  }
   const int64_t copies = a.integer("--batch", 1, 1, 4096);
   const Degrees deg = inference_degrees(a);
   int world = 1, rank = 0;

@@ -4,8 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include <unistd.h>
-
+#include "cleave/base/host_memory.h"
 #include "cleave/base/philox.h"
 
 namespace cleave {
@@ -86,13 +85,13 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
   // Its pages are taken as tokens are written: a request the machine cannot hold is refused
   // before it runs for hours and then fails.
   const double bytes = double(blocks) * block_bytes;
-  const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  CLEAVE_CHECK(bytes <= machine,
-               "the key/value cache of " << prompts.size() << " sequences of up to "
+  const double machine = double(o.memory_bytes > 0 ? o.memory_bytes : host_memory_bytes());
+  CLEAVE_CHECK(machine == 0 || bytes <= machine,
+               "the key/value cache of this rank's share of " << prompts.size() << " sequences of up to "
                    << std::min<int64_t>(c.max_seq_len, max_prompt + o.max_new_tokens)
-                   << " tokens takes " << int64_t(bytes / (1 << 20)) << " MiB, more than this "
-                   << "machine's " << int64_t(machine / (1 << 20)) << " MiB: fewer sequences, "
-                   << "new tokens or cache MiB");
+                   << " tokens takes " << int64_t(bytes / (1 << 20)) << " MiB, more than the "
+                   << int64_t(machine / (1 << 20)) << " MiB this rank has of its host's memory: "
+                   << "fewer sequences, new tokens or cache MiB");
   KvPool pool = model.new_pool(blocks, block_rows);
   SequenceCache idle;
   reserve_tokens(pool, idle, 1);

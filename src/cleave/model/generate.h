@@ -23,6 +23,9 @@ struct SamplingOptions {
   // The key/value pool's size on each rank (0: what the prompts and their new tokens need). One
   // smaller than that is refused before anything runs.
   double kv_cache_mib = 0;
+  // The memory this rank's cache may take at most (0: its host's): the ranks sharing a host
+  // share its memory.
+  int64_t memory_bytes = 0;
 };
 
 // Returns the new tokens; on_token is called with each as it is produced.
