@@ -28,8 +28,6 @@ KvPool::KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks)
   for (int64_t b = 0; b < blocks; ++b) free_[size_t(b)] = int32_t(blocks - 1 - b);
 }
 
-int64_t KvPool::bytes() const { return 2 * layers() * blocks() * block_rows_ * row_ * int64_t(sizeof(float)); }
-
 KvLayer KvPool::layer(int l) {
   CLEAVE_CHECK(l >= 0 && l < layers(), "layer " << l << " of a key/value pool of " << layers());
   return {k_[size_t(l)].data(), v_[size_t(l)].data(), block_rows_, row_};

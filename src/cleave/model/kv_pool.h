@@ -30,7 +30,6 @@ class KvPool {
   int64_t row() const { return row_; }
   int64_t blocks() const { return int64_t(refs_.size()); }
   int64_t free_blocks() const { return int64_t(free_.size()); }
-  int64_t bytes() const;
   KvLayer layer(int l);
 
   // A free block, held once; a clear error when every block is in use.

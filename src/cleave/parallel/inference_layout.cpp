@@ -11,12 +11,7 @@ namespace {
 constexpr int kStageTag = 71;  // the activations between stages
 }  // namespace
 
-ModelChunk InferenceLayout::chunk(int stage) const {
-  int first = 0;
-  for (int s = 0; s < stage; ++s) first += stage_layers[size_t(s)];
-  const int last = int(stage_layers.size()) - 1;
-  return {first, first + stage_layers[size_t(stage)], stage == 0, stage == last};
-}
+ModelChunk InferenceLayout::chunk(int stage) const { return stage_chunk(stage_layers, stage); }
 
 InferenceLayout plan_inference(const ModelConfig& model, int tp, int pp, int ep, int world) {
   const int64_t ranks = int64_t(tp) * pp * ep;

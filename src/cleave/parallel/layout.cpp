@@ -132,16 +132,18 @@ Layout plan_layout(const ModelConfig& model, const ParallelConfig& p, const Step
   return layout_of(std::move(m), plan_pipeline(model, p, pp, step.grad_accum_steps));
 }
 
+ModelChunk stage_chunk(const std::vector<int>& stage_layers, int stage) {
+  int first = 0;
+  for (int s = 0; s < stage; ++s) first += stage_layers[size_t(s)];
+  const int last = int(stage_layers.size()) - 1;
+  return {first, first + stage_layers[size_t(stage)], stage == 0, stage == last};
+}
+
 std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank) {
   const StageMap& stages = layout.check.stages;
-  const int last = int(layout.stage_layers.size()) - 1;
   std::vector<ModelChunk> chunks;
-  int first = 0;
-  for (int s = 0; s <= last; ++s) {
-    const int end = first + layout.stage_layers[size_t(s)];
-    if (stages.rank_of_stage[size_t(s)] == rank) chunks.push_back({first, end, s == 0, s == last});
-    first = end;
-  }
+  for (int s = 0; s < int(layout.stage_layers.size()); ++s)
+    if (stages.rank_of_stage[size_t(s)] == rank) chunks.push_back(stage_chunk(layout.stage_layers, s));
   return chunks;
 }
 

@@ -62,6 +62,9 @@ Layout layout_of(MeshPlan mesh, const PipelinePlan& pipeline);
 Layout plan_layout(const ModelConfig& model, const ParallelConfig& parallel,
                    const StepOptions& step, int world);
 
+// Stage `stage` of layers split as stage_layers (per stage, in order): its layers, and the
+// embeddings on the first stage, the head on the last.
+ModelChunk stage_chunk(const std::vector<int>& stage_layers, int stage);
 // The stages pp rank `rank` runs, as chunks of consecutive layers (what its model holds).
 std::vector<ModelChunk> stage_chunks(const Layout& layout, int rank);
 
