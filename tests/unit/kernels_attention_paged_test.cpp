@@ -57,9 +57,9 @@ void check_paged_matches_whole(int heads, int kv_heads, int hd, int64_t block_ro
     // The same keys in the pool, the new queries in the batch.
     for (int64_t b = 0; b * block_rows < T; ++b) tables[i].push_back(order[next_block++]);
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t at = (tables[i][size_t(t / block_rows)] * block_rows + t % block_rows) * kv;
-      std::memcpy(&pool_k[size_t(at)], &sk[size_t(t * kv)], kv * sizeof(float));
-      std::memcpy(&pool_v[size_t(at)], &sv[size_t(t * kv)], kv * sizeof(float));
+      const int64_t block = tables[i][size_t(t / block_rows)] * block_rows * kv, r = t % block_rows;
+      for (int64_t c = 0; c < kv; ++c) pool_k[size_t(block + c * block_rows + r)] = sk[size_t(t * kv + c)];
+      std::memcpy(&pool_v[size_t(block + r * kv)], &sv[size_t(t * kv)], kv * sizeof(float));
     }
     std::memcpy(&q[size_t(row0 * qd)], &sq[size_t(seqs[i].past * qd)], seqs[i].rows * qd * sizeof(float));
     rows.push_back(row0 + seqs[i].rows);

@@ -243,7 +243,8 @@ TEST(Generate, PoolAllocatesSharesAndFrees) {
   // Rows written to the second block, then shared by b at 70 tokens: both hold both blocks.
   a.length = 100;
   KvLayer l1 = pool.layer(1);
-  l1.k[(a.blocks[1] * 64 + 5) * 8] = 42.0f;
+  l1.k[a.blocks[1] * 64 * 8 + 3 * 64 + 5] = 42.0f;  // token 69's key column 3 (keys transposed)
+  l1.v[(a.blocks[1] * 64 + 5) * 8 + 3] = 43.0f;
   SequenceCache b = share_prefix(pool, a, 70);
   EXPECT_EQ(pool.refs(a.blocks[0]), 2);
   EXPECT_EQ(pool.refs(a.blocks[1]), 2);
@@ -252,7 +253,8 @@ TEST(Generate, PoolAllocatesSharesAndFrees) {
   EXPECT_NE(b.blocks[1], a.blocks[1]);
   EXPECT_EQ(b.blocks[0], a.blocks[0]);
   EXPECT_EQ(pool.refs(a.blocks[1]), 1);
-  EXPECT_EQ(l1.k[(b.blocks[1] * 64 + 5) * 8], 42.0f);  // its rows below 70 came along
+  EXPECT_EQ(l1.k[b.blocks[1] * 64 * 8 + 3 * 64 + 5], 42.0f);  // its tokens below 70 came along
+  EXPECT_EQ(l1.v[(b.blocks[1] * 64 + 5) * 8 + 3], 43.0f);
   EXPECT_EQ(pool.free_blocks(), 1);
   // Exhaustion is an error that says so, and takes nothing.
   SequenceCache c;

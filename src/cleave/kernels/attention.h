@@ -50,13 +50,16 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 // (model/kv_pool.h). Sequence s owns rows [rows[s], rows[s + 1]) of q and out, its tokens past[s],
 // past[s] + 1, ...; the keys and values of all its tokens up to the last of these (the new ones
 // written already) lie in blocks of block_rows rows, a multiple of kAttentionKeyBlock: token t's
-// at row t % block_rows of block blocks[s][t / block_rows]. Each query gets bit for bit what
+// at row t % block_rows of block blocks[s][t / block_rows]. A block's values are rows; its keys
+// are stored transposed, column c of token row i at k[(b * kv_row_stride + c) * block_rows + i],
+// so that a decoding query reads each key dimension as a vector over the block's tokens (vLLM
+// also lays its key cache out for its kernel). Each query gets bit for bit what
 // attention_forward gives it over the same keys laid out in one piece.
 struct PagedAttention {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
   int64_t q_row_stride = 0;
-  const float* k = nullptr;  // block b's rows start at k + b * block_rows * kv_row_stride
-  const float* v = nullptr;  // likewise
+  const float* k = nullptr;  // block b at k + b * block_rows * kv_row_stride, transposed
+  const float* v = nullptr;  // block b's rows start at v + b * block_rows * kv_row_stride
   int64_t kv_row_stride = 0, block_rows = 0;
   int64_t sequences = 0;
   const int64_t* rows = nullptr;          // [sequences + 1], non-decreasing from 0

@@ -5,8 +5,8 @@
 // reductions. O += P V_j with A = (S^T)^T read through strides, B = V_j rows. Key blocks past the
 // diagonal are skipped; diagonal blocks skip their masked half by row panel.
 //
-// A task reads its keys through a function from a key block's first token to its K and V rows:
-// one piece of memory in training, a paged cache's blocks in inference. Every other step is the
+// A task reads its keys through a function from a key block's first token to its K and V: one
+// piece of memory in training, a paged cache's blocks (keys transposed) in inference. Every other step is the
 // same code, so a query's result does not depend on where its keys lie, nor on which queries
 // share its task (each column of S^T is computed alone).
 #include "cleave/kernels/attention.h"
@@ -44,11 +44,18 @@ struct ForwardScratch {
   }
 };
 
+// A key block: key kk's dimension d at k[kk * key_stride + d * dim_stride]; value rows at v.
+struct KvRows {
+  const float* k;
+  const float* v;
+  int64_t key_stride, dim_stride;
+};
+
 // One task: nq <= kFwdQ query rows of one head, q its first (row stride qs), the first being
 // token qa of the sequence's keys (0 .. Tk - 1); out its first output row (stride os), lse its
 // first log-sum-exp (stride 1). qid and kids: the query rows' and the sequence's keys' documents
-// (null: one). key_rows(k0) gives {K, V} at key k0 for the task's kv head, rows kvs apart, for a
-// whole key block.
+// (null: one). key_rows(k0) gives the task's kv head's KvRows of the key block from key k0; value
+// rows are kvs apart.
 struct ForwardTask {
   const float* q;
   int64_t qs, nq, qa, Tk;
@@ -81,10 +88,10 @@ void forward_task(const ForwardTask& t, const KeyRows& key_rows, int64_t kvs, in
     const int64_t k0 = j * kFwdK, nk = std::min(kFwdK, t.Tk - k0);
     const Docs docs = docs_of(t.qid, nq, t.kids ? t.kids + k0 : nullptr, nk);
     if (docs == Docs::kApart) continue;
-    const auto [kbase, vbase] = key_rows(k0);
+    const auto [kbase, vbase, key_stride, dim_stride] = key_rows(k0);
     const bool diag = k0 + kFwdK - 1 > qa;  // block crosses the diagonal
     // S^T row kk (key k0+kk) is needed only for queries qa+i >= k0+kk.
-    gemm<false>(st, kFwdQ, kbase, kvs, 1, w.qt, kFwdQ, nk, nqp, hd,
+    gemm<false>(st, kFwdQ, kbase, key_stride, dim_stride, w.qt, kFwdQ, nk, nqp, hd,
                 diag ? Tri::kColFrom : Tri::kNone, k0 - qa);
     if (diag) {  // key k0+kk is hidden from queries i < thr
       for (int64_t kk = 0; kk < nk; ++kk) {
@@ -180,11 +187,17 @@ void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t kv
     const int64_t k0 = j * kFwdK, nk = std::min(kFwdK, t.Tk - k0), nkp = round_up(nk, kVL);
     const Docs docs = docs_of(t.qid, 1, t.kids ? t.kids + k0 : nullptr, nk);
     if (docs == Docs::kApart) continue;
-    const auto [kbase, vbase] = key_rows(k0);
-    pack_transposed(kt, kFwdK, kbase, kvs, nk, nkp, hd, 1.0f);
+    const auto [kbase, vbase, key_stride, dim_stride] = key_rows(k0);
+    // Keys stored transposed (a paged cache's) are read as they lie; rows are packed first.
+    const float* kcols = kbase;
+    int64_t ldk = dim_stride;
+    if (key_stride != 1) {
+      pack_transposed(kt, kFwdK, kbase, key_stride, nk, nkp, hd, 1.0f);
+      kcols = kt, ldk = kFwdK;
+    }
     for (int64_t c = 0; c < nkp; c += kVL) {
       vf acc{};
-      for (int64_t d = 0; d < hd; ++d) acc += q[d] * loadv(kt + d * kFwdK + c);
+      for (int64_t d = 0; d < hd; ++d) acc += q[d] * loadv(kcols + d * ldk + c);
       storev(s + c, acc);
     }
     const bool diag = k0 + kFwdK - 1 > qa;
@@ -231,11 +244,6 @@ void run_task(const ForwardTask& t, const KeyRows& key_rows, int64_t kvs, int64_
   if (t.nq == 1) return forward_one_query(t, key_rows, kvs, hd, w);
   forward_task(t, key_rows, kvs, hd, w);
 }
-
-struct KvRows {
-  const float* k;
-  const float* v;
-};
 
 void check_paged(const PagedAttention& p) {
   CLEAVE_CHECK(p.n_heads > 0 && p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0 && p.head_dim > 0,
@@ -291,7 +299,9 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       const int64_t first_key = b * Tk * kvs + kvh * hd;
       run_task(
           t,
-          [&](int64_t k0) { return KvRows{k + first_key + k0 * kvs, v + first_key + k0 * kvs}; },
+          [&](int64_t k0) {
+            return KvRows{k + first_key + k0 * kvs, v + first_key + k0 * kvs, kvs, 1};
+          },
           kvs, hd, w);
     }
   }
@@ -330,8 +340,9 @@ void attention_forward_paged(float* out, float* lse, const float* q, const Paged
       run_task(
           t,
           [&](int64_t k0) {
-            const int64_t at = int64_t(table[k0 / p.block_rows]) * block + (k0 % p.block_rows) * kvs + column;
-            return KvRows{p.k + at, p.v + at};
+            const int64_t b = int64_t(table[k0 / p.block_rows]) * block, i = k0 % p.block_rows;
+            return KvRows{p.k + b + column * p.block_rows + i, p.v + b + i * kvs + column, 1,
+                          p.block_rows};
           },
           kvs, hd, w);
     }

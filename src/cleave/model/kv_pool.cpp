@@ -80,9 +80,10 @@ void reserve_tokens(KvPool& pool, SequenceCache& seq, int64_t tokens) {
     const int32_t fresh = pool.allocate();
     for (int l = 0; l < pool.layers(); ++l) {
       const KvLayer kv = pool.layer(l);
-      const int64_t n = partial * kv.row;
-      std::memcpy(kv.k + fresh * br * kv.row, kv.k + at * br * kv.row, n * sizeof(float));
-      std::memcpy(kv.v + fresh * br * kv.row, kv.v + at * br * kv.row, n * sizeof(float));
+      const int64_t to = fresh * br * kv.row, from = at * br * kv.row;
+      for (int64_t c = 0; c < kv.row; ++c)  // keys are stored transposed: columns of br
+        std::memcpy(kv.k + to + c * br, kv.k + from + c * br, partial * sizeof(float));
+      std::memcpy(kv.v + to, kv.v + from, partial * kv.row * sizeof(float));
     }
     pool.release(at);
     at = fresh;

@@ -12,8 +12,9 @@
 
 namespace cleave {
 
-// What one layer's attention reads and writes: block b's keys start at k + b * block_rows * row,
-// a token's row holding the rank's kv heads (row floats).
+// What one layer's attention reads and writes: block b's keys and values start at
+// k (v) + b * block_rows * row, a token's row holding the rank's kv heads (row floats); values as
+// rows, keys transposed (kernels::PagedAttention).
 struct KvLayer {
   float* k = nullptr;
   float* v = nullptr;

@@ -131,10 +131,10 @@ void SelfAttention::attend_cached(Saved& s, const Batch& batch, const KvLayer& c
     const std::span<const int32_t> table = batch.cache_blocks[size_t(sq)];
     for (int64_t r = batch.cache_rows[size_t(sq)]; r < batch.cache_rows[size_t(sq) + 1]; ++r) {
       const int64_t t = batch.cache_past[size_t(sq)] + r - batch.cache_rows[size_t(sq)];
-      const int64_t at = (int64_t(table[size_t(t / br)]) * br + t % br) * kv_dim;
+      const int64_t block = int64_t(table[size_t(t / br)]) * br * kv_dim, i = t % br;
       const float* row = s.qkv.data() + r * qkv_dim + q_dim;
-      std::memcpy(cache.k + at, row, kv_dim * sizeof(float));
-      std::memcpy(cache.v + at, row + kv_dim, kv_dim * sizeof(float));
+      for (int64_t c = 0; c < kv_dim; ++c) cache.k[block + c * br + i] = row[c];  // transposed
+      std::memcpy(cache.v + block + i * kv_dim, row + kv_dim, kv_dim * sizeof(float));
     }
   }
   const int64_t N = s.B * s.T;
