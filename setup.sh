@@ -13,12 +13,13 @@ cd "$(dirname "$0")"
 # clang and libclang-rt-dev: the fuzz targets (tests/fuzz), which need clang's libFuzzer; clang only
 # recommends the runtime that holds it.
 # chromium: plan_report_test loads cleave plan's HTML report in the headless browser.
+# libcpp-httplib-dev: cleave serve's HTTP server.
 # libonig-dev: tokenizer.json patterns; nodejs and npm: the tokenizer test's transformers.js (npm
 # only where no node of another origin brings its own, which would conflict with Debian's).
 packages=(build-essential cmake pkg-config libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev
           openmpi-bin libtomlplusplus-dev nlohmann-json3-dev libsentencepiece-dev libgtest-dev
           libxxhash-dev python3 python3-numpy python3-matplotlib python3-torch fortunes iproute2 procps
-          strace clang libclang-rt-dev libonig-dev nodejs chromium)
+          strace clang libclang-rt-dev libonig-dev libcpp-httplib-dev nodejs chromium)
 packages+=(slurmctld slurmd slurm-client munge)
 command -v npm > /dev/null || packages+=(npm)
 missing=()

@@ -9,7 +9,8 @@
 
 namespace cleave {
 
-int32_t sample_token(const float* logits, int vocab, float temperature, int top_k, float uniform) {
+int32_t sample_token(const float* logits, int vocab, float temperature, int top_k, float uniform,
+                     float top_p) {
   if (temperature <= 0.0f) return int32_t(std::max_element(logits, logits + vocab) - logits);
   std::vector<int32_t> ids(vocab);
   std::iota(ids.begin(), ids.end(), 0);
@@ -23,10 +24,16 @@ int32_t sample_token(const float* logits, int vocab, float temperature, int top_
   double sum = 0;
   for (int i = 0; i < k; ++i)
     sum += p[i] = std::exp(double(logits[ids[i]] - logits[ids[0]]) / temperature);
+  int kept = k;
+  if (top_p < 1.0f) {
+    double mass = 0;
+    for (kept = 0; kept < k && mass < double(top_p) * sum;) mass += p[kept++];
+    sum = mass;
+  }
   double target = double(uniform) * sum, acc = 0;
-  for (int i = 0; i < k; ++i)
+  for (int i = 0; i < kept; ++i)
     if ((acc += p[i]) >= target) return ids[i];
-  return ids[k - 1];
+  return ids[kept - 1];
 }
 
 namespace {

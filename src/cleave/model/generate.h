@@ -50,7 +50,10 @@ std::vector<std::vector<int32_t>> generate_batch(
     const SamplingOptions& options, const std::function<void(int32_t)>& on_token = {},
     const PromptShare& share = {});
 
-// One draw from logits [vocab]: exposed for tests.
-int32_t sample_token(const float* logits, int vocab, float temperature, int top_k, float uniform);
+// One draw from logits [vocab] with a uniform in (0, 1]: the most likely at temperature 0; else
+// among the top_k most likely (0: all), then the fewest most likely whose probabilities sum to
+// top_p of theirs (nucleus sampling; 1: all of them).
+int32_t sample_token(const float* logits, int vocab, float temperature, int top_k, float uniform,
+                     float top_p = 1.0f);
 
 }  // namespace cleave

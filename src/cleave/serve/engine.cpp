@@ -1,0 +1,326 @@
+#include "cleave/serve/engine.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "cleave/base/philox.h"
+#include "cleave/kernels/attention.h"
+#include "cleave/kernels/cross_entropy.h"
+#include "cleave/model/generate.h"
+
+namespace cleave::serve {
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::stop: return "stop";
+    case Finish::length: return "length";
+    case Finish::cancelled: return "cancelled";
+    case Finish::error: return "error";
+    case Finish::none: break;
+  }
+  return "none";
+}
+
+float token_logprob(const float* logits, int vocab, int32_t token, std::vector<float>& scratch) {
+  scratch.assign(logits, logits + vocab);  // the kernel takes its rows writable
+  float loss = 0.0f;
+  kernels::cross_entropy_forward_backward(scratch.data(), &loss, &token, 1, vocab, 0.0f);
+  return -loss;
+}
+
+Engine::Engine(Transformer& model, const EngineOptions& options,
+               std::function<void(const Batch&)> peers)
+    : model_(model),
+      options_(options),
+      peers_(std::move(peers)),
+      pool_(model.new_pool(options.kv_blocks, kernels::kAttentionKeyBlock)),
+      prefix_(pool_) {
+  CLEAVE_CHECK(options.step_tokens > 0 && options.max_running > 0,
+               "engine: step_tokens " << options.step_tokens << " and max_running "
+                                      << options.max_running << " must be positive");
+  stats_.blocks = pool_.blocks();
+}
+
+int64_t Engine::blocks_for(int64_t tokens) const {
+  return (tokens + pool_.block_rows() - 1) / pool_.block_rows();
+}
+
+std::shared_ptr<Request> Engine::submit(std::vector<int32_t> prompt, const Sampling& sampling) {
+  CLEAVE_CHECK(!prompt.empty() && int64_t(prompt.size()) < model_.config().max_seq_len,
+               "a prompt of " << prompt.size() << " tokens for a model of max_seq_len "
+                              << model_.config().max_seq_len);
+  Live s;
+  s.req = std::make_shared<Request>(prompt, sampling);
+  s.prompt = int64_t(prompt.size());
+  s.context = std::move(prompt);
+  std::shared_ptr<Request> req = s.req;
+  {
+    std::lock_guard lock(inbox_mu_);
+    s.order = next_order_++;
+    inbox_.push_back(std::move(s));
+    ++stats_.waiting;
+  }
+  inbox_cv_.notify_one();
+  return req;
+}
+
+void Engine::wait_for_work(std::chrono::milliseconds wait) {
+  std::unique_lock lock(inbox_mu_);
+  inbox_cv_.wait_for(lock, wait, [&] { return !inbox_.empty(); });
+}
+
+void Engine::release(Live& s, bool keep_prefix) {
+  if (keep_prefix && !s.req->sampling().prompt_logprobs) prefix_.insert(s.context, s.cache);
+  release_sequence(pool_, s.cache);
+  s.cache = {};
+}
+
+void Engine::end(Live& s, Finish finish) {
+  Event e;
+  e.finish = finish;
+  s.req->push(std::move(e));
+  release(s, finish != Finish::cancelled);
+}
+
+void Engine::finish_all(Finish finish, const std::string& why) {
+  {
+    std::lock_guard lock(inbox_mu_);
+    for (Live& s : inbox_) waiting_.push_back(std::move(s));
+    inbox_.clear();
+  }
+  for (Live& s : running_) {
+    Event e;
+    e.finish = finish, e.error = why;
+    s.req->push(std::move(e));
+    release(s, false);
+  }
+  running_.clear();
+  for (Live& s : waiting_) {
+    Event e;
+    e.finish = finish, e.error = why;
+    s.req->push(std::move(e));
+    release(s, false);
+  }
+  waiting_.clear();
+}
+
+// Free blocks for `need` more, giving back cached prefix blocks first; false if that is not enough.
+bool Engine::take_blocks(int64_t need) {
+  while (pool_.free_blocks() < need)
+    if (!prefix_.evict_one()) return false;
+  return true;
+}
+
+void Engine::preempt(size_t i) {
+  Live s = std::move(running_[i]);
+  running_.erase(running_.begin() + ptrdiff_t(i));
+  release(s, true);  // its whole blocks stay cached: the recompute may find them
+  s.rows = 0;
+  waiting_.push_front(std::move(s));
+  ++preempted_;
+}
+
+void Engine::plan() {
+  const int64_t br = pool_.block_rows();
+  int64_t budget = options_.step_tokens;
+  std::sort(running_.begin(), running_.end(),
+            [](const Live& a, const Live& b) { return a.order < b.order; });
+  for (Live& s : running_) s.rows = 0;
+  // Running requests, oldest first: a decode token each, or their prompt's next chunk.
+  for (size_t i = 0; i < running_.size();) {
+    Live& s = running_[i];
+    const int64_t n = std::min(int64_t(s.context.size()) - s.cache.length, budget);
+    if (n <= 0) {
+      ++i;
+      continue;
+    }
+    const int64_t need = blocks_for(s.cache.length + n) - int64_t(s.cache.blocks.size());
+    if (!take_blocks(need)) {
+      // The newest request gives its blocks back (running_ is oldest first): another, or this one.
+      const bool self = i + 1 == running_.size();
+      preempt(running_.size() - 1);
+      if (self) break;
+      continue;
+    }
+    reserve_tokens(pool_, s.cache, s.cache.length + n);
+    s.rows = n;
+    budget -= n;
+    ++i;
+  }
+  // Then queued requests, in order, while the budget and the pool allow.
+  while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < options_.max_running) {
+    Live& s = waiting_.front();
+    if (!s.req->sampling().prompt_logprobs) {
+      // All but the last token may come from cached blocks: the last must run to give logits.
+      s.cache.blocks = prefix_.match(s.context, int64_t(s.context.size()) - 1);
+      s.cache.length = int64_t(s.cache.blocks.size()) * br;
+    }
+    const int64_t n = std::min(int64_t(s.context.size()) - s.cache.length, budget);
+    if (!take_blocks(blocks_for(s.cache.length + n) - int64_t(s.cache.blocks.size()))) {
+      release_sequence(pool_, s.cache);  // waits, holding nothing
+      s.cache = {};
+      break;
+    }
+    prefix_tokens_ += s.cache.length;
+    reserve_tokens(pool_, s.cache, s.cache.length + n);
+    s.rows = n;
+    budget -= n;
+    running_.push_back(std::move(s));
+    waiting_.pop_front();
+  }
+}
+
+// The events of one request after a forward: its prompt tokens' log-probabilities (rows at
+// positions before the prompt's last token), then its next token when the rows reached the end
+// of its context. `logits` holds this request's logit rows.
+void Engine::report(Live& s, const float* logits, int64_t first_position, bool sample) {
+  const int V = model_.config().vocab_size;
+  const Sampling& o = s.req->sampling();
+  auto top = [&](const float* row, int n) {
+    std::vector<TokenLogprob> t;
+    if (n <= 0) return t;
+    std::vector<int32_t> ids(static_cast<size_t>(V));
+    std::iota(ids.begin(), ids.end(), 0);
+    n = std::min(n, V);
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
+      return row[a] != row[b] ? row[a] > row[b] : a < b;
+    });
+    for (int i = 0; i < n; ++i) t.push_back({ids[size_t(i)], token_logprob(row, V, ids[size_t(i)], row_)});
+    return t;
+  };
+  int64_t row = 0;
+  if (o.prompt_logprobs && first_position < s.prompt - 1) {
+    for (int64_t t = first_position; t < first_position + s.rows; ++t, ++row) {
+      if (t + 1 >= s.prompt) break;
+      if (t + 1 < s.prompt_logged) continue;  // reported before a preemption
+      Event e;
+      e.prompt = true;
+      e.token = s.context[size_t(t + 1)];
+      const float* r = logits + row * V;
+      e.logprob = token_logprob(r, V, e.token, row_);
+      e.top = top(r, std::max(o.logprobs, 0));
+      s.req->push(std::move(e));
+      s.prompt_logged = t + 2;
+    }
+    row = s.rows - 1;
+  }
+  if (!sample) return;
+  const float* r = logits + row * V;
+  const float u = philox_uniform(o.seed, hash_name("generate"), uint64_t(s.made));
+  const int32_t next = sample_token(r, V, o.temperature, o.top_k, u, o.top_p);
+  if (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next) != o.stop_tokens.end()) {
+    s.done = Finish::stop;
+    return;
+  }
+  Event e;
+  e.token = next;
+  if (o.logprobs >= 0) {
+    e.logprob = token_logprob(r, V, next, row_);
+    e.top = top(r, o.logprobs);
+  }
+  s.req->push(std::move(e));
+  s.context.push_back(next);
+  ++s.made;
+  if (s.made >= o.max_tokens || int64_t(s.context.size()) >= model_.config().max_seq_len)
+    s.done = Finish::length;
+}
+
+bool Engine::step() {
+  {
+    std::lock_guard lock(inbox_mu_);
+    for (Live& s : inbox_) waiting_.push_back(std::move(s));
+    inbox_.clear();
+  }
+  // Requests whose client went away leave first, freeing their blocks.
+  for (size_t i = 0; i < running_.size();) {
+    if (!running_[i].req->cancelled()) {
+      ++i;
+      continue;
+    }
+    end(running_[i], Finish::cancelled);
+    running_.erase(running_.begin() + ptrdiff_t(i));
+  }
+  for (size_t i = 0; i < waiting_.size();) {
+    if (!waiting_[i].req->cancelled()) {
+      ++i;
+      continue;
+    }
+    end(waiting_[i], Finish::cancelled);
+    waiting_.erase(waiting_.begin() + ptrdiff_t(i));
+  }
+  plan();
+
+  // The batch: each running request's rows; logits where a prompt's log-probabilities are asked
+  // for, and at the last row of a request whose rows reach the end of its context.
+  batch_.B = 1;
+  batch_.tokens.clear(), batch_.positions.clear(), batch_.logit_rows.clear();
+  batch_.cache_rows.assign(1, 0);
+  batch_.cache_past.clear(), batch_.cache_blocks.clear();
+  struct Planned {
+    Live* s;
+    int64_t first_position, first_logit;
+    bool sample;
+  };
+  std::vector<Planned> planned;
+  for (Live& s : running_) {
+    if (s.rows == 0) continue;
+    const int64_t past = s.cache.length, row0 = int64_t(batch_.tokens.size());
+    for (int64_t t = past; t < past + s.rows; ++t) {
+      batch_.tokens.push_back(s.context[size_t(t)]);
+      batch_.positions.push_back(int32_t(t));
+    }
+    batch_.cache_past.push_back(past);
+    batch_.cache_blocks.push_back(s.cache.blocks);
+    batch_.cache_rows.push_back(int64_t(batch_.tokens.size()));
+    const bool sample = past + s.rows == int64_t(s.context.size());
+    const Planned p{&s, past, int64_t(batch_.logit_rows.size()), sample};
+    if (s.req->sampling().prompt_logprobs && past < s.prompt - 1) {
+      for (int64_t r = row0; r < row0 + s.rows; ++r) batch_.logit_rows.push_back(r);
+    } else if (sample) {
+      batch_.logit_rows.push_back(row0 + s.rows - 1);
+    }
+    planned.push_back(p);
+    s.cache.length = past + s.rows;
+  }
+  if (planned.empty()) {
+    publish();
+    return false;
+  }
+  batch_.T = int64_t(batch_.tokens.size());
+  if (peers_) peers_(batch_);
+  const float* logits = model_.forward_cached(batch_, pool_);
+  const int V = model_.config().vocab_size;
+  for (const Planned& p : planned)
+    report(*p.s, logits + p.first_logit * V, p.first_position, p.sample);
+  ++steps_;
+  for (size_t i = 0; i < running_.size();) {
+    if (running_[i].done == Finish::none) {
+      ++i;
+      continue;
+    }
+    end(running_[i], running_[i].done);
+    running_.erase(running_.begin() + ptrdiff_t(i));
+  }
+  publish();
+  return true;
+}
+
+void Engine::publish() {
+  EngineStats st;
+  st.running = int64_t(running_.size());
+  st.blocks = pool_.blocks();
+  st.blocks_used = pool_.blocks() - pool_.free_blocks();
+  for (int32_t b = 0; b < pool_.blocks(); ++b) st.blocks_shared += pool_.refs(b) > 1;
+  st.blocks_cached = prefix_.blocks();
+  st.preempted = preempted_, st.prefix_tokens = prefix_tokens_, st.steps = steps_;
+  std::lock_guard lock(inbox_mu_);
+  st.waiting = int64_t(inbox_.size() + waiting_.size());
+  stats_ = st;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(inbox_mu_);
+  return stats_;
+}
+
+}  // namespace cleave::serve

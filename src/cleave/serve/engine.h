@@ -1,0 +1,109 @@
+// The server's engine (docs/serving.md): continuous batching over the inference forward
+// (Transformer::forward_cached). Each step is one ragged batch: every running request's next
+// token, then prompt chunks, within a token budget, so a long prompt is prefilled over several
+// steps while the others keep decoding. A request joins at the next step and leaves when it ends.
+// The key/value pool has a fixed size: requests wait in the queue while it is full; a running
+// request that needs a block when none is free is preempted, the newest first, back to the head
+// of the queue, and recomputes its cache when it resumes. Whole blocks of finished and preempted
+// requests stay cached for requests that begin with the same tokens (serve/prefix_cache.h).
+//
+// A request's tokens and log-probabilities do not depend on the rest of the batch: the forward is
+// batch invariant (docs/inference.md), and its draws use Philox keyed by (its seed, token index),
+// as `cleave generate` does, so preemption and prefix sharing change nothing either.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cleave/model/transformer.h"
+#include "cleave/serve/prefix_cache.h"
+#include "cleave/serve/request.h"
+
+namespace cleave::serve {
+
+struct EngineOptions {
+  int64_t kv_blocks = 0;      // the pool's blocks (of kernels::kAttentionKeyBlock tokens)
+  int64_t step_tokens = 512;  // tokens in one forward at most (prompt chunks fill what decodes leave)
+  int64_t max_running = 256;  // requests in the running batch at most
+};
+
+// What the server reports (GET /metrics): a snapshot taken between steps.
+struct EngineStats {
+  int64_t waiting = 0, running = 0;
+  int64_t blocks = 0, blocks_used = 0, blocks_shared = 0, blocks_cached = 0;
+  int64_t preempted = 0;      // preemptions so far
+  int64_t prefix_tokens = 0;  // prompt tokens taken from cached blocks instead of computed
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  // `peers` (optional) gets every step's batch before this rank runs it: the other ranks of the
+  // inference layout run the same forward (serve/step_peers.h).
+  Engine(Transformer& model, const EngineOptions& options,
+         std::function<void(const Batch&)> peers = {});
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Blocks a request of this many tokens (prompt and new) needs at most: more than the pool's is
+  // a request the server refuses.
+  int64_t blocks_for(int64_t tokens) const;
+  int64_t pool_blocks() const { return pool_.blocks(); }
+
+  // Thread-safe: queues a request for the next step.
+  std::shared_ptr<Request> submit(std::vector<int32_t> prompt, const Sampling& sampling);
+  // One step; false when there was nothing to do (no request running or waiting).
+  bool step();
+  // Waits until a request is submitted, at most `wait` (an idle server's loop).
+  void wait_for_work(std::chrono::milliseconds wait);
+  // Ends every request still queued or running with `finish` (a server shutting down).
+  void finish_all(Finish finish, const std::string& why);
+  EngineStats stats() const;  // thread-safe
+
+ private:
+  struct Live {
+    std::shared_ptr<Request> req;
+    std::vector<int32_t> context;  // prompt, then the new tokens
+    int64_t prompt = 0, made = 0;  // prompt tokens; new tokens reported
+    uint64_t order = 0;            // arrival: the newest is preempted first
+    SequenceCache cache;
+    int64_t rows = 0;           // this step's new rows
+    int64_t prompt_logged = 0;  // prompt tokens whose log-probabilities went out (Sampling)
+    Finish done = Finish::none;
+  };
+  bool take_blocks(int64_t need);
+  void preempt(size_t running_index);
+  void release(Live& s, bool keep_prefix);
+  void admit();
+  void plan();
+  void report(Live& s, const float* logits, int64_t first_position, bool sample);
+  void end(Live& s, Finish finish);
+  void publish();  // stats_ from this step's state
+
+  Transformer& model_;
+  EngineOptions options_;
+  std::function<void(const Batch&)> peers_;
+  KvPool pool_;
+  PrefixCache prefix_;
+  mutable std::mutex inbox_mu_;
+  std::condition_variable inbox_cv_;
+  std::deque<Live> inbox_;
+  std::deque<Live> waiting_;
+  std::vector<Live> running_;
+  uint64_t next_order_ = 0;
+  EngineStats stats_;  // guarded by inbox_mu_ once published
+  int64_t preempted_ = 0, prefix_tokens_ = 0, steps_ = 0;
+  Batch batch_;
+  std::vector<float> row_;  // one row of logits, for the log-probability kernel
+};
+
+// log p(token | row) for a row of logits: what the trainer's loss would be for that target,
+// negated (kernels::cross_entropy_forward_backward), so that in fp32 it equals the trainer's.
+float token_logprob(const float* logits, int vocab, int32_t token, std::vector<float>& scratch);
+
+}  // namespace cleave::serve

@@ -1,0 +1,217 @@
+// The server's engine: continuous batching gives each request what it gets alone (generate's
+// tokens, with any step budget, beside any other requests, through preemption and shared
+// prefixes); its log-probabilities are the trainer's, bit for bit; a full pool queues requests;
+// a cancelled request gives its blocks back.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "cleave/model/generate.h"
+#include "cleave/serve/engine.h"
+
+namespace cleave::serve {
+namespace {
+
+ModelConfig tiny() {
+  ModelConfig c;
+  c.family = Family::llama;
+  c.vocab_size = 37;
+  c.d_model = 32;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_hidden = 64;
+  c.max_seq_len = 400;
+  c.init_std = 0.3f;
+  return c;
+}
+
+std::vector<int32_t> some_tokens(int64_t n, int vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t) x = int32_t(gen() % uint32_t(vocab));
+  return t;
+}
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs, prompt_logprobs;
+  Finish finish = Finish::none;
+};
+
+// Steps the engine until every request has ended; each request's events collected.
+std::vector<Result> run(Engine& engine, std::vector<std::shared_ptr<Request>> reqs,
+                        const std::function<void(int)>& each_step = {}) {
+  std::vector<Result> out(reqs.size());
+  for (int step = 0;; ++step) {
+    const bool worked = engine.step();
+    if (each_step) each_step(step);
+    bool all = true;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Event e;
+      while (out[i].finish == Finish::none && reqs[i]->next(e, std::chrono::milliseconds(0))) {
+        if (e.finish != Finish::none) out[i].finish = e.finish;
+        else if (e.prompt) out[i].prompt_logprobs.push_back(e.logprob);
+        else out[i].tokens.push_back(e.token), out[i].logprobs.push_back(e.logprob);
+      }
+      all = all && out[i].finish != Finish::none;
+    }
+    if (all) return out;
+    EXPECT_TRUE(worked) << "the engine idles with requests unfinished";
+    if (!worked) return out;
+  }
+}
+
+Sampling greedy(int n) {
+  Sampling s;
+  s.max_tokens = n, s.temperature = 0.0f, s.logprobs = 0;
+  return s;
+}
+
+TEST(ServeEngine, EachRequestGetsWhatGenerateGivesItAlone) {
+  const ModelConfig c = tiny();
+  Transformer model(c, Precision::fp32, 3);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 17; ++i) prompts.push_back(some_tokens(1 + 23 * i % 150, c.vocab_size, 50 + i));
+  Sampling s = greedy(12);
+  s.temperature = 0.9f, s.top_k = 8, s.seed = 77;
+  // generate's draws, one prompt alone at a time (prompt i with seed 77: generate_batch's
+  // prompt 0).
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& p : prompts) {
+    SamplingOptions g;
+    g.max_new_tokens = 12, g.temperature = 0.9f, g.top_k = 8, g.seed = 77;
+    alone.push_back(generate(model, p, g));
+  }
+  // Every request at once, in steps of 40 tokens (prompts prefilled over several steps while
+  // others decode), then the first alone.
+  for (int64_t budget : {int64_t(40), int64_t(1000)}) {
+    EngineOptions o;
+    o.kv_blocks = 64, o.step_tokens = budget;
+    Engine engine(model, o);
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (const auto& p : prompts) reqs.push_back(engine.submit(p, s));
+    const std::vector<Result> got = run(engine, reqs);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, alone[i]) << "request " << i << ", step budget " << budget;
+      EXPECT_EQ(got[i].finish, Finish::length);
+    }
+  }
+}
+
+TEST(ServeEngine, LogprobsAreTheTrainersBitwise) {
+  const ModelConfig c = tiny();
+  Transformer model(c, Precision::fp32, 4);
+  const int64_t T = 150;
+  const std::vector<int32_t> tokens = some_tokens(T, c.vocab_size, 9);
+  std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+  targets.push_back(0);
+  model.forward(tokens.data(), targets.data(), 1, T, 0.0f);
+  const std::vector<float> losses(model.losses(), model.losses() + T);
+  EngineOptions o;
+  o.kv_blocks = 16, o.step_tokens = 70;  // the prompt in three chunks
+  Engine engine(model, o);
+  Sampling s = greedy(1);
+  s.prompt_logprobs = true;
+  // Beside another request, so that the batch holds more than this one.
+  auto other = engine.submit(some_tokens(33, c.vocab_size, 1), greedy(5));
+  auto req = engine.submit(tokens, s);
+  const std::vector<Result> got = run(engine, {other, req});
+  ASSERT_EQ(got[1].prompt_logprobs.size(), size_t(T - 1));
+  for (int64_t t = 0; t + 1 < T; ++t)
+    ASSERT_EQ(got[1].prompt_logprobs[size_t(t)], -losses[size_t(t)]) << "prompt token " << t + 1;
+  // The drawn token's: the same kernel on the last row.
+  targets.back() = got[1].tokens.at(0);
+  model.forward(tokens.data(), targets.data(), 1, T, 0.0f);
+  EXPECT_EQ(got[1].logprobs.at(0), -model.losses()[T - 1]);
+}
+
+TEST(ServeEngine, FullPoolQueuesAndPreemptsWithoutChangingTokens) {
+  const ModelConfig c = tiny();
+  Transformer model(c, Precision::fp32, 5);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(some_tokens(50 + 9 * i, c.vocab_size, 90 + i));
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& p : prompts) {
+    EngineOptions o;
+    o.kv_blocks = 8;
+    Engine engine(model, o);
+    alone.push_back(run(engine, {engine.submit(p, greedy(40))})[0].tokens);
+  }
+  // 4 blocks of 64 tokens for six requests of 90-135 tokens each (two or three blocks): some wait, and
+  // running ones need blocks as they grow.
+  EngineOptions o;
+  o.kv_blocks = 4, o.step_tokens = 64;
+  Engine engine(model, o);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (const auto& p : prompts) reqs.push_back(engine.submit(p, greedy(40)));
+  int64_t most_waiting = 0;
+  const std::vector<Result> got = run(engine, reqs, [&](int) {
+    most_waiting = std::max(most_waiting, engine.stats().waiting);
+    EXPECT_LE(engine.stats().blocks_used, 4);
+  });
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i].tokens, alone[i]) << "request " << i;
+  EXPECT_GT(most_waiting, 0);
+  EXPECT_GT(engine.stats().preempted, 0);
+}
+
+TEST(ServeEngine, SharedPrefixIsNotRecomputed) {
+  const ModelConfig c = tiny();
+  Transformer model(c, Precision::fp32, 6);
+  const std::vector<int32_t> prefix = some_tokens(200, c.vocab_size, 3);
+  auto with_tail = [&](uint32_t seed) {
+    std::vector<int32_t> p = prefix;
+    for (int32_t t : some_tokens(20, c.vocab_size, seed)) p.push_back(t);
+    return p;
+  };
+  EngineOptions o;
+  o.kv_blocks = 32;
+  Engine cold(model, o);
+  const std::vector<int32_t> second_alone = run(cold, {cold.submit(with_tail(2), greedy(10))})[0].tokens;
+  Engine engine(model, o);
+  run(engine, {engine.submit(with_tail(1), greedy(10))});
+  EXPECT_EQ(engine.stats().prefix_tokens, 0);
+  EXPECT_EQ(engine.stats().blocks_cached, 3);  // the first request's whole blocks: 3 of 64
+  const std::vector<Result> got = run(engine, {engine.submit(with_tail(2), greedy(10))});
+  EXPECT_EQ(engine.stats().prefix_tokens, 192);  // three blocks shared, not computed
+  EXPECT_EQ(got[0].tokens, second_alone);
+}
+
+TEST(ServeEngine, CancelledRequestFreesItsBlocks) {
+  const ModelConfig c = tiny();
+  Transformer model(c, Precision::fp32, 7);
+  EngineOptions o;
+  o.kv_blocks = 8;
+  Engine engine(model, o);
+  auto req = engine.submit(some_tokens(100, c.vocab_size, 1), greedy(200));
+  for (int i = 0; i < 3; ++i) engine.step();
+  EXPECT_EQ(engine.stats().blocks_used, 2);
+  req->cancel();
+  engine.step();
+  EXPECT_EQ(engine.stats().blocks_used, 0);  // not kept as a prefix: its client went away
+  EXPECT_EQ(engine.stats().running, 0);
+  Event e;
+  Finish last = Finish::none;
+  while (req->next(e, std::chrono::milliseconds(0))) last = e.finish;
+  EXPECT_EQ(last, Finish::cancelled);
+}
+
+TEST(ServeEngine, StopTokenEndsTheRequestUnreported) {
+  const ModelConfig c = tiny();
+  Transformer model(c, Precision::fp32, 8);
+  EngineOptions o;
+  o.kv_blocks = 8;
+  Engine engine(model, o);
+  const std::vector<int32_t> prompt = some_tokens(10, c.vocab_size, 4);
+  const std::vector<int32_t> free_run = run(engine, {engine.submit(prompt, greedy(8))})[0].tokens;
+  Sampling s = greedy(8);
+  s.stop_tokens = {free_run.at(3)};
+  const Result got = run(engine, {engine.submit(prompt, s)})[0];
+  const auto first = std::find(free_run.begin(), free_run.end(), free_run[3]);
+  EXPECT_EQ(got.tokens, std::vector<int32_t>(free_run.begin(), first));
+  EXPECT_EQ(got.finish, Finish::stop);
+}
+
+}  // namespace
+}  // namespace cleave::serve
