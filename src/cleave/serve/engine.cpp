@@ -35,10 +35,13 @@ Engine::Engine(Transformer& model, const EngineOptions& options,
       peers_(std::move(peers)),
       pool_(model.new_pool(options.kv_blocks, kernels::kAttentionKeyBlock)),
       prefix_(pool_) {
+  CLEAVE_CHECK(options.kv_blocks >= 2, "engine: a pool of " << options.kv_blocks
+                                        << " blocks (one holds padding rows, one at least requests)");
   CLEAVE_CHECK(options.step_tokens > 0 && options.max_running > 0,
                "engine: step_tokens " << options.step_tokens << " and max_running "
                                       << options.max_running << " must be positive");
-  stats_.blocks = pool_.blocks();
+  reserve_tokens(pool_, pad_, kRowBucket);
+  stats_.blocks = pool_blocks();
 }
 
 int64_t Engine::blocks_for(int64_t tokens) const {
@@ -286,7 +289,19 @@ bool Engine::step() {
     publish();
     return false;
   }
-  batch_.T = int64_t(batch_.tokens.size());
+  // Row counts beyond kExactRows are padded up to a multiple of kRowBucket by a stand-in
+  // sequence in its own block: the products keep a primitive per row count (their rows do not
+  // depend on the count, docs/inference.md), and a server would otherwise make one for nearly
+  // every count up to step_tokens. The stand-in changes no other row (batch invariance).
+  const int64_t T = int64_t(batch_.tokens.size());
+  const int64_t padded = T <= kExactRows ? T : (T + kRowBucket - 1) / kRowBucket * kRowBucket;
+  if (padded > T) {
+    for (int64_t t = 0; t < padded - T; ++t) batch_.tokens.push_back(0), batch_.positions.push_back(int32_t(t));
+    batch_.cache_past.push_back(0);
+    batch_.cache_blocks.push_back(pad_.blocks);
+    batch_.cache_rows.push_back(padded);
+  }
+  batch_.T = padded;
   if (peers_) peers_(batch_);
   const float* logits = model_.forward_cached(batch_, pool_);
   const int V = model_.config().vocab_size;
@@ -308,8 +323,8 @@ bool Engine::step() {
 void Engine::publish() {
   EngineStats st;
   st.running = int64_t(running_.size());
-  st.blocks = pool_.blocks();
-  st.blocks_used = pool_.blocks() - pool_.free_blocks();
+  st.blocks = pool_blocks();
+  st.blocks_used = pool_blocks() - pool_.free_blocks();
   for (int32_t b = 0; b < pool_.blocks(); ++b) st.blocks_shared += pool_.refs(b) > 1;
   st.blocks_cached = prefix_.blocks();
   st.preempted = preempted_, st.prefix_tokens = prefix_tokens_, st.steps = steps_;

@@ -27,7 +27,7 @@
 namespace cleave::serve {
 
 struct EngineOptions {
-  int64_t kv_blocks = 0;      // the pool's blocks (of kernels::kAttentionKeyBlock tokens)
+  int64_t kv_blocks = 0;      // the pool's blocks (of kernels::kAttentionKeyBlock tokens), >= 2
   int64_t step_tokens = 512;  // tokens in one forward at most (prompt chunks fill what decodes leave)
   int64_t max_running = 256;  // requests in the running batch at most
 };
@@ -53,7 +53,7 @@ class Engine {
   // Blocks a request of this many tokens (prompt and new) needs at most: more than the pool's is
   // a request the server refuses.
   int64_t blocks_for(int64_t tokens) const;
-  int64_t pool_blocks() const { return pool_.blocks(); }
+  int64_t pool_blocks() const { return pool_.blocks() - 1; }  // one holds the padding rows
 
   // Thread-safe: queues a request for the next step.
   std::shared_ptr<Request> submit(std::vector<int32_t> prompt, const Sampling& sampling);
@@ -85,11 +85,13 @@ class Engine {
   void end(Live& s, Finish finish);
   void publish();  // stats_ from this step's state
 
+  static constexpr int64_t kExactRows = 32, kRowBucket = 32;  // steps' row counts (step())
   Transformer& model_;
   EngineOptions options_;
   std::function<void(const Batch&)> peers_;
   KvPool pool_;
   PrefixCache prefix_;
+  SequenceCache pad_;  // the block of the stand-in rows that pad a step
   mutable std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
   std::deque<Live> inbox_;
