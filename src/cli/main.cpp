@@ -14,6 +14,7 @@ namespace cleave::cli {
 int train(int argc, char** argv);
 int tokenize(int argc, char** argv);
 int generate(int argc, char** argv);
+int serve_command(int argc, char** argv);
 int export_hf(int argc, char** argv);
 int checkpoint(int argc, char** argv);
 int plot(int argc, char** argv);
@@ -40,6 +41,11 @@ const char* kUsage = R"(usage: cleave COMMAND ...
            --kv-cache-mib: the paged key/value pool's size (default: what the request needs);
            --warmup: an untimed run first, before the timings on standard error;
            under mpirun: --set parallel.tp=T, parallel.pp=P, parallel.ep=E on T x P x E ranks
+  serve CHECKPOINT_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--model-name NAME]
+        [--dtype fp32|bf16] [--threads N] [--tokenizer PATH] [--chat-template auto|chatml|llama3|llama2]
+        [--set serve.kv_cache_mb=M|serve.step_tokens=N|serve.max_running=N|serve.max_body_bytes=B
+        |serve.http_threads=N|serve.drain_seconds=S]   OpenAI-compatible server (docs/serving.md);
+        under mpirun: --set parallel.tp=T, parallel.pp=P on T x P ranks; CLEAVE_API_KEY sets the key
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   export CHECKPOINT_DIR OUT.gguf --format gguf [--dtype f32|f16|bf16] [--tokenizer PATH]
                                                   one GGUF file for llama.cpp, tokenizer inside
@@ -86,11 +92,11 @@ int main(int argc, char** argv) {
                                      "), which cleave's communication thread needs");
       const std::string cmd = argv[1];
       if (world > 1 && cmd != "train" && cmd != "bench-comm" && cmd != "calibrate" &&
-          cmd != "generate")
+          cmd != "generate" && cmd != "serve")
         throw cleave::EveryRankError("cleave " + cmd + " runs on one rank (" +
                                      std::to_string(world) +
                                      " were started); under mpirun use train, generate, "
-                                     "bench-comm or calibrate");
+                                     "serve, bench-comm or calibrate");
       if (cmd == "train") rc = cleave::cli::train(argc - 2, argv + 2);
       else if (cmd == "bench-comm") rc = cleave::cli::bench_comm(argc - 2, argv + 2);
       else if (cmd == "calibrate") rc = cleave::cli::calibrate(argc - 2, argv + 2);
@@ -99,6 +105,7 @@ int main(int argc, char** argv) {
       else if (cmd == "schedule") rc = cleave::cli::schedule(argc - 2, argv + 2);
       else if (cmd == "tokenize") rc = cleave::cli::tokenize(argc - 2, argv + 2);
       else if (cmd == "generate") rc = cleave::cli::generate(argc - 2, argv + 2);
+      else if (cmd == "serve") rc = cleave::cli::serve_command(argc - 2, argv + 2);
       else if (cmd == "export") rc = cleave::cli::export_hf(argc - 2, argv + 2);
       else if (cmd == "checkpoint") rc = cleave::cli::checkpoint(argc - 2, argv + 2);
       else if (cmd == "plot") rc = cleave::cli::plot(argc - 2, argv + 2);

@@ -16,9 +16,10 @@
 // SIGTERM. mpirun stops the other ranks with it when one dies or calls MPI_Abort: each then reports
 // where every rank stood, unless a rank marked itself failed (an error of its own, which it
 // reported: no communication fault to explain). A scheduler sends it too, before it preempts a
-// job: with sigterm_requests_checkpoint() (train.checkpoint_on_signal) the first SIGTERM only
-// raises a flag, which the trainer answers with a checkpoint and a clean exit at the next step's
-// end; a second one (the scheduler's or mpirun's patience running out) ends the rank as before.
+// job: with sigterm_is_a_request() (train.checkpoint_on_signal, cleave serve) the first SIGTERM
+// only raises a flag, which the trainer answers with a checkpoint and a clean exit at the next
+// step's end, and the server by draining; a second one (the scheduler's or mpirun's patience
+// running out) ends the rank as before.
 #include "cleave/comm/communicator.h"
 
 #include <signal.h>
@@ -43,6 +44,7 @@ struct sigaction g_old_sigterm;
 bool g_sigterm_installed = false;
 // Lock-free atomics: the handler reads and counts them (async-signal-safe).
 std::atomic<bool> g_sigterm_saves{false};
+std::atomic<const char*> g_sigterm_answer{""};  // what the rank does about the request
 std::atomic<int> g_sigterms{0};  // received while g_sigterm_saves
 
 extern "C" void on_sigterm(int signo) {
@@ -57,8 +59,8 @@ extern "C" void on_sigterm(int signo) {
     int fd = 2;
     SafeText out(SafeText::fd_sink, &fd);
     out.str("cleave: rank ").num(c ? c->world_rank() : 0)
-        .str(" received SIGTERM: a checkpoint is saved at the next step's end, then the run "
-             "exits (a second SIGTERM ends it at once)\n");
+        .str(" received SIGTERM: ").str(g_sigterm_answer.load())
+        .str(" (a second SIGTERM ends it at once)\n");
     return;
   }
   if (c) c->write_signal_report(signo);
@@ -343,7 +345,7 @@ void Communicator::write_signal_report(int signo) {
     SafeText out(SafeText::fd_sink, &fd);
     out.str("\ncleave comm: rank ").num(world_rank_).str(" terminated by signal ").num(signo);
     if (g_sigterms.load() > 1)
-      out.str(" (a second SIGTERM: the first asked for a checkpoint, which was cut short)\n");
+      out.str(" (a second SIGTERM: the first was a request, now cut short)\n");
     else
       out.str(" (the job is being stopped: another rank died, failed or timed out)\n");
     status_.write_report(out, -1, 0, Op::barrier);
@@ -440,7 +442,10 @@ std::vector<CommRecord> Communicator::end_capture() {
 void begin_comm_capture() { Communicator::get().begin_capture(); }
 std::vector<CommRecord> end_comm_capture() { return Communicator::get().end_capture(); }
 
-void sigterm_requests_checkpoint() { g_sigterm_saves.store(true); }
+void sigterm_is_a_request(const char* answer) {
+  g_sigterm_answer.store(answer);
+  g_sigterm_saves.store(true);
+}
 
 bool sigterm_received() { return g_sigterms.load() > 0; }
 

@@ -1,7 +1,7 @@
 // The process-wide communication engine (internal): one progress thread runs the queued operations
 // in issue order; a watchdog thread enforces timeout_seconds; the flight recorder and the status
 // board record every operation; a SIGTERM handler reports where every rank stood (or, with
-// sigterm_requests_checkpoint(), takes a first SIGTERM as a request to save and exit).
+// sigterm_is_a_request(), takes a first SIGTERM as a request to save and exit, or to drain).
 #pragma once
 #include <deque>
 #include <thread>

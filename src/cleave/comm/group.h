@@ -145,11 +145,12 @@ struct CommRecord {
 void begin_comm_capture();
 std::vector<CommRecord> end_comm_capture();
 
-// train.checkpoint_on_signal: from now on the first SIGTERM this process receives is a request,
-// which sigterm_received() then reports, instead of the end of the rank with the report above
-// (init_comm installs the handler). The caller saves and exits at a point of its choosing; a
+// From now on the first SIGTERM this process receives is a request, which sigterm_received() then
+// reports, instead of the end of the rank with the report above (init_comm installs the handler):
+// train.checkpoint_on_signal saves and exits, cleave serve drains. The caller answers it at a
+// point of its choosing; `answer` (a string literal) is what the rank prints that it will do. A
 // second SIGTERM ends the rank as it would without the request.
-void sigterm_requests_checkpoint();
+void sigterm_is_a_request(const char* answer);
 bool sigterm_received();
 
 // The flight recorder of this rank as text (sequence, op, group, bytes, start, end of the last N

@@ -302,10 +302,10 @@ int HttpServer::bind() {
   return port;
 }
 
-void HttpServer::run(const std::atomic<bool>& terminate) {
+void HttpServer::run(const std::function<bool()>& stop_requested) {
   Impl& m = *impl_;
   m.listener = std::thread([&m] { m.svr.listen_after_bind(); });
-  while (!terminate)
+  while (!stop_requested())
     if (!m.engine.step()) m.engine.wait_for_work(std::chrono::milliseconds(50));
   // Draining: no new request; those running or queued finish within drain_seconds.
   m.draining = true;

@@ -2,11 +2,12 @@
 // GET /v1/models, /health and /metrics, over cpp-httplib. Handlers run on the library's thread
 // pool; each parses and checks its request (serve/api.h), hands it to the engine and waits for
 // its tokens, answering whole or streaming them as server-sent events. The engine steps on the
-// caller's thread (run). SIGTERM (a flag the caller sets) drains: new requests get 503, running
-// ones finish within drain_seconds, then run returns.
+// caller's thread (run). A stop request (SIGTERM, which the caller watches) drains: new requests
+// get 503, running ones finish within drain_seconds, then run returns.
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,8 +36,8 @@ class HttpServer {
   ~HttpServer();
   // Binds the socket; returns the port (a clear error when it cannot).
   int bind();
-  // Serves until `terminate`, then drains and returns.
-  void run(const std::atomic<bool>& terminate);
+  // Serves until stop_requested() (checked between steps), then drains and returns.
+  void run(const std::function<bool()>& stop_requested);
 
  private:
   struct Impl;

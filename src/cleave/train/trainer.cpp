@@ -72,7 +72,8 @@ std::vector<std::string> checkpoints_to_resume(const std::string& resume,
 
 Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg) {
   // From here on: a SIGTERM while the model is built or loaded is answered at the first step's end.
-  if (cfg_.train.checkpoint_on_signal) sigterm_requests_checkpoint();
+  if (cfg_.train.checkpoint_on_signal)
+    sigterm_is_a_request("a checkpoint is saved at the next step's end, then the run exits");
   if (cfg_.train.threads > 0) omp_set_num_threads(cfg_.train.threads);
   const TrainConfig& t = cfg_.train;
   MPI_Comm_size(MPI_COMM_WORLD, &world_);

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# cleave serve (docs/serving.md) on 127.0.0.1 with a free port and an API key, driven by real HTTP
+# clients (tests/integration/serve_client.py: urllib and raw sockets): completions whole and
+# streamed, chat, log-probabilities against the trainer's forward (tests/tools/score_tokens), every
+# bad input with its status and field, a disconnect mid-stream, batch invariance (alone and among
+# 16 others), a shared 1,000-token prefix, a full cache queueing requests, a bounded load test (32
+# clients, 300 requests, a fifth of them bad; RSS back within 5%), SIGTERM draining; then the same
+# API checks and batch invariance at tp 2 under mpirun. The official OpenAI client is
+# serve_openai_test.sh's.
+set -euo pipefail
+cleave=$1 src=$2 data=$3
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+export OMP_NUM_THREADS=1
+client="/usr/bin/python3 $src/tests/integration/serve_client.py"
+score=$(dirname "$cleave")/tests/score_tokens
+key=sekrit
+
+"$cleave" train "$src/tests/configs/tiny_train.toml" --set data.dir="$data" \
+  --set train.out_dir="$work/run" --set train.steps=20 --set train.val_interval=0 \
+  --set train.checkpoint_interval=20 --set train.threads=1 --set model.family=llama \
+  --set model.n_kv_heads=2 --set model.max_seq_len=1100 > /dev/null
+ckpt=$work/run/step_00000020
+
+start() {  # LOG COMMAND...: starts a server in the background; sets pid and base
+  local log=$1 port=""
+  shift
+  "$@" > "$log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  for _ in $(seq 600); do
+    port=$(sed -n 's|^# serve: listening on http://127.0.0.1:\([0-9]*\) (pid [0-9]*)$|\1|p' "$log")
+    [ -n "$port" ] && break
+    kill -0 "$pid" 2> /dev/null || { echo "FAIL: the server exited:"; cat "$log"; exit 1; }
+    sleep 0.1
+  done
+  [ -n "$port" ] || { echo "FAIL: the server did not start:"; cat "$log"; exit 1; }
+  base=http://127.0.0.1:$port
+  # The process that serves: under mpirun, rank 0 (a SIGTERM to mpirun reaches every rank and
+  # drains the server the same way, but OpenMPI's mpirun then exits 1 as for any signalled job).
+  server=$(sed -n 's|^# serve: listening on .* (pid \([0-9]*\))$|\1|p' "$log")
+}
+stop() {  # LOG [signalled]: SIGTERM (unless sent already), then the server must exit 0, drained
+  [ "${2:-}" = signalled ] || kill -TERM "$server"
+  local rc=0
+  wait "$pid" || rc=$?
+  [ $rc = 0 ] || { echo "FAIL: the server exited $rc after SIGTERM:"; cat "$1"; exit 1; }
+  grep -q "# serve: drained, exiting" "$1" || { echo "FAIL: no drain:"; cat "$1"; exit 1; }
+}
+
+# One process: a pool of 32 blocks (1 MiB of 32 KiB blocks: 2 layers x 2 kv heads x 16 dims x
+# K and V x 64 tokens x 4 bytes), one of which pads the steps' rows.
+start "$work/serve.log" "$cleave" serve "$ckpt" --port 0 --api-key "$key" --model-name tiny \
+  --threads 1 --set serve.kv_cache_mb=1 --set serve.step_tokens=256
+grep -q "requests must carry 'Authorization: Bearer" "$work/serve.log" || { cat "$work/serve.log"; exit 1; }
+$client api "$base" "$key" tiny "$score" "$ckpt"
+$client invariance "$base" "$key" tiny
+$client prefix "$base" "$key" tiny
+$client queue "$base" "$key" tiny
+$client load "$base" "$key" tiny "$server"
+$client drain "$base" "$key" tiny "$server"
+stop "$work/serve.log" signalled
+
+# Without a key the server says at start-up that it is open.
+start "$work/open.log" "$cleave" serve "$ckpt" --port 0 --threads 1
+grep -q "# serve: OPEN: no API key" "$work/open.log" || { echo "FAIL: not said open:"; cat "$work/open.log"; exit 1; }
+stop "$work/open.log"
+
+# tp 2 under mpirun: rank 0 serves, each step's batch goes to both ranks.
+start "$work/tp2.log" mpirun --oversubscribe -np 2 "$cleave" serve "$ckpt" --port 0 \
+  --api-key "$key" --model-name tiny --threads 1 --set parallel.tp=2 --set serve.kv_cache_mb=0.5
+$client api "$base" "$key" tiny - "$ckpt"
+$client invariance "$base" "$key" tiny
+stop "$work/tp2.log"
+echo "serve_test: one process and tp 2: ok"
