@@ -15,18 +15,12 @@ bash "$src/tests/integration/openai_client/install.sh" "$npm_dir" || rc=$?
   --set train.out_dir="$work/run" --set train.steps=20 --set train.val_interval=0 \
   --set train.checkpoint_interval=20 --set train.threads=1 --set model.family=llama \
   --set model.max_seq_len=256 > /dev/null
-"$cleave" serve "$work/run" --port 0 --api-key sekrit --model-name tiny --threads 1 \
-  --set serve.kv_cache_mb=1 > "$work/serve.log" 2>&1 &
-pid=$!
-port=""
-for _ in $(seq 600); do
-  port=$(sed -n 's|^# serve: listening on http://127.0.0.1:\([0-9]*\) (pid [0-9]*)$|\1|p' "$work/serve.log")
-  [ -n "$port" ] && break
-  kill -0 "$pid" 2> /dev/null || { echo "FAIL: the server exited:"; cat "$work/serve.log"; exit 1; }
-  sleep 0.1
-done
-[ -n "$port" ] || { echo "FAIL: the server did not start"; cat "$work/serve.log"; exit 1; }
-node "$src/tests/integration/openai_client/client.mjs" "$npm_dir" "http://127.0.0.1:$port" sekrit tiny
+pids=()
+# shellcheck source=tests/integration/serve_start.sh
+source "$src/tests/integration/serve_start.sh"
+start "$work/serve.log" "$cleave" serve "$work/run" --port 0 --api-key sekrit --model-name tiny \
+  --threads 1 --set serve.kv_cache_mb=1
+node "$src/tests/integration/openai_client/client.mjs" "$npm_dir" "$base" sekrit tiny
 kill -TERM "$pid"
 wait "$pid"
 pid=""

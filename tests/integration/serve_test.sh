@@ -5,8 +5,8 @@
 # bad input with its status and field, a disconnect mid-stream, batch invariance (alone and among
 # 16 others), a shared 1,000-token prefix, a full cache queueing requests, a bounded load test (32
 # clients, 300 requests, a fifth of them bad; RSS back within 5%), SIGTERM draining; then the same
-# API checks and batch invariance at tp 2 under mpirun. The official OpenAI client is
-# serve_openai_test.sh's.
+# API checks, batch invariance, prefix and full cache at tp 2 under mpirun, and its drain. The
+# official OpenAI client is serve_openai_test.sh's.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 work=$(mktemp -d)
@@ -28,24 +28,10 @@ key=sekrit
   --set model.n_kv_heads=2 --set model.max_seq_len=1100 > /dev/null
 ckpt=$work/run/step_00000020
 
-start() {  # LOG COMMAND...: starts a server in the background; sets pid and base
-  local log=$1 port=""
-  shift
-  "$@" > "$log" 2>&1 &
-  pid=$!
-  pids+=("$pid")
-  for _ in $(seq 600); do
-    port=$(sed -n 's|^# serve: listening on http://127.0.0.1:\([0-9]*\) (pid [0-9]*)$|\1|p' "$log")
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2> /dev/null || { echo "FAIL: the server exited:"; cat "$log"; exit 1; }
-    sleep 0.1
-  done
-  [ -n "$port" ] || { echo "FAIL: the server did not start:"; cat "$log"; exit 1; }
-  base=http://127.0.0.1:$port
-  # The process that serves: under mpirun, rank 0 (a SIGTERM to mpirun reaches every rank and
-  # drains the server the same way, but OpenMPI's mpirun then exits 1 as for any signalled job).
-  server=$(sed -n 's|^# serve: listening on .* (pid \([0-9]*\))$|\1|p' "$log")
-}
+# shellcheck source=tests/integration/serve_start.sh
+source "$src/tests/integration/serve_start.sh"
+# A SIGTERM to mpirun reaches every rank and drains the server the same way, but OpenMPI's mpirun
+# then exits 1, as for any signalled job: the tests signal the serving process.
 stop() {  # LOG [signalled]: SIGTERM (unless sent already), then the server must exit 0, drained
   [ "${2:-}" = signalled ] || kill -TERM "$server"
   local rc=0
@@ -72,10 +58,13 @@ start "$work/open.log" "$cleave" serve "$ckpt" --port 0 --threads 1
 grep -q "# serve: OPEN: no API key" "$work/open.log" || { echo "FAIL: not said open:"; cat "$work/open.log"; exit 1; }
 stop "$work/open.log"
 
-# tp 2 under mpirun: rank 0 serves, each step's batch goes to both ranks.
+# tp 2 under mpirun: rank 0 serves, each step's batch goes to both ranks (each holds half the kv
+# heads: 0.5 MiB a rank is the same 32 blocks).
 start "$work/tp2.log" mpirun --oversubscribe -np 2 "$cleave" serve "$ckpt" --port 0 \
   --api-key "$key" --model-name tiny --threads 1 --set parallel.tp=2 --set serve.kv_cache_mb=0.5
 $client api "$base" "$key" tiny - "$ckpt"
 $client invariance "$base" "$key" tiny
+$client prefix "$base" "$key" tiny
+$client queue "$base" "$key" tiny
 stop "$work/tp2.log"
 echo "serve_test: one process and tp 2: ok"

@@ -51,6 +51,20 @@ struct KvRows {
   int64_t key_stride, dim_stride;
 };
 
+// A key block's V rows (ld floats apart) as they lie, or copied with their padding into scratch
+// where hd is not a whole number of vectors (ld becomes the padded width).
+inline const float* value_rows(const float* v, int64_t& ld, int64_t nk, int64_t hd, float* scratch) {
+  const int64_t hdp = round_up(hd, kVL);
+  if (hdp == hd) return v;
+  for (int64_t kk = 0; kk < nk; ++kk) {
+    float* row = scratch + kk * hdp;
+    std::memcpy(row, v + kk * ld, sizeof(float) * hd);
+    for (int64_t d = hd; d < hdp; ++d) row[d] = 0.0f;
+  }
+  ld = hdp;
+  return scratch;
+}
+
 // One task: nq <= kFwdQ query rows of one head, q its first (row stride qs), the first being
 // token qa of the sequence's keys (0 .. Tk - 1); out its first output row (stride os), lse its
 // first log-sum-exp (stride 1). qid and kids: the query rows' and the sequence's keys' documents
@@ -135,18 +149,8 @@ void forward_task(const ForwardTask& t, const KeyRows& key_rows, int64_t kvs, in
       }
     }
     first = false;
-    // V_j's rows as they lie, or copied with their padding where hd is not a whole number of
-    // vectors.
-    const float* vrows = vbase;
     int64_t ldv = kvs;
-    if (hdp != hd) {
-      for (int64_t kk = 0; kk < nk; ++kk) {
-        float* row = w.vb + kk * hdp;
-        std::memcpy(row, vrows + kk * kvs, sizeof(float) * hd);
-        for (int64_t d = hd; d < hdp; ++d) row[d] = 0.0f;
-      }
-      vrows = w.vb, ldv = hdp;
-    }
+    const float* vrows = value_rows(vbase, ldv, nk, hd, w.vb);
     // O += (P^T)^T V_j; query qa+i has non-zero P for keys k0+kk <= qa+i only.
     gemm<true>(ob, hdp, st, 1, kFwdQ, vrows, ldv, nq, hdp, nk, diag ? Tri::kKTo : Tri::kNone,
                qa - k0);
@@ -216,16 +220,8 @@ void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t kv
     if (!first)
       for (int64_t d = 0; d < hdp; ++d) ob[d] *= alpha;
     first = false;
-    const float* vrows = vbase;
     int64_t ldv = kvs;
-    if (hdp != hd) {
-      for (int64_t kk = 0; kk < nk; ++kk) {
-        float* row = w.vb + kk * hdp;
-        std::memcpy(row, vrows + kk * kvs, sizeof(float) * hd);
-        for (int64_t d = hd; d < hdp; ++d) row[d] = 0.0f;
-      }
-      vrows = w.vb, ldv = hdp;
-    }
+    const float* vrows = value_rows(vbase, ldv, nk, hd, w.vb);
     gemm<true>(ob, hdp, s, 1, 1, vrows, ldv, 1, hdp, nk, diag ? Tri::kKTo : Tri::kNone, qa - k0);
   }
   if (l == 0.0f) {

@@ -1,6 +1,8 @@
 #include "cleave/serve/http_server.h"
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
@@ -49,6 +51,27 @@ bool same_secret(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   for (size_t i = 0; i < a.size(); ++i) diff |= uint8_t(a[i] ^ (i < b.size() ? b[i] : 0));
   return diff == 0;
+}
+
+// Debian's cpp-httplib is built with a listen backlog of 5: 32 clients connecting at once
+// overflow it, and the kernel resets some of their connections. listen() on the listening
+// socket again (found among this process's descriptors by its port) makes the queue as deep as
+// the system allows.
+void deepen_backlog(int port) {
+  for (int fd = 0; fd < 4096; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    len = sizeof addr;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
+    const int bound = addr.ss_family == AF_INET
+                          ? ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port)
+                          : addr.ss_family == AF_INET6
+                                ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                : -1;
+    if (bound == port) ::listen(fd, SOMAXCONN);
+  }
 }
 
 }  // namespace
@@ -299,6 +322,7 @@ int HttpServer::bind() {
   if (port < 0)
     throw std::runtime_error("cleave serve: cannot listen on " + m.o.host + ":" +
                              std::to_string(m.o.port) + " (in use, or not an address of this host)");
+  deepen_backlog(port);
   return port;
 }
 
