@@ -54,3 +54,34 @@ peer_result() {  # mode dtype processes [gpt_bench.py arguments]
 # A smoke run's model, set after a benchmark's own model keys (and before any it varies): d_model
 # 64, 4 heads, 2 layers, sequences of 32 tokens.
 tiny=(--set model.d_model=64 --set model.n_heads=4 --set model.n_layers=2 --set train.seq_len=32)
+
+# The inference benchmarks' model (bench/inference.sh, bench/serve.sh): a Llama of GPT-2 124M's
+# shape (configs/gpt2_124m.toml with model.family=llama, vocab VOCAB) trained one step on random
+# tokens, in $work/run, at $threads threads; a tokenizer of VOCAB pieces trained on the corpus,
+# $work/tok/tokenizer.model (llama.cpp's GGUF files must carry one; a smoke run trains it on the
+# head of the corpus, as the tests' fixture does); and its GGUF export in each of DTYPES (fp32:
+# the F32 GGUF, bf16: the BF16 one), $work/model-<dtype>.gguf. The model keys after DTYPES come
+# after the shape's (a smoke run's ${tiny[@]}; a longer context: a Llama's model.max_seq_len has
+# no weights).
+#   bench_model VOCAB "DTYPES" [--set KEY=VALUE ...]
+gguf_dtype() { [ "$1" = fp32 ] && echo f32 || echo bf16; }
+bench_model() {
+  local vocab=$1 dtypes=$2 dtype corpus=../shared/data/tinyshakespeare.txt
+  shift 2
+  /usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 200000
+  OMP_NUM_THREADS=$threads "$cleave" train configs/gpt2_124m.toml --set data.dir="$work" \
+    --set model.family=llama --set model.vocab_size="$vocab" "$@" --set train.steps=1 \
+    --set train.micro_batch_size=1 --set train.val_interval=0 --set train.checkpoint_interval=0 \
+    --set train.threads=$threads --set train.out_dir="$work/run" > "$work/train.log" 2>&1 \
+    || { cat "$work/train.log"; return 1; }
+  [ -f "$corpus" ] || corpus=data/fortunes.txt
+  mkdir -p "$work/tok"
+  if [ "$smoke" = 1 ]; then head -c 300000 "$corpus" > "$work/tok/corpus.txt"; else cp "$corpus" "$work/tok/corpus.txt"; fi
+  "$cleave" tokenize configs/gpt2_124m.toml --set data.corpus="$work/tok/corpus.txt" \
+    --set data.dir="$work/tok" --set model.vocab_size="$vocab" > "$work/tok.log" 2>&1 \
+    || { cat "$work/tok.log"; return 1; }
+  for dtype in $dtypes; do
+    "$cleave" export "$work/run" "$work/model-$dtype.gguf" --format gguf --dtype "$(gguf_dtype "$dtype")" \
+      --tokenizer "$work/tok/tokenizer.model" > /dev/null
+  done
+}

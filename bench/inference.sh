@@ -40,29 +40,10 @@ stream_args=()  # stream.c's defaults: 80 M doubles per array, 10 runs
   repeats=1 modes=installed stream_args=(2 3)
 threads=2
 dtypes="fp32 bf16"
-gguf_dtype() { [ "$1" = fp32 ] && echo f32 || echo bf16; }
 
 # --- the model, its exports, and the peers' programs ---------------------------------------------
-/usr/bin/python3 bench/random_tokens.py "$work" "$vocab" 200000
-OMP_NUM_THREADS=$threads "$cleave" train configs/gpt2_124m.toml --set data.dir="$work" \
-  --set model.family=llama --set model.vocab_size="$vocab" "${model[@]}" --set train.steps=1 \
-  --set train.micro_batch_size=1 --set train.val_interval=0 --set train.checkpoint_interval=0 \
-  --set train.threads=$threads --set train.out_dir="$work/run" > "$work/train.log" 2>&1 \
-  || { cat "$work/train.log"; exit 1; }
+bench_model "$vocab" "$dtypes" "${model[@]}"
 "$cleave" export "$work/run" "$work/hf" > /dev/null
-# The GGUF files' tokenizer, of the model's vocab_size pieces (llama.cpp needs one; no text is
-# tokenized here). A smoke run trains it on the head of the corpus, as the tests' fixture does.
-corpus=../shared/data/tinyshakespeare.txt
-[ -f "$corpus" ] || corpus=data/fortunes.txt
-mkdir -p "$work/tok"
-if [ "$smoke" = 1 ]; then head -c 300000 "$corpus" > "$work/tok/corpus.txt"; else cp "$corpus" "$work/tok/corpus.txt"; fi
-"$cleave" tokenize configs/gpt2_124m.toml --set data.corpus="$work/tok/corpus.txt" \
-  --set data.dir="$work/tok" --set model.vocab_size="$vocab" > "$work/tok.log" 2>&1 \
-  || { cat "$work/tok.log"; exit 1; }
-for dtype in $dtypes; do
-  "$cleave" export "$work/run" "$work/model-$dtype.gguf" --format gguf --dtype "$(gguf_dtype $dtype)" \
-    --tokenizer "$work/tok/tokenizer.model" > /dev/null
-done
 gcc -O3 -march=native -fopenmp "$peer/micro/stream.c" -o "$work/stream"
 npm_dir=$(cd "$(dirname "$cleave")" && pwd)/node_llama_cpp
 llama_skip=""

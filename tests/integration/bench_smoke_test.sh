@@ -5,7 +5,8 @@
 # Needs the PyTorch peer at ../shared/peer beside the source folder (vs_pytorch, ddp_vs_pytorch,
 # inference); inference also runs llama.cpp, installed from npm into the build folder as the GGUF
 # test installs it, and leaves llama.cpp's columns empty, saying why, if the registry cannot be
-# reached.
+# reached; serve drives cleave serve with the OpenAI client (installed from npm as
+# serve_openai_test.sh installs it) and llama.cpp alike, and says so when it cannot install them.
 set -euo pipefail
 cleave=$1 src=$2
 work=$(mktemp -d)
@@ -25,6 +26,7 @@ checks=(
   "plan_accuracy ^pp 2 1f1b m4 +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%$"
   "plan_search ^search [0-9.]+ s \(median wall time\)$"
   "inference ^bf16 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +>= 0.85$"
+  "serve ^tp 2 +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9]+$|^cleave serve .*not measured: the npm registry"
 )
 for c in "${checks[@]}"; do
   read -r name pattern <<<"$c"
