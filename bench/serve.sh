@@ -83,21 +83,10 @@ prefix_spec=$(printf '"prefix": {"tokens": %d, "shared": %d, "pairs": %d, "mix":
 # --- the servers -----------------------------------------------------------------------------------
 pid="" server=""
 trap '[ -z "$pid" ] || { kill -TERM "$pid" 2> /dev/null; sleep 1; kill -9 "$pid" 2> /dev/null; } || true; rm -rf "$work"' EXIT
-start() {  # LOG COMMAND...: a server in the background; sets pid, server (the serving rank) and base
-  local log=$1 port=""
-  shift
-  "$@" > "$log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1200); do
-    port=$(sed -n 's|^# serve: listening on http://127.0.0.1:\([0-9]*\) (pid [0-9]*)$|\1|p' "$log")
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2> /dev/null || { echo "the server exited:"; cat "$log"; exit 1; }
-    sleep 0.1
-  done
-  [ -n "$port" ] || { echo "the server did not start:"; cat "$log"; exit 1; }
-  base=http://127.0.0.1:$port
-  server=$(sed -n 's|^# serve: listening on .* (pid \([0-9]*\))$|\1|p' "$log")
-}
+pids=() start_seconds=120
+# start LOG COMMAND...: a server in the background; sets pid, server (the serving rank) and base
+# shellcheck source=tests/integration/serve_start.sh
+source tests/integration/serve_start.sh
 stop() {  # SIGTERM drains it; under mpirun, mpirun exits 1 as for any signalled job
   kill -TERM "$server"
   wait "$pid" || true

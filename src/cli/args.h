@@ -43,27 +43,9 @@ struct Args {
     auto it = options.find(k);
     return it == options.end() ? def : it->second;
   }
-  double number(const std::string& k, double def) const {
-    auto it = options.find(k);
-    if (it == options.end()) return def;
-    try {
-      size_t used = 0;
-      const double v = std::stod(it->second, &used);
-      if (used == it->second.size()) return v;
-    } catch (const std::exception&) {
-    }
-    throw Error(k + " expects a number, got '" + it->second + "'");
-  }
+  double number(const std::string& k, double def) const;
   // A finite number in [lo, hi] (nan and infinities are none), or an error naming the option.
-  double number_in(const std::string& k, double def, double lo, double hi) const {
-    const double v = number(k, def);
-    if (!(v >= lo && v <= hi)) {  // false for nan
-      std::ostringstream range;
-      range << "[" << lo << ", " << hi << "]";
-      throw Error(k + " = " + get(k, "") + " is out of range " + range.str());
-    }
-    return v;
-  }
+  double number_in(const std::string& k, double def, double lo, double hi) const;
   // A whole-string integer in [lo, hi], or an error naming the option and the text.
   int64_t integer(const std::string& k, int64_t def, int64_t lo, int64_t hi) const;
 };
@@ -84,6 +66,38 @@ inline int64_t parse_integer(const std::string& text, const std::string& what, i
                                        : " is out of range [" + std::to_string(lo) + ", " +
                                              std::to_string(hi) + "]"));
   return v;
+}
+
+// A whole-string number, or an error naming `what` (an option or a key) and the text.
+inline double parse_number(const std::string& text, const std::string& what) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw Error(what + " expects a number, got '" + text + "'");
+}
+
+// A finite number in [lo, hi] (nan and infinities are none), or an error naming `what`.
+inline double parse_number_in(const std::string& text, const std::string& what, double lo, double hi) {
+  const double v = parse_number(text, what);
+  if (!(v >= lo && v <= hi)) {  // false for nan
+    std::ostringstream range;
+    range << "[" << lo << ", " << hi << "]";
+    throw Error(what + " = " + text + " is out of range " + range.str());
+  }
+  return v;
+}
+
+inline double Args::number(const std::string& k, double def) const {
+  auto it = options.find(k);
+  return it == options.end() ? def : parse_number(it->second, k);
+}
+
+inline double Args::number_in(const std::string& k, double def, double lo, double hi) const {
+  auto it = options.find(k);
+  return it == options.end() ? def : parse_number_in(it->second, k, lo, hi);
 }
 
 inline int64_t Args::integer(const std::string& k, int64_t def, int64_t lo, int64_t hi) const {

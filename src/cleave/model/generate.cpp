@@ -36,6 +36,11 @@ int32_t sample_token(const float* logits, int vocab, float temperature, int top_
   return ids[kept - 1];
 }
 
+float token_uniform(uint64_t seed, uint64_t index) {
+  static const uint64_t stream = hash_name("generate");
+  return philox_uniform(seed, stream, index);
+}
+
 namespace {
 
 // One sequence being generated: its prompt, what it produced, and its tokens in the pool.
@@ -102,7 +107,6 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
   KvPool pool = model.new_pool(blocks, block_rows);
   SequenceCache idle;
   reserve_tokens(pool, idle, 1);
-  const uint64_t stream = hash_name("generate");
   Batch batch;
   std::vector<Sequence*> logits_of;  // the sequence of each logit row
   for (;;) {
@@ -145,7 +149,7 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
     const float* logits = model.forward_cached(batch, pool);
     for (size_t r = 0; r < logits_of.size(); ++r) {
       Sequence& s = *logits_of[r];
-      const float u = philox_uniform(s.seed, stream, s.out.size());
+      const float u = token_uniform(s.seed, s.out.size());
       const int32_t next = sample_token(logits + int64_t(r) * c.vocab_size, c.vocab_size,
                                         o.temperature, o.top_k, u);
       s.out.push_back(next);

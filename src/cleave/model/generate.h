@@ -50,6 +50,10 @@ std::vector<std::vector<int32_t>> generate_batch(
     const SamplingOptions& options, const std::function<void(int32_t)>& on_token = {},
     const PromptShare& share = {});
 
+// The uniform that draws token `index` of a sequence seeded `seed` (Philox): generate's and the
+// server's, so that a seed gives the same text in both.
+float token_uniform(uint64_t seed, uint64_t index);
+
 // One draw from logits [vocab] with a uniform in (0, 1]: the most likely at temperature 0; else
 // among the top_k most likely (0: all), then the fewest most likely whose probabilities sum to
 // top_p of theirs (nucleus sampling; 1: all of them).

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <numeric>
 
-#include "cleave/base/philox.h"
 #include "cleave/kernels/attention.h"
 #include "cleave/kernels/cross_entropy.h"
 #include "cleave/model/generate.h"
@@ -78,11 +77,24 @@ void Engine::release(Live& s, bool keep_prefix) {
   s.cache = {};
 }
 
-void Engine::end(Live& s, Finish finish) {
+void Engine::end(Live& s, Finish finish, const std::string& why) {
   Event e;
-  e.finish = finish;
+  e.finish = finish, e.error = why;
   s.req->push(std::move(e));
-  release(s, finish != Finish::cancelled);
+  // A finished request's blocks serve later prefixes; a cancelled or failed one's are dropped.
+  release(s, finish == Finish::stop || finish == Finish::length);
+}
+
+template <class List>
+void Engine::end_all(List& list, Finish finish, const std::string& why, bool only_cancelled) {
+  for (auto it = list.begin(); it != list.end();) {
+    if (only_cancelled && !it->req->cancelled()) {
+      ++it;
+      continue;
+    }
+    end(*it, finish, why);
+    it = list.erase(it);
+  }
 }
 
 void Engine::finish_all(Finish finish, const std::string& why) {
@@ -91,20 +103,8 @@ void Engine::finish_all(Finish finish, const std::string& why) {
     for (Live& s : inbox_) waiting_.push_back(std::move(s));
     inbox_.clear();
   }
-  for (Live& s : running_) {
-    Event e;
-    e.finish = finish, e.error = why;
-    s.req->push(std::move(e));
-    release(s, false);
-  }
-  running_.clear();
-  for (Live& s : waiting_) {
-    Event e;
-    e.finish = finish, e.error = why;
-    s.req->push(std::move(e));
-    release(s, false);
-  }
-  waiting_.clear();
+  end_all(running_, finish, why, false);
+  end_all(waiting_, finish, why, false);
 }
 
 // Free blocks for `need` more, giving back cached prefix blocks first; false if that is not enough.
@@ -209,7 +209,7 @@ void Engine::report(Live& s, const float* logits, int64_t first_position, bool s
   }
   if (!sample) return;
   const float* r = logits + row * V;
-  const float u = philox_uniform(o.seed, hash_name("generate"), uint64_t(s.made));
+  const float u = token_uniform(o.seed, uint64_t(s.made));
   const int32_t next = sample_token(r, V, o.temperature, o.top_k, u, o.top_p);
   if (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next) != o.stop_tokens.end()) {
     s.done = Finish::stop;
@@ -235,22 +235,8 @@ bool Engine::step() {
     inbox_.clear();
   }
   // Requests whose client went away leave first, freeing their blocks.
-  for (size_t i = 0; i < running_.size();) {
-    if (!running_[i].req->cancelled()) {
-      ++i;
-      continue;
-    }
-    end(running_[i], Finish::cancelled);
-    running_.erase(running_.begin() + ptrdiff_t(i));
-  }
-  for (size_t i = 0; i < waiting_.size();) {
-    if (!waiting_[i].req->cancelled()) {
-      ++i;
-      continue;
-    }
-    end(waiting_[i], Finish::cancelled);
-    waiting_.erase(waiting_.begin() + ptrdiff_t(i));
-  }
+  end_all(running_, Finish::cancelled, "", true);
+  end_all(waiting_, Finish::cancelled, "", true);
   plan();
 
   // The batch: each running request's rows; logits where a prompt's log-probabilities are asked

@@ -82,7 +82,10 @@ class Engine {
   void admit();
   void plan();
   void report(Live& s, const float* logits, int64_t first_position, bool sample);
-  void end(Live& s, Finish finish);
+  void end(Live& s, Finish finish, const std::string& why = "");
+  // Ends each request of the list (only the cancelled ones when asked) and drops it.
+  template <class List>
+  void end_all(List& list, Finish finish, const std::string& why, bool only_cancelled);
   void publish();  // stats_ from this step's state
 
   static constexpr int64_t kExactRows = 32, kRowBucket = 32;  // steps' row counts (step())

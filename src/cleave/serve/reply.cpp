@@ -41,22 +41,23 @@ std::string Reply::token_text(int32_t id) const { return tok_.decode({uint32_t(i
 
 void Reply::token_entry(int32_t token, float logprob, const std::vector<TokenLogprob>& top,
                          bool has_logprob) {
+  // The entry once, then into both the whole answer's list and the next chunk's.
   const std::string text = token_text(token);
+  const bool chat = s_.endpoint == Endpoint::chat;
+  json alts = chat ? json::array() : json::object();
+  for (const TokenLogprob& t : top) {
+    const std::string alt = token_text(t.token);
+    if (chat) alts.push_back({{"token", alt}, {"logprob", t.logprob}, {"bytes", bytes_of(alt)}});
+    else alts[alt] = t.logprob;
+  }
   for (json* lp : {&lp_, &step_lp_}) {
-    if (s_.endpoint == Endpoint::chat) {
-      json alts = json::array();
-      for (const TokenLogprob& t : top) {
-        const std::string alt = token_text(t.token);
-        alts.push_back({{"token", alt}, {"logprob", t.logprob}, {"bytes", bytes_of(alt)}});
-      }
+    if (chat) {
       (*lp)["content"].push_back(
           {{"token", text}, {"logprob", logprob}, {"bytes", bytes_of(text)}, {"top_logprobs", alts}});
       continue;
     }
     (*lp)["tokens"].push_back(text);
     (*lp)["token_logprobs"].push_back(has_logprob ? json(logprob) : json(nullptr));
-    json alts = json::object();
-    for (const TokenLogprob& t : top) alts[token_text(t.token)] = t.logprob;
     (*lp)["top_logprobs"].push_back(has_logprob ? alts : json(nullptr));
     (*lp)["text_offset"].push_back(offset_);
   }
