@@ -21,6 +21,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -52,8 +53,8 @@ def call(path, body=None, key=KEY, raw=None, method=None, timeout=120):
         return status, text
 
 
-def stream(path, body, timeout=120):
-    """The data lines of a streamed answer, [DONE] included."""
+def stream(path, body, timeout=120, on_first=None):
+    """The data lines of a streamed answer, [DONE] included; on_first() when the first comes."""
     req = urllib.request.Request(BASE + path, data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
     req.add_header("Authorization", "Bearer " + KEY)
@@ -65,6 +66,8 @@ def stream(path, body, timeout=120):
             line = line.decode().rstrip("\n")
             if line.startswith("data: "):
                 events.append(line[6:])
+                if on_first and len(events) == 1:
+                    on_first()
     return events
 
 
@@ -354,14 +357,17 @@ def load(pid):
 
 
 def drain(pid):
-    # Eight long streams keep the server busy past the signal.
+    # Eight long streams keep the server busy past the signal, sent once all eight are answering
+    # (a request that arrives after it gets 503, as it should).
     body = {"model": MODEL, "prompt": "The king", "max_tokens": 1000, "stream": True, "temperature": 1.0,
             "seed": 1, "stop": None}
+    started = threading.Semaphore(0)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        streams = [pool.submit(stream, "/v1/completions", dict(body, seed=i)) for i in range(8)]
-        deadline = time.time() + 30
-        while metric_values()["cleave_running_requests"] < 4 and time.time() < deadline:
-            time.sleep(0.01)
+        streams = [pool.submit(stream, "/v1/completions", dict(body, seed=i), on_first=started.release)
+                   for i in range(8)]
+        for _ in range(8):
+            if not started.acquire(timeout=30):
+                fail("the eight streams did not all start")
         os.kill(pid, signal.SIGTERM)
         time.sleep(0.05)
         status, j = call("/health", key=None)

@@ -40,6 +40,18 @@ stop() {  # LOG [signalled]: SIGTERM (unless sent already), then the server must
   grep -q "# serve: drained, exiting" "$1" || { echo "FAIL: no drain:"; cat "$1"; exit 1; }
 }
 
+# Bad settings are refused at start-up, naming the key.
+refused() {  # MESSAGE ARGS...: cleave serve with ARGS exits 1 saying MESSAGE
+  local msg=$1 out rc=0
+  shift
+  out=$("$cleave" serve "$ckpt" --port 0 "$@" 2>&1) || rc=$?
+  [ $rc = 1 ] && grep -qF -- "$msg" <<< "$out" || { echo "FAIL: $* (exit $rc): $out"; exit 1; }
+}
+refused "serve.kv_cache_mb expects a number, got 'lots'" --set serve.kv_cache_mb=lots
+refused "serve.kv_cache_mb = 0 is out of range [0.001, 1e+09]" --set serve.kv_cache_mb=0
+refused "--set parallel.ep=2: the server takes parallel.tp, parallel.pp and serve." --set parallel.ep=2
+refused "holds fewer than 2 blocks of 64 tokens" --set serve.kv_cache_mb=0.01
+
 # One process: a pool of 32 blocks (1 MiB of 32 KiB blocks: 2 layers x 2 kv heads x 16 dims x
 # K and V x 64 tokens x 4 bytes), one of which pads the steps' rows.
 start "$work/serve.log" "$cleave" serve "$ckpt" --port 0 --api-key "$key" --model-name tiny \
