@@ -19,7 +19,7 @@
 #   2. a long prompt among running requests (one process): 16 clients decoding, then a 1,000-token
 #      prompt sent (3 times a round); the running streams' gaps p50 and p99 in the second before it
 #      and during its prefill (until its first token), its time to first token, and the steps its
-#      prefill took; at serve.step_tokens 512 (the default) and 128.
+#      prefill took; at serve.step_tokens 512 and 128 (the default).
 #   3. prefix caching (one process and tp 2): time to first token of a 1,024-token prompt cold, and
 #      of one whose first 1,000 tokens are an earlier request's (3 pairs a round), and the tokens
 #      /metrics' cleave_prefix_cached_tokens_total says were shared (whole 64-token blocks: 960).

@@ -1,6 +1,6 @@
 // cleave serve: an OpenAI-compatible server (docs/serving.md) over a checkpoint of any training
-// layout, on one process or under mpirun in a tp x pp inference layout. Rank 0 owns the socket
-// and the scheduler; every step's ragged batch goes from it to the other ranks.
+// layout, on one process or under mpirun in a tp x pp x ep inference layout. Rank 0 owns the
+// socket and the scheduler; every step's ragged batches go from it to the other ranks.
 #include <malloc.h>
 #include <unistd.h>
 
@@ -32,9 +32,9 @@ std::atomic<bool> interrupted{false};
 extern "C" void on_interrupt(int) { interrupted = true; }
 
 struct ServeSettings {
-  int tp = 1, pp = 1;
+  int tp = 1, pp = 1, ep = 1;
   double kv_cache_mb = 512;
-  int64_t step_tokens = 512, max_running = 256, max_body_bytes = 1 << 20, http_threads = 128;
+  int64_t step_tokens = 128, max_running = 256, max_body_bytes = 1 << 20, http_threads = 128;
   double drain_seconds = 30;
 };
 
@@ -47,6 +47,7 @@ ServeSettings serve_settings(const Args& a) {
       throw Error("cleave serve: --set " + kv + " is not key=value");
     if (key == "parallel.tp") s.tp = int(parse_integer(value, key, 1, 4096));
     else if (key == "parallel.pp") s.pp = int(parse_integer(value, key, 1, 4096));
+    else if (key == "parallel.ep") s.ep = int(parse_integer(value, key, 1, 4096));
     else if (key == "serve.kv_cache_mb") s.kv_cache_mb = parse_number_in(value, key, 1e-3, 1e9);
     else if (key == "serve.step_tokens") s.step_tokens = parse_integer(value, key, 1, int64_t(1) << 20);
     else if (key == "serve.max_running") s.max_running = parse_integer(value, key, 1, 1 << 16);
@@ -54,7 +55,7 @@ ServeSettings serve_settings(const Args& a) {
     else if (key == "serve.http_threads") s.http_threads = parse_integer(value, key, 1, 4096);
     else if (key == "serve.drain_seconds") s.drain_seconds = double(parse_integer(value, key, 0, 86400));
     else
-      throw Error("cleave serve: --set " + kv + ": the server takes parallel.tp, parallel.pp and "
+      throw Error("cleave serve: --set " + kv + ": the server takes parallel.tp, parallel.pp, parallel.ep and "
                   "serve.{kv_cache_mb, step_tokens, max_running, max_body_bytes, http_threads, "
                   "drain_seconds}");
   }
@@ -105,7 +106,7 @@ int serve_command(int argc, char** argv) {
 
   const std::string dir = a.positional[0];
   const ModelCheckpoint opened = open_model_checkpoint(dir);
-  InferenceLayout layout = plan_inference(opened.model, set.tp, set.pp, 1, world);
+  InferenceLayout layout = plan_inference(opened.model, set.tp, set.pp, set.ep, world);
   init_comm(CommOptions{});
   // mpirun passes SIGTERM (and Ctrl-C's SIGINT) to every rank: rank 0 drains and then tells the
   // others to stop, so theirs change nothing.
@@ -115,10 +116,21 @@ int serve_command(int argc, char** argv) {
   TensorParallelOptions tp_options;
   if (groups.tp_comm) tp_options.comm = groups.tp_comm.get();
   const LoadedModel loaded = load_model(opened, dtype == "bf16" ? Precision::bf16 : Precision::fp32,
-                                        tp_options, {layout.chunk(groups.pp->rank())}, nullptr);
+                                        tp_options, {layout.chunk(groups.pp->rank())},
+                                        groups.ep_comm.get());
   Transformer& model = *loaded.model;
   GroupStageLink stage_link(*groups.pp);
   if (set.pp > 1) model.set_stage_link(&stage_link);
+  serve::PeerGroups peer_groups;
+  peer_groups.world = MPI_COMM_WORLD;
+  peer_groups.vocab = model.config().vocab_size;
+  if (set.ep > 1) {
+    Group* ep = groups.along({"ep"});
+    peer_groups.ep = ep->comm();
+    // Rank 0's ep group holds every lane's logits whole (tp gathers them, the last stage shares
+    // them with the first): its members send theirs to rank 0.
+    peer_groups.gathers = groups.tp->rank() == 0 && groups.pp->rank() == 0;
+  }
 
   // Every rank's pool has the same blocks: as many as the smallest share of kv_cache_mb holds.
   const double block_bytes = double(kernels::kAttentionKeyBlock) * double(model.kv_bytes_per_token());
@@ -137,10 +149,11 @@ int serve_command(int argc, char** argv) {
     int started = 0;
     MPI_Bcast(&started, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if (!started) throw Error("cleave serve: rank 0 could not start the server (its message says why)");
-    serve::follow_steps(model, blocks, MPI_COMM_WORLD);
+    serve::follow_steps(model, blocks, peer_groups);
     return 0;
   }
   std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<serve::MpiPeers> peers;
   std::unique_ptr<serve::Engine> engine;
   std::unique_ptr<serve::HttpServer> server;
   std::string template_why;
@@ -160,9 +173,9 @@ int serve_command(int argc, char** argv) {
     so.model_name = a.get("--model-name", name);
     serve::EngineOptions eo;
     eo.kv_blocks = blocks, eo.step_tokens = set.step_tokens, eo.max_running = set.max_running;
-    std::function<void(const Batch&)> peers;
-    if (world > 1) peers = [](const Batch& b) { serve::send_step(b, MPI_COMM_WORLD); };
-    engine = std::make_unique<serve::Engine>(model, eo, peers);
+    eo.lanes = set.ep;
+    if (world > 1) peers = std::make_unique<serve::MpiPeers>(peer_groups);
+    engine = std::make_unique<serve::Engine>(model, eo, peers.get());
     server = std::make_unique<serve::HttpServer>(*engine, *tok, model.config(), so);
     port = server->bind();
     started = 1;
@@ -172,7 +185,9 @@ int serve_command(int argc, char** argv) {
   }
   if (world > 1) MPI_Bcast(&started, 1, MPI_INT, 0, MPI_COMM_WORLD);
   std::cerr << "# serve: model '" << so.model_name << "' from " << dir << ", " << dtype << " weights, "
-            << omp_get_max_threads() << " threads, tp " << set.tp << ", pp " << set.pp << "\n"
+            << omp_get_max_threads() << " threads, tp " << set.tp << ", pp " << set.pp << ", ep " << set.ep;
+  if (set.ep > 1) std::cerr << " (each ep rank serves requests of its own)";
+  std::cerr << "\n"
             << "# serve: key/value cache " << blocks << " blocks of " << kernels::kAttentionKeyBlock
             << " tokens (" << double(blocks) * block_bytes / (1 << 20) << " MiB a rank, serve.kv_cache_mb="
             << set.kv_cache_mb << "), steps of at most " << set.step_tokens << " tokens, at most "
@@ -187,7 +202,7 @@ int serve_command(int argc, char** argv) {
   std::cerr << "# serve: listening on http://" << so.host << ":" << port << " (pid " << getpid()
             << ")" << std::endl;
   server->run([] { return interrupted.load() || sigterm_received(); });
-  if (world > 1) serve::send_stop(MPI_COMM_WORLD);
+  if (peers) peers->stop();
   std::cerr << "# serve: drained, exiting" << std::endl;
   return 0;
 }

@@ -12,6 +12,10 @@ package). Each subcommand checks one side of the server and exits non-zero namin
   load BASE KEY MODEL PID     32 clients, a few hundred requests with bad bodies mixed in; every
       answer complete and right; the server's RSS back within 5% of its level after warm-up
   drain BASE KEY MODEL PID    SIGTERM during a stream: the stream ends whole, new requests get 503
+  answers BASE KEY MODEL FILE LANES [TOL]   12 requests at once: their tokens and
+      log-probabilities written to FILE, or, where FILE exists, equal to those it holds (another
+      layout's; the log-probabilities within TOL where given, for a tp layout's rounding); and each
+      of the server's LANES lanes (ep ranks) computed some of them
 """
 import concurrent.futures
 import json
@@ -385,6 +389,33 @@ def drain(pid):
     print("drain: SIGTERM lets the running streams finish; new requests and /health get 503: ok")
 
 
+def answers(path, lanes, tol):
+    bodies = [{"model": MODEL, "prompt": [(11 * i + 3 * j) % 200 + 3 for j in range(4 + 9 * i)],
+               "max_tokens": 16, "temperature": 0.8, "seed": 100 + i, "logprobs": 1} for i in range(12)]
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        got = list(pool.map(lambda b: call("/v1/completions", b), bodies))
+    for i, (status, j) in enumerate(got):
+        if status != 200:
+            fail(f"request {i}: {status} {j}")
+    mine = [[j["choices"][0]["text"], j["choices"][0]["logprobs"]["token_logprobs"]] for _, j in got]
+    worked = {k: v for k, v in metric_values().items() if k.startswith("cleave_lane_tokens_total{")}
+    if len(worked) != lanes or min(worked.values()) <= 0:
+        fail(f"expected {lanes} lanes, each computing tokens: {worked}")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(mine, f)
+        print(f"answers: 12 requests at once on {lanes} lane(s), kept")
+        return
+    with open(path) as f:
+        want = json.load(f)
+    for i, (a, b) in enumerate(zip(want, mine)):
+        if a[0] != b[0] or any(abs(x - y) > tol for x, y in zip(a[1], b[1])) or (tol == 0 and a != b):
+            fail(f"request {i} differs from the other layout's:\n{a}\n{b}")
+    said = "equal" if tol == 0 else f"within {tol}"
+    print(f"answers: 12 requests at once on {lanes} lanes ({worked}): the same tokens as the other "
+          f"layout, log-probabilities {said}: ok")
+
+
 mode = sys.argv[1]
 if mode == "api":
     api(sys.argv[5], sys.argv[6])
@@ -398,5 +429,7 @@ elif mode == "load":
     load(int(sys.argv[5]))
 elif mode == "drain":
     drain(int(sys.argv[5]))
+elif mode == "answers":
+    answers(sys.argv[5], int(sys.argv[6]), float(sys.argv[7]) if len(sys.argv) > 7 else 0.0)
 else:
     fail("unknown mode " + mode)

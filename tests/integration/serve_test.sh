@@ -5,7 +5,8 @@
 # bad input with its status and field, a disconnect mid-stream, batch invariance (alone and among
 # 16 others), a shared 1,000-token prefix, a full cache queueing requests, a bounded load test (32
 # clients, 300 requests, a fifth of them bad; RSS back within 5%), SIGTERM draining; then the same
-# API checks, batch invariance, prefix and full cache at tp 2 under mpirun, and its drain. The
+# API checks, batch invariance, prefix and full cache at tp 2 under mpirun, and its drain; a
+# mixture of experts at ep 2, its answers equal to one process's, and its full cache. The
 # official OpenAI client is serve_openai_test.sh's.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
@@ -49,7 +50,8 @@ refused() {  # MESSAGE ARGS...: cleave serve with ARGS exits 1 saying MESSAGE
 }
 refused "serve.kv_cache_mb expects a number, got 'lots'" --set serve.kv_cache_mb=lots
 refused "serve.kv_cache_mb = 0 is out of range [0.001, 1e+09]" --set serve.kv_cache_mb=0
-refused "--set parallel.ep=2: the server takes parallel.tp, parallel.pp and serve." --set parallel.ep=2
+refused "--set parallel.sp=2: the server takes parallel.tp, parallel.pp, parallel.ep and serve." --set parallel.sp=2
+refused "parallel.ep = 2 makes 2 ranks, but 1 were started" --set parallel.ep=2
 refused "holds fewer than 2 blocks of 64 tokens" --set serve.kv_cache_mb=0.01
 
 # One process: a pool of 32 blocks (1 MiB of 32 KiB blocks: 2 layers x 2 kv heads x 16 dims x
@@ -79,4 +81,29 @@ $client invariance "$base" "$key" tiny
 $client prefix "$base" "$key" tiny
 $client queue "$base" "$key" tiny
 stop "$work/tp2.log"
-echo "serve_test: one process and tp 2: ok"
+
+# A mixture of experts at ep 2: each rank is a lane serving requests of its own over its own
+# pool, its experts reached by all-to-all; the answers equal one process's, and a full cache
+# queues and preempts within each lane.
+"$cleave" train "$src/tests/configs/tiny_train.toml" --set data.dir="$data" \
+  --set train.out_dir="$work/moe" --set train.steps=10 --set train.val_interval=0 \
+  --set train.checkpoint_interval=10 --set train.threads=1 --set model.family=llama \
+  --set model.moe_experts=4 --set model.moe_top_k=2 --set model.moe_ffn_hidden=64 \
+  --set model.max_seq_len=400 > /dev/null
+moe=$work/moe/step_00000010
+start "$work/moe1.log" "$cleave" serve "$moe" --port 0 --api-key "$key" --model-name tiny --threads 1
+$client answers "$base" "$key" tiny "$work/answers.json" 1
+stop "$work/moe1.log"
+start "$work/ep2.log" mpirun --oversubscribe -np 2 "$cleave" serve "$moe" --port 0 \
+  --api-key "$key" --model-name tiny --threads 1 --set parallel.ep=2 --set serve.kv_cache_mb=1
+grep -q "ep 2 (each ep rank serves requests of its own)" "$work/ep2.log" || { cat "$work/ep2.log"; exit 1; }
+$client answers "$base" "$key" tiny "$work/answers.json" 2
+$client queue "$base" "$key" tiny
+stop "$work/ep2.log"
+# And composed, tp 2 x ep 2: the lanes' logits reach rank 0 from tp rank 0 of each (tp's sums
+# round differently from one process's).
+start "$work/tp2ep2.log" mpirun --oversubscribe -np 4 "$cleave" serve "$moe" --port 0 \
+  --api-key "$key" --model-name tiny --threads 1 --set parallel.tp=2 --set parallel.ep=2
+$client answers "$base" "$key" tiny "$work/answers.json" 2 1e-4
+stop "$work/tp2ep2.log"
+echo "serve_test: one process, tp 2 and ep 2: ok"

@@ -83,6 +83,14 @@ class Buffer {
     if (size_ < n) resize(n);
     return data_;
   }
+  // Exactly n elements, in the memory this buffer owns when that holds them (contents kept only
+  // then): a buffer whose size follows a server's ragged batches from step to step is not unmapped
+  // and faulted in again at every change; at a fixed shape (training) it is resize, once.
+  T* fit(int64_t n) {
+    if (!borrowed_ && data_ && size_t(n) * sizeof(T) <= owned_bytes_) size_ = n;
+    else resize(n);
+    return data_;
+  }
   void zero() { std::memset(static_cast<void*>(data_), 0, size_t(size_) * sizeof(T)); }
   T* data() { return data_; }
   const T* data() const { return data_; }

@@ -30,8 +30,7 @@ class LocalAttention final : public AttentionCore {
   int64_t saved_bytes(int64_t N) const override { return N * heads_ * kFloatBytes; }
   void forward(AttentionCore::Saved& s, float* o, const float* qkv, const Rows& rows) override {
     Buffer<float>& lse = mine(s).lse;
-    // Sized once per slot: a resize maps fresh pages.
-    if (lse.size() != rows.B * rows.T * heads_) lse.resize(rows.B * rows.T * heads_);
+    lse.fit(rows.B * rows.T * heads_);  // fitted, not resized: a resize maps fresh pages
     kernels::attention_forward(o, lse.data(), qkv, qkv + q_dim(), qkv + q_dim() + kv_dim(),
                                shape(rows));
   }

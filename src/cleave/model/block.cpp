@@ -41,16 +41,16 @@ void Block::reserve_grads(BlockGrads& g, int64_t N) const {
   const int64_t d = cfg_.d_model, n = local_rows(N);
   attn_.reserve(g.attn, N);
   ffn_->reserve(g.ffn, N);
-  g.d_h2.resize(N * d);
-  g.d_xmid.resize(n * d);
-  g.d_h1.resize(N * d);
+  g.d_h2.fit(N * d);
+  g.d_xmid.fit(n * d);
+  g.d_h1.fit(N * d);
   if (tp_.sequence_parallel) {
-    g.dy_full.resize(N * d);
-    g.d_xmid_full.resize(N * d);
-    g.d_h2_full.resize(N * d);
-    g.d_h1_full.resize(N * d);
-    g.gathered.resize(N * d);
-    g.partial.resize(N * d);
+    g.dy_full.fit(N * d);
+    g.d_xmid_full.fit(N * d);
+    g.d_h2_full.fit(N * d);
+    g.d_h1_full.fit(N * d);
+    g.gathered.fit(N * d);
+    g.partial.fit(N * d);
   }
 }
 
@@ -163,9 +163,9 @@ void Block::backward(Saved& s, float* dx_in, const float* dx_out, BlockGrads& g,
   const int64_t N = s.B * s.T, n = local_rows(N), d = cfg_.d_model;
   const bool sp = tp_.sequence_parallel;
   TpComm* comm = tp_.comm;
-  if (defer && s.d_h1.size() != N * d) {  // sized once per slot: a resize returns the pages
-    s.d_h1.resize(N * d);
-    s.d_h2.resize(N * d);
+  if (defer) {  // fitted, not resized: a resize returns the pages
+    s.d_h1.fit(N * d);
+    s.d_h2.fit(N * d);
   }
   // A column-parallel input's gradient is a partial sum over tp: start reducing it into `local`.
   auto start_column_reduce = [&](float* full, float* local) -> TpComm::Wait {

@@ -12,12 +12,6 @@ namespace cleave {
 
 namespace {
 
-// Work buffers only grow (Buffer::grow); what a micro-batch keeps is sized exactly, once per
-// slot.
-void size_to(Buffer<float>& b, int64_t n) {
-  if (b.size() != n) b.resize(n);
-}
-
 // A key chunk wholly in documents before the query chunk's first (ids do not decrease along a
 // sequence): the mask empties the pair, which is skipped whole, merge and all.
 bool apart(const kernels::AttentionShape& s, int64_t c) {
@@ -244,12 +238,12 @@ void ContextAttention::forward(AttentionCore::Saved& saved, float* o, const floa
   const int32_t* documents = rows.sequence_documents;
   const Geometry g = geometry(B, T);
   ContextWork& w = *opt_.work;
-  size_to(s.lse, g.set_rows * heads_u_);
+  s.lse.fit(g.set_rows * heads_u_);
   if (opt_.mode == CpMode::ulysses) {
     // The whole sequence of this rank's heads, in order: one causal attention, as one process.
     w.rows.grow(g.set_rows * g.dim);
     scatter_heads(g, w.rows.data(), qkv, g.q_cols, g.kv_cols, w.grads);
-    size_to(s.qkv_u, g.set_rows * g.dim);
+    s.qkv_u.fit(g.set_rows * g.dim);
     w.out.grow(g.set_rows * g.q_cols);
     permute(g, s.qkv_u.data(), w.rows.data(), g.dim, U_, true);
     const float* A = s.qkv_u.data();
@@ -279,7 +273,7 @@ void ContextAttention::forward(AttentionCore::Saved& saved, float* o, const floa
   const float* A = qkv;
   float* O = o;
   if (U_ > 1) {
-    size_to(s.qkv_u, g.set_rows * g.dim);
+    s.qkv_u.fit(g.set_rows * g.dim);
     w.out.grow(g.set_rows * g.q_cols);
     scatter_heads(g, s.qkv_u.data(), qkv, g.q_cols, g.kv_cols, w.rows);
     A = s.qkv_u.data();

@@ -10,7 +10,7 @@ namespace cleave {
 
 KvPool::KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks)
     : row_(row), block_rows_(block_rows) {
-  CLEAVE_CHECK(layers > 0 && row > 0, "a key/value pool of " << layers << " layers of rows of "
+  CLEAVE_CHECK(layers >= 0 && row > 0, "a key/value pool of " << layers << " layers of rows of "
                                                             << row << " floats");
   CLEAVE_CHECK(block_rows > 0 && block_rows % kernels::kAttentionKeyBlock == 0,
                "key/value blocks of " << block_rows << " tokens: they must hold a multiple of "

@@ -25,6 +25,7 @@ class KvPool {
  public:
   // blocks of block_rows tokens (a multiple of kernels::kAttentionKeyBlock) for `layers` layers of
   // kv rows of `row` floats. Memory is mapped, not touched: a block costs memory once written.
+  // No layers: the books alone, of a pool another rank holds (a server's other ep ranks').
   KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks);
   int layers() const { return int(k_.size()); }
   int64_t block_rows() const { return block_rows_; }

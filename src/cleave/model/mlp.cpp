@@ -42,8 +42,8 @@ void Mlp::bind(ParamStore& store) {
 }
 
 void Mlp::reserve(Scratch& g, int64_t N) const {
-  g.d_act.resize(N * ffn_);
-  if (fc_grad_in_fp32()) g.d_fc.resize(N * fc_.gemm().out_features());
+  g.d_act.fit(N * ffn_);
+  if (fc_grad_in_fp32()) g.d_fc.fit(N * fc_.gemm().out_features());
 }
 
 void Mlp::forward(Saved& s, float* y, const float* x, int64_t N, bool keep_x) {
@@ -110,9 +110,9 @@ void Mlp::recompute_activation(Saved& s, const float* x) {
 
 void Mlp::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer) {
   const int64_t N = s.N, d = cfg_.d_model;
-  if (defer && s.d_fc.size() < N * fc_.gemm().out_features()) {  // sized once per slot
-    s.dy.resize(N * d);
-    s.d_fc.resize(N * fc_.gemm().out_features());
+  if (defer) {  // fitted, not resized: a resize returns the pages
+    s.dy.fit(N * d);
+    s.d_fc.fit(N * fc_.gemm().out_features());
   }
   // bf16 mode, not deferred: the activation's backward writes fc's gradient as the bf16 operand of
   // its products in the same pass; GPT-2's adds fc's bias gradient there too (the copy says so).

@@ -47,8 +47,8 @@ void SelfAttention::bind(ParamStore& store) {
 }
 
 void SelfAttention::reserve(Scratch& g, int64_t N) const {
-  g.d_o.resize(N * share_.heads * cfg_.head_dim());
-  g.d_qkv.resize(N * share_.qkv_dim(cfg_.head_dim()));
+  g.d_o.fit(N * share_.heads * cfg_.head_dim());
+  g.d_qkv.fit(N * share_.qkv_dim(cfg_.head_dim()));
 }
 
 void SelfAttention::rotate(Saved& s, const int32_t* positions) {
@@ -94,10 +94,10 @@ void SelfAttention::forward(Saved& s, float* y, const float* x, const Batch& bat
                             const KvLayer* cache) {
   const int64_t B = batch.B, T = batch.T, N = B * T, hd = cfg_.head_dim();
   const int64_t q_dim = int64_t(share_.heads) * hd, qkv_dim = share_.qkv_dim(int(hd));
-  // Sized once per slot (a resize maps fresh pages; under Ulysses qkv is freed after each
+  // Fitted, not resized (a resize maps fresh pages; under Ulysses qkv is freed after each
   // forward); the log-sum-exps are the attention core's.
-  if (s.qkv.size() != N * qkv_dim) s.qkv.resize(N * qkv_dim);
-  if (s.o.size() != N * q_dim) s.o.resize(N * q_dim);
+  s.qkv.fit(N * qkv_dim);
+  s.o.fit(N * q_dim);
   if (!s.core) s.core = core_->new_saved();
   s.B = B, s.T = T;
   s.positions = batch.positions.data();
@@ -153,9 +153,9 @@ void SelfAttention::attend_cached(Saved& s, const Batch& batch, const KvLayer& c
 
 void SelfAttention::backward_input(Saved& s, Scratch& g, float* dx, const float* dy, bool defer) {
   const int64_t N = s.B * s.T, d = cfg_.d_model, qkv_dim = share_.qkv_dim(cfg_.head_dim());
-  if (defer && s.d_qkv.size() != N * qkv_dim) {  // sized once per slot: a resize returns pages
-    s.dy.resize(N * d);
-    s.d_qkv.resize(N * qkv_dim);
+  if (defer) {  // fitted, not resized: a resize returns pages
+    s.dy.fit(N * d);
+    s.d_qkv.fit(N * qkv_dim);
   }
   float* d_qkv = defer ? s.d_qkv.data() : g.d_qkv.data();
   out_.backward_input(g.d_o.data(), dy, N, false, defer ? nullptr : &g.dy_copy);

@@ -138,14 +138,14 @@ void Transformer::size_slots(int64_t B, int64_t T, const std::vector<int>& slots
     const SlotShape shape = slot_shape(k, N);
     for (Slot& s : slots_[ch]) {
       s.stream.resize(size_t(shape.streams));
-      for (auto& r : s.stream) r.resize(shape.stream);
-      for (Buffer<float>* b : {&s.d_output, &s.d_input, &s.d_a, &s.d_b}) b->resize(shape.stream);
+      for (auto& r : s.stream) r.fit(shape.stream);
+      for (Buffer<float>* b : {&s.d_output, &s.d_input, &s.d_a, &s.d_b}) b->fit(shape.stream);
       if (!k.head) continue;
-      s.hf.resize(shape.hf);
-      s.logits.resize(shape.logits);
-      s.losses.resize(shape.losses);
-      if (shape.d_head_in > 0) s.d_head_in.resize(shape.d_head_in);
-      if (shape.hf_full > 0) s.hf_full.resize(shape.hf_full);
+      s.hf.fit(shape.hf);
+      s.logits.fit(shape.logits);
+      s.losses.fit(shape.losses);
+      if (shape.d_head_in > 0) s.d_head_in.fit(shape.d_head_in);
+      if (shape.hf_full > 0) s.hf_full.fit(shape.hf_full);
     }
   }
   for (int u = 0; u < n_units(); ++u)
@@ -153,13 +153,13 @@ void Transformer::size_slots(int64_t B, int64_t T, const std::vector<int>& slots
       saved_[size_t(u)].resize(size_t(slots[size_t(units_[size_t(u)].chunk)]));
   if (same_shape) return;
   const ModelFloats own = model_floats(N);
-  d_hf_.resize(own.d_hf);
+  d_hf_.fit(own.d_hf);
   if (tp_.comm) {
-    stats_.resize(3 * head_chunk(N));
-    all_stats_.resize(3 * head_chunk(N) * tp_.size());
+    stats_.fit(3 * head_chunk(N));
+    all_stats_.fit(3 * head_chunk(N) * tp_.size());
   }
-  embed_full_.resize(own.embed_full);
-  d_full_.resize(own.d_full);
+  embed_full_.fit(own.embed_full);
+  d_full_.fit(own.d_full);
   reserve_block_grads(grads_, N);
   B_ = B, T_ = T;
 }

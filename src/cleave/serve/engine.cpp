@@ -27,24 +27,31 @@ float token_logprob(const float* logits, int vocab, int32_t token, std::vector<f
   return -loss;
 }
 
-Engine::Engine(Transformer& model, const EngineOptions& options,
-               std::function<void(const Batch&)> peers)
-    : model_(model),
-      options_(options),
-      peers_(std::move(peers)),
-      pool_(model.new_pool(options.kv_blocks, kernels::kAttentionKeyBlock)),
-      prefix_(pool_) {
+Engine::Engine(Transformer& model, const EngineOptions& options, Peers* peers)
+    : model_(model), options_(options), peers_(peers) {
   CLEAVE_CHECK(options.kv_blocks >= 2, "engine: a pool of " << options.kv_blocks
                                         << " blocks (one holds padding rows, one at least requests)");
   CLEAVE_CHECK(options.step_tokens > 0 && options.max_running > 0,
                "engine: step_tokens " << options.step_tokens << " and max_running "
                                       << options.max_running << " must be positive");
-  reserve_tokens(pool_, pad_, kRowBucket);
-  stats_.blocks = pool_blocks();
+  CLEAVE_CHECK(options.lanes >= 1 && (options.lanes == 1 || peers),
+               "engine: " << options.lanes << " lanes (ep ranks), each but the first on other ranks: "
+                          << "at least one, and the peers that run them");
+  for (int l = 0; l < options.lanes; ++l) {
+    // Lane 0 runs here; the others' pools are on their ranks: here, their books alone.
+    lanes_.push_back(std::make_unique<Lane>(
+        l == 0 ? model.new_pool(options.kv_blocks, kernels::kAttentionKeyBlock)
+               : KvPool(0, lanes_[0]->pool.row(), kernels::kAttentionKeyBlock, options.kv_blocks)));
+    reserve_tokens(lanes_.back()->pool, lanes_.back()->pad, kRowBucket);
+  }
+  batches_.resize(size_t(options.lanes));
+  lane_tokens_.assign(size_t(options.lanes), 0);
+  stats_.blocks = pool_blocks() * options.lanes;
 }
 
 int64_t Engine::blocks_for(int64_t tokens) const {
-  return (tokens + pool_.block_rows() - 1) / pool_.block_rows();
+  const int64_t br = kernels::kAttentionKeyBlock;
+  return (tokens + br - 1) / br;
 }
 
 std::shared_ptr<Request> Engine::submit(std::vector<int32_t> prompt, const Sampling& sampling) {
@@ -72,8 +79,9 @@ void Engine::wait_for_work(std::chrono::milliseconds wait) {
 }
 
 void Engine::release(Live& s, bool keep_prefix) {
-  if (keep_prefix && !s.req->sampling().prompt_logprobs) prefix_.insert(s.context, s.cache);
-  release_sequence(pool_, s.cache);
+  Lane& lane = *lanes_[size_t(s.lane)];
+  if (keep_prefix && !s.req->sampling().prompt_logprobs) lane.prefix.insert(s.context, s.cache);
+  release_sequence(lane.pool, s.cache);
   s.cache = {};
 }
 
@@ -108,9 +116,9 @@ void Engine::finish_all(Finish finish, const std::string& why) {
 }
 
 // Free blocks for `need` more, giving back cached prefix blocks first; false if that is not enough.
-bool Engine::take_blocks(int64_t need) {
-  while (pool_.free_blocks() < need)
-    if (!prefix_.evict_one()) return false;
+bool Engine::take_blocks(Lane& lane, int64_t need) {
+  while (lane.pool.free_blocks() < need)
+    if (!lane.prefix.evict_one()) return false;
   return true;
 }
 
@@ -123,54 +131,94 @@ void Engine::preempt(size_t i) {
   ++preempted_;
 }
 
+int Engine::choose_lane(Live& s) {
+  const bool reuse = !s.req->sampling().prompt_logprobs;
+  int best = -1;
+  int64_t best_cached = -1;
+  for (int l = 0; l < int(lanes_.size()); ++l) {
+    Lane& lane = *lanes_[size_t(l)];
+    if (lane.budget <= 0 || lane.running >= options_.max_running) continue;
+    const int64_t cached = reuse ? lane.prefix.matched(s.context, int64_t(s.context.size()) - 1) : 0;
+    if (best < 0 || cached > best_cached ||
+        (cached == best_cached && lane.running < lanes_[size_t(best)]->running))
+      best = l, best_cached = cached;
+  }
+  return best;
+}
+
 void Engine::plan() {
-  const int64_t br = pool_.block_rows();
-  int64_t budget = options_.step_tokens;
   std::sort(running_.begin(), running_.end(),
             [](const Live& a, const Live& b) { return a.order < b.order; });
-  for (Live& s : running_) s.rows = 0;
+  for (auto& lane : lanes_) lane->budget = options_.step_tokens, lane->running = 0;
+  for (Live& s : running_) s.rows = 0, ++lanes_[size_t(s.lane)]->running;
   // Running requests, oldest first: a decode token each, or their prompt's next chunk.
   for (size_t i = 0; i < running_.size();) {
     Live& s = running_[i];
-    const int64_t n = std::min(int64_t(s.context.size()) - s.cache.length, budget);
+    Lane& lane = *lanes_[size_t(s.lane)];
+    const int64_t n = std::min(int64_t(s.context.size()) - s.cache.length, lane.budget);
     if (n <= 0) {
       ++i;
       continue;
     }
     const int64_t need = blocks_for(s.cache.length + n) - int64_t(s.cache.blocks.size());
-    if (!take_blocks(need)) {
-      // The newest request gives its blocks back (running_ is oldest first): another, or this one.
-      const bool self = i + 1 == running_.size();
-      preempt(running_.size() - 1);
-      if (self) break;
+    if (!take_blocks(lane, need)) {
+      // Its lane's newest request gives its blocks back (running_ is oldest first): another, or
+      // this one.
+      size_t newest = i;
+      for (size_t j = i + 1; j < running_.size(); ++j)
+        if (running_[j].lane == s.lane) newest = j;
+      --lane.running;
+      preempt(newest);
       continue;
     }
-    reserve_tokens(pool_, s.cache, s.cache.length + n);
+    reserve_tokens(lane.pool, s.cache, s.cache.length + n);
     s.rows = n;
-    budget -= n;
+    lane.budget -= n;
     ++i;
   }
-  // Then queued requests, in order, while the budget and the pool allow.
-  while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < options_.max_running) {
+  // Then queued requests, in order, while a lane's budget and pool allow.
+  while (!waiting_.empty()) {
     Live& s = waiting_.front();
+    const int l = choose_lane(s);
+    if (l < 0) break;
+    Lane& lane = *lanes_[size_t(l)];
+    s.lane = l;
     if (!s.req->sampling().prompt_logprobs) {
       // All but the last token may come from cached blocks: the last must run to give logits.
-      s.cache.blocks = prefix_.match(s.context, int64_t(s.context.size()) - 1);
-      s.cache.length = int64_t(s.cache.blocks.size()) * br;
+      s.cache.blocks = lane.prefix.match(s.context, int64_t(s.context.size()) - 1);
+      s.cache.length = int64_t(s.cache.blocks.size()) * lane.pool.block_rows();
     }
-    const int64_t n = std::min(int64_t(s.context.size()) - s.cache.length, budget);
-    if (!take_blocks(blocks_for(s.cache.length + n) - int64_t(s.cache.blocks.size()))) {
-      release_sequence(pool_, s.cache);  // waits, holding nothing
+    const int64_t n = std::min(int64_t(s.context.size()) - s.cache.length, lane.budget);
+    if (!take_blocks(lane, blocks_for(s.cache.length + n) - int64_t(s.cache.blocks.size()))) {
+      release_sequence(lane.pool, s.cache);  // waits, holding nothing
       s.cache = {};
       break;
     }
     prefix_tokens_ += s.cache.length;
-    reserve_tokens(pool_, s.cache, s.cache.length + n);
+    reserve_tokens(lane.pool, s.cache, s.cache.length + n);
     s.rows = n;
-    budget -= n;
+    lane.budget -= n;
+    ++lane.running;
     running_.push_back(std::move(s));
     waiting_.pop_front();
   }
+}
+
+// Row counts beyond kExactRows are padded up to a multiple of kRowBucket by a stand-in sequence
+// in its own block: the products keep a primitive per row count (their rows do not depend on the
+// count, docs/inference.md), and a server would otherwise make one for nearly every count up to
+// step_tokens. The stand-in changes no other row (batch invariance). A lane with nothing to do
+// runs one stand-in row: its rank takes part in the experts' all-to-all of the others.
+void Engine::pad(const Lane& lane, Batch& b) {
+  const int64_t T = int64_t(b.tokens.size());
+  const int64_t padded = T == 0 ? 1 : T <= kExactRows ? T : (T + kRowBucket - 1) / kRowBucket * kRowBucket;
+  if (padded > T) {
+    for (int64_t t = 0; t < padded - T; ++t) b.tokens.push_back(0), b.positions.push_back(int32_t(t));
+    b.cache_past.push_back(0);
+    b.cache_blocks.push_back(lane.pad.blocks);
+    b.cache_rows.push_back(padded);
+  }
+  b.T = padded;
 }
 
 // The events of one request after a forward: its prompt tokens' log-probabilities (rows at
@@ -239,34 +287,37 @@ bool Engine::step() {
   end_all(waiting_, Finish::cancelled, "", true);
   plan();
 
-  // The batch: each running request's rows; logits where a prompt's log-probabilities are asked
-  // for, and at the last row of a request whose rows reach the end of its context.
-  batch_.B = 1;
-  batch_.tokens.clear(), batch_.positions.clear(), batch_.logit_rows.clear();
-  batch_.cache_rows.assign(1, 0);
-  batch_.cache_past.clear(), batch_.cache_blocks.clear();
+  // Each lane's batch: its running requests' rows; logits where a prompt's log-probabilities are
+  // asked for, and at the last row of a request whose rows reach the end of its context.
+  for (Batch& b : batches_) {
+    b.B = 1;
+    b.tokens.clear(), b.positions.clear(), b.logit_rows.clear();
+    b.cache_rows.assign(1, 0);
+    b.cache_past.clear(), b.cache_blocks.clear();
+  }
   struct Planned {
     Live* s;
-    int64_t first_position, first_logit;
+    int64_t first_position, first_logit;  // its first logit row within its lane's
     bool sample;
   };
   std::vector<Planned> planned;
   for (Live& s : running_) {
     if (s.rows == 0) continue;
-    const int64_t past = s.cache.length, row0 = int64_t(batch_.tokens.size());
+    Batch& b = batches_[size_t(s.lane)];
+    const int64_t past = s.cache.length, row0 = int64_t(b.tokens.size());
     for (int64_t t = past; t < past + s.rows; ++t) {
-      batch_.tokens.push_back(s.context[size_t(t)]);
-      batch_.positions.push_back(int32_t(t));
+      b.tokens.push_back(s.context[size_t(t)]);
+      b.positions.push_back(int32_t(t));
     }
-    batch_.cache_past.push_back(past);
-    batch_.cache_blocks.push_back(s.cache.blocks);
-    batch_.cache_rows.push_back(int64_t(batch_.tokens.size()));
+    b.cache_past.push_back(past);
+    b.cache_blocks.push_back(s.cache.blocks);
+    b.cache_rows.push_back(int64_t(b.tokens.size()));
     const bool sample = past + s.rows == int64_t(s.context.size());
-    const Planned p{&s, past, int64_t(batch_.logit_rows.size()), sample};
+    const Planned p{&s, past, int64_t(b.logit_rows.size()), sample};
     if (s.req->sampling().prompt_logprobs && past < s.prompt - 1) {
-      for (int64_t r = row0; r < row0 + s.rows; ++r) batch_.logit_rows.push_back(r);
+      for (int64_t r = row0; r < row0 + s.rows; ++r) b.logit_rows.push_back(r);
     } else if (sample) {
-      batch_.logit_rows.push_back(row0 + s.rows - 1);
+      b.logit_rows.push_back(row0 + s.rows - 1);
     }
     planned.push_back(p);
     s.cache.length = past + s.rows;
@@ -275,24 +326,23 @@ bool Engine::step() {
     publish();
     return false;
   }
-  // Row counts beyond kExactRows are padded up to a multiple of kRowBucket by a stand-in
-  // sequence in its own block: the products keep a primitive per row count (their rows do not
-  // depend on the count, docs/inference.md), and a server would otherwise make one for nearly
-  // every count up to step_tokens. The stand-in changes no other row (batch invariance).
-  const int64_t T = int64_t(batch_.tokens.size());
-  const int64_t padded = T <= kExactRows ? T : (T + kRowBucket - 1) / kRowBucket * kRowBucket;
-  if (padded > T) {
-    for (int64_t t = 0; t < padded - T; ++t) batch_.tokens.push_back(0), batch_.positions.push_back(int32_t(t));
-    batch_.cache_past.push_back(0);
-    batch_.cache_blocks.push_back(pad_.blocks);
-    batch_.cache_rows.push_back(padded);
+  for (size_t l = 0; l < lanes_.size(); ++l) {
+    lane_tokens_[l] += int64_t(batches_[l].tokens.size());
+    pad(*lanes_[l], batches_[l]);
   }
-  batch_.T = padded;
-  if (peers_) peers_(batch_);
-  const float* logits = model_.forward_cached(batch_, pool_);
+  // The step's plan is in the stats before any of its tokens reaches a client.
+  publish();
+  if (peers_) peers_->send(batches_);
+  const float* own = model_.forward_cached(batches_[0], lanes_[0]->pool);
+  const float* logits = peers_ ? peers_->gather(own, batches_) : own;
+  // Where each lane's logit rows begin among all of them.
   const int V = model_.config().vocab_size;
+  std::vector<int64_t> lane_first(lanes_.size(), 0);
+  for (size_t l = 1; l < lanes_.size(); ++l)
+    lane_first[l] = lane_first[l - 1] + int64_t(batches_[l - 1].logit_rows.size());
   for (const Planned& p : planned)
-    report(*p.s, logits + p.first_logit * V, p.first_position, p.sample);
+    report(*p.s, logits + (lane_first[size_t(p.s->lane)] + p.first_logit) * V, p.first_position,
+           p.sample);
   ++steps_;
   for (size_t i = 0; i < running_.size();) {
     if (running_[i].done == Finish::none) {
@@ -309,11 +359,14 @@ bool Engine::step() {
 void Engine::publish() {
   EngineStats st;
   st.running = int64_t(running_.size());
-  st.blocks = pool_blocks();
-  st.blocks_used = pool_blocks() - pool_.free_blocks();
-  for (int32_t b = 0; b < pool_.blocks(); ++b) st.blocks_shared += pool_.refs(b) > 1;
-  st.blocks_cached = prefix_.blocks();
+  st.blocks = pool_blocks() * int64_t(lanes_.size());
+  for (const auto& lane : lanes_) {
+    st.blocks_used += pool_blocks() - lane->pool.free_blocks();
+    for (int32_t b = 0; b < lane->pool.blocks(); ++b) st.blocks_shared += lane->pool.refs(b) > 1;
+    st.blocks_cached += lane->prefix.blocks();
+  }
   st.preempted = preempted_, st.prefix_tokens = prefix_tokens_, st.steps = steps_;
+  st.lane_tokens = lane_tokens_;
   std::lock_guard lock(inbox_mu_);
   st.waiting = int64_t(inbox_.size() + waiting_.size());
   stats_ = st;

@@ -6,6 +6,8 @@
 // request that needs a block when none is free is preempted, the newest first, back to the head
 // of the queue, and recomputes its cache when it resumes. Whole blocks of finished and preempted
 // requests stay cached for requests that begin with the same tokens (serve/prefix_cache.h).
+// Under ep the engine has a lane per ep rank: each lane's requests run on that rank, over its own
+// pool, in a batch of their own (serve/step_peers.h); the engine keeps every lane's books.
 //
 // A request's tokens and log-probabilities do not depend on the rest of the batch: the forward is
 // batch invariant (docs/inference.md), and its draws use Philox keyed by (its seed, token index),
@@ -15,7 +17,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -27,9 +28,20 @@
 namespace cleave::serve {
 
 struct EngineOptions {
-  int64_t kv_blocks = 0;      // the pool's blocks (of kernels::kAttentionKeyBlock tokens), >= 2
-  int64_t step_tokens = 512;  // tokens in one forward at most (prompt chunks fill what decodes leave)
-  int64_t max_running = 256;  // requests in the running batch at most
+  int64_t kv_blocks = 0;      // a lane's pool's blocks (of kernels::kAttentionKeyBlock tokens), >= 2
+  int64_t step_tokens = 128;  // tokens in a lane's forward at most (prompt chunks fill what decodes leave)
+  int64_t max_running = 256;  // requests in a lane's running batch at most
+  int lanes = 1;              // the ep ranks, each serving requests of its own
+};
+
+// The other ranks of the layout, as the engine sees them (serve/step_peers.h has MPI's).
+class Peers {
+ public:
+  virtual ~Peers() = default;
+  // Before a step runs here: every lane's batch (this rank runs lane 0's).
+  virtual void send(const std::vector<Batch>& lanes) = 0;
+  // After: every lane's logit rows, lane by lane, lane 0's (`own`, this rank's) among them.
+  virtual const float* gather(const float* own, const std::vector<Batch>& lanes) = 0;
 };
 
 // What the server reports (GET /metrics): a snapshot taken between steps.
@@ -39,21 +51,21 @@ struct EngineStats {
   int64_t preempted = 0;      // preemptions so far
   int64_t prefix_tokens = 0;  // prompt tokens taken from cached blocks instead of computed
   int64_t steps = 0;
+  std::vector<int64_t> lane_tokens;  // tokens each lane computed (padding not counted)
 };
 
 class Engine {
  public:
-  // `peers` (optional) gets every step's batch before this rank runs it: the other ranks of the
-  // inference layout run the same forward (serve/step_peers.h).
-  Engine(Transformer& model, const EngineOptions& options,
-         std::function<void(const Batch&)> peers = {});
+  // `peers` (needed with more than one lane) get every step's batches before this rank runs
+  // lane 0's: the other ranks of the inference layout run them (serve/step_peers.h).
+  Engine(Transformer& model, const EngineOptions& options, Peers* peers = nullptr);
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Blocks a request of this many tokens (prompt and new) needs at most: more than the pool's is
-  // a request the server refuses.
+  // Blocks a request of this many tokens (prompt and new) needs at most: more than a lane's pool's
+  // is a request the server refuses.
   int64_t blocks_for(int64_t tokens) const;
-  int64_t pool_blocks() const { return pool_.blocks() - 1; }  // one holds the padding rows
+  int64_t pool_blocks() const { return lanes_[0]->pool.blocks() - 1; }  // one holds padding rows
 
   // Thread-safe: queues a request for the next step.
   std::shared_ptr<Request> submit(std::vector<int32_t> prompt, const Sampling& sampling);
@@ -72,15 +84,28 @@ class Engine {
     int64_t prompt = 0, made = 0;  // prompt tokens; new tokens reported
     uint64_t order = 0;            // arrival: the newest is preempted first
     SequenceCache cache;
+    int lane = 0;               // while running
     int64_t rows = 0;           // this step's new rows
     int64_t prompt_logged = 0;  // prompt tokens whose log-probabilities went out (Sampling)
     Finish done = Finish::none;
   };
-  bool take_blocks(int64_t need);
+  // One ep rank's share: its pool's books (the pool itself on rank 0, lane 0), its cached
+  // prefixes and the block of its stand-in rows.
+  struct Lane {
+    explicit Lane(KvPool p) : pool(std::move(p)), prefix(pool) {}
+    KvPool pool;
+    PrefixCache prefix;
+    SequenceCache pad;
+    int64_t budget = 0, running = 0;  // this step's tokens left, its running requests
+  };
+  bool take_blocks(Lane& lane, int64_t need);
   void preempt(size_t running_index);
   void release(Live& s, bool keep_prefix);
-  void admit();
+  // The lane a queued request joins (-1: none has room this step): the one that holds the most
+  // of its prompt's blocks, then the one running the fewest requests.
+  int choose_lane(Live& s);
   void plan();
+  void pad(const Lane& lane, Batch& batch);
   void report(Live& s, const float* logits, int64_t first_position, bool sample);
   void end(Live& s, Finish finish, const std::string& why = "");
   // Ends each request of the list (only the cancelled ones when asked) and drops it.
@@ -91,10 +116,8 @@ class Engine {
   static constexpr int64_t kExactRows = 32, kRowBucket = 32;  // steps' row counts (step())
   Transformer& model_;
   EngineOptions options_;
-  std::function<void(const Batch&)> peers_;
-  KvPool pool_;
-  PrefixCache prefix_;
-  SequenceCache pad_;  // the block of the stand-in rows that pad a step
+  Peers* peers_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
   mutable std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
   std::deque<Live> inbox_;
@@ -103,7 +126,8 @@ class Engine {
   uint64_t next_order_ = 0;
   EngineStats stats_;  // guarded by inbox_mu_ once published
   int64_t preempted_ = 0, prefix_tokens_ = 0, steps_ = 0;
-  Batch batch_;
+  std::vector<int64_t> lane_tokens_;
+  std::vector<Batch> batches_;  // this step's, a lane each
   std::vector<float> row_;  // one row of logits, for the log-probability kernel
 };
 

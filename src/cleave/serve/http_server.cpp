@@ -241,6 +241,15 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
 
 std::string HttpServer::Impl::metrics_text() {
   const EngineStats s = engine.stats();
+  std::vector<Metrics::Value> counters{
+      {"cleave_preemptions_total", "Running requests sent back to the queue for blocks.", double(s.preempted)},
+      {"cleave_prefix_cached_tokens_total", "Prompt tokens taken from cached blocks, not computed.",
+       double(s.prefix_tokens)},
+      {"cleave_steps_total", "Forward steps of the engine.", double(s.steps)}};
+  for (size_t l = 0; l < s.lane_tokens.size(); ++l)
+    counters.push_back({"cleave_lane_tokens_total{lane=\"" + std::to_string(l) + "\"}",
+                        "Tokens each lane (ep rank) computed, prompt and new, padding not counted.",
+                        double(s.lane_tokens[l])});
   return metrics.text(
       {{"cleave_queue_length", "Requests waiting to join the running batch.", double(s.waiting)},
        {"cleave_running_requests", "Requests in the running batch.", double(s.running)},
@@ -249,10 +258,7 @@ std::string HttpServer::Impl::metrics_text() {
        {"cleave_kv_blocks_shared", "Blocks held by more than one holder (a shared prefix).",
         double(s.blocks_shared)},
        {"cleave_kv_blocks_cached", "Blocks kept for prefixes of later requests.", double(s.blocks_cached)}},
-      {{"cleave_preemptions_total", "Running requests sent back to the queue for blocks.", double(s.preempted)},
-       {"cleave_prefix_cached_tokens_total", "Prompt tokens taken from cached blocks, not computed.",
-        double(s.prefix_tokens)},
-       {"cleave_steps_total", "Forward steps of the engine.", double(s.steps)}});
+      counters);
 }
 
 void HttpServer::Impl::routes() {

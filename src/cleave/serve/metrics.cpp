@@ -63,12 +63,15 @@ std::string Metrics::text(const std::vector<Value>& gauges, const std::vector<Va
     << "\n# HELP cleave_generation_tokens_total Tokens generated.\n"
     << "# TYPE cleave_generation_tokens_total counter\ncleave_generation_tokens_total "
     << generated_tokens_ << "\n";
-  for (const Value& g : gauges)
-    o << "# HELP " << g.name << " " << g.help << "\n# TYPE " << g.name << " gauge\n"
-      << g.name << " " << g.value << "\n";
-  for (const Value& c : counters)
-    o << "# HELP " << c.name << " " << c.help << "\n# TYPE " << c.name << " counter\n"
-      << c.name << " " << c.value << "\n";
+  std::string family;  // the samples' name without labels: its HELP and TYPE go once
+  auto sample = [&](const Value& v, const char* type) {
+    const std::string name = v.name.substr(0, v.name.find('{'));
+    if (name != family) o << "# HELP " << name << " " << v.help << "\n# TYPE " << name << " " << type << "\n";
+    family = name;
+    o << v.name << " " << v.value << "\n";
+  };
+  for (const Value& g : gauges) sample(g, "gauge");
+  for (const Value& c : counters) sample(c, "counter");
   histogram(o, "cleave_time_to_first_token_seconds", "From a request's arrival to its first token.", ttft_);
   histogram(o, "cleave_time_per_output_token_seconds", "Between a request's successive tokens.", tpot_);
   histogram(o, "cleave_request_latency_seconds", "From a request's arrival to its end.", latency_);

@@ -29,7 +29,8 @@ class Metrics {
   void time_per_output_token(double seconds);
   void request_latency(double seconds);
   // The text for GET /metrics, with the caller's gauges (queue, batch, cache blocks) and
-  // counters (the engine's), each {name, help, value}.
+  // counters (the engine's), each {name, help, value}; a name may carry labels (name{k="v"}),
+  // and the samples of one name follow each other.
   struct Value {
     std::string name, help;
     double value;

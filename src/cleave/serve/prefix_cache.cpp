@@ -10,19 +10,32 @@ size_t PrefixCache::Hash::operator()(const std::vector<int32_t>& v) const {
 
 void PrefixCache::touch(Entry& e) { lru_.splice(lru_.end(), lru_, e.used); }
 
-std::vector<int32_t> PrefixCache::match(const std::vector<int32_t>& tokens, int64_t limit) {
-  std::vector<int32_t> out;
+std::vector<PrefixCache::Entry*> PrefixCache::walk(const std::vector<int32_t>& tokens,
+                                                   int64_t limit) {
+  std::vector<Entry*> found;
   const int64_t br = pool_.block_rows();
   std::vector<int32_t> key;
   for (int64_t end = br; end <= limit && end <= int64_t(tokens.size()); end += br) {
     key.assign(tokens.begin(), tokens.begin() + end);
     const auto it = entries_.find(key);
     if (it == entries_.end()) break;
-    pool_.retain(it->second.block);
-    touch(it->second);
-    out.push_back(it->second.block);
+    found.push_back(&it->second);
+  }
+  return found;
+}
+
+std::vector<int32_t> PrefixCache::match(const std::vector<int32_t>& tokens, int64_t limit) {
+  std::vector<int32_t> out;
+  for (Entry* e : walk(tokens, limit)) {
+    pool_.retain(e->block);
+    touch(*e);
+    out.push_back(e->block);
   }
   return out;
+}
+
+int64_t PrefixCache::matched(const std::vector<int32_t>& tokens, int64_t limit) {
+  return int64_t(walk(tokens, limit).size());
 }
 
 void PrefixCache::insert(const std::vector<int32_t>& tokens, const SequenceCache& seq) {

@@ -23,6 +23,8 @@ class PrefixCache {
   // The cached blocks of the longest prefix of tokens[0, limit) made of whole blocks, each retained
   // once more for the caller (who releases them with its sequence).
   std::vector<int32_t> match(const std::vector<int32_t>& tokens, int64_t limit);
+  // How many blocks match would give, taking none.
+  int64_t matched(const std::vector<int32_t>& tokens, int64_t limit);
   // Keeps the whole blocks of seq, whose blocks hold tokens[0, seq.length), for later requests.
   void insert(const std::vector<int32_t>& tokens, const SequenceCache& seq);
   // Gives back the least recently used block that only the cache holds; false when there is none.
@@ -38,6 +40,8 @@ class PrefixCache {
     std::list<const std::vector<int32_t>*>::iterator used;  // its place in lru_
   };
   void touch(Entry& e);
+  // The entries of the longest prefix of tokens[0, limit) made of whole cached blocks, in order.
+  std::vector<Entry*> walk(const std::vector<int32_t>& tokens, int64_t limit);
   KvPool& pool_;
   std::unordered_map<std::vector<int32_t>, Entry, Hash> entries_;
   std::list<const std::vector<int32_t>*> lru_;  // keys of entries_, least recently used first

@@ -1,6 +1,8 @@
 #include "cleave/serve/step_peers.h"
 
+#include <algorithm>
 #include <chrono>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -15,9 +17,9 @@ enum : int64_t { kStop = 0, kStep = 1 };
 
 // A batch as int64s: T, sequences, logit rows, then tokens, positions, cache_rows, cache_past,
 // each table's length, the tables, logit_rows.
-std::vector<int64_t> pack(const Batch& b) {
+void pack(const Batch& b, std::vector<int64_t>& v) {
   const size_t S = b.cache_past.size();
-  std::vector<int64_t> v{b.T, int64_t(S), int64_t(b.logit_rows.size())};
+  v.insert(v.end(), {b.T, int64_t(S), int64_t(b.logit_rows.size())});
   v.insert(v.end(), b.tokens.begin(), b.tokens.end());
   v.insert(v.end(), b.positions.begin(), b.positions.end());
   v.insert(v.end(), b.cache_rows.begin(), b.cache_rows.end());
@@ -25,13 +27,38 @@ std::vector<int64_t> pack(const Batch& b) {
   for (const auto& t : b.cache_blocks) v.push_back(int64_t(t.size()));
   for (const auto& t : b.cache_blocks) v.insert(v.end(), t.begin(), t.end());
   v.insert(v.end(), b.logit_rows.begin(), b.logit_rows.end());
+}
+
+// The lanes' batches as one message: their count, then each one's length and the batch packed.
+std::vector<int64_t> pack(const std::vector<Batch>& lanes) {
+  std::vector<int64_t> v{int64_t(lanes.size())};
+  for (const Batch& b : lanes) {
+    const size_t at = v.size();
+    v.push_back(0);
+    pack(b, v);
+    v[at] = int64_t(v.size() - at - 1);
+  }
   return v;
 }
 
-void unpack(const std::vector<int64_t>& v, Batch& b, std::vector<std::vector<int32_t>>& tables) {
+// Each lane's packed batch in such a message.
+std::vector<std::span<const int64_t>> lanes_of(const std::vector<int64_t>& v) {
+  CLEAVE_CHECK(!v.empty() && v[0] > 0, "a server step without lanes");
+  std::vector<std::span<const int64_t>> lanes;
+  size_t at = 1;
+  for (int64_t l = 0; l < v[0]; ++l) {
+    CLEAVE_CHECK(at < v.size() && v[at] >= 3 && at + 1 + size_t(v[at]) <= v.size(),
+                 "a server step of " << v.size() << " values cut short at lane " << l);
+    lanes.emplace_back(v.data() + at + 1, size_t(v[at]));
+    at += 1 + size_t(v[at]);
+  }
+  return lanes;
+}
+
+void unpack(std::span<const int64_t> v, Batch& b, std::vector<std::vector<int32_t>>& tables) {
   size_t at = 0;
   auto take = [&](size_t n) {
-    CLEAVE_CHECK(at + n <= v.size(), "a server step of " << v.size() << " values cut short");
+    CLEAVE_CHECK(at + n <= v.size(), "a server step's batch of " << v.size() << " values cut short");
     const int64_t* p = v.data() + at;
     at += n;
     return p;
@@ -70,22 +97,54 @@ void send(int64_t kind, const std::vector<int64_t>& payload, MPI_Comm comm) {
     MPI_Bcast(const_cast<int64_t*>(payload.data()), int(payload.size()), MPI_INT64_T, 0, comm);
 }
 
+// Each lane's logit rows (rows[l] x vocab floats), lane by lane, at ep rank 0 (`all`).
+void gather_lanes(const float* mine, const std::vector<int64_t>& rows, int lane, int vocab,
+                  MPI_Comm ep, float* all) {
+  std::vector<int> counts, offsets;
+  int64_t at = 0;
+  for (int64_t r : rows) {
+    CLEAVE_CHECK(at + r * vocab < INT32_MAX, "a server step's logits of " << at + r * vocab
+                                                 << " floats: more than one MPI message holds");
+    counts.push_back(int(r * vocab));
+    offsets.push_back(int(at));
+    at += r * vocab;
+  }
+  MPI_Gatherv(mine, counts[size_t(lane)], MPI_FLOAT, all, counts.data(), offsets.data(), MPI_FLOAT,
+              0, ep);
+}
+
 }  // namespace
 
-void send_step(const Batch& batch, MPI_Comm comm) { send(kStep, pack(batch), comm); }
-void send_stop(MPI_Comm comm) { send(kStop, {}, comm); }
+void MpiPeers::send(const std::vector<Batch>& lanes) {
+  serve::send(kStep, pack(lanes), groups_.world);
+}
 
-void follow_steps(Transformer& model, int64_t kv_blocks, MPI_Comm comm) {
+const float* MpiPeers::gather(const float* own, const std::vector<Batch>& lanes) {
+  if (lanes.size() == 1) return own;
+  std::vector<int64_t> rows;
+  for (const Batch& b : lanes) rows.push_back(int64_t(b.logit_rows.size()));
+  int64_t all = 0;
+  for (int64_t r : rows) all += r;
+  logits_.resize(size_t(std::max<int64_t>(all, 1) * groups_.vocab));
+  gather_lanes(own, rows, 0, groups_.vocab, groups_.ep, logits_.data());
+  return logits_.data();
+}
+
+void MpiPeers::stop() { serve::send(kStop, {}, groups_.world); }
+
+void follow_steps(Transformer& model, int64_t kv_blocks, const PeerGroups& groups) {
   KvPool pool = model.new_pool(kv_blocks, kernels::kAttentionKeyBlock);
   // Rank 0 keeps the books: here every block counts as in use, so any table it sends is valid.
   while (pool.free_blocks() > 0) pool.allocate();
+  int lane = 0;
+  if (groups.ep != MPI_COMM_NULL) MPI_Comm_rank(groups.ep, &lane);
   Batch batch;
   std::vector<std::vector<int32_t>> tables;
-  std::vector<int64_t> payload;
+  std::vector<int64_t> payload, rows;
   for (;;) {
     int64_t head[2] = {0, 0};
     MPI_Request r;
-    MPI_Ibcast(head, 2, MPI_INT64_T, 0, comm, &r);
+    MPI_Ibcast(head, 2, MPI_INT64_T, 0, groups.world, &r);
     for (int done = 0;;) {
       MPI_Test(&r, &done, MPI_STATUS_IGNORE);
       if (done) break;
@@ -93,9 +152,16 @@ void follow_steps(Transformer& model, int64_t kv_blocks, MPI_Comm comm) {
     }
     if (head[0] == kStop) return;
     payload.resize(size_t(head[1]));
-    MPI_Bcast(payload.data(), int(payload.size()), MPI_INT64_T, 0, comm);
-    unpack(payload, batch, tables);
-    model.forward_cached(batch, pool);
+    MPI_Bcast(payload.data(), int(payload.size()), MPI_INT64_T, 0, groups.world);
+    const std::vector<std::span<const int64_t>> lanes = lanes_of(payload);
+    CLEAVE_CHECK(lane < int(lanes.size()), "a server step of " << lanes.size()
+                                               << " lanes for ep rank " << lane);
+    unpack(lanes[size_t(lane)], batch, tables);
+    const float* logits = model.forward_cached(batch, pool);
+    if (!groups.gathers || lanes.size() == 1) continue;
+    rows.clear();
+    for (const auto& l : lanes) rows.push_back(l[2]);  // each packed batch's logit row count
+    gather_lanes(logits, rows, lane, groups.vocab, groups.ep, nullptr);
   }
 }
 
