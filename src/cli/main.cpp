@@ -45,7 +45,8 @@ const char* kUsage = R"(usage: cleave COMMAND ...
         [--dtype fp32|bf16] [--threads N] [--tokenizer PATH] [--chat-template auto|chatml|llama3|llama2]
         [--set serve.kv_cache_mb=M|serve.step_tokens=N|serve.max_running=N|serve.max_body_bytes=B
         |serve.http_threads=N|serve.drain_seconds=S]   OpenAI-compatible server (docs/serving.md);
-        under mpirun: --set parallel.tp=T, parallel.pp=P on T x P ranks; CLEAVE_API_KEY sets the key
+        under mpirun: --set parallel.tp=T, parallel.pp=P, parallel.ep=E on T x P x E ranks;
+        CLEAVE_API_KEY sets the key
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)
   export CHECKPOINT_DIR OUT.gguf --format gguf [--dtype f32|f16|bf16] [--tokenizer PATH]
                                                   one GGUF file for llama.cpp, tokenizer inside
