@@ -38,7 +38,7 @@ source bench/common.sh
 threads=2 vocab=4096 model=() key=bench-key
 levels="1 4 16 64" counts="8 16 48 192"
 prompt="16, 512" output="16, 256" temperature=0.8
-interference_clients=16 interference_prompt=16 long=1000 cycles=3 before_ms=1000 budgets="512 128"
+interference_clients=16 interference_prompt=16 long=1000 cycles=3 before_ms=1000 budgets="128 512" default_budget=128
 prefix_tokens=1024 shared=1000 pairs=3
 kv_mb=3600  # 64 clients x 12 blocks of 64 tokens (512 + 256) x 4.5 MiB (fp32, 12 layers, d 768)
 warmup_clients=16 warmup_requests=32
@@ -139,7 +139,7 @@ cleave_round() {
   stop
   levels_of cleave "$out"
   prefix_of cleave "$out"
-  interference_of 512 "$out"
+  interference_of "$default_budget" "$out"
 }
 interference_of() {  # BUDGET OUT
   local b50 b99 d50 d99 ttft steps
@@ -174,7 +174,7 @@ llama_round() {
 for round in $(seq "$repeats"); do
   start_s=$SECONDS
   cleave_round
-  for b in $budgets; do [ "$b" = 512 ] || budget_round "$b"; done
+  for b in $budgets; do [ "$b" = "$default_budget" ] || budget_round "$b"; done
   tp2_round
   llama_round
   top=${levels##* }

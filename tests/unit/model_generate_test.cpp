@@ -3,9 +3,11 @@
 // temperature and top-k.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 
 #include "cleave/model/generate.h"
@@ -283,8 +285,58 @@ TEST(Generate, SamplingRules) {
   }
   EXPECT_EQ(sample_token(logits, 5, 1.0f, 2, 0.01f), 1);
   EXPECT_EQ(sample_token(logits, 5, 1.0f, 2, 0.99f), 3);
-  // Full vocabulary at high temperature reaches the least likely token at the top of the range.
+  // Full vocabulary at high temperature reaches the last token at the top of the range.
   EXPECT_EQ(sample_token(logits, 5, 100.0f, 0, 1.0f), 4);
+}
+
+// The draws of a grid of n uniforms, counted per token.
+std::vector<double> draw_shares(const std::vector<float>& logits, float temperature, int top_k,
+                                float top_p, int n) {
+  std::vector<double> share(logits.size(), 0.0);
+  for (int i = 1; i <= n; ++i)
+    share[size_t(sample_token(logits.data(), int(logits.size()), temperature, top_k,
+                              float(i) / float(n), top_p))] += 1.0 / n;
+  return share;
+}
+
+// Every token a candidate (drawn over the ids in order), a top-k cut and a nucleus (sorted only
+// as far as it needs, here past its first 64) give each token its share of the softmax.
+TEST(Generate, SamplingFollowsTheDistribution) {
+  std::vector<float> logits(1000);
+  uint32_t x = 12345;
+  for (float& l : logits) l = float((x = x * 1664525u + 1013904223u) >> 8) / float(1 << 24) * 3.0f;
+  const float temperature = 0.7f;
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] != logits[size_t(b)] ? logits[size_t(a)] > logits[size_t(b)] : a < b;
+  });
+  std::vector<double> p(logits.size());
+  for (size_t i = 0; i < p.size(); ++i) p[i] = std::exp(double(logits[i]) / temperature);
+  struct Cut {
+    int top_k;
+    float top_p;
+  };
+  for (const Cut cut : {Cut{0, 1.0f}, Cut{40, 1.0f}, Cut{0, 0.5f}, Cut{100, 0.9f}}) {
+    // The reference: the highest first, the top k of them, then the fewest reaching top_p.
+    const size_t k = cut.top_k > 0 ? size_t(cut.top_k) : p.size();
+    double sum = 0;
+    for (size_t i = 0; i < k; ++i) sum += p[size_t(order[i])];
+    size_t kept = 0;
+    double mass = 0;
+    while (kept < k && mass < double(cut.top_p) * sum) mass += p[size_t(order[kept++])];
+    if (cut.top_p == 0.5f) {
+      EXPECT_GT(kept, 64u) << "the nucleus must outgrow the first sort";
+    }
+    std::vector<double> want(p.size(), 0.0);
+    for (size_t i = 0; i < kept; ++i) want[size_t(order[i])] = p[size_t(order[i])] / mass;
+    // A grid of n uniforms gives each token its interval's length within 1 / n.
+    const int n = 20000;
+    const std::vector<double> got = draw_shares(logits, temperature, cut.top_k, cut.top_p, n);
+    for (size_t t = 0; t < p.size(); ++t)
+      ASSERT_NEAR(got[t], want[t], 1.5 / n + want[t] * 1e-3)
+          << "token " << t << ", top_k " << cut.top_k << ", top_p " << cut.top_p;
+  }
 }
 
 }  // namespace

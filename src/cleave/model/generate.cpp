@@ -12,28 +12,56 @@ namespace cleave {
 int32_t sample_token(const float* logits, int vocab, float temperature, int top_k, float uniform,
                      float top_p) {
   if (temperature <= 0.0f) return int32_t(std::max_element(logits, logits + vocab) - logits);
-  std::vector<int32_t> ids(vocab);
-  std::iota(ids.begin(), ids.end(), 0);
+  const float top = *std::max_element(logits, logits + vocab);
   const int k = top_k > 0 ? std::min(top_k, vocab) : vocab;
+  if (k == vocab && top_p >= 1.0f) {
+    // Every token a candidate: the draw walks the ids in order, O(vocab), with no sort (one per
+    // token at a 128k vocabulary is milliseconds on the server's one engine thread).
+    std::vector<double> p(static_cast<size_t>(vocab));
+    double sum = 0;
+    for (int i = 0; i < vocab; ++i) sum += p[size_t(i)] = std::exp(double(logits[i] - top) / temperature);
+    const double target = double(uniform) * sum;
+    double acc = 0;
+    for (int i = 0; i < vocab; ++i)
+      if ((acc += p[size_t(i)]) >= target) return i;
+    return vocab - 1;
+  }
   // Highest logits first, ties by id, so the draw does not depend on the sort's stability.
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  std::iota(ids.begin(), ids.end(), 0);
   auto higher = [&](int32_t a, int32_t b) {
     return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
   };
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), higher);
-  std::vector<double> p(k);
+  auto weight = [&](int32_t id) { return std::exp(double(logits[id] - top) / temperature); };
   double sum = 0;
-  for (int i = 0; i < k; ++i)
-    sum += p[i] = std::exp(double(logits[ids[i]] - logits[ids[0]]) / temperature);
-  int kept = k;
+  int sorted = k;
+  if (k == vocab) {
+    // A nucleus alone: the candidates' sum over all ids, then only as many of the highest sorted
+    // as the nucleus needs (sorting the whole vocabulary is what top_k's absence would cost).
+    for (int i = 0; i < vocab; ++i) sum += weight(i);
+    for (sorted = std::min(vocab, 64);; sorted = std::min(vocab, sorted * 4)) {
+      std::partial_sort(ids.begin(), ids.begin() + sorted, ids.end(), higher);
+      double mass = 0;
+      for (int i = 0; i < sorted; ++i) mass += weight(ids[size_t(i)]);
+      if (mass >= double(top_p) * sum || sorted == vocab) break;
+    }
+  } else {
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), higher);
+    for (int i = 0; i < k; ++i) sum += weight(ids[size_t(i)]);
+  }
+  std::vector<double> p(static_cast<size_t>(sorted));
+  for (int i = 0; i < sorted; ++i) p[size_t(i)] = weight(ids[size_t(i)]);
+  int kept = sorted;
   if (top_p < 1.0f) {
     double mass = 0;
-    for (kept = 0; kept < k && mass < double(top_p) * sum;) mass += p[kept++];
+    for (kept = 0; kept < sorted && mass < double(top_p) * sum;) mass += p[size_t(kept++)];
     sum = mass;
   }
-  double target = double(uniform) * sum, acc = 0;
+  const double target = double(uniform) * sum;
+  double acc = 0;
   for (int i = 0; i < kept; ++i)
-    if ((acc += p[i]) >= target) return ids[i];
-  return ids[kept - 1];
+    if ((acc += p[size_t(i)]) >= target) return ids[size_t(i)];
+  return ids[size_t(kept - 1)];
 }
 
 float token_uniform(uint64_t seed, uint64_t index) {

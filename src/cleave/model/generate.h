@@ -56,7 +56,8 @@ float token_uniform(uint64_t seed, uint64_t index);
 
 // One draw from logits [vocab] with a uniform in (0, 1]: the most likely at temperature 0; else
 // among the top_k most likely (0: all), then the fewest most likely whose probabilities sum to
-// top_p of theirs (nucleus sampling; 1: all of them).
+// top_p of theirs (nucleus sampling; 1: all of them). The uniform walks the candidates highest
+// first, or, when every token is one, in id order.
 int32_t sample_token(const float* logits, int vocab, float temperature, int top_k, float uniform,
                      float top_p = 1.0f);
 

@@ -151,31 +151,35 @@ void Engine::plan() {
             [](const Live& a, const Live& b) { return a.order < b.order; });
   for (auto& lane : lanes_) lane->budget = options_.step_tokens, lane->running = 0;
   for (Live& s : running_) s.rows = 0, ++lanes_[size_t(s.lane)]->running;
-  // Running requests, oldest first: a decode token each, or their prompt's next chunk.
-  for (size_t i = 0; i < running_.size();) {
-    Live& s = running_[i];
-    Lane& lane = *lanes_[size_t(s.lane)];
-    const int64_t n = std::min(int64_t(s.context.size()) - s.cache.length, lane.budget);
-    if (n <= 0) {
+  // Running requests, oldest first: a decode token each (a prompt's last token too) first, then
+  // the next chunk of each prompt still being prefilled, so that a long prompt never holds up
+  // another request's next token.
+  for (const bool decodes : {true, false})
+    for (size_t i = 0; i < running_.size();) {
+      Live& s = running_[i];
+      Lane& lane = *lanes_[size_t(s.lane)];
+      const int64_t left = int64_t(s.context.size()) - s.cache.length;
+      const int64_t n = std::min(left, lane.budget);
+      if ((left == 1) != decodes || n <= 0) {
+        ++i;
+        continue;
+      }
+      const int64_t need = blocks_for(s.cache.length + n) - int64_t(s.cache.blocks.size());
+      if (!take_blocks(lane, need)) {
+        // Its lane's newest request gives its blocks back (running_ is oldest first): another,
+        // or this one.
+        size_t newest = i;
+        for (size_t j = i + 1; j < running_.size(); ++j)
+          if (running_[j].lane == s.lane) newest = j;
+        --lane.running;
+        preempt(newest);
+        continue;
+      }
+      reserve_tokens(lane.pool, s.cache, s.cache.length + n);
+      s.rows = n;
+      lane.budget -= n;
       ++i;
-      continue;
     }
-    const int64_t need = blocks_for(s.cache.length + n) - int64_t(s.cache.blocks.size());
-    if (!take_blocks(lane, need)) {
-      // Its lane's newest request gives its blocks back (running_ is oldest first): another, or
-      // this one.
-      size_t newest = i;
-      for (size_t j = i + 1; j < running_.size(); ++j)
-        if (running_[j].lane == s.lane) newest = j;
-      --lane.running;
-      preempt(newest);
-      continue;
-    }
-    reserve_tokens(lane.pool, s.cache, s.cache.length + n);
-    s.rows = n;
-    lane.budget -= n;
-    ++i;
-  }
   // Then queued requests, in order, while a lane's budget and pool allow.
   while (!waiting_.empty()) {
     Live& s = waiting_.front();

@@ -335,8 +335,11 @@ int HttpServer::bind() {
 void HttpServer::run(const std::function<bool()>& stop_requested) {
   Impl& m = *impl_;
   m.listener = std::thread([&m] { m.svr.listen_after_bind(); });
-  while (!stop_requested())
-    if (!m.engine.step()) m.engine.wait_for_work(std::chrono::milliseconds(50));
+  while (!stop_requested()) {
+    const Clock::time_point begin = Clock::now();
+    if (m.engine.step()) m.metrics.step_time(std::chrono::duration<double>(Clock::now() - begin).count());
+    else m.engine.wait_for_work(std::chrono::milliseconds(50));
+  }
   // Draining: no new request; those running or queued finish within drain_seconds.
   m.draining = true;
   const Clock::time_point deadline =

@@ -14,7 +14,8 @@ void Histogram::observe(double x) {
 Metrics::Metrics()
     : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
       tpot_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}),
-      latency_({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}) {}
+      latency_({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}),
+      step_({0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56}) {}
 
 void Metrics::request(const std::string& endpoint, int status) {
   std::lock_guard lock(mu_);
@@ -35,6 +36,10 @@ void Metrics::time_per_output_token(double s) {
 void Metrics::request_latency(double s) {
   std::lock_guard lock(mu_);
   latency_.observe(s);
+}
+void Metrics::step_time(double s) {
+  std::lock_guard lock(mu_);
+  step_.observe(s);
 }
 
 namespace {
@@ -75,6 +80,7 @@ std::string Metrics::text(const std::vector<Value>& gauges, const std::vector<Va
   histogram(o, "cleave_time_to_first_token_seconds", "From a request's arrival to its first token.", ttft_);
   histogram(o, "cleave_time_per_output_token_seconds", "Between a request's successive tokens.", tpot_);
   histogram(o, "cleave_request_latency_seconds", "From a request's arrival to its end.", latency_);
+  histogram(o, "cleave_step_seconds", "One engine step that ran a forward: its plan, the forward, its tokens out.", step_);
   return o.str();
 }
 

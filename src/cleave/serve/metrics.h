@@ -28,6 +28,7 @@ class Metrics {
   void time_to_first_token(double seconds);
   void time_per_output_token(double seconds);
   void request_latency(double seconds);
+  void step_time(double seconds);  // one engine step that ran a forward
   // The text for GET /metrics, with the caller's gauges (queue, batch, cache blocks) and
   // counters (the engine's), each {name, help, value}; a name may carry labels (name{k="v"}),
   // and the samples of one name follow each other.
@@ -41,7 +42,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
-  Histogram ttft_, tpot_, latency_;
+  Histogram ttft_, tpot_, latency_, step_;
 };
 
 }  // namespace cleave::serve
