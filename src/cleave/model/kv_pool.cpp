@@ -39,6 +39,16 @@ void KvPool::check_block(int32_t block, const char* what) const {
                     << " blocks)");
 }
 
+void KvPool::touch_all() {
+  for (auto* layers : {&k_, &v_})
+    for (Buffer<float>& b : *layers) {
+      float* p = b.data();
+      const int64_t n = b.size();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; i += 1024) p[i] = 0.0f;
+    }
+}
+
 int32_t KvPool::allocate() {
   CLEAVE_CHECK(!free_.empty(), "the key/value pool is full: all " << blocks() << " blocks of "
                                    << block_rows_ << " tokens are in use");

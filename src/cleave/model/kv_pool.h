@@ -33,6 +33,10 @@ class KvPool {
   int64_t blocks() const { return int64_t(refs_.size()); }
   int64_t free_blocks() const { return int64_t(free_.size()); }
   KvLayer layer(int l);
+  // Writes every block once, so that its pages are the process's before any request: a server
+  // takes its whole cache at start-up (as llama.cpp's does) instead of faulting pages in, with
+  // the kernel's huge-page compaction, in the middle of its steps.
+  void touch_all();
 
   // A free block, held once; a clear error when every block is in use.
   int32_t allocate();

@@ -44,6 +44,7 @@ Engine::Engine(Transformer& model, const EngineOptions& options, Peers* peers)
                : KvPool(0, lanes_[0]->pool.row(), kernels::kAttentionKeyBlock, options.kv_blocks)));
     reserve_tokens(lanes_.back()->pool, lanes_.back()->pad, kRowBucket);
   }
+  lanes_[0]->pool.touch_all();
   batches_.resize(size_t(options.lanes));
   lane_tokens_.assign(size_t(options.lanes), 0);
   stats_.blocks = pool_blocks() * options.lanes;

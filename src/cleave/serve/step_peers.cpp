@@ -134,6 +134,7 @@ void MpiPeers::stop() { serve::send(kStop, {}, groups_.world); }
 
 void follow_steps(Transformer& model, int64_t kv_blocks, const PeerGroups& groups) {
   KvPool pool = model.new_pool(kv_blocks, kernels::kAttentionKeyBlock);
+  pool.touch_all();
   // Rank 0 keeps the books: here every block counts as in use, so any table it sends is valid.
   while (pool.free_blocks() > 0) pool.allocate();
   int lane = 0;
