@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -184,6 +185,11 @@ int serve_command(int argc, char** argv) {
     throw;
   }
   if (world > 1) MPI_Bcast(&started, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  // After the other ranks heard that it started: they run the warm-up's steps too.
+  const auto warm_begin = std::chrono::steady_clock::now();
+  const int64_t warmed = engine->warm_up();
+  const double warm_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_begin).count();
   std::cerr << "# serve: model '" << so.model_name << "' from " << dir << ", " << dtype << " weights, "
             << omp_get_max_threads() << " threads, tp " << set.tp << ", pp " << set.pp << ", ep " << set.ep;
   if (set.ep > 1) std::cerr << " (each ep rank serves requests of its own)";
@@ -193,7 +199,8 @@ int serve_command(int argc, char** argv) {
             << set.kv_cache_mb << "), steps of at most " << set.step_tokens << " tokens, at most "
             << set.max_running << " requests running\n"
             << "# serve: tokenizer " << tok->path() << "; chat template " << serve::template_name(so.chat)
-            << " (" << template_why << "); bodies up to " << so.max_body_bytes << " bytes\n";
+            << " (" << template_why << "); bodies up to " << so.max_body_bytes << " bytes\n"
+            << "# serve: the forward warmed up at " << warmed << " row counts in " << warm_seconds << " s\n";
   if (so.api_key.empty())
     std::cerr << "# serve: OPEN: no API key is asked for (--api-key or CLEAVE_API_KEY sets one); "
               << "anyone who can reach " << so.host << ":" << port << " may use it\n";

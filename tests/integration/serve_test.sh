@@ -59,6 +59,8 @@ refused "holds fewer than 2 blocks of 64 tokens" --set serve.kv_cache_mb=0.01
 start "$work/serve.log" "$cleave" serve "$ckpt" --port 0 --api-key "$key" --model-name tiny \
   --threads 1 --set serve.kv_cache_mb=1 --set serve.step_tokens=256
 grep -q "requests must carry 'Authorization: Bearer" "$work/serve.log" || { cat "$work/serve.log"; exit 1; }
+# Row counts 1-32, then 64 to 256 by 32: every count a step of serve.step_tokens=256 can have.
+grep -q "# serve: the forward warmed up at 39 row counts" "$work/serve.log" || { cat "$work/serve.log"; exit 1; }
 $client api "$base" "$key" tiny "$score" "$ckpt"
 $client invariance "$base" "$key" tiny
 $client prefix "$base" "$key" tiny

@@ -100,6 +100,28 @@ TEST(ServeEngine, EachRequestGetsWhatGenerateGivesItAlone) {
   }
 }
 
+// The warm-up runs a forward at each row count a step can have (1-32, then multiples of 32 up to
+// the budget's) and gives back every block it took; requests then get what they get alone.
+TEST(ServeEngine, WarmUpRunsEveryRowCountAndTakesNothing) {
+  const ModelConfig c = tiny();
+  Transformer model(c, Precision::fp32, 6);
+  const std::vector<int32_t> prompt = some_tokens(70, c.vocab_size, 8);
+  SamplingOptions g;
+  g.max_new_tokens = 6, g.temperature = 0.0f;
+  const std::vector<int32_t> alone = generate(model, prompt, g);
+  for (const auto& [budget, counts] : {std::pair{int64_t(100), int64_t(35)}, {int64_t(20), int64_t(20)}}) {
+    EngineOptions o;
+    o.kv_blocks = 8, o.step_tokens = budget;
+    Engine engine(model, o);
+    const EngineStats before = engine.stats();
+    EXPECT_EQ(engine.warm_up(), counts) << "budget " << budget;
+    engine.step();  // publishes the stats
+    EXPECT_EQ(engine.stats().blocks_used, before.blocks_used);
+    EXPECT_EQ(engine.stats().steps, 0);
+    EXPECT_EQ(run(engine, {engine.submit(prompt, greedy(6))})[0].tokens, alone);
+  }
+}
+
 TEST(ServeEngine, LogprobsAreTheTrainersBitwise) {
   const ModelConfig c = tiny();
   Transformer model(c, Precision::fp32, 4);

@@ -226,6 +226,38 @@ void Engine::pad(const Lane& lane, Batch& b) {
   b.T = padded;
 }
 
+int64_t Engine::warm_up() {
+  const int64_t most = std::min(options_.step_tokens, pool_blocks() * kernels::kAttentionKeyBlock);
+  std::vector<int64_t> counts;
+  for (int64_t c = 1; c <= std::min(most, kExactRows); ++c) counts.push_back(c);
+  for (int64_t c = kExactRows + kRowBucket; c - kRowBucket < most; c += kRowBucket) counts.push_back(c);
+  std::vector<SequenceCache> seqs(lanes_.size());
+  for (const int64_t c : counts) {
+    // A sequence of t tokens, padded to c rows as a step would be; its last rows' logits (as
+    // many as a step's decodes usually ask for).
+    const int64_t t = std::min(c, most);
+    for (size_t l = 0; l < lanes_.size(); ++l) {
+      reserve_tokens(lanes_[l]->pool, seqs[l], t);
+      Batch& b = batches_[l];
+      b.B = 1;
+      b.tokens.assign(size_t(t), 0);
+      b.positions.resize(size_t(t));
+      std::iota(b.positions.begin(), b.positions.end(), 0);
+      b.cache_rows = {0, t};
+      b.cache_past = {0};
+      b.cache_blocks = {seqs[l].blocks};
+      b.logit_rows.clear();
+      for (int64_t r = t - std::min(t, kExactRows); r < t; ++r) b.logit_rows.push_back(r);
+      pad(*lanes_[l], b);
+    }
+    if (peers_) peers_->send(batches_);
+    const float* own = model_.forward_cached(batches_[0], lanes_[0]->pool);
+    if (peers_) peers_->gather(own, batches_);
+    for (size_t l = 0; l < lanes_.size(); ++l) release_sequence(lanes_[l]->pool, seqs[l]);
+  }
+  return int64_t(counts.size());
+}
+
 // The events of one request after a forward: its prompt tokens' log-probabilities (rows at
 // positions before the prompt's last token), then its next token when the rows reached the end
 // of its context. `logits` holds this request's logit rows.

@@ -67,6 +67,11 @@ class Engine {
   int64_t blocks_for(int64_t tokens) const;
   int64_t pool_blocks() const { return lanes_[0]->pool.blocks() - 1; }  // one holds padding rows
 
+  // Runs one forward at each row count a step can have (each lane's, on every rank), so that the
+  // products make their primitives for them now (docs/inference.md: one per row count, about a
+  // millisecond per linear) rather than in the first requests' steps; returns the counts.
+  int64_t warm_up();
+
   // Thread-safe: queues a request for the next step.
   std::shared_ptr<Request> submit(std::vector<int32_t> prompt, const Sampling& sampling);
   // One step; false when there was nothing to do (no request running or waiting).
