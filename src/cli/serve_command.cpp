@@ -35,7 +35,9 @@ extern "C" void on_interrupt(int) { interrupted = true; }
 struct ServeSettings {
   int tp = 1, pp = 1, ep = 1;
   double kv_cache_mb = 512;
-  int64_t step_tokens = 128, max_running = 256, max_body_bytes = 1 << 20, http_threads = 128;
+  // The engine's defaults, said once (serve/engine.h).
+  int64_t step_tokens = serve::EngineOptions{}.step_tokens, max_running = serve::EngineOptions{}.max_running;
+  int64_t max_body_bytes = 1 << 20, http_threads = 128;
   double drain_seconds = 30;
 };
 

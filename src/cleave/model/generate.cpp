@@ -33,6 +33,7 @@ int32_t sample_token(const float* logits, int vocab, float temperature, int top_
     return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
   };
   auto weight = [&](int32_t id) { return std::exp(double(logits[id] - top) / temperature); };
+  std::vector<double> p;  // the sorted candidates' weights, highest first
   double sum = 0;
   int sorted = k;
   if (k == vocab) {
@@ -41,16 +42,16 @@ int32_t sample_token(const float* logits, int vocab, float temperature, int top_
     for (int i = 0; i < vocab; ++i) sum += weight(i);
     for (sorted = std::min(vocab, 64);; sorted = std::min(vocab, sorted * 4)) {
       std::partial_sort(ids.begin(), ids.begin() + sorted, ids.end(), higher);
+      p.resize(static_cast<size_t>(sorted));
       double mass = 0;
-      for (int i = 0; i < sorted; ++i) mass += weight(ids[size_t(i)]);
+      for (int i = 0; i < sorted; ++i) mass += p[size_t(i)] = weight(ids[size_t(i)]);
       if (mass >= double(top_p) * sum || sorted == vocab) break;
     }
   } else {
     std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), higher);
-    for (int i = 0; i < k; ++i) sum += weight(ids[size_t(i)]);
+    p.resize(static_cast<size_t>(k));
+    for (int i = 0; i < k; ++i) sum += p[size_t(i)] = weight(ids[size_t(i)]);
   }
-  std::vector<double> p(static_cast<size_t>(sorted));
-  for (int i = 0; i < sorted; ++i) p[size_t(i)] = weight(ids[size_t(i)]);
   int kept = sorted;
   if (top_p < 1.0f) {
     double mass = 0;

@@ -133,7 +133,8 @@ void Engine::preempt(size_t i) {
 }
 
 int Engine::choose_lane(Live& s) {
-  const bool reuse = !s.req->sampling().prompt_logprobs;
+  // One lane has no choice to make: plan() matches the prefix itself.
+  const bool reuse = !s.req->sampling().prompt_logprobs && lanes_.size() > 1;
   int best = -1;
   int64_t best_cached = -1;
   for (int l = 0; l < int(lanes_.size()); ++l) {
