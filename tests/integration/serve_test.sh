@@ -100,6 +100,14 @@ start "$work/ep2.log" mpirun --oversubscribe -np 2 "$cleave" serve "$moe" --port
   --api-key "$key" --model-name tiny --threads 1 --set parallel.ep=2 --set serve.kv_cache_mb=1
 grep -q "ep 2 (each ep rank serves requests of its own)" "$work/ep2.log" || { cat "$work/ep2.log"; exit 1; }
 $client answers "$base" "$key" tiny "$work/answers.json" 2
+# The comparison can fail: one log-probability one float step away is a difference.
+/usr/bin/python3 -c 'import json, math, sys
+a = json.load(open(sys.argv[1])); a[5][1][3] = math.nextafter(a[5][1][3], 0.0)
+json.dump(a, open(sys.argv[2], "w"))' "$work/answers.json" "$work/answers-off.json"
+if out=$($client answers "$base" "$key" tiny "$work/answers-off.json" 2); then
+  echo "FAIL: answers one float step off were taken as equal: $out"; exit 1
+fi
+grep -q "request 5 differs from the other layout's" <<<"$out" || { echo "FAIL: $out"; exit 1; }
 $client queue "$base" "$key" tiny
 stop "$work/ep2.log"
 # And composed, tp 2 x ep 2: the lanes' logits reach rank 0 from tp rank 0 of each (tp's sums
