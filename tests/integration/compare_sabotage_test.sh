@@ -65,10 +65,11 @@ sabotage() {  # NAME FROM MESSAGE perturb_run.py-arguments...
   $perturb "$work/$from" "$work/$name" "$@" > /dev/null
   catches ref "$name" "$message"
 }
+# (The row is 0.4% of the tensor, under the whole-tensor RMS's trim of 0.5% when every element
+# has a gradient. Where the 4 steps leave over 57 tokens unseen, their rows are left out as
+# noise-only and the trim falls below the row: then the whole-tensor check sees it too. The
+# message checked is the row check's own.)
 sabotage row100 tp2 "embed.wte row 100:" param embed.wte --rows 100:101
-# The row is 0.4% of the tensor: the whole tensor's trimmed RMS alone does not see it.
-! grep -q "embed.wte: error" "$work/row100.compare" \
-  || { echo "FAIL: the whole-tensor check saw one row (then the row check is not what is tested)"; exit 1; }
 sabotage padded-row tp2 "embed.wte row 256:" param embed.wte --rows 256:257
 sabotage head-row tp2 "lm_head.weight row 256:" param lm_head.weight --rows 256:257
 sabotage expert tp2 "blocks.1.moe.experts.2.fc.weight row " expert blocks.1.moe.experts.2

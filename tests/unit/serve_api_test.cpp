@@ -159,6 +159,11 @@ TEST(ServeApi, SamplingRanges) {
   EXPECT_TRUE(chat_refused(chat(R"("top_k":-2)"), "top_k", "top_k must be between -1 and"));
   EXPECT_TRUE(chat_refused(chat(R"("top_k":1.5)"), "top_k", "top_k must be an integer"));
   EXPECT_TRUE(chat_refused(chat(R"("top_k":3000000000)"), "top_k", "top_k must be between -1 and"));
+
+  EXPECT_FALSE(parse_completion(completion(), kModel).ignore_eos);
+  EXPECT_TRUE(parse_completion(completion(R"("ignore_eos":true)"), kModel).ignore_eos);
+  EXPECT_TRUE(parse_chat(chat(R"("ignore_eos":true)"), kModel).ignore_eos);
+  EXPECT_TRUE(chat_refused(chat(R"("ignore_eos":1)"), "ignore_eos", "ignore_eos must be a boolean"));
 }
 
 TEST(ServeApi, Seed) {

@@ -35,11 +35,12 @@ namespace {
 // comparisons and dumps below could exhaust the stack.
 constexpr int kMaxDepth = 64;
 
-// Every field the API defines for each endpoint, and top_k: the extension vLLM and llama.cpp read.
+// Every field the API defines for each endpoint, and vLLM's extensions top_k (llama.cpp reads it
+// too) and ignore_eos.
 constexpr const char* kCompletionFields[] = {
     "model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens",
     "n", "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature",
-    "top_p", "user", "top_k"};
+    "top_p", "user", "top_k", "ignore_eos"};
 
 constexpr const char* kChatFields[] = {
     "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
@@ -47,7 +48,7 @@ constexpr const char* kChatFields[] = {
     "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key",
     "prompt_cache_retention", "reasoning_effort", "response_format", "safety_identifier", "seed",
     "service_tier", "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
-    "top_logprobs", "top_p", "user", "verbosity", "web_search_options", "top_k"};
+    "top_logprobs", "top_p", "user", "verbosity", "web_search_options", "top_k", "ignore_eos"};
 
 [[noreturn]] void fail(const std::string& param, const std::string& message) {
   throw ApiError(400, message, param);
@@ -200,6 +201,7 @@ void read_common(const json& body, const std::string& served, RequestCommon& r) 
   }
   if (const json* v = get(body, "top_k"))
     r.top_k = int(std::max<int64_t>(0, integer(*v, "top_k", -1, INT_MAX)));
+  if (const json* v = get(body, "ignore_eos")) r.ignore_eos = boolean(*v, "ignore_eos");
   if (const json* v = get(body, "seed"))  // any 64-bit integer: negative ones keep their bits
     r.seed = v->is_number_unsigned() ? v->get<uint64_t>() : uint64_t(integer(*v, "seed"));
 

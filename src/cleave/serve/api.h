@@ -30,6 +30,9 @@ struct RequestCommon {
   int64_t max_tokens = -1;  // not given: the endpoint's default (the server's to choose)
   float temperature = 1.0f;
   int top_k = 0;  // an extension (vLLM's, llama.cpp's): 0 or -1 in the body mean all tokens
+  // An extension (vLLM's): the tokenizer's end-of-text token does not end the completion, which
+  // runs to max_tokens or a stop string (benchmarks and tests of a fixed length).
+  bool ignore_eos = false;
   float top_p = 1.0f;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;  // at most 4, none empty

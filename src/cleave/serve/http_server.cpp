@@ -166,7 +166,7 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
     }
     sm.logprobs = common.logprobs;
     sm.prompt_logprobs = setup.echo && common.logprobs >= 0;
-    if (tok.eos_id() >= 0) sm.stop_tokens.push_back(tok.eos_id());
+    if (tok.eos_id() >= 0 && !common.ignore_eos) sm.stop_tokens.push_back(tok.eos_id());
   } catch (const ApiError& e) {
     return fail(res, e, name);
   }
