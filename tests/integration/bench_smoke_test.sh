@@ -2,8 +2,9 @@
 # Every benchmark (bench/*.sh) in its smoke mode (CLEAVE_BENCH_SMOKE=1: a tiny model, one round of
 # a few steps; bench/common.sh) with this build's binary: each must finish and print its report,
 # so a benchmark cannot rot between the runs that measure with it. The figures mean nothing.
-# Needs the PyTorch peer at ../shared/peer beside the source folder (vs_pytorch, ddp_vs_pytorch,
-# inference); inference also runs llama.cpp, installed from npm into the build folder as the GGUF
+# vs_pytorch, ddp_vs_pytorch and inference need the PyTorch peer at ../shared/peer beside the
+# source folder (CI has it): where it is not, they are left out, and the test says so. inference
+# also runs llama.cpp, installed from npm into the build folder as the GGUF
 # test installs it, and leaves llama.cpp's columns empty, saying why, if the registry cannot be
 # reached; serve drives cleave serve with the OpenAI client (installed from npm as
 # serve_openai_test.sh installs it) and llama.cpp alike, and says so when it cannot install them.
@@ -28,8 +29,13 @@ checks=(
   "inference ^bf16 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +>= 0.85$"
   "serve ^tp 2 +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9]+$|^cleave serve .*not measured: the npm registry"
 )
+peer=$(cd "$src/.." && pwd)/shared/peer
 for c in "${checks[@]}"; do
   read -r name pattern <<<"$c"
+  if [ ! -x "$peer/run_peer.sh" ] && grep -q "^need_peer" "$src/bench/$name.sh"; then
+    echo "bench/$name.sh: left out, it needs the PyTorch peer at $peer"
+    continue
+  fi
   start=$SECONDS
   if ! CLEAVE_BENCH_SMOKE=1 CLEAVE="$cleave" timeout 300 bash "$src/bench/$name.sh" \
       > "$work/$name.log" 2>&1; then
