@@ -39,6 +39,7 @@ struct ServeSettings {
   int64_t step_tokens = serve::EngineOptions{}.step_tokens, max_running = serve::EngineOptions{}.max_running;
   int64_t max_body_bytes = 1 << 20, http_threads = 128;
   double drain_seconds = 30;
+  double comm_timeout_s = CommOptions{}.timeout_seconds;  // the training key's, and its default
 };
 
 ServeSettings serve_settings(const Args& a) {
@@ -57,8 +58,10 @@ ServeSettings serve_settings(const Args& a) {
     else if (key == "serve.max_body_bytes") s.max_body_bytes = parse_integer(value, key, 1024, int64_t(1) << 34);
     else if (key == "serve.http_threads") s.http_threads = parse_integer(value, key, 1, 4096);
     else if (key == "serve.drain_seconds") s.drain_seconds = double(parse_integer(value, key, 0, 86400));
+    else if (key == "parallel.comm_timeout_s") s.comm_timeout_s = parse_number_in(value, key, 0.1, 1e7);
     else
-      throw Error("cleave serve: --set " + kv + ": the server takes parallel.tp, parallel.pp, parallel.ep and "
+      throw Error("cleave serve: --set " + kv + ": the server takes parallel.tp, parallel.pp, parallel.ep, "
+                  "parallel.comm_timeout_s and "
                   "serve.{kv_cache_mb, step_tokens, max_running, max_body_bytes, http_threads, "
                   "drain_seconds}");
   }
@@ -110,7 +113,9 @@ int serve_command(int argc, char** argv) {
   const std::string dir = a.positional[0];
   const ModelCheckpoint opened = open_model_checkpoint(dir);
   InferenceLayout layout = plan_inference(opened.model, set.tp, set.pp, set.ep, world);
-  init_comm(CommOptions{});
+  CommOptions comm_options;
+  comm_options.timeout_seconds = set.comm_timeout_s;
+  init_comm(comm_options);
   // mpirun passes SIGTERM (and Ctrl-C's SIGINT) to every rank: rank 0 drains and then tells the
   // others to stop, so theirs change nothing.
   sigterm_is_a_request("the server drains: new requests get 503, running ones finish, then it exits");
@@ -127,6 +132,7 @@ int serve_command(int argc, char** argv) {
   serve::PeerGroups peer_groups;
   peer_groups.world = MPI_COMM_WORLD;
   peer_groups.vocab = model.config().vocab_size;
+  peer_groups.timeout_seconds = set.comm_timeout_s;
   if (set.ep > 1) {
     Group* ep = groups.along({"ep"});
     peer_groups.ep = ep->comm();
@@ -199,7 +205,9 @@ int serve_command(int argc, char** argv) {
             << "# serve: key/value cache " << blocks << " blocks of " << kernels::kAttentionKeyBlock
             << " tokens (" << double(blocks) * block_bytes / (1 << 20) << " MiB a rank, serve.kv_cache_mb="
             << set.kv_cache_mb << "), steps of at most " << set.step_tokens << " tokens, at most "
-            << set.max_running << " requests running\n"
+            << set.max_running << " requests running";
+  if (world > 1) std::cerr << "; collectives and step transfers time out after " << set.comm_timeout_s << " s";
+  std::cerr << "\n"
             << "# serve: tokenizer " << tok->path() << "; chat template " << serve::template_name(so.chat)
             << " (" << template_why << "); bodies up to " << so.max_body_bytes << " bytes\n"
             << "# serve: the forward warmed up at " << warmed << " row counts in " << warm_seconds << " s\n";

@@ -1,7 +1,10 @@
 #include "cleave/serve/step_peers.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <span>
 #include <thread>
 #include <vector>
@@ -86,20 +89,46 @@ void unpack(std::span<const int64_t> v, Batch& b, std::vector<std::vector<int32_
   b.logit_rows.assign(p, p + L);
 }
 
+// Waits for a step's transfer: polled, a few times at once and then every 50 us, for at most the
+// collectives' timeout, after which this rank reports what it waited for and aborts the job (a
+// rank stopped or lost mid-step would otherwise leave the others waiting for good).
+void finish(MPI_Request& r, const char* what, double timeout_seconds) {
+  const auto begin = std::chrono::steady_clock::now();
+  for (int polls = 0, done = 0;; ++polls) {
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    if (polls < 64) continue;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    if (waited > timeout_seconds) {
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      std::fprintf(stderr,
+                   "\ncleave serve: TIMEOUT on rank %d: %s has not completed after %.1f s "
+                   "(parallel.comm_timeout_s = %.1f): a rank is stuck or gone; aborting the job\n",
+                   rank, what, waited, timeout_seconds);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+      _exit(3);  // MPI_Abort does not return; if it ever did, do not hang
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 // The head goes by MPI_Ibcast on every rank (a nonblocking collective matches only its kind),
-// so that the others can wait for it asleep; the payload follows at once, by MPI_Bcast.
-void send(int64_t kind, const std::vector<int64_t>& payload, MPI_Comm comm) {
+// so that the others can wait for it asleep; the payload follows at once.
+void send(int64_t kind, const std::vector<int64_t>& payload, const PeerGroups& g) {
   int64_t head[2] = {kind, int64_t(payload.size())};
   MPI_Request r;
-  MPI_Ibcast(head, 2, MPI_INT64_T, 0, comm, &r);
-  MPI_Wait(&r, MPI_STATUS_IGNORE);
-  if (!payload.empty())
-    MPI_Bcast(const_cast<int64_t*>(payload.data()), int(payload.size()), MPI_INT64_T, 0, comm);
+  MPI_Ibcast(head, 2, MPI_INT64_T, 0, g.world, &r);
+  finish(r, "the broadcast of a step's head", g.timeout_seconds);
+  if (payload.empty()) return;
+  MPI_Ibcast(const_cast<int64_t*>(payload.data()), int(payload.size()), MPI_INT64_T, 0, g.world, &r);
+  finish(r, "the broadcast of a step's batches", g.timeout_seconds);
 }
 
 // Each lane's logit rows (rows[l] x vocab floats), lane by lane, at ep rank 0 (`all`).
-void gather_lanes(const float* mine, const std::vector<int64_t>& rows, int lane, int vocab,
-                  MPI_Comm ep, float* all) {
+void gather_lanes(const float* mine, const std::vector<int64_t>& rows, int lane, const PeerGroups& g,
+                  float* all) {
+  const int vocab = g.vocab;
   std::vector<int> counts, offsets;
   int64_t at = 0;
   for (int64_t r : rows) {
@@ -109,14 +138,16 @@ void gather_lanes(const float* mine, const std::vector<int64_t>& rows, int lane,
     offsets.push_back(int(at));
     at += r * vocab;
   }
-  MPI_Gatherv(mine, counts[size_t(lane)], MPI_FLOAT, all, counts.data(), offsets.data(), MPI_FLOAT,
-              0, ep);
+  MPI_Request r;
+  MPI_Igatherv(mine, counts[size_t(lane)], MPI_FLOAT, all, counts.data(), offsets.data(), MPI_FLOAT,
+               0, g.ep, &r);
+  finish(r, "the gather of the lanes' logits", g.timeout_seconds);
 }
 
 }  // namespace
 
 void MpiPeers::send(const std::vector<Batch>& lanes) {
-  serve::send(kStep, pack(lanes), groups_.world);
+  serve::send(kStep, pack(lanes), groups_);
 }
 
 const float* MpiPeers::gather(const float* own, const std::vector<Batch>& lanes) {
@@ -126,11 +157,11 @@ const float* MpiPeers::gather(const float* own, const std::vector<Batch>& lanes)
   int64_t all = 0;
   for (int64_t r : rows) all += r;
   logits_.resize(size_t(std::max<int64_t>(all, 1) * groups_.vocab));
-  gather_lanes(own, rows, 0, groups_.vocab, groups_.ep, logits_.data());
+  gather_lanes(own, rows, 0, groups_, logits_.data());
   return logits_.data();
 }
 
-void MpiPeers::stop() { serve::send(kStop, {}, groups_.world); }
+void MpiPeers::stop() { serve::send(kStop, {}, groups_); }
 
 void follow_steps(Transformer& model, int64_t kv_blocks, const PeerGroups& groups) {
   KvPool pool = model.new_pool(kv_blocks, kernels::kAttentionKeyBlock);
@@ -153,7 +184,10 @@ void follow_steps(Transformer& model, int64_t kv_blocks, const PeerGroups& group
     }
     if (head[0] == kStop) return;
     payload.resize(size_t(head[1]));
-    MPI_Bcast(payload.data(), int(payload.size()), MPI_INT64_T, 0, groups.world);
+    if (!payload.empty()) {  // as rank 0 sends it
+      MPI_Ibcast(payload.data(), int(payload.size()), MPI_INT64_T, 0, groups.world, &r);
+      finish(r, "the broadcast of a step's batches", groups.timeout_seconds);
+    }
     const std::vector<std::span<const int64_t>> lanes = lanes_of(payload);
     CLEAVE_CHECK(lane < int(lanes.size()), "a server step of " << lanes.size()
                                                << " lanes for ep rank " << lane);
@@ -162,7 +196,7 @@ void follow_steps(Transformer& model, int64_t kv_blocks, const PeerGroups& group
     if (!groups.gathers || lanes.size() == 1) continue;
     rows.clear();
     for (const auto& l : lanes) rows.push_back(l[2]);  // each packed batch's logit row count
-    gather_lanes(logits, rows, lane, groups.vocab, groups.ep, nullptr);
+    gather_lanes(logits, rows, lane, groups, nullptr);
   }
 }
 

@@ -5,7 +5,9 @@
 // the model (its tp heads, its pp stage, its experts) and its own key/value pool, whose blocks
 // rank 0's tables name, and the lanes' logits come back to rank 0 over its ep group. An idle
 // server sends nothing: the other ranks wait for the next step sleeping, not spinning, and without
-// the collectives' timeout (a server may be idle for days).
+// the collectives' timeout (a server may be idle for days). A step's own transfers (its batches,
+// its logits) are held to that timeout: one that has not completed within it means a rank is
+// stuck or gone, and the rank waiting says which transfer and aborts the job.
 #pragma once
 #include <mpi.h>
 
@@ -20,6 +22,7 @@ struct PeerGroups {
   MPI_Comm ep = MPI_COMM_NULL;  // this rank's ep group (its rank there is its lane); null without ep
   bool gathers = false;         // in rank 0's ep group: its lane's logits go to rank 0
   int vocab = 0;
+  double timeout_seconds = 300;  // a step's transfer taking longer aborts the job (parallel.comm_timeout_s)
 };
 
 // Rank 0's side.
