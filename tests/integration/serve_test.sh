@@ -85,27 +85,28 @@ $client prefix "$base" "$key" tiny
 $client queue "$base" "$key" tiny
 stop "$work/tp2.log"
 
-# A rank stopped mid-service: the next step cannot complete, and after parallel.comm_timeout_s
-# the job ends with a report naming the operation, not a server that hangs for good. (Here the
-# transport buffers the step's batches, so the report is the tp all-reduce's, from the comm layer;
-# where it does not, rank 0's wait for the batches' broadcast is held to the same timeout.)
-start "$work/stuck.log" mpirun --oversubscribe -np 2 "$cleave" serve "$ckpt" --port 0 \
+# A rank stopped mid-service: rank 0's broadcast of a step's batches cannot complete, and after
+# parallel.comm_timeout_s the job ends with a report naming that transfer, not a server that hangs
+# for good. The batches must be too large for the transport to hold for the stopped rank: a
+# 1,000-token prompt in one step, over a shared-memory transport told to send at most 2 KB ahead.
+OMPI_MCA_btl_vader_rndv_eager_limit=2048 OMPI_MCA_btl_vader_max_send_size=2048 \
+  start "$work/stuck.log" mpirun --oversubscribe -np 2 "$cleave" serve "$ckpt" --port 0 \
   --api-key "$key" --model-name tiny --threads 1 --set parallel.tp=2 --set serve.kv_cache_mb=0.5 \
-  --set parallel.comm_timeout_s=5
+  --set serve.step_tokens=1024 --set parallel.comm_timeout_s=5
 grep -q "step transfers time out after 5 s" "$work/stuck.log" || { cat "$work/stuck.log"; exit 1; }
 other=$(pgrep -P "$pid" -x cleave | grep -vx "$server" || true)
 [ -n "$other" ] || { echo "FAIL: no second rank under mpirun $pid"; exit 1; }
 kill -STOP "$other"
-prompt=$(seq -s, 100 | sed 's/[0-9]*/7/g')
+prompt=$(seq -s, 1000 | sed 's/[0-9]*/7/g')
 curl -s -m 30 -H "Authorization: Bearer $key" -H "Content-Type: application/json" \
   -d "{\"model\": \"tiny\", \"prompt\": [$prompt], \"max_tokens\": 2}" "$base/v1/completions" \
   > /dev/null 2>&1 &
 for _ in $(seq 300); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
 kill -0 "$pid" 2> /dev/null && { kill -KILL "$other" "$pid"; echo "FAIL: the job still runs 30 s after a rank stopped"; cat "$work/stuck.log"; exit 1; }
 wait "$pid" && { echo "FAIL: the job exited 0 after a rank stopped"; exit 1; }
-grep -q "TIMEOUT on rank 0: .* has not completed after" "$work/stuck.log" \
-  || { echo "FAIL: no timeout report:"; cat "$work/stuck.log"; exit 1; }
-echo "serve_test: a stopped rank ends the job after parallel.comm_timeout_s, the operation named"
+grep -q "TIMEOUT on rank 0: the broadcast of a step's batches has not completed after" "$work/stuck.log" \
+  || { echo "FAIL: no timeout report naming the batches' broadcast:"; cat "$work/stuck.log"; exit 1; }
+echo "serve_test: a stopped rank ends the job after parallel.comm_timeout_s, the transfer named"
 
 # A mixture of experts at ep 2: each rank is a lane serving requests of its own over its own
 # pool, its experts reached by all-to-all; the answers equal one process's, and a full cache
