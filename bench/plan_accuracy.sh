@@ -7,11 +7,19 @@
 # Run it on a machine as quiet as the one the cluster file was calibrated on. The ranks run
 # unbound (mpirun --bind-to none), the fast launch docs/data_parallel.md gives: on the Zen 5 VM
 # of 2026-11-27 a rank bound to its core ran at 0.5-0.9 of an unbound one, erratically.
-# Usage: [CLEAVE_BENCH_SMOKE=1] bench/plan_accuracy.sh [CLUSTER=clusters/epyc_zen3_2core.toml]
+# CLUSTER `calibrate` measures the machine (`cleave calibrate`, 2 ranks of 1 thread) at the start
+# of each round and predicts from that: on a machine whose speed drifts over the hour (the Zen 5
+# VM's runs of one layout 20-40% apart), a file calibrated the day before predicts the drift.
+# ROUNDS rounds (default 1) each run every layout; with more than one, the last table gives each
+# layout's median error over the rounds.
+# Usage: [CLEAVE_BENCH_SMOKE=1] [ROUNDS=N] bench/plan_accuracy.sh [CLUSTER=clusters/epyc_zen3_2core.toml | calibrate]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cluster=${1:-clusters/epyc_zen3_2core.toml}
+rounds=${ROUNDS:-1}
 source bench/common.sh
+quick=()
+[ "$smoke" = 1 ] && quick=(--quick)
 vocab=8192 steps=12
 model=(--set model.d_model=512 --set model.n_heads=8 --set model.n_layers=8
        --set model.vocab_size=$vocab --set train.seq_len=128 --set train.micro_batch_size=4)
@@ -33,7 +41,17 @@ layouts=(
   "cp 2 ring|2|--set parallel.cp=2"
 )
 [ "$smoke" = 1 ] && layouts=("${layouts[0]}" "${layouts[1]}" "${layouts[8]}")
+for round in $(seq "$rounds"); do
+file=$cluster
+if [ "$cluster" = calibrate ]; then
+  file=$work/cluster.toml
+  OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 2 "$cleave" calibrate \
+    "${quick[@]}" --out "$file" > "$work/calibrate.log" 2>&1 ||
+    { cat "$work/calibrate.log" >&2; exit 1; }
+fi
+[ "$rounds" = 1 ] || echo "round $round of $rounds ($(date -u +%H:%M) UTC, cluster $file)"
 printf "%-18s %12s %12s %8s\n" layout predicted measured error
+index=0
 for entry in "${layouts[@]}"; do
   IFS='|' read -r name np sets <<<"$entry"
   read -r -a extra <<<"$sets"
@@ -43,10 +61,23 @@ for entry in "${layouts[@]}"; do
     "${common[@]}" "${model[@]}" "${extra[@]}" --set train.steps=$steps \
     --set train.out_dir="$out" > "$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
   measured=$(field "$out" tokens_per_s)
-  "$cleave" plan configs/gpt2_124m.toml --world "$np" --cluster "$cluster" "${common[@]}" \
+  "$cleave" plan configs/gpt2_124m.toml --world "$np" --cluster "$file" "${common[@]}" \
     "${model[@]}" "${extra[@]}" --json "$work/plan.json" > "$work/plan.txt"
   predicted=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step']['tokens_per_s'])" "$work/plan.json")
-  printf "%-18s %12.1f %12.1f %+7.1f%%\n" "$name" "$predicted" "$measured" \
-    "$(awk -v p="$predicted" -v m="$measured" 'BEGIN {print 100 * (p / m - 1)}')"
+  error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN {print 100 * (p / m - 1)}')
+  printf "%-18s %12.1f %12.1f %+7.1f%%\n" "$name" "$predicted" "$measured" "$error"
+  echo "$error" >> "$work/errors.$index"
+  index=$((index + 1))
 done
-echo "tokens/s; predicted by cleave plan --cluster $cluster, measured: median of steps 3-$steps"
+echo "tokens/s; predicted by cleave plan --cluster $file, measured: median of steps 3-$steps"
+done
+if [ "$rounds" != 1 ]; then
+  echo "median error over $rounds rounds:"
+  index=0
+  for entry in "${layouts[@]}"; do
+    printf "%-18s %+7.1f%%  (%s)\n" "${entry%%|*}" \
+      "$(sort -g "$work/errors.$index" | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')" \
+      "$(sort -g "$work/errors.$index" | awk '{printf "%s%+.1f%%", (NR > 1 ? ", " : ""), $1}')"
+    index=$((index + 1))
+  done
+fi

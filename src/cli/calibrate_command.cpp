@@ -22,8 +22,10 @@
 #include "cleave/comm/errors.h"
 #include "cleave/kernels/gemm_bench.h"
 #include "cleave/kernels/hardware_peak.h"
+#include "cleave/kernels/kernel_rates.h"
 #include "cleave/kernels/memory_bandwidth.h"
 #include "cleave/plan/calibration.h"
+#include "cleave/plan/step_work.h"
 #include "cleave/train/peak.h"
 #include "cli/args.h"
 
@@ -36,6 +38,17 @@ struct Plan {
   double gemm_seconds_per_shape = 0;  // bench_linear_shapes' budget per shape (3 passes)
   int64_t triad_min_bytes = 0, triad_max_bytes = 0;
   int triad_passes = 0;
+  // The other kernels (kernels/kernel_rates.h): a block's element-wise kernels on block_tokens
+  // rows of d_model, attention over each of attention_keys tokens, the packing of a [4 d_model,
+  // d_model] weight; kernel_seconds of timing each.
+  int64_t block_tokens = 0;
+  int d_model = 0;
+  std::vector<int64_t> attention_keys;
+  double kernel_seconds = 0;
+  // Released memory written again: in a buffer of 4 KiB pages and in one of huge pages, in
+  // ranges of a unit's size.
+  int64_t small_buffer_bytes = 0, small_range_bytes = 0, huge_buffer_bytes = 0,
+          huge_range_bytes = 0;
   CommBenchOptions comm;
 };
 
@@ -46,6 +59,14 @@ Plan plan_of(bool quick) {
   p.triad_min_bytes = (quick ? 32 : 64) * kMiB;
   p.triad_max_bytes = (quick ? 256 : 512) * kMiB;
   p.triad_passes = quick ? 3 : 10;
+  p.block_tokens = quick ? 128 : 1024;
+  p.d_model = quick ? 128 : 768;
+  p.attention_keys = quick ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{128, 512, 2048};
+  p.kernel_seconds = quick ? 0.02 : 0.3;
+  p.small_buffer_bytes = (quick ? 4 : 16) * kMiB;
+  p.small_range_bytes = (quick ? 256 : 1024) * int64_t(1024);
+  p.huge_buffer_bytes = int64_t(kHugePageBufferBytes) * (quick ? 1 : 2);
+  p.huge_range_bytes = (quick ? 8 : 12) * kMiB;
   p.comm.min_bytes = 4 << 10;
   p.comm.max_bytes = int64_t(quick ? 1 : 64) << 20;
   p.comm.factor = quick ? 4 : 2;
@@ -132,6 +153,85 @@ GemmTable measure_gemm(Precision p, const Plan& plan, int rank, const std::strin
                 lo, hi);
   }
   return table;
+}
+
+// The rates of the kernels other than the products, every rank at once (each figure the mean
+// over ranks), with what each was measured on for the file's comments.
+void measure_kernel_rates(const Plan& plan, int rank, Cluster& c,
+                          std::map<std::string, std::string>& comments) {
+  const int64_t N = plan.block_tokens;
+  const int d = plan.d_model;
+  double bytes = 0, seconds = 0;
+  std::string blocks;
+  for (const BlockKernels& b : {BlockKernels{N, d, 4 * d, false}, BlockKernels{N, d, 8 * d / 3, true}}) {
+    const PassSeconds t = time_block_elementwise(b, plan.kernel_seconds);
+    bytes += 3 * block_elementwise_floats(b.swiglu ? Family::llama : Family::gpt2, d, b.hidden) *
+             double(N) * 4;
+    seconds += t.forward + t.backward;
+    blocks += std::string(blocks.empty() ? "" : " and ") + (b.swiglu ? "Llama's" : "GPT-2's") +
+              " (hidden " + std::to_string(b.hidden) + ")";
+  }
+  c.elementwise_gbps = measured(world_mean(bytes / seconds * 1e-9));
+  const std::string on = std::to_string(N) + " tokens of d_model " + std::to_string(d);
+  comments["cluster.elementwise_gbps"] =
+      "GB/s per rank of a block's element-wise kernels, forward and backward, on the bytes the\n"
+      "planner counts for them (plan/step_work.h): " + blocks + " blocks,\n" + on +
+      " (kernels/kernel_rates.h), each pass's median, every rank at once";
+  const PackTiming pack = time_weight_packing(N, d, 4 * d, Precision::fp32, plan.kernel_seconds);
+  // Where the products read W itself there is nothing to pack (the planner counts no bytes).
+  const bool packs = pack.copy_bytes > 0;
+  if (packs) {
+    c.pack_gbps = measured(world_mean(pack.copy_bytes / pack.seconds * 1e-9));
+    comments["cluster.pack_gbps"] =
+        "GB/s per rank of the copies written when an fp32 weight of " + std::to_string(4 * d) +
+        " x " + std::to_string(d) + " is packed band by band\nfor products on " +
+        std::to_string(N) + " rows, as the optimizer packs it after an update (the median of one "
+        "weight)";
+  }
+  constexpr int kHeads = 4, kHeadDim = 64;
+  c.attention.clear();
+  for (int64_t keys : plan.attention_keys) {
+    const PassSeconds t = time_attention(keys, kHeads, kHeadDim, plan.kernel_seconds);
+    const double flops = 3 * 2.0 * double(keys) * double(keys) * kHeadDim * kHeads;
+    c.attention.push_back({keys, measured(world_mean(flops / (t.forward + t.backward) * 1e-9))});
+  }
+  comments["attention"] =
+      "GF/s per rank of cleave's causal attention over one sequence of `keys` tokens, forward and\n"
+      "backward (kernels/attention.h), " + std::to_string(kHeads) + " heads of " +
+      std::to_string(kHeadDim) + ", FLOPs as the planner counts them: one full product of\n"
+      "queries by keys forward, two backward; each pass's median, every rank at once";
+  std::string refaults;
+  for (const bool huge : {false, true}) {
+    const int64_t buffer = huge ? plan.huge_buffer_bytes : plan.small_buffer_bytes;
+    const int64_t range = huge ? plan.huge_range_bytes : plan.small_range_bytes;
+    const RefaultTiming t = time_refaults(buffer, range, plan.kernel_seconds);
+    const double extra = std::max(t.released_seconds - t.resident_seconds, 1e-9);
+    (huge ? c.refault_huge_gbps : c.refault_gbps) = measured(world_mean(t.bytes / extra * 1e-9));
+    refaults += std::string(huge ? "; " : "") + size_text(range) + " ranges of a " +
+                size_text(buffer) + " buffer (" + (huge ? "huge pages" : "4 KiB pages") +
+                "): " + fixed(t.released_seconds * 1e3, 2) + " against " +
+                fixed(t.resident_seconds * 1e3, 2) + " ms";
+  }
+  const std::string refault_how =
+      "GB/s per rank of released memory written again (ZeRO-2/3: base/released_pages.h), beyond\n"
+      "writing it resident: the median pass over ";
+  comments["cluster.refault_gbps"] = refault_how + "ranges of a buffer of 4 KiB pages; rank 0:\n" +
+                                     refaults.substr(0, refaults.find(';'));
+  comments["cluster.refault_huge_gbps"] = refault_how + "ranges of a buffer of huge pages, which " +
+                                          "the releases split;\nrank 0: " +
+                                          refaults.substr(refaults.find(';') + 2);
+  if (rank == 0) {
+    std::printf("released memory written again: %.3g GB/s per rank (4 KiB pages), %.3g GB/s (huge "
+                "pages); %s\n",
+                c.refault_gbps, c.refault_huge_gbps, refaults.c_str());
+    std::printf("element-wise kernels: %.2f GB/s per rank (%s blocks, %s)\n", c.elementwise_gbps,
+                blocks.c_str(), on.c_str());
+    if (packs) std::printf("weight packing: %.2f GB/s per rank of copies written\n", c.pack_gbps);
+    else std::printf("weight packing: none (fp32 products read the weights as they are)\n");
+    for (const AttentionRate& r : c.attention)
+      std::printf("attention over %lld keys: %.1f GF/s per rank\n", (long long)r.keys, r.gflops);
+    std::fflush(stdout);
+  }
 }
 
 // The peak the trainer quotes a dtype's MFU against (train/peak.h): that of the products the
@@ -347,7 +447,9 @@ int calibrate(int argc, char** argv) {
   }
   comments["cluster.memory_gbps"] =
       "GB/s per rank (kernels/memory_bandwidth.h): " + triad_what + ",\n" + triad_how;
-  comments["cluster.attention_dtype"] = "cleave's attention kernels compute in fp32";
+  comments["cluster.attention_dtype"] =
+      "cleave's attention kernels compute in fp32 (the [attention] rates below stand in for it)";
+  measure_kernel_rates(plan, rank, c, comments);
   const double host_gib = double(host_memory_bytes()) / (1 << 30);
   c.memory_gib = measured(host_gib / host_size);
   comments["cluster.memory_gib"] = "the host's memory (MemTotal " + fixed(host_gib, 2) +

@@ -2,7 +2,8 @@
 # cleave calibrate --quick writes a cluster file that cleave's reader takes back (tests/tools/
 # cluster_info) with every figure measured:
 #  (a) under mpirun with 2 ranks on this host: the GEMM tables of fp32 and bf16, their peaks, the
-#      memory bandwidth, and every collective's alpha-beta on intra_host, each > 0; inter_host
+#      memory bandwidth, the element-wise kernels', packing's and attention's rates, and every
+#      collective's alpha-beta on intra_host, each > 0; inter_host
 #      left out with a comment saying why; each figure printed as it was measured; the file says
 #      when, on what CPU and oneDNN ISA, with how many ranks and threads;
 #  (b) on one rank: no collectives, and it says so; --threads sets the threads it measures with;
@@ -77,6 +78,21 @@ check "every GEMM shape printed as measured" \
 check "every collective size printed as measured" \
   test "$(grep -cE '^intra_host [a-z_]+ +[0-9]+ [KM]iB: +[0-9.]+ us' "$work/two.log")" = 25
 check "memory bandwidth printed" grep -qE "^memory bandwidth: [0-9.]+ GB/s per rank" "$work/two.log"
+check "the element-wise kernels' rate > 0" positive "$work/two.info" '/^rates /' 3
+check "... printed as measured" \
+  grep -qE "^element-wise kernels: [0-9.]+ GB/s per rank \(GPT-2's \(hidden 512\) and Llama's" "$work/two.log"
+check "weight packing measured (or said to need none) and printed" \
+  grep -qE "^weight packing: ([0-9.]+ GB/s per rank of copies written|none )" "$work/two.log"
+check "packing in the file when measured" \
+  awk '/^rates / { if (($5 > 0) != packs) bad = 1 } END { exit bad }' \
+  packs="$(grep -c '^weight packing: [0-9]' "$work/two.log")" "$work/two.info"
+check "released memory's refault rates > 0, in the file and printed" \
+  awk '/^rates / && $7 > 0 && $9 > 0 { ok = 1 } END { exit !ok }' "$work/two.info"
+check "... printed as measured" grep -qE "^released memory written again: [0-9.e+-]+ GB/s per rank \(4 KiB pages\), [0-9.e+-]+ GB/s \(huge pages\); 256 KiB ranges of a 4 MiB buffer" "$work/two.log"
+check "attention rates at 64 and 256 keys, > 0" \
+  test "$(awk '/^attention (64|256) gflops / && $4 > 0 && $6 > 0' "$work/two.info" | wc -l)" = 2
+check "... printed as measured" \
+  test "$(grep -cE '^attention over (64|256) keys: [0-9.]+ GF/s per rank$' "$work/two.log")" = 2
 
 # (b) one rank
 start=$SECONDS

@@ -5,6 +5,8 @@
 // wrote (integration/calibrate_test.sh):
 //   cluster NAME devices_per_host N memory_gib X memory_gbps X
 //   peak DTYPE GF/s | peak DTYPE unknown
+//   rates elementwise_gbps X pack_gbps X refault_gbps X refault_huge_gbps X   (0: absent)
+//   attention KEYS gflops X seconds_1024 S     (each point; attention_seconds of 1024 queries and keys)
 //   gemm DTYPE POINTS seconds_1024 S          (gemm_seconds of a 1024^3 product)
 //   link CLASS COLLECTIVE lines N alpha_us A beta_gbps B seconds_1MiB S
 //     (the first line's alpha and beta; collective_seconds of 1 MiB over 2 ranks)
@@ -29,6 +31,11 @@ int main(int argc, char** argv) {
       if (it == c.peak_gflops.end()) std::printf("peak %s unknown\n", precision_name(p));
       else std::printf("peak %s %g\n", precision_name(p), it->second);
     }
+    std::printf("rates elementwise_gbps %g pack_gbps %g refault_gbps %g refault_huge_gbps %g\n",
+                c.elementwise_gbps, c.pack_gbps, c.refault_gbps, c.refault_huge_gbps);
+    for (const AttentionRate& r : c.attention)
+      std::printf("attention %lld gflops %g seconds_1024 %g\n", (long long)r.keys, r.gflops,
+                  attention_seconds(c, 1024, 1024, 64));
     for (const auto& [p, table] : c.gemm)
       std::printf("gemm %s %zu seconds_1024 %g\n", precision_name(p), table.points().size(),
                   gemm_seconds(c, 1024, 1024, 1024, p));

@@ -32,6 +32,11 @@ Cluster sample_cluster() {
   c.memory_gib = 80;
   c.memory_gbps = 3350.5;
   c.attention_dtype = Precision::bf16;
+  c.elementwise_gbps = 1500.5;
+  c.pack_gbps = 700;
+  c.refault_gbps = 0.125;
+  c.refault_huge_gbps = 1.5;
+  c.attention = {{128, 50.5}, {2048, 80}};
   c.peak_gflops[Precision::fp32] = 100;
   c.peak_gflops[Precision::bf16] = 989000.25;
   c.gemm[Precision::fp32] = GemmTable(grid_points(), "test");
@@ -95,6 +100,17 @@ TEST(Cluster, RoundTrip) {
   EXPECT_EQ(back.devices_per_host, 8);
   EXPECT_EQ(back.memory_gbps, 3350.5);
   EXPECT_EQ(back.attention_dtype, Precision::bf16);
+  EXPECT_EQ(back.elementwise_gbps, 1500.5);
+  EXPECT_EQ(back.pack_gbps, 700);
+  EXPECT_EQ(back.refault_gbps, 0.125);
+  EXPECT_EQ(back.refault_huge_gbps, 1.5);
+  EXPECT_DOUBLE_EQ(refault_seconds(back, 3e9, true), 2.0);
+  EXPECT_DOUBLE_EQ(refault_seconds(back, 0.25e9, false), 2.0);
+  ASSERT_EQ(back.attention.size(), 2u);
+  EXPECT_EQ(back.attention[1].keys, 2048);
+  EXPECT_EQ(back.attention[0].gflops, 50.5);
+  EXPECT_NE(text.find("[attention]\nrates = [\n  { keys = 128, gflops = 50.5 },\n"), std::string::npos)
+      << text;
   EXPECT_EQ(back.peak_gflops.at(Precision::bf16), 989000.25);
   EXPECT_FALSE(back.peak_gflops.count(Precision::fp8));
   EXPECT_EQ(back.gemm.at(Precision::fp32).points().size(), 8u);
@@ -169,6 +185,30 @@ TEST(Cluster, RefusesValuesOutOfRangeAndMissingKeys) {
   EXPECT_EQ(error_of(t.replace(t.find("memory_gbps = 10\n"), 17, "")),
             "bad.toml:1: cluster.memory_gbps is missing");
   EXPECT_EQ(error_of("[peak_gflops]\n"), "bad.toml: [cluster] is missing");
+  // The measured kernel rates may be left out: the streaming bandwidth and the GEMM table of
+  // attention_dtype stand in for them, and a file written without them has none.
+  const Cluster minimal = parse_cluster(kMinimal, "minimal.toml");
+  EXPECT_EQ(minimal.elementwise_gbps, 0);
+  EXPECT_EQ(minimal.pack_gbps, 0);
+  EXPECT_TRUE(minimal.attention.empty());
+  EXPECT_EQ(cluster_toml(minimal).find("elementwise_gbps"), std::string::npos);
+  EXPECT_EQ(elementwise_seconds(minimal, 20e9), 2.0);
+  EXPECT_EQ(pack_seconds(minimal, 20e9), 2.0);
+  EXPECT_EQ(refault_seconds(minimal, 20e9, false), 0.0);
+  t = kMinimal;
+  EXPECT_EQ(error_of(t.replace(t.find("memory_gbps = 10\n"), 17,
+                               "memory_gbps = 10\npack_gbps = 0\n")),
+            "bad.toml:7: cluster.pack_gbps = 0 is out of range [1e-06, 1e+12]");
+  EXPECT_EQ(error_of(minimal_with("[attention]\nrates = [{ keys = 512, gflops = 3 },\n"
+                                  "{ keys = 128, gflops = 4 }]\n")),
+            "bad.toml:15: attention.rates[1].keys = 128 must be larger than the point before it "
+            "(512)");
+  EXPECT_EQ(error_of(minimal_with("[attention]\nrates = [{ keys = 512 }]\n")),
+            "bad.toml:14: attention.rates[0].gflops is missing");
+  EXPECT_EQ(error_of(minimal_with("[attention]\nrate = []\n")),
+            "bad.toml:14: unknown key 'attention.rate' (did you mean 'attention.rates'?)");
+  EXPECT_EQ(error_of(minimal_with("[attention]\nrates = []\n")),
+            "bad.toml:14: attention.rates has no points");
   EXPECT_EQ(error_of(minimal_with("[gemm]\nfp32 = [{ m = 0, n = 1, k = 1, gflops = 3 }]\n")),
             "bad.toml:14: gemm.fp32[0].m = 0 is out of range [1, 1073741824]");
   EXPECT_EQ(error_of(minimal_with("[gemm]\nfp32 = [{ m = 4, n = 1, gflops = 3 }]\n")),
@@ -270,6 +310,22 @@ TEST(GemmModel, MonotonicClampedAndCappedByThePeak) {
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), "cluster 'sample' has no fp8 GEMM table (gemm.fp8)");
   }
+}
+
+TEST(AttentionModel, InterpolatesInLogKeysAndHoldsBeyondThePoints) {
+  Cluster c = sample_cluster();
+  c.attention = {{64, 10}, {256, 40}};
+  auto rate = [&](int64_t keys) { return 2.0 * 8 * keys * 64 / attention_seconds(c, 8, keys, 64) / 1e9; };
+  EXPECT_NEAR(rate(64), 10, 1e-9);
+  EXPECT_NEAR(rate(128), 20, 1e-9);
+  EXPECT_NEAR(rate(256), 40, 1e-9);
+  EXPECT_NEAR(rate(16), 10, 1e-9);
+  EXPECT_NEAR(rate(4096), 40, 1e-9);
+  EXPECT_EQ(attention_seconds(c, 0, 128, 64), 0);
+  // Without rates, the GEMM table of attention_dtype.
+  c.attention.clear();
+  c.attention_dtype = Precision::fp32;
+  EXPECT_EQ(attention_seconds(c, 64, 128, 256), gemm_seconds(c, 64, 128, 256, Precision::fp32));
 }
 
 TEST(CollectiveModel, CountsBytesAsTheTrainerDoes) {
@@ -393,6 +449,14 @@ TEST(Cluster, ShippedFilesRead) {
   const double bf16 = gemm_seconds(h100, 8192, 8192, 8192, Precision::bf16);
   EXPECT_GT(bf16, 2.0 * 8192 * 8192 * 8192 / 989e12);
   EXPECT_LT(gemm_seconds(h100, 8192, 8192, 8192, Precision::fp8), bf16);
+
+  // calibrate's file of the Zen 5 machine has the kernels' measured rates.
+  const Cluster zen5 = read_cluster((dir / "epyc_zen5_2core.toml").string());
+  EXPECT_GT(zen5.elementwise_gbps, 0);
+  EXPECT_GT(zen5.pack_gbps, 0);
+  EXPECT_EQ(zen5.attention.size(), 3u);
+  EXPECT_GT(zen5.refault_gbps, 0);
+  EXPECT_GT(zen5.refault_huge_gbps, 0);
 
   const Cluster cpu = read_cluster((dir / "epyc_zen3_2core.toml").string());
   EXPECT_EQ(cpu.devices_per_host, 2);

@@ -5,6 +5,7 @@
 // from the step.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numeric>
 
 #include "cleave/parallel/layout.h"
@@ -188,16 +189,29 @@ TEST(PlanStepTime, OneRankIsItsWorkAtTheClustersRates) {
   const Planned p = plan({}, 1, cluster);
   const StepPrediction& s = p.prediction;
   ASSERT_EQ(s.ranks.size(), 1u);
-  double flops = 0, bytes = 0;
+  double flops = 0, activations = 0, streamed = 0, packed = 0;
   for (const auto& w : p.work[0].work) {
     flops += w->flops();
-    bytes += w->elementwise_bytes;
+    activations += w->elementwise_bytes;
+    streamed += w->stream_bytes;
+    packed += w->pack_bytes;
     EXPECT_TRUE(w->comms.empty());
   }
+  EXPECT_GT(activations, 0);
+  EXPECT_GT(streamed, 0);
+  const double bytes = activations + streamed + packed;
   EXPECT_NEAR(s.ranks[0].gemm + s.ranks[0].attention, flops / 50e9, 1e-12);
   EXPECT_NEAR(s.ranks[0].elementwise, bytes / 10e9, 1e-12);
   EXPECT_DOUBLE_EQ(s.step_seconds, s.ranks[0].end);
   EXPECT_NEAR(s.step_seconds, flops / 50e9 + bytes / 10e9, 1e-12);
+  // Measured rates of the element-wise kernels and of packing stand in for the streaming
+  // bandwidth where the cluster gives them; the optimizer's streams keep it.
+  Cluster measured = cluster;
+  measured.elementwise_gbps = 4;
+  measured.pack_gbps = 2;
+  const Planned with_rates = plan({}, 1, measured);
+  const RankTime& m = with_rates.prediction.ranks[0];
+  EXPECT_NEAR(m.elementwise, activations / 4e9 + streamed / 10e9 + packed / 2e9, 1e-12);
   EXPECT_DOUBLE_EQ(s.tokens_per_second, 8 * 128 / s.step_seconds);
   EXPECT_DOUBLE_EQ(s.mfu, s.model_flops / s.step_seconds / 100e9);
   // The step's FLOPs as the trainer counts them are the products' and attention's within the
@@ -214,6 +228,87 @@ TEST(PlanStepTime, OneRankIsItsWorkAtTheClustersRates) {
   EXPECT_GT(s.ranks[0].attention, 0);
   EXPECT_NEAR(t.attention, s.ranks[0].attention / 4, 1e-12);
   EXPECT_DOUBLE_EQ(t.gemm, s.ranks[0].gemm);
+  // Measured attention rates replace the table: every sequence here has 128 keys, so the rate
+  // at 128, between the points at 64 and 256, is their geometric mean.
+  Cluster rates = cluster;
+  rates.attention = {{64, 10}, {256, 40}};
+  const Planned with_attention = plan({}, 1, rates);
+  const RankTime& r = with_attention.prediction.ranks[0];
+  EXPECT_NEAR(r.attention, s.ranks[0].attention * 50 / 20, 1e-12);
+  EXPECT_DOUBLE_EQ(r.gemm, s.ranks[0].gemm);
+}
+
+// Where a step packs its weights' copies and how much the optimizer streams, by ZeRO stage: the
+// update packs the weights it writes whole; ZeRO-1/2's next products repack the gathered ones
+// (costed at the gather); ZeRO-3's every product pass after a gather packs its own copy. Below
+// ZeRO-2 the whole gradient buffer is zeroed and read by the norm; from ZeRO-2 on, the shard.
+TEST(PlanStepTime, PackingAndTheOptimizersStreamsFollowTheZeroStage) {
+  const ModelConfig model = small_gpt2();
+  StepOptions step;
+  step.seq_len = 128;
+  step.micro_batch_size = 8;
+  for (int zero : {0, 1, 2, 3}) {
+    SCOPED_TRACE("ZeRO-" + std::to_string(zero));
+    ParallelConfig parallel;
+    parallel.dp_shard = 2;
+    parallel.zero_stage = zero;
+    const Layout layout = plan_layout(model, parallel, step, 2);
+    const StepWork work = step_work(model, parallel, step, layout, 0);
+    const int64_t rows = 4 * 128;  // the rank's micro-batch
+    double copies = 0, forward_copies = 0, backward_copies = 0;
+    for (const LinearGemm::WeightCopies& c : weight_copies(*work.model, rows, true)) {
+      copies += double(c.total());
+      forward_copies += double(c.forward + c.rounded);
+      backward_copies += double(c.backward);
+    }
+    const double n = double(work.model->params().total());
+    std::map<Op, double> packed, streamed;
+    for (size_t i = 0; i < work.work.size(); ++i) {
+      packed[work.program.instructions[i].op] += work.work[i]->pack_bytes;
+      streamed[work.program.instructions[i].op] += work.work[i]->stream_bytes;
+    }
+    if (zero == 0) EXPECT_DOUBLE_EQ(packed[Op::update], copies);
+    else EXPECT_DOUBLE_EQ(packed[Op::update], 0);
+    if (zero == 1 || zero == 2) EXPECT_DOUBLE_EQ(packed[Op::gather_params], copies);
+    else EXPECT_DOUBLE_EQ(packed[Op::gather_params], 0);
+    if (zero == 3) {
+      EXPECT_DOUBLE_EQ(packed[Op::forward], forward_copies);
+      EXPECT_DOUBLE_EQ(packed[Op::backward], backward_copies);
+    } else {
+      EXPECT_DOUBLE_EQ(packed[Op::forward] + packed[Op::backward], 0);
+    }
+    const double updated = zero == 0 ? n : n / 2;
+    EXPECT_DOUBLE_EQ(streamed[Op::update], 4 * (7 * updated + (zero < 2 ? n : 0)));
+    EXPECT_DOUBLE_EQ(streamed[Op::grad_norm], 4 * (zero < 2 ? n : n / 2));
+    // ZeRO-2/3's released gradients fault in again once a step, where backward first writes
+    // them; ZeRO-3's parameters at every gather. Below ZeRO-2 nothing is released.
+    std::map<Op, double> refaulted;
+    for (size_t i = 0; i < work.work.size(); ++i) {
+      refaulted[work.program.instructions[i].op] += work.work[i]->refault_bytes;
+      EXPECT_FALSE(work.work[i]->refault_huge);  // this model's buffers are under 64 MiB
+    }
+    EXPECT_DOUBLE_EQ(refaulted[Op::backward], zero >= 2 ? 4 * n : 0);
+    double gathered = 0;
+    for (const auto& [op, bytes] : refaulted)
+      if (op != Op::backward) gathered += bytes;
+    EXPECT_EQ(gathered > 0, zero == 3);
+    if (zero == 3) {
+      EXPECT_DOUBLE_EQ(gathered, refaulted[Op::gather] + refaulted[Op::prefetch]);
+    }
+  }
+  // A cluster without refault rates costs none; with them, the bytes at the rate.
+  ParallelConfig zero2;
+  zero2.dp_shard = 2;
+  zero2.zero_stage = 2;
+  Cluster faults = flat_cluster(2, 1);
+  const Planned free = plan(zero2, 2, faults);
+  faults.refault_gbps = 0.5;
+  faults.refault_huge_gbps = 1e-3;  // not this model's: its buffers are under 64 MiB
+  const Planned faulted = plan(zero2, 2, faults);
+  double refault = 0;
+  for (const auto& w : faulted.work[0].work) refault += w->refault_bytes;
+  EXPECT_NEAR(faulted.prediction.ranks[0].elementwise - free.prediction.ranks[0].elementwise,
+              refault / 0.5e9, 1e-12);
 }
 
 TEST(PlanStepTime, TensorParallelAcrossHostsTakesTheSlowerLink) {

@@ -15,6 +15,9 @@
 
 namespace cleave {
 
+// Buffers of this size and more are mapped with transparent huge pages (Buffer::resize).
+inline constexpr size_t kHugePageBufferBytes = size_t(64) << 20;
+
 // The bytes the Buffers this thread allocated own (less those it released), touched or not: the
 // planner sizes a set of work buffers by reserving it on a model that never runs
 // (Transformer::backward_scratch_bytes), so the figure is the code's own, not a second formula.
@@ -60,7 +63,7 @@ class Buffer {
       // gradients and parameters to the system and fault them in again every step, 512 times
       // fewer faults with 2 MiB pages (measured: ZeRO-2 and ZeRO-3 2x1 about 10% faster). Small
       // buffers keep 4 KiB pages, where a huge page would make a few KiB cost 2 MiB.
-      if (bytes >= kHugeFrom) madvise(p, bytes, MADV_HUGEPAGE);
+      if (bytes >= kHugePageBufferBytes) madvise(p, bytes, MADV_HUGEPAGE);
       data_ = static_cast<T*>(p);
       mapped_bytes_ = bytes;
       return;
@@ -99,7 +102,6 @@ class Buffer {
   const T& operator[](int64_t i) const { return data_[i]; }
 
  private:
-  static constexpr size_t kHugeFrom = size_t(64) << 20;
   void release() {
     if (borrowed_) borrowed_ = false;
     else if (mapped_bytes_) munmap(data_, mapped_bytes_);

@@ -6,14 +6,12 @@
 #include <functional>
 #include <vector>
 
-#include <pthread.h>
-#include <time.h>
-
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
+#include "cleave/kernels/bench_timing.h"
 #include "cleave/kernels/weight_pack.h"
 
 namespace cleave {
@@ -21,76 +19,6 @@ namespace cleave {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void fill(std::vector<float>& v, uint32_t seed, float scale) {
-  uint32_t s = seed * 2654435761u + 1;
-  for (auto& e : v) {
-    s = s * 1664525u + 1013904223u;
-    e = scale * (float(s >> 8) * (1.0f / 16777216.0f) - 0.5f);
-  }
-}
-
-// The CPU clocks of the OpenMP team's threads, the pool oneDNN's products run on.
-std::vector<clockid_t> team_clocks() {
-  std::vector<clockid_t> clocks(size_t(omp_get_max_threads()), CLOCK_MONOTONIC);
-#pragma omp parallel
-  pthread_getcpuclockid(pthread_self(), &clocks[size_t(omp_get_thread_num())]);
-  return clocks;
-}
-
-void read_clocks(const std::vector<clockid_t>& clocks, std::vector<double>& seconds) {
-  for (size_t i = 0; i < clocks.size(); ++i) {
-    timespec t{};
-    clock_gettime(clocks[i], &t);
-    seconds[i] = double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-  }
-}
-
-struct Timing {
-  double median = 0;  // wall seconds of one call
-  // The shortest call, each taken as the CPU time of its busiest thread where that is less than
-  // the wall time: neighbours that take a core away lengthen the wall time of a call, and the
-  // time its other threads wait, but not the CPU time each thread needs for its share. So this
-  // is the call's duration on an unshared machine (never shorter: a thread's own work is in it).
-  double best = 0;
-  int reps = 0;
-};
-
-// Times `fn` after 2 warm-up calls, repeating for about `budget` seconds; `setup` (if any) runs
-// untimed before each call.
-Timing time_calls(const std::function<void()>& setup, const std::function<void()>& fn,
-                  double budget) {
-  for (int i = 0; i < 2; ++i) {
-    if (setup) setup();
-    fn();
-  }
-  const std::vector<clockid_t> clocks = team_clocks();
-  std::vector<double> cpu0(clocks.size()), cpu1(clocks.size());
-  std::vector<double> times;
-  double best = 1e30;
-  auto start = Clock::now();
-  while (times.size() < 3 ||
-         std::chrono::duration<double>(Clock::now() - start).count() < budget) {
-    if (setup) setup();
-    read_clocks(clocks, cpu0);
-    auto t0 = Clock::now();
-    fn();
-    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-    read_clocks(clocks, cpu1);
-    double busiest = 0;
-    for (size_t i = 0; i < clocks.size(); ++i) busiest = std::max(busiest, cpu1[i] - cpu0[i]);
-    times.push_back(wall);
-    best = std::min(best, std::min(wall, busiest));
-    if (times.size() >= 10000) break;
-  }
-  std::sort(times.begin(), times.end());
-  Timing t;
-  t.reps = int(times.size());
-  const size_t n = times.size();
-  t.median = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
-  t.best = best;
-  return t;
-}
 
 }  // namespace
 
@@ -101,9 +29,9 @@ std::vector<GemmBenchResult> bench_linear_shapes(
   for (const auto& [N, in, out] : shapes) {
     std::vector<float> w(size_t(out) * in), x(size_t(N) * in), y(size_t(N) * out),
         dy(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f);
-    fill(w, 1, 0.05f);
-    fill(x, 2, 2.f);
-    fill(dy, 3, 0.01f);
+    fill_pseudo_random(w, 1, 0.05f);
+    fill_pseudo_random(x, 2, 2.f);
+    fill_pseudo_random(dy, 3, 0.01f);
     LinearGemm gemm(in, out, precision);
     gemm.set_weight(w.data());
     const double flops = 2.0 * double(N) * in * out;
@@ -162,7 +90,7 @@ std::vector<PackBenchResult> bench_weight_packing(
                 Buffer<char>(int64_t(preferred.forward.get_size())),
                 Buffer<char>(int64_t(preferred.backward_input.get_size()))};
       std::vector<float> w(size_t(out) * in);
-      fill(w, uint32_t(c + 1), 0.05f);
+      fill_pseudo_random(w, uint32_t(c + 1), 0.05f);
       std::copy(w.begin(), w.end(), copy.w.data());
       pool.push_back(std::move(copy));
     }

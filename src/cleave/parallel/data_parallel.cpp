@@ -1,35 +1,13 @@
 #include "cleave/parallel/data_parallel.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 
+#include "cleave/base/released_pages.h"
 #include "cleave/optim/grad_norm.h"
 
 namespace cleave {
 
-namespace {
-
-// Zeroes [begin, end) of a buffer and returns its whole pages to the system: they read as zero
-// and take no memory until written again (ZeRO-3's released parameters and gradients).
-void release_range(float* base, int64_t begin, int64_t end) {
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  char* lo = reinterpret_cast<char*>(base + begin);
-  char* hi = reinterpret_cast<char*>(base + end);
-  char* page_lo = reinterpret_cast<char*>((uintptr_t(lo) + page - 1) / page * page);
-  char* page_hi = reinterpret_cast<char*>(uintptr_t(hi) / page * page);
-  if (page_lo >= page_hi) {
-    std::memset(lo, 0, size_t(hi - lo));
-    return;
-  }
-  std::memset(lo, 0, size_t(page_lo - lo));
-  std::memset(page_hi, 0, size_t(hi - page_hi));
-  madvise(page_lo, size_t(page_hi - page_lo), MADV_DONTNEED);
-}
-
-}  // namespace
 
 DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage,
                            double bucket_mb, std::vector<int64_t> unit_bounds, uint64_t seed,

@@ -78,6 +78,12 @@ std::vector<std::string> collective_names() {
   return names;
 }
 
+// Keys a file may leave out (Cluster says what stands in for them).
+bool optional_key(const std::string& name) {
+  return name == "cluster.elementwise_gbps" || name == "cluster.pack_gbps" ||
+         name == "cluster.refault_gbps" || name == "cluster.refault_huge_gbps";
+}
+
 const std::vector<ConfigKey<Cluster>>& cluster_keys() {
   static const std::vector<ConfigKey<Cluster>> keys = [] {
     using C = Cluster;
@@ -87,6 +93,14 @@ const std::vector<ConfigKey<Cluster>>& cluster_keys() {
     k.push_back(integer_key("cluster.devices_per_host", &C::devices_per_host, 1, 1 << 20));
     k.push_back(real_key("cluster.memory_gib", &C::memory_gib, 1e-6, 1e9));
     k.push_back(real_key("cluster.memory_gbps", &C::memory_gbps, 1e-6, kMaxRate));
+    for (const auto& [name, rate] : {std::pair{"cluster.elementwise_gbps", &C::elementwise_gbps},
+                                     std::pair{"cluster.pack_gbps", &C::pack_gbps},
+                                     std::pair{"cluster.refault_gbps", &C::refault_gbps},
+                                     std::pair{"cluster.refault_huge_gbps", &C::refault_huge_gbps}}) {
+      ConfigKey<C> key = real_key(name, rate, 1e-6, kMaxRate);
+      key.show = [field = rate](const C& c) { return c.*field > 0 ? show_real(c.*field) : ""; };
+      k.push_back(key);
+    }
     std::vector<std::pair<std::string, Precision>> dtypes;
     for (Precision p : kClusterDtypes) dtypes.push_back({precision_name(p), p});
     k.push_back(choice_key("cluster.attention_dtype", &C::attention_dtype, dtypes));
@@ -135,6 +149,34 @@ GemmTable read_gemm_table(const toml::node& node, const std::string& name,
     points.push_back(p);
   }
   return GemmTable(std::move(points), toml_where(node, origin) + ": " + name);
+}
+
+std::vector<AttentionRate> read_attention_rates(const toml::node& node, const std::string& origin) {
+  const toml::table& t = table_of(node, "attention", origin);
+  refuse_unknown_keys(t, "attention", {"rates"}, origin);
+  const toml::node& rates = required(t, "rates", "attention.rates", toml_where(node, origin));
+  if (!rates.is_array()) fail_at(rates, origin, "attention.rates must be an array of {keys, gflops}");
+  const toml::array& entries = *rates.as_array();
+  if (entries.empty()) fail_at(rates, origin, "attention.rates has no points");
+  std::vector<AttentionRate> out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string entry = "attention.rates[" + std::to_string(i) + "]";
+    const toml::table& e = table_of(entries[i], entry, origin);
+    const std::string where = toml_where(entries[i], origin);
+    refuse_unknown_keys(e, entry, {"keys", "gflops"}, origin);
+    AttentionRate r;
+    const toml::node& keys = required(e, "keys", entry + ".keys", where);
+    check_value(KeyKind::integer, 1, kMaxGemmDim, {}, keys, entry + ".keys", origin);
+    r.keys = *keys.value<int64_t>();
+    r.gflops = real_of(required(e, "gflops", entry + ".gflops", where), entry + ".gflops", 1e-9,
+                       kMaxRate, origin);
+    if (!out.empty() && r.keys <= out.back().keys)
+      fail_at(entries[i], origin, entry + ".keys = " + std::to_string(r.keys) +
+                                      " must be larger than the point before it (" +
+                                      std::to_string(out.back().keys) + ")");
+    out.push_back(r);
+  }
+  return out;
 }
 
 AlphaBeta read_line(const toml::node& n, const std::string& name, bool first,
@@ -317,13 +359,14 @@ double GemmTable::seconds(int64_t m, int64_t n, int64_t k, double peak_gflops) c
 
 Cluster parse_cluster(const std::string& text, const std::string& origin) {
   const toml::table root = parse_toml(text, origin);
-  refuse_unknown_keys(root, "", {"cluster", "peak_gflops", "gemm", "collectives"}, origin);
+  refuse_unknown_keys(root, "", {"cluster", "peak_gflops", "gemm", "attention", "collectives"},
+                     origin);
   Cluster c;
   std::set<std::string> given;
   const toml::table& cluster = table_of(required(root, "cluster", "[cluster]", origin), "cluster", origin);
   read_table(cluster, "cluster", cluster_keys(), c, origin, given);
   for (auto& k : cluster_keys())
-    if (!given.count(k.name)) throw Error(toml_where(cluster, origin) + ": " + k.name + " is missing");
+    if (!given.count(k.name) && !optional_key(k.name)) throw Error(toml_where(cluster, origin) + ": " + k.name + " is missing");
   if (c.name.empty()) fail_at(*cluster.get("name"), origin, "cluster.name is empty");
 
   const toml::node& peaks = required(root, "peak_gflops", "[peak_gflops]", origin);
@@ -336,6 +379,9 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
       if (const toml::node* n = t.get(precision_name(p)))
         c.gemm[p] = read_gemm_table(*n, std::string("gemm.") + precision_name(p), origin);
   }
+
+  if (const toml::node* attention = root.get("attention"))
+    c.attention = read_attention_rates(*attention, origin);
 
   if (const toml::node* coll = root.get("collectives")) {
     const toml::table& t = table_of(*coll, "collectives", origin);
@@ -368,8 +414,10 @@ std::string cluster_toml(const Cluster& c, const std::map<std::string, std::stri
   comment("cluster");
   out += "[cluster]\n";
   for (auto& k : cluster_keys()) {
+    const std::string value = k.show(c);
+    if (value.empty()) continue;
     comment(k.name);
-    out += k.name.substr(k.name.find('.') + 1) + " = " + k.show(c) + "\n";
+    out += k.name.substr(k.name.find('.') + 1) + " = " + value + "\n";
   }
   out += "\n";
   comment("peak_gflops");
@@ -395,6 +443,14 @@ std::string cluster_toml(const Cluster& c, const std::map<std::string, std::stri
                ", k = " + std::to_string(g.k) + ", gflops = " + show_real(g.gflops) + " },\n";
       out += "]\n";
     }
+  }
+  if (!c.attention.empty()) {
+    out += "\n";
+    comment("attention");
+    out += "[attention]\nrates = [\n";
+    for (const AttentionRate& r : c.attention)
+      out += "  { keys = " + std::to_string(r.keys) + ", gflops = " + show_real(r.gflops) + " },\n";
+    out += "]\n";
   }
   for (LinkClass l : kLinkClasses) {
     const std::string prefix = std::string("collectives.") + link_class_name(l);
@@ -466,6 +522,40 @@ double collective_seconds(const Cluster& c, Collective kind, LinkClass link, dou
 double memory_seconds(const Cluster& c, double bytes) {
   CLEAVE_CHECK(c.memory_gbps > 0, "cluster '" << c.name << "' has no memory bandwidth");
   return bytes / (c.memory_gbps * 1e9);
+}
+
+double elementwise_seconds(const Cluster& c, double bytes) {
+  return c.elementwise_gbps > 0 ? bytes / (c.elementwise_gbps * 1e9) : memory_seconds(c, bytes);
+}
+
+double pack_seconds(const Cluster& c, double bytes) {
+  return c.pack_gbps > 0 ? bytes / (c.pack_gbps * 1e9) : memory_seconds(c, bytes);
+}
+
+double refault_seconds(const Cluster& c, double bytes, bool huge_pages) {
+  const double gbps = huge_pages ? c.refault_huge_gbps : c.refault_gbps;
+  return gbps > 0 ? bytes / (gbps * 1e9) : 0.0;
+}
+
+double attention_seconds(const Cluster& c, int64_t m, int64_t n, int64_t k) {
+  if (c.attention.empty()) return gemm_seconds(c, m, n, k, c.attention_dtype);
+  CLEAVE_CHECK(m >= 0 && n >= 0 && k >= 0, "attention of " << show_dims(m, n, k));
+  if (m == 0 || n == 0 || k == 0) return 0;
+  const std::vector<AttentionRate>& r = c.attention;
+  double gflops = r.front().gflops;
+  if (n >= r.back().keys) {
+    gflops = r.back().gflops;
+  } else if (n > r.front().keys) {
+    const size_t hi = size_t(std::upper_bound(r.begin(), r.end(), n, [](int64_t keys,
+                                                                        const AttentionRate& p) {
+                               return keys < p.keys;
+                             }) - r.begin());
+    const AttentionRate& a = r[hi - 1];
+    const AttentionRate& b = r[hi];
+    const double t = std::log(double(n) / double(a.keys)) / std::log(double(b.keys) / double(a.keys));
+    gflops = std::exp((1 - t) * std::log(a.gflops) + t * std::log(b.gflops));
+  }
+  return 2.0 * double(m) * double(n) * double(k) / (gflops * 1e9);
 }
 
 AlphaBeta fit_alpha_beta(Collective kind, int ranks, const std::vector<CommPoint>& points) {

@@ -5,8 +5,14 @@
 //   gemm_seconds        a product's time from a table of measured GF/s by shape and dtype;
 //   collective_seconds  a collective's time from a latency-bandwidth (alpha-beta) model per link
 //                       class and collective, with the ring's steps and bytes;
-//   memory_seconds      element-wise work (norms, activations, the optimizer) from its bytes and
-//                       the device's streaming bandwidth.
+//   memory_seconds      work streamed once per parameter (the optimizer) from its bytes and the
+//                       device's streaming bandwidth;
+//   elementwise_seconds the activations' element-wise kernels (norms, activations, residual adds),
+//   pack_seconds        and the packing of weights into the products' layouts, from their bytes
+//                       at rates measured by running cleave's kernels (the streaming bandwidth
+//                       where a file gives none);
+//   attention_seconds   attention from its FLOPs at the rate its kernel measured by keys per
+//                       query (the GEMM table of attention_dtype where a file gives none).
 // Figures are kept in the file's units (GF/s, GB/s, microseconds, GiB), so a file written and read
 // back is the same file.
 #pragma once
@@ -66,6 +72,14 @@ class GemmTable {
   std::vector<double> log_seconds_;              // [i_m][i_n][i_k], after the envelope above
 };
 
+// The measured rate of causal attention, forward and backward, over sequences of `keys` tokens:
+// FLOPs counted as the planner counts them (one full product of queries by keys forward, two
+// backward).
+struct AttentionRate {
+  int64_t keys = 0;
+  double gflops = 0;
+};
+
 // One latency-bandwidth line of a collective's cost: alpha per step of the ring, then the bytes
 // each rank sends at beta (time = alpha * ring_steps + ring_bytes_sent / beta; beta is nccl-tests'
 // busbw), for collectives of from_bytes and more.
@@ -86,7 +100,18 @@ struct Cluster {
   std::string source;  // where the figures come from (free text)
   int devices_per_host = 1;
   double memory_gib = 0;   // per device
-  double memory_gbps = 0;  // per device: streaming bandwidth (GB/s), for element-wise work
+  double memory_gbps = 0;  // per device: streaming bandwidth (GB/s), for the optimizer's work
+  // GB/s on the planner's byte counts of the activations' element-wise kernels and of weight
+  // packing; 0 (the key absent): memory_gbps.
+  double elementwise_gbps = 0, pack_gbps = 0;
+  // GB/s of memory returned to the system and written again (ZeRO-2/3's released gradients and
+  // parameters fault in anew every step), beyond writing it resident: in buffers under
+  // kHugePageBufferBytes (4 KiB pages) and in larger ones (huge pages, split by the releases);
+  // 0 (the key absent): free, as where an allocator keeps the memory (a GPU's).
+  double refault_gbps = 0, refault_huge_gbps = 0;
+  // Ascending keys ([attention] rates); empty: attention's products costed by the GEMM table of
+  // attention_dtype.
+  std::vector<AttentionRate> attention;
   // The dtype whose table attention's products take: the kernels' own, fp32 for cleave's CPU
   // kernels, bf16 for FlashAttention on a GPU's tensor cores.
   Precision attention_dtype = Precision::fp32;
@@ -135,6 +160,16 @@ double collective_seconds(const Cluster& c, Collective kind, LinkClass link, dou
 
 // Seconds to stream `bytes` through one device's memory.
 double memory_seconds(const Cluster& c, double bytes);
+// Seconds of the activations' element-wise kernels, and of weight packing, on `bytes` as the
+// planner counts them (plan/step_work.h).
+double elementwise_seconds(const Cluster& c, double bytes);
+double pack_seconds(const Cluster& c, double bytes);
+// Seconds of faulting in `bytes` of released memory again, in a buffer of huge pages or not.
+double refault_seconds(const Cluster& c, double bytes, bool huge_pages);
+// Seconds of attention's products of m queries by n keys over head_dim k (2mnk FLOPs): at the
+// attention rate of n keys, interpolated in (log keys, log rate) between measured points and held
+// beyond them; without rates, gemm_seconds of attention_dtype.
+double attention_seconds(const Cluster& c, int64_t m, int64_t n, int64_t k);
 
 // Fits one alpha-beta line to measured times of a collective over `ranks` ranks by least squares
 // on relative error (each point weighted by 1 / its time squared, so that the latency of small

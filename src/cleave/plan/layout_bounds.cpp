@@ -141,7 +141,7 @@ const std::vector<double>& LayoutBounds::weight_copies(const Planned& p, int64_t
     if (it != copies_.end()) return it->second;
   }
   std::vector<double> copies(size_t(model_.n_layers) + 2, 0);
-  const std::vector<LinearGemm::WeightCopies> per_unit = unit_weight_copies(*p.model, rows);
+  const std::vector<LinearGemm::WeightCopies> per_unit = cleave::weight_copies(*p.model, rows, false);
   for (size_t u = 0; u < per_unit.size(); ++u)
     copies[size_t(unit_layer(p.model->units()[u], model_.n_layers) + 1)] +=
         double(per_unit[u].total());

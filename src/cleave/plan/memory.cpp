@@ -42,15 +42,6 @@ ModelState resident_state(const ParallelConfig& parallel, const std::string& opt
   return s;
 }
 
-std::vector<LinearGemm::WeightCopies> unit_weight_copies(const Transformer& model, int64_t rows) {
-  const ParamStore& store = model.params();
-  std::vector<LinearGemm::WeightCopies> copies(size_t(model.n_units()));
-  for (size_t i = 0; i < store.tensors().size(); ++i)
-    if (const LinearGemm* g = store.packed_by(int(i)))
-      copies[size_t(store.tensor(int(i)).unit)] += g->weight_copy_bytes(rows);
-  return copies;
-}
-
 MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
                        const StepOptions& step, const std::string& optimizer_offload,
                        const Layout& layout, const StepWork& work, int val_batches) {
@@ -77,7 +68,7 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
   }
   const int64_t all = store.total();
   const int64_t N = layout.local_batch * (step.seq_len / cp);
-  const std::vector<LinearGemm::WeightCopies> unit_copies = unit_weight_copies(m, N);
+  const std::vector<LinearGemm::WeightCopies> unit_copies = weight_copies(m, N, false);
 
   const bool selective = step.activation_checkpointing == "selective";
   m.set_selective_recompute(selective);

@@ -42,10 +42,6 @@ ModelState model_state(const StateRecipe& recipe, int zero, double all, double s
 ModelState resident_state(const ParallelConfig& parallel, const std::string& optimizer_offload,
                           double all, double shard, double gathered, double reducing);
 
-// Per unit of `model`, the copies its linears' products keep of their weights on micro-batches of
-// `rows` rows on a rank (LinearGemm::weight_copy_bytes of each weight a product packs).
-std::vector<LinearGemm::WeightCopies> unit_weight_copies(const Transformer& model, int64_t rows);
-
 struct MemoryPlan {
   int pp_rank = 0;
   int64_t parameter_count = 0;  // of this rank's share of the model (tp share of its stages)

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <map>
-#include <optional>
 #include <tuple>
 
 #include "cleave/base/check.h"
@@ -158,10 +157,10 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
     }
     return inside ? LinkClass::intra_host : LinkClass::inter_host;
   };
-  auto products = [&](const std::vector<GemmCall>& calls, std::optional<Precision> dtype) {
+  auto products = [&](const std::vector<GemmCall>& calls) {
     double s = 0;
     for (const GemmCall& g : calls)
-      s += gemm_seconds(cluster, g.m, g.n, g.k, dtype.value_or(product_dtype(g.dtype))) * g.count;
+      s += gemm_seconds(cluster, g.m, g.n, g.k, product_dtype(g.dtype)) * g.count;
     return s;
   };
   struct Costed {
@@ -171,9 +170,11 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
   auto cost_instruction = [&](const InstructionWork& iw) {
     Costed k;
     InstructionCost& c = k.cost;
-    k.gemm = products(iw.gemms, std::nullopt);
-    k.attention = products(iw.attention, cluster.attention_dtype);
-    k.elementwise = iw.elementwise_bytes > 0 ? memory_seconds(cluster, iw.elementwise_bytes) : 0;
+    k.gemm = products(iw.gemms);
+    for (const GemmCall& a : iw.attention) k.attention += attention_seconds(cluster, a.m, a.n, a.k) * a.count;
+    k.elementwise = elementwise_seconds(cluster, iw.elementwise_bytes) +
+                    memory_seconds(cluster, iw.stream_bytes) + pack_seconds(cluster, iw.pack_bytes) +
+                    refault_seconds(cluster, iw.refault_bytes, iw.refault_huge);
     c.compute = k.gemm + k.attention + k.elementwise;
     for (const CommCall& call : iw.comms) {
       const LinkClass l = link(call);

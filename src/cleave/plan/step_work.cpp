@@ -5,6 +5,7 @@
 #include <memory>
 #include <tuple>
 
+#include "cleave/base/buffer.h"
 #include "cleave/mesh/mesh.h"
 #include "cleave/model/placement.h"
 #include "cleave/model/tp_share.h"
@@ -18,6 +19,21 @@ double InstructionWork::flops() const {
   for (const std::vector<GemmCall>* list : {&gemms, &attention})
     for (const GemmCall& g : *list) f += 2.0 * double(g.m) * double(g.n) * double(g.k) * g.count;
   return f;
+}
+
+double block_elementwise_floats(Family family, double d_model, double hidden) {
+  return 10 * d_model + (family == Family::llama ? 3 : 2) * hidden;
+}
+
+std::vector<LinearGemm::WeightCopies> weight_copies(const Transformer& model, int64_t rows,
+                                                    bool by_group) {
+  const ParamStore& store = model.params();
+  std::vector<LinearGemm::WeightCopies> copies(size_t(by_group ? store.n_groups() : model.n_units()));
+  for (int i = 0; i < int(store.tensors().size()); ++i)
+    if (const LinearGemm* g = store.packed_by(i))
+      copies[size_t(by_group ? store.tensor(i).group : store.tensor(i).unit)] +=
+          g->weight_copy_bytes(rows);
+  return copies;
 }
 
 namespace {
@@ -62,16 +78,21 @@ class Builder {
     for (const Transformer::Unit& u : model_->units())
       out.unit_layer.push_back(unit_layer(u, m_.n_layers));
     count_fp8_gathered();
+    unit_copies_ = weight_copies(*model_, int64_t(tokens_), false);
+    group_copies_ = weight_copies(*model_, int64_t(tokens_), true);
     for (int u = 0; u < model_->n_units(); ++u) describe_unit(u);
     add_products();
     const std::vector<bool> starts =
         par_.zero_stage == 3 ? zero3_gather_starts(out.program, model_->n_units())
                              : std::vector<bool>(out.program.instructions.size(), false);
-    std::map<std::tuple<Op, int, int, int, bool>, std::shared_ptr<const InstructionWork>> made;
+    const std::vector<bool> refills = first_weight_gradients(out.program);
+    std::map<std::tuple<Op, int, int, int, bool, bool>, std::shared_ptr<const InstructionWork>> made;
     for (size_t i = 0; i < out.program.instructions.size(); ++i) {
       const Instruction& in = out.program.instructions[i];
-      auto [it, added] = made.try_emplace({in.op, in.unit, in.group, in.peer, starts[i]});
-      if (added) it->second = std::make_shared<const InstructionWork>(instruction_work(in, starts[i]));
+      auto [it, added] = made.try_emplace({in.op, in.unit, in.group, in.peer, starts[i], refills[i]});
+      if (added)
+        it->second =
+            std::make_shared<const InstructionWork>(instruction_work(in, starts[i], refills[i]));
       out.work.push_back(it->second);
       if (is_compute(in.op) && in.op != Op::recompute) out.model_flops += it->second->flops();
     }
@@ -115,13 +136,10 @@ class Builder {
       }
       return;
     }
-    // A block: two norms and two residual adds over the stream, the MLP's activation over its
-    // hidden units (SwiGLU reads two of them), once forward and twice backward.
     const bool moe = m_.is_moe_layer(unit.layer);
     const double hidden = moe ? double(m_.moe_ffn_hidden) * (m_.moe_top_k + m_.moe_shared_experts)
                               : double(share.ffn);
-    const double per_token = 10 * d + (m_.family == Family::llama ? 3 : 2) * hidden;
-    w.forward_bytes = per_token * tokens_ * kF;
+    w.forward_bytes = block_elementwise_floats(m_.family, d, hidden) * tokens_ * kF;
     w.backward_bytes = 2 * w.forward_bytes;
     // Attention: per sequence and head, causal scores and values make one full product of the
     // rank's queries by the sequence's keys forward, two backward.
@@ -352,17 +370,72 @@ class Builder {
                             "the replicated kv heads' gradients"));
   }
 
-  // AdamW on the parameters a group's update writes: the values, gradients and two moments read,
-  // the values and moments written.
+  // Group g's parameters on this rank, and the share of them its optimizer updates.
+  double group_floats(int g) const {
+    const std::vector<int64_t>& b = model_->params().unit_bounds(g);
+    return double(b.back() - b.front());
+  }
+  bool sharded_update() const { return par_.zero_stage > 0 && S_ > 1; }
+  // A group's update: AdamW reads the values, gradients and two moments of the parameters it
+  // updates and writes the values and moments; below ZeRO-2 the whole gradient buffer is zeroed
+  // for the next step (ZeRO-2 and 3 free it instead).
   double update_bytes(int g) const {
-    const ParamStore& store = model_->params();
-    const std::vector<int64_t>& b = store.unit_bounds(g);
-    const double n = double(b.back() - b.front()) / (par_.zero_stage == 0 ? 1 : S_);
-    return 7 * n * kF;
+    const double n = group_floats(g);
+    return (7 * (sharded_update() ? n / S_ : n) + (par_.zero_stage < 2 ? n : 0)) * kF;
+  }
+  // The gradient norm reads every gradient the rank holds: the whole buffer below ZeRO-2, its
+  // shard from ZeRO-2 on.
+  double norm_bytes() const {
+    double n = 0;
+    for (int g = 0; g < model_->params().n_groups(); ++g)
+      n += par_.zero_stage >= 2 && S_ > 1 ? group_floats(g) / S_ : group_floats(g);
+    return n * kF;
+  }
+  // Where the products' weight copies are packed anew: by the update itself where the rank
+  // updates whole weights (it packs each band as it writes it); after ZeRO-1/2's gather of the
+  // updated shards (by the next products, costed at the gather); under ZeRO-3 by every product
+  // pass after a gather (forward: the forward copy and the rounding; backward: its copy).
+  double packed_at_update(int g) const {
+    return sharded_update() ? 0 : double(group_copies_[size_t(g)].total());
+  }
+  double packed_at_gather(int g) const {
+    return sharded_update() && par_.zero_stage < 3 ? double(group_copies_[size_t(g)].total()) : 0;
+  }
+  double packed_by_pass(int u, bool forward) const {
+    if (!(sharded_update() && par_.zero_stage == 3) || u < 0) return 0;
+    const LinearGemm::WeightCopies& c = unit_copies_[size_t(u)];
+    return double(forward ? c.forward + c.rounded : c.backward);
   }
 
-  InstructionWork instruction_work(const Instruction& in, bool starts_gather) const {
+  // ZeRO-2/3 return each unit's gradients to the system once the step has reduced them: the
+  // instruction that first writes a unit's weight gradients in the next step faults them in again.
+  std::vector<bool> first_weight_gradients(const Program& program) const {
+    std::vector<bool> first(program.instructions.size(), false);
+    if (par_.zero_stage < 2 || S_ == 1) return first;
+    std::vector<bool> seen(size_t(model_->n_units()), false);
+    for (size_t i = 0; i < program.instructions.size(); ++i) {
+      const Instruction& in = program.instructions[i];
+      if ((in.op != Op::backward && in.op != Op::backward_weight) || seen[size_t(in.unit)]) continue;
+      seen[size_t(in.unit)] = true;
+      first[i] = true;
+    }
+    return first;
+  }
+  // Unit u's floats in the rank's flat buffers (values and gradients alike), over its groups.
+  double unit_floats(int u) const {
+    const ParamStore& store = model_->params();
+    double n = 0;
+    for (int g = 0; g < store.n_groups(); ++g)
+      n += double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]);
+    return n;
+  }
+
+  InstructionWork instruction_work(const Instruction& in, bool starts_gather,
+                                   bool refills_gradients) const {
     InstructionWork w;
+    w.refault_huge = double(model_->params().total()) * kF >= double(kHugePageBufferBytes);
+    if (refills_gradients) w.refault_bytes = unit_floats(in.unit) * kF;
+    if (starts_gather && par_.zero_stage == 3 && S_ > 1) w.refault_bytes = unit_floats(in.unit) * kF;
     const bool full = step_.activation_checkpointing == "full";
     auto add = [](std::vector<GemmCall>& to, const std::vector<GemmCall>& from) {
       to.insert(to.end(), from.begin(), from.end());
@@ -376,6 +449,7 @@ class Builder {
         add(w.gemms, u->forward);
         add(w.attention, u->attention);
         w.elementwise_bytes = u->forward_bytes;
+        w.pack_bytes = packed_by_pass(in.unit, true);
         comms(u->forward_comms);
         break;
       case Op::recompute:
@@ -385,6 +459,7 @@ class Builder {
         if (full) {
           add(w.gemms, u->forward);
           add(w.attention, u->attention);
+          w.pack_bytes = packed_by_pass(in.unit, true);
           comms(u->forward_comms);
         }
         break;
@@ -399,6 +474,7 @@ class Builder {
             w.attention.push_back(a);
           }
           w.elementwise_bytes += u->backward_bytes;
+          w.pack_bytes = packed_by_pass(in.unit, false);
           comms(u->backward_comms);
         }
         if (weight) add(w.gemms, u->backward_weight);
@@ -433,9 +509,14 @@ class Builder {
         break;
       case Op::gather_params:
         if (dp_ > 1) gather_params_comms(in.group, w.comms);
+        w.pack_bytes = packed_at_gather(in.group);
+        break;
+      case Op::grad_norm:
+        w.stream_bytes = norm_bytes();
         break;
       case Op::update:
-        w.elementwise_bytes = update_bytes(in.group);
+        w.stream_bytes = update_bytes(in.group);
+        w.pack_bytes = packed_at_update(in.group);
         break;
       default:
         break;
@@ -457,6 +538,7 @@ class Builder {
   std::shared_ptr<Transformer> model_;
   std::vector<UnitWork> units_;
   std::vector<std::vector<double>> fp8_gathered_;  // per group and unit
+  std::vector<LinearGemm::WeightCopies> unit_copies_, group_copies_;  // packed per step (above)
 };
 
 }  // namespace

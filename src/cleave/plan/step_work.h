@@ -53,7 +53,18 @@ struct InstructionWork {
   // Causal attention's products, run by its own kernel: one head's scores over one sequence
   // (m = the rank's queries, n = the keys, k = head_dim) as often as its FLOPs make full products.
   std::vector<GemmCall> attention;
-  double elementwise_bytes = 0;  // read and written by the other kernels
+  double elementwise_bytes = 0;  // read and written by the activations' element-wise kernels
+  // Streamed once per parameter by the step's end: the optimizer's update, the gradient norm's
+  // reads, the gradients zeroed for the next step.
+  double stream_bytes = 0;
+  // The products' copies of weights written anew (LinearGemm::weight_copy_bytes): after each
+  // update, or after each gather under ZeRO-3.
+  double pack_bytes = 0;
+  // Memory ZeRO-2/3 returned to the system that this instruction writes again: a unit's
+  // gradients at its first weight gradient of the step, its parameters at each gather; in
+  // buffers of huge pages or not (kHugePageBufferBytes).
+  double refault_bytes = 0;
+  bool refault_huge = false;
   std::vector<CommCall> comms;
   double flops() const;          // of the products and attention
 };
@@ -79,6 +90,18 @@ inline int unit_layer(const Transformer::Unit& unit, int n_layers) {
   if (unit.kind == Transformer::UnitKind::embedding) return -1;
   return unit.kind == Transformer::UnitKind::head ? n_layers : unit.layer;
 }
+
+// The floats per token a block's element-wise kernels read and write in its forward (twice as
+// many backward): two norms and two residual adds over the stream (10 d_model), the MLP's
+// activation over its hidden units (GPT-2's GELU 2 hidden, SwiGLU 3). `cleave calibrate` measures
+// the element-wise rate on these counts.
+double block_elementwise_floats(Family family, double d_model, double hidden);
+
+// Per unit (by_group false) or per parameter group (true) of `model`, the copies its linears'
+// products keep of their weights on micro-batches of `rows` rows on a rank
+// (LinearGemm::weight_copy_bytes of each weight a product packs).
+std::vector<LinearGemm::WeightCopies> weight_copies(const Transformer& model, int64_t rows,
+                                                    bool by_group);
 
 // pp rank `pp_rank`'s step (its tp rank 0 and data-parallel rank 0 stand for the others, which do
 // as much), with MoE routing assumed balanced.

@@ -1,0 +1,77 @@
+#include "cleave/kernels/bench_timing.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <pthread.h>
+#include <time.h>
+
+#include <omp.h>
+
+namespace cleave {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The CPU clocks of the OpenMP team's threads, the pool oneDNN's products run on.
+std::vector<clockid_t> team_clocks() {
+  std::vector<clockid_t> clocks(size_t(omp_get_max_threads()), CLOCK_MONOTONIC);
+#pragma omp parallel
+  pthread_getcpuclockid(pthread_self(), &clocks[size_t(omp_get_thread_num())]);
+  return clocks;
+}
+
+void read_clocks(const std::vector<clockid_t>& clocks, std::vector<double>& seconds) {
+  for (size_t i = 0; i < clocks.size(); ++i) {
+    timespec t{};
+    clock_gettime(clocks[i], &t);
+    seconds[i] = double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+  }
+}
+
+}  // namespace
+
+Timing time_calls(const std::function<void()>& setup, const std::function<void()>& fn,
+                  double budget) {
+  for (int i = 0; i < 2; ++i) {
+    if (setup) setup();
+    fn();
+  }
+  const std::vector<clockid_t> clocks = team_clocks();
+  std::vector<double> cpu0(clocks.size()), cpu1(clocks.size());
+  std::vector<double> times;
+  double best = 1e30;
+  auto start = Clock::now();
+  while (times.size() < 3 ||
+         std::chrono::duration<double>(Clock::now() - start).count() < budget) {
+    if (setup) setup();
+    read_clocks(clocks, cpu0);
+    auto t0 = Clock::now();
+    fn();
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    read_clocks(clocks, cpu1);
+    double busiest = 0;
+    for (size_t i = 0; i < clocks.size(); ++i) busiest = std::max(busiest, cpu1[i] - cpu0[i]);
+    times.push_back(wall);
+    best = std::min(best, std::min(wall, busiest));
+    if (times.size() >= 10000) break;
+  }
+  std::sort(times.begin(), times.end());
+  Timing t;
+  t.reps = int(times.size());
+  const size_t n = times.size();
+  t.median = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  t.best = best;
+  return t;
+}
+
+void fill_pseudo_random(std::vector<float>& v, uint32_t seed, float scale) {
+  uint32_t s = seed * 2654435761u + 1;
+  for (auto& e : v) {
+    s = s * 1664525u + 1013904223u;
+    e = scale * (float(s >> 8) * (1.0f / 16777216.0f) - 0.5f);
+  }
+}
+
+}  // namespace cleave

@@ -1,0 +1,28 @@
+// How cleave's kernel benchmarks time a call and fill their inputs (kernels/gemm_bench.h,
+// kernels/kernel_rates.h): the same warm-up, repetition and statistics for every measured rate.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace cleave {
+
+struct Timing {
+  double median = 0;  // wall seconds of one call
+  // The shortest call, each taken as the CPU time of its busiest thread where that is less than
+  // the wall time: neighbours that take a core away lengthen the wall time of a call, and the
+  // time its other threads wait, but not the CPU time each thread needs for its share. So this
+  // is the call's duration on an unshared machine (never shorter: a thread's own work is in it).
+  double best = 0;
+  int reps = 0;
+};
+
+// Times `fn` after 2 warm-up calls, repeating for about `budget` seconds (at least 3 calls);
+// `setup` (if any) runs untimed before each call.
+Timing time_calls(const std::function<void()>& setup, const std::function<void()>& fn,
+                  double budget);
+
+// Fixed pseudo-random values in [-scale/2, scale/2), from `seed`.
+void fill_pseudo_random(std::vector<float>& v, uint32_t seed, float scale);
+
+}  // namespace cleave
