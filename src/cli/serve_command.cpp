@@ -131,11 +131,10 @@ int serve_command(int argc, char** argv) {
   if (set.pp > 1) model.set_stage_link(&stage_link);
   serve::PeerGroups peer_groups;
   peer_groups.world = MPI_COMM_WORLD;
+  peer_groups.steps = groups.world.get();
   peer_groups.vocab = model.config().vocab_size;
-  peer_groups.timeout_seconds = set.comm_timeout_s;
   if (set.ep > 1) {
-    Group* ep = groups.along({"ep"});
-    peer_groups.ep = ep->comm();
+    peer_groups.ep = groups.along({"ep"});
     // Rank 0's ep group holds every lane's logits whole (tp gathers them, the last stage shares
     // them with the first): its members send theirs to rank 0.
     peer_groups.gathers = groups.tp->rank() == 0 && groups.pp->rank() == 0;

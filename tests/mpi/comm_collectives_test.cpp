@@ -5,6 +5,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "cleave/base/check.h"
 #include "comm_test_util.h"
 
 namespace cleave::test {
@@ -196,6 +197,41 @@ TEST(Collectives, AllToAllvUneven) {
                     },
                     std::string("all_to_allv ") + type_name(t));
   }
+}
+
+// Rank r's c(r) elements (none on some ranks) at the last rank, in rank order: floats, and int64s
+// whose bits a float could not carry; the broadcast carries int64s whole too, and no reduction
+// takes them.
+TEST(Collectives, GathervAtRootAndInt64Bits) {
+  Group& g = world();
+  const int n = g.size(), me = g.rank(), root = n - 1;
+  auto c = [](int r) -> int64_t { return r % 3 == 1 ? 0 : 5 * r + 3; };
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (int r = 0; r < n; ++r) counts.push_back(c(r)), total += c(r);
+  auto big = [](int r, int64_t i) { return (int64_t(r + 1) << 40) + 3 * i + 1; };
+  std::vector<int64_t> mine, all(size_t(total), -1);
+  for (int64_t i = 0; i < c(me); ++i) mine.push_back(big(me, i));
+  g.gatherv(mine.data(), c(me), me == root ? all.data() : nullptr, counts, CommType::i64, root).wait();
+  std::vector<float> mine_f, all_f(size_t(total), -1.f);
+  for (int64_t i = 0; i < c(me); ++i) mine_f.push_back(float(value(me, i)));
+  g.gatherv(mine_f.data(), c(me), me == root ? all_f.data() : nullptr, counts, CommType::f32, root)
+      .wait();
+  if (me == root) {
+    int64_t at = 0;
+    for (int r = 0; r < n; ++r)
+      for (int64_t i = 0; i < c(r); ++i, ++at) {
+        EXPECT_EQ(all[size_t(at)], big(r, i)) << "gatherv i64, rank " << r << " element " << i;
+        EXPECT_EQ(all_f[size_t(at)], float(value(r, i))) << "gatherv f32, rank " << r << " element " << i;
+      }
+  }
+  std::vector<int64_t> head(7);
+  for (int64_t i = 0; i < 7; ++i) head[size_t(i)] = me == root ? big(root, i) : 0;
+  g.broadcast(head.data(), 7, CommType::i64, root).wait();
+  for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(head[size_t(i)], big(root, i)) << "broadcast i64 " << i;
+  EXPECT_THROW(g.all_reduce(head.data(), 7, CommType::i64), Error);
+  // A rank whose count disagrees with the counts is refused before anything is sent.
+  EXPECT_THROW(g.gatherv(mine.data(), c(me) + 1, all.data(), counts, CommType::i64, root), Error);
 }
 
 TEST(Collectives, Barrier) {

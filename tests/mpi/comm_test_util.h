@@ -68,7 +68,9 @@ inline float reference_sum(CommType t, int ranks, int64_t i) {
   return t == CommType::f32 ? s : from_bf16(to_bf16(s));
 }
 
-inline const char* type_name(CommType t) { return t == CommType::f32 ? "f32" : "bf16"; }
+inline const char* type_name(CommType t) {
+  return t == CommType::f32 ? "f32" : t == CommType::bf16 ? "bf16" : "i64";
+}
 inline const char* algo_name(CommAlgo a) {
   return a == CommAlgo::ours ? "ours" : a == CommAlgo::mpi ? "mpi" : "fastest";
 }

@@ -29,6 +29,7 @@
 
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
+#include "cleave/comm/internal.h"
 
 namespace cleave {
 
@@ -59,7 +60,7 @@ struct Buffers {
 
 // Runs one call of `op` of nccl-tests size `bytes` on the buffers, to its end.
 void run(Group& g, const std::string& op, CommAlgo algo, CommType t, int64_t bytes, Buffers& buf) {
-  const int64_t ts = t == CommType::f32 ? 4 : 2, n = g.size();
+  const int64_t ts = int64_t(comm_detail::type_size(t)), n = g.size();
   if (op == "all_reduce") return (void)g.all_reduce(buf.a.data(), bytes / ts, t, algo).wait();
   if (op == "broadcast") return (void)g.broadcast(buf.a.data(), bytes / ts, t, 0).wait();
   if (op == "send_recv") {
@@ -120,7 +121,7 @@ std::vector<CommBenchRow> bench_comm(Group& g, const CommBenchOptions& o) {
   std::vector<CommBenchRow> rows;
   for (const std::string& op : o.ops) {
     for (CommType t : o.types) {
-      const int64_t ts = t == CommType::f32 ? 4 : 2;
+      const int64_t ts = int64_t(comm_detail::type_size(t));
       for (int64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
         const int64_t bytes = actual_bytes(op, size, ts, g.size());
         if (bytes == 0) continue;

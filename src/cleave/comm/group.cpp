@@ -19,6 +19,7 @@ namespace {
 // it (all_reduce: the buffer; all_gather: the gathered output; reduce_scatter: the input).
 CommAlgo fastest(Op op, int64_t bytes, CommType t, int size) {
   constexpr int64_t KiB = 1024, MiB = 1024 * KiB;
+  if (t == CommType::i64) return CommAlgo::mpi;  // bits only: MPI's copies
   if (size == 1) return CommAlgo::ours;  // a local copy
   switch (op) {
     case Op::all_reduce:
@@ -125,6 +126,7 @@ Work issue(Op op, const std::string& group, int slot, uint64_t seq, int64_t byte
 
 Work Group::all_reduce(void* buf, int64_t count, CommType t, CommAlgo a) {
   CLEAVE_COMM_ARGS("all_reduce");
+  CLEAVE_CHECK(t != CommType::i64, "all_reduce on group \"" << name_ << "\": i64 moves bits only");
   CLEAVE_CHECK(buf || count == 0, "all_reduce on group \"" << name_ << "\": null buffer");
   args.recv = buf;
   const int64_t bytes = count * int64_t(type_size(t));
@@ -150,6 +152,7 @@ Work Group::all_gather(const void* send, void* recv, int64_t count, CommType t, 
 
 Work Group::reduce_scatter(const void* send, void* recv, int64_t count, CommType t, CommAlgo a) {
   CLEAVE_COMM_ARGS("reduce_scatter");
+  CLEAVE_CHECK(t != CommType::i64, "reduce_scatter on group \"" << name_ << "\": i64 moves bits only");
   const size_t ts = type_size(t), block = size_t(count) * ts;
   CLEAVE_CHECK((send && recv) || count == 0, "reduce_scatter on group \"" << name_ << "\": null buffer");
   CLEAVE_CHECK(recv == static_cast<const char*>(send) + rank_ * block ||
@@ -213,6 +216,34 @@ Work Group::all_to_allv(const void* send, const std::vector<int64_t>& send_count
   args.recv_counts = recv_counts;
   return issue(Op::all_to_allv, name_, slot_, ++sequence_, sent * int64_t(ts), CommAlgo::mpi, -1,
                mpi_task(Op::all_to_allv, args));
+}
+
+Work Group::gatherv(const void* send, int64_t count, void* recv, const std::vector<int64_t>& counts,
+                    CommType t, int root) {
+  CLEAVE_COMM_ARGS("gatherv");
+  CLEAVE_CHECK(root >= 0 && root < size_,
+               "gatherv on group \"" << name_ << "\": root " << root << " is not in [0, " << size_ << ")");
+  CLEAVE_CHECK(int(counts.size()) == size_, "gatherv on group \"" << name_ << "\": " << counts.size()
+                                                                    << " counts for " << size_ << " ranks");
+  CLEAVE_CHECK(counts[size_t(rank_)] == count,
+               "gatherv on group \"" << name_ << "\": rank " << rank_ << " sends " << count
+                                     << " elements where the counts say " << counts[size_t(rank_)]);
+  int64_t total = 0;
+  for (int i = 0; i < size_; ++i) {
+    CLEAVE_CHECK(counts[size_t(i)] >= 0, "gatherv on group \"" << name_ << "\": negative count for rank " << i);
+    total += counts[size_t(i)];
+  }
+  const size_t ts = type_size(t);
+  CLEAVE_CHECK(send || count == 0, "gatherv on group \"" << name_ << "\": null buffer");
+  CLEAVE_CHECK(rank_ != root || recv || total == 0, "gatherv on group \"" << name_ << "\": null buffer at the root");
+  CLEAVE_CHECK(rank_ != root || !overlaps(send, size_t(count) * ts, recv, size_t(total) * ts),
+               "gatherv on group \"" << name_ << "\": send and recv overlap");
+  args.send = send;
+  args.recv = recv;
+  args.peer = root;
+  args.recv_counts = counts;
+  return issue(Op::gatherv, name_, slot_, ++sequence_, count * int64_t(ts), CommAlgo::mpi, root,
+               mpi_task(Op::gatherv, args));
 }
 
 namespace {

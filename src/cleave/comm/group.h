@@ -14,7 +14,9 @@
 
 namespace cleave {
 
-enum class CommType { f32, bf16 };
+// The elements an operation moves. i64 moves bits only (broadcasts, gathers, send and recv): no
+// reduction takes it.
+enum class CommType { f32, bf16, i64 };
 
 // Which implementation runs a collective: cleave's own (chunked ring / pairwise over point-to-point
 // with persistent buffers) or MPI's. `fastest` picks per collective and size from measurements
@@ -94,6 +96,10 @@ class Group {
   // Variable blocks: counts in elements, displacements implied by prefix sums.
   Work all_to_allv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                    const std::vector<int64_t>& recv_counts, CommType t);
+  // At root, rank r's `count` elements (counts[r] of them, every rank passing the same counts) one
+  // block after another in rank order into recv; recv is read only at root.
+  Work gatherv(const void* send, int64_t count, void* recv, const std::vector<int64_t>& counts,
+               CommType t, int root);
   Work send(const void* buf, int64_t count, CommType t, int peer, int tag);
   Work recv(void* buf, int64_t count, CommType t, int peer, int tag);
   Work barrier();

@@ -20,9 +20,9 @@ namespace cleave::comm_detail {
 
 enum class Op : int32_t {
   create, destroy, all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, all_to_allv,
-  send, recv, barrier
+  gatherv, send, recv, barrier
 };
-constexpr int kOpCount = 11;
+constexpr int kOpCount = 12;
 
 // How an operation is scheduled by the progress thread. Collectives start in issue order, each
 // once the previous collective finished (they share the persistent buffers and must run in the
@@ -37,7 +37,8 @@ enum class Kind { p2p, collective, fence };
 inline const char* op_name(Op op) {  // async-signal-safe
   static const char* const names[kOpCount] = {"create", "destroy", "all_reduce", "all_gather",
                                               "reduce_scatter", "broadcast", "all_to_all",
-                                              "all_to_allv", "send", "recv", "barrier"};
+                                              "all_to_allv", "gatherv", "send", "recv",
+                                              "barrier"};
   const int i = int(op);
   return i >= 0 && i < kOpCount ? names[i] : "?";
 }
@@ -56,8 +57,22 @@ inline const char* algo_name(CommAlgo a) {
   return a == CommAlgo::ours ? "ours" : a == CommAlgo::mpi ? "mpi" : "fastest";
 }
 
-inline size_t type_size(CommType t) { return t == CommType::f32 ? 4 : 2; }
-inline MPI_Datatype mpi_type(CommType t) { return t == CommType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+inline size_t type_size(CommType t) {
+  switch (t) {
+    case CommType::f32: return 4;
+    case CommType::bf16: return 2;
+    case CommType::i64: return 8;
+  }
+  return 0;
+}
+inline MPI_Datatype mpi_type(CommType t) {
+  switch (t) {
+    case CommType::f32: return MPI_FLOAT;
+    case CommType::bf16: return MPI_UINT16_T;
+    case CommType::i64: return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
 
 // Seconds since the epoch (comparable between processes on one host: status files, reports).
 inline double wall_seconds() {

@@ -181,6 +181,22 @@ std::unique_ptr<Task> mpi_task(Op op, const CollArgs& a) {
       });
       break;
     }
+    case Op::gatherv: {
+      // counts and displacements must outlive the call: the task owns them
+      auto v = std::make_shared<std::vector<int>>(size_t(2 * a.size));
+      int64_t at = 0;
+      for (int i = 0; i < a.size; ++i) {
+        (*v)[size_t(i)] = as_int(a.recv_counts[size_t(i)], "gatherv count");
+        (*v)[size_t(a.size + i)] = as_int(at, "gatherv displacement");
+        at += a.recv_counts[size_t(i)];
+      }
+      const int n = as_int(a.count, "gatherv count");
+      p->posts.push_back([=](MPI_Request* r) {
+        const int* c = v->data();
+        return MPI_Igatherv(a.send, n, type, a.recv, c, c + a.size, type, a.peer, comm, r);
+      });
+      break;
+    }
     case Op::send: {
       const int n = as_int(a.count, "send count");
       p->posts.push_back([=](MPI_Request* r) { return MPI_Isend(a.send, n, type, a.peer, a.tag, comm, r); });

@@ -18,7 +18,7 @@ struct CollArgs {
   void* recv = nullptr;  // all_reduce / broadcast / recv: the buffer
   int peer = 0;          // root of broadcast, peer of send/recv
   int tag = 0;
-  std::vector<int64_t> send_counts, recv_counts;  // all_to_allv
+  std::vector<int64_t> send_counts, recv_counts;  // all_to_allv; gatherv: recv_counts
 };
 
 // MPI's collectives (nonblocking MPI_I*, polled by the progress thread).

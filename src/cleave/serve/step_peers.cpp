@@ -1,10 +1,7 @@
 #include "cleave/serve/step_peers.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <span>
 #include <thread>
 #include <vector>
@@ -89,59 +86,25 @@ void unpack(std::span<const int64_t> v, Batch& b, std::vector<std::vector<int32_
   b.logit_rows.assign(p, p + L);
 }
 
-// Waits for a step's transfer: polled, a few times at once and then every 50 us, for at most the
-// collectives' timeout, after which this rank reports what it waited for and aborts the job (a
-// rank stopped or lost mid-step would otherwise leave the others waiting for good).
-void finish(MPI_Request& r, const char* what, double timeout_seconds) {
-  const auto begin = std::chrono::steady_clock::now();
-  for (int polls = 0, done = 0;; ++polls) {
-    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-    if (done) return;
-    if (polls < 64) continue;
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    if (waited > timeout_seconds) {
-      int rank = 0;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      std::fprintf(stderr,
-                   "\ncleave serve: TIMEOUT on rank %d: %s has not completed after %.1f s "
-                   "(parallel.comm_timeout_s = %.1f): a rank is stuck or gone; aborting the job\n",
-                   rank, what, waited, timeout_seconds);
-      MPI_Abort(MPI_COMM_WORLD, 3);
-      _exit(3);  // MPI_Abort does not return; if it ever did, do not hang
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-}
-
-// The head goes by MPI_Ibcast on every rank (a nonblocking collective matches only its kind),
-// so that the others can wait for it asleep; the payload follows at once.
+// The head goes by MPI_Ibcast on MPI_COMM_WORLD (a nonblocking collective matches only its kind),
+// so that the others can wait for it asleep and without a limit; rank 0's completes as it sends
+// its two values. The payload follows at once through the steps' group.
 void send(int64_t kind, const std::vector<int64_t>& payload, const PeerGroups& g) {
   int64_t head[2] = {kind, int64_t(payload.size())};
   MPI_Request r;
   MPI_Ibcast(head, 2, MPI_INT64_T, 0, g.world, &r);
-  finish(r, "the broadcast of a step's head", g.timeout_seconds);
+  MPI_Wait(&r, MPI_STATUS_IGNORE);
   if (payload.empty()) return;
-  MPI_Ibcast(const_cast<int64_t*>(payload.data()), int(payload.size()), MPI_INT64_T, 0, g.world, &r);
-  finish(r, "the broadcast of a step's batches", g.timeout_seconds);
+  g.steps->broadcast(const_cast<int64_t*>(payload.data()), int64_t(payload.size()), CommType::i64, 0)
+      .wait();
 }
 
 // Each lane's logit rows (rows[l] x vocab floats), lane by lane, at ep rank 0 (`all`).
 void gather_lanes(const float* mine, const std::vector<int64_t>& rows, int lane, const PeerGroups& g,
                   float* all) {
-  const int vocab = g.vocab;
-  std::vector<int> counts, offsets;
-  int64_t at = 0;
-  for (int64_t r : rows) {
-    CLEAVE_CHECK(at + r * vocab < INT32_MAX, "a server step's logits of " << at + r * vocab
-                                                 << " floats: more than one MPI message holds");
-    counts.push_back(int(r * vocab));
-    offsets.push_back(int(at));
-    at += r * vocab;
-  }
-  MPI_Request r;
-  MPI_Igatherv(mine, counts[size_t(lane)], MPI_FLOAT, all, counts.data(), offsets.data(), MPI_FLOAT,
-               0, g.ep, &r);
-  finish(r, "the gather of the lanes' logits", g.timeout_seconds);
+  std::vector<int64_t> counts;
+  for (int64_t r : rows) counts.push_back(r * g.vocab);
+  g.ep->gatherv(mine, counts[size_t(lane)], all, counts, CommType::f32, 0).wait();
 }
 
 }  // namespace
@@ -168,8 +131,7 @@ void follow_steps(Transformer& model, int64_t kv_blocks, const PeerGroups& group
   pool.touch_all();
   // Rank 0 keeps the books: here every block counts as in use, so any table it sends is valid.
   while (pool.free_blocks() > 0) pool.allocate();
-  int lane = 0;
-  if (groups.ep != MPI_COMM_NULL) MPI_Comm_rank(groups.ep, &lane);
+  const int lane = groups.ep ? groups.ep->rank() : 0;
   Batch batch;
   std::vector<std::vector<int32_t>> tables;
   std::vector<int64_t> payload, rows;
@@ -184,10 +146,8 @@ void follow_steps(Transformer& model, int64_t kv_blocks, const PeerGroups& group
     }
     if (head[0] == kStop) return;
     payload.resize(size_t(head[1]));
-    if (!payload.empty()) {  // as rank 0 sends it
-      MPI_Ibcast(payload.data(), int(payload.size()), MPI_INT64_T, 0, groups.world, &r);
-      finish(r, "the broadcast of a step's batches", groups.timeout_seconds);
-    }
+    if (!payload.empty())  // as rank 0 sends it
+      groups.steps->broadcast(payload.data(), int64_t(payload.size()), CommType::i64, 0).wait();
     const std::vector<std::span<const int64_t>> lanes = lanes_of(payload);
     CLEAVE_CHECK(lane < int(lanes.size()), "a server step of " << lanes.size()
                                                << " lanes for ep rank " << lane);

@@ -5,24 +5,27 @@
 // the model (its tp heads, its pp stage, its experts) and its own key/value pool, whose blocks
 // rank 0's tables name, and the lanes' logits come back to rank 0 over its ep group. An idle
 // server sends nothing: the other ranks wait for the next step sleeping, not spinning, and without
-// the collectives' timeout (a server may be idle for days). A step's own transfers (its batches,
-// its logits) are held to that timeout: one that has not completed within it means a rank is
-// stuck or gone, and the rank waiting says which transfer and aborts the job.
+// the collectives' timeout (a server may be idle for days): only a step's head, the few bytes
+// that say a step comes, goes by MPI itself. The step's own transfers (its batches, its logits) go
+// through the comm layer's groups and are held to its timeout like any collective: one that has
+// not completed within it means a rank is stuck or gone, and the comm layer's report says which
+// transfer on which group, with every rank's progress, and aborts the job.
 #pragma once
 #include <mpi.h>
 
 #include "cleave/base/batch.h"
+#include "cleave/comm/group.h"
 #include "cleave/model/transformer.h"
 #include "cleave/serve/engine.h"
 
 namespace cleave::serve {
 
 struct PeerGroups {
-  MPI_Comm world = MPI_COMM_NULL;
-  MPI_Comm ep = MPI_COMM_NULL;  // this rank's ep group (its rank there is its lane); null without ep
-  bool gathers = false;         // in rank 0's ep group: its lane's logits go to rank 0
+  MPI_Comm world = MPI_COMM_NULL;  // the heads (MPI_COMM_WORLD): waited for without a timeout
+  Group* steps = nullptr;          // every rank: the steps' batches, from rank 0
+  Group* ep = nullptr;  // this rank's ep group (its rank there is its lane); null without ep
+  bool gathers = false;  // in rank 0's ep group: its lane's logits go to rank 0
   int vocab = 0;
-  double timeout_seconds = 300;  // a step's transfer taking longer aborts the job (parallel.comm_timeout_s)
 };
 
 // Rank 0's side.
