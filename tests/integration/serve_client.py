@@ -234,12 +234,50 @@ def api(score_tool, checkpoint):
         time.sleep(0.05)
     else:
         fail(f"a disconnected stream still holds its blocks: {metric_values()}")
+    # A client that gives up on a non-streamed completion (a timeout, Ctrl-C) is let go as well:
+    # its request is cancelled (counted 499), not run on to its max_tokens.
+    def raw_request(payload):
+        body = json.dumps(payload).encode()
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
+                     str(len(body)).encode() + b"\r\n\r\n" + body)
+        return sock
+    def answered(m):  # completions answered, any status
+        return sum(v for k, v in m.items() if k.startswith('cleave_requests_total{endpoint="completions"'))
+    before = metric_values()
+    budget = 1000
+    start = time.time()
+    sock = raw_request({"model": MODEL, "prompt": "The king", "max_tokens": budget, "ignore_eos": True,
+                        "temperature": 1.0})
+    deadline = time.time() + 10
+    while metric_values().get("cleave_running_requests", 0) < 1 and time.time() < deadline:
+        time.sleep(0.01)
+    sock.close()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        m = metric_values()
+        if answered(m) > answered(before) and m.get("cleave_running_requests") == 0 and \
+                m.get("cleave_kv_blocks_used") == m.get("cleave_kv_blocks_cached"):
+            break
+        time.sleep(0.05)
+    else:
+        fail(f"a non-streamed request whose client left still holds its blocks: {metric_values()}")
+    after = metric_values()
+    generated = after["cleave_generation_tokens_total"] - before["cleave_generation_tokens_total"]
+    gone = 'cleave_requests_total{endpoint="completions",status="499"}'
+    if generated >= budget or after.get(gone, 0) != before.get(gone, 0) + 1:
+        fail(f"a non-streamed request whose client left ran on: {generated:.0f} of its {budget} tokens, "
+             f"{after.get(gone, 0) - before.get(gone, 0):.0f} more requests counted 499")
+    print(f"disconnect: a non-streamed request let go after {generated:.0f} of {budget} tokens, "
+          f"{time.time() - start:.2f} s", file=sys.stderr)
     m = metric_values()
     for name in ("cleave_requests_total", "cleave_prompt_tokens_total", "cleave_generation_tokens_total",
                  "cleave_time_to_first_token_seconds_count", "cleave_queue_length"):
         if not any(k.startswith(name) for k in m):
             fail(f"/metrics lacks {name}")
-    print("api: completions, streaming, chat, logprobs (the trainer's, bitwise), bad input, disconnect: ok")
+    print("api: completions, streaming, chat, logprobs (the trainer's, bitwise), bad input, disconnect "
+          "(streamed and not): ok")
 
 
 def metric_values():

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cleave/serve/connection.h"
 #include "cleave/serve/reply.h"
 
 namespace cleave::serve {
@@ -196,12 +197,21 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
     metrics.request_latency(std::chrono::duration<double>(Clock::now() - request->submitted()).count());
   };
   if (!setup.stream) {
+    // A client that went away frees its blocks at its request's next token (or within 50 ms), as
+    // a streamed one does: a poll(2) of its socket a token.
+    const int connection = find_connection(req.remote_addr, req.remote_port, req.local_port);
     Event e;
-    for (bool ended = false; !ended;)
-      if (request->next(e, std::chrono::milliseconds(100))) {
+    for (bool ended = false; !ended;) {
+      if (request->next(e, std::chrono::milliseconds(50))) {
         observe(e);
         reply->take(e, ended);
       }
+      if (!ended && connection >= 0 && connection_closed(connection)) {
+        request->cancel();
+        done(499);  // 499: the client closed the connection (nginx's code)
+        return;
+      }
+    }
     request->cancel();  // a stop string may have ended the reply before the engine did
     if (reply->failed()) {
       done(500);
