@@ -178,10 +178,12 @@ void measure_kernel_rates(const Plan& plan, int rank, Cluster& c,
       "planner counts for them (plan/step_work.h): " + blocks + " blocks,\n" + on +
       " (kernels/kernel_rates.h), each pass's median, every rank at once";
   const PackTiming pack = time_weight_packing(N, d, 4 * d, Precision::fp32, plan.kernel_seconds);
-  // Where the products read W itself there is nothing to pack (the planner counts no bytes).
-  const bool packs = pack.copy_bytes > 0;
+  // Where the products read W itself there is nothing to pack (the planner counts no bytes). Every
+  // rank takes part in the mean, whatever its own products do.
+  const double pack_gbps = world_mean(pack.copy_bytes > 0 ? pack.copy_bytes / pack.seconds * 1e-9 : 0);
+  const bool packs = pack_gbps > 0;
   if (packs) {
-    c.pack_gbps = measured(world_mean(pack.copy_bytes / pack.seconds * 1e-9));
+    c.pack_gbps = measured(pack_gbps);
     comments["cluster.pack_gbps"] =
         "GB/s per rank of the copies written when an fp32 weight of " + std::to_string(4 * d) +
         " x " + std::to_string(d) + " is packed band by band\nfor products on " +
@@ -205,8 +207,12 @@ void measure_kernel_rates(const Plan& plan, int rank, Cluster& c,
     const int64_t buffer = huge ? plan.huge_buffer_bytes : plan.small_buffer_bytes;
     const int64_t range = huge ? plan.huge_range_bytes : plan.small_range_bytes;
     const RefaultTiming t = time_refaults(buffer, range, plan.kernel_seconds);
-    const double extra = std::max(t.released_seconds - t.resident_seconds, 1e-9);
-    (huge ? c.refault_huge_gbps : c.refault_gbps) = measured(world_mean(t.bytes / extra * 1e-9));
+    // The ranks' seconds are averaged, not their rates: one rank's noise near zero would make an
+    // average rate unbounded. Where writing released memory costs nothing measurable, the key
+    // is left out (free).
+    const double extra = world_mean(t.released_seconds - t.resident_seconds);
+    if (extra > 0.01 * t.resident_seconds)
+      (huge ? c.refault_huge_gbps : c.refault_gbps) = measured(t.bytes / extra * 1e-9);
     refaults += std::string(huge ? "; " : "") + size_text(range) + " ranges of a " +
                 size_text(buffer) + " buffer (" + (huge ? "huge pages" : "4 KiB pages") +
                 "): " + fixed(t.released_seconds * 1e3, 2) + " against " +
@@ -215,11 +221,13 @@ void measure_kernel_rates(const Plan& plan, int rank, Cluster& c,
   const std::string refault_how =
       "GB/s per rank of released memory written again (ZeRO-2/3: base/released_pages.h), beyond\n"
       "writing it resident: the median pass over ";
-  comments["cluster.refault_gbps"] = refault_how + "ranges of a buffer of 4 KiB pages; rank 0:\n" +
-                                     refaults.substr(0, refaults.find(';'));
-  comments["cluster.refault_huge_gbps"] = refault_how + "ranges of a buffer of huge pages, which " +
-                                          "the releases split;\nrank 0: " +
-                                          refaults.substr(refaults.find(';') + 2);
+  if (c.refault_gbps > 0)
+    comments["cluster.refault_gbps"] = refault_how + "ranges of a buffer of 4 KiB pages; rank 0:\n" +
+                                       refaults.substr(0, refaults.find(';'));
+  if (c.refault_huge_gbps > 0)
+    comments["cluster.refault_huge_gbps"] = refault_how + "ranges of a buffer of huge pages, which " +
+                                            "the releases split;\nrank 0: " +
+                                            refaults.substr(refaults.find(';') + 2);
   if (rank == 0) {
     std::printf("released memory written again: %.3g GB/s per rank (4 KiB pages), %.3g GB/s (huge "
                 "pages); %s\n",

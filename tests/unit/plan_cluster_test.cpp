@@ -193,7 +193,7 @@ TEST(Cluster, RefusesValuesOutOfRangeAndMissingKeys) {
   EXPECT_TRUE(minimal.attention.empty());
   EXPECT_EQ(cluster_toml(minimal).find("elementwise_gbps"), std::string::npos);
   EXPECT_EQ(elementwise_seconds(minimal, 20e9), 2.0);
-  EXPECT_EQ(pack_seconds(minimal, 20e9), 2.0);
+  EXPECT_EQ(pack_seconds(minimal, 20e9), 0.0);
   EXPECT_EQ(refault_seconds(minimal, 20e9, false), 0.0);
   t = kMinimal;
   EXPECT_EQ(error_of(t.replace(t.find("memory_gbps = 10\n"), 17,

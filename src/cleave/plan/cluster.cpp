@@ -529,7 +529,7 @@ double elementwise_seconds(const Cluster& c, double bytes) {
 }
 
 double pack_seconds(const Cluster& c, double bytes) {
-  return c.pack_gbps > 0 ? bytes / (c.pack_gbps * 1e9) : memory_seconds(c, bytes);
+  return c.pack_gbps > 0 ? bytes / (c.pack_gbps * 1e9) : 0.0;
 }
 
 double refault_seconds(const Cluster& c, double bytes, bool huge_pages) {

@@ -9,8 +9,8 @@
 //                       device's streaming bandwidth;
 //   elementwise_seconds the activations' element-wise kernels (norms, activations, residual adds),
 //   pack_seconds        and the packing of weights into the products' layouts, from their bytes
-//                       at rates measured by running cleave's kernels (the streaming bandwidth
-//                       where a file gives none);
+//                       at rates measured by running cleave's kernels (where a file gives none:
+//                       the streaming bandwidth, and packing free);
 //   attention_seconds   attention from its FLOPs at the rate its kernel measured by keys per
 //                       query (the GEMM table of attention_dtype where a file gives none).
 // Figures are kept in the file's units (GF/s, GB/s, microseconds, GiB), so a file written and read
@@ -101,8 +101,9 @@ struct Cluster {
   int devices_per_host = 1;
   double memory_gib = 0;   // per device
   double memory_gbps = 0;  // per device: streaming bandwidth (GB/s), for the optimizer's work
-  // GB/s on the planner's byte counts of the activations' element-wise kernels and of weight
-  // packing; 0 (the key absent): memory_gbps.
+  // GB/s on the planner's byte counts of the activations' element-wise kernels (0, the key
+  // absent: memory_gbps) and of weight packing (0: free; the copies counted are this CPU's
+  // oneDNN layouts, which a file of another machine does not describe).
   double elementwise_gbps = 0, pack_gbps = 0;
   // GB/s of memory returned to the system and written again (ZeRO-2/3's released gradients and
   // parameters fault in anew every step), beyond writing it resident: in buffers under

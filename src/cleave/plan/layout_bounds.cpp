@@ -74,8 +74,11 @@ const LayoutBounds::UnitCosts& LayoutBounds::unit_costs(const ParallelConfig& pa
 LayoutBounds::UnitCosts LayoutBounds::probe(const ParallelConfig& parallel,
                                             const StepOptions& step, bool with_comms) const {
   UnitCosts c;
-  // The same micro-batch on one pipeline rank, run once.
+  // The same micro-batch on one pipeline rank, run once, under ZeRO-0: ZeRO-2/3 only add to a
+  // unit's passes (packing after each gather, refaulting released memory), so the bound holds
+  // for every stage.
   ParallelConfig p = parallel;
+  p.zero_stage = 0;
   p.pp = 1;
   p.pp_layers.clear();
   p.pp_schedule = "1f1b";

@@ -5,8 +5,9 @@
 // micro-batch, the forward, backward and recompute of its stages' units with their blocking
 // collectives, started no earlier than the first micro-batch's forward through the stages before
 // its first. Those per-unit costs depend on the shape of a micro-batch on a rank (tp, cp, SP, AC,
-// its sequences, ep), not on the data-parallel split, the ZeRO stage, the pipeline or the number
-// of micro-batches: one one-rank-per-stage, one-micro-batch program per shape gives them all.
+// its sequences, ep), not on the data-parallel split, the pipeline or the number of
+// micro-batches: one one-rank-per-stage, one-micro-batch program per shape gives them all, under
+// ZeRO-0 (ZeRO-2/3's packing after gathers and refaults only add to them).
 // A rank's memory is at least its model state under its ZeRO stage (its shard counted over the
 // whole data-parallel group), its linears' weight copies (below ZeRO-3), plus, for each of its
 // chunks, a slot's buffers for every micro-batch the schedule keeps in flight there, and the

@@ -124,7 +124,7 @@ std::vector<Candidate> valid_layouts_with(const ModelConfig& model, const Parall
               model.moe_experts > 0 ? divisors(S * cp) : std::vector<int>{1};
           for (int ep : eps)
             for (int zero = 0; zero <= 3; ++zero) {
-              if (zero > 0 && S * cp == 1) continue;  // no shard axis: every stage is ZeRO-0
+              if (zero > 0 && S * cp == 1) continue;  // no shard axis: ZeRO would shard nothing
               for (bool sp : {false, true}) {
                 if (sp && tp == 1) continue;
                 for (const char* ac : {"none", "selective", "full"})

@@ -22,7 +22,7 @@ double InstructionWork::flops() const {
 }
 
 double block_elementwise_floats(Family family, double d_model, double hidden) {
-  return 10 * d_model + (family == Family::llama ? 3 : 2) * hidden;
+  return family == Family::llama ? 14 * d_model + 3 * hidden : 10 * d_model + 2 * hidden;
 }
 
 std::vector<LinearGemm::WeightCopies> weight_copies(const Transformer& model, int64_t rows,
@@ -370,12 +370,18 @@ class Builder {
                             "the replicated kv heads' gradients"));
   }
 
-  // Group g's parameters on this rank, and the share of them its optimizer updates.
+  // The share of group g this rank holds: the planned model has every expert, a rank 1 / ep.
+  double group_share(int g) const {
+    return ep_ > 1 && model_->params().group_name(g) == "experts" ? 1.0 / ep_ : 1.0;
+  }
+  // Group g's parameters on this rank.
   double group_floats(int g) const {
     const std::vector<int64_t>& b = model_->params().unit_bounds(g);
-    return double(b.back() - b.front());
+    return double(b.back() - b.front()) * group_share(g);
   }
-  bool sharded_update() const { return par_.zero_stage > 0 && S_ > 1; }
+  // The trainer keys its releases and packing on the stage alone (parallel/data_parallel.cpp),
+  // one shard rank or many.
+  bool sharded_update() const { return par_.zero_stage > 0; }
   // A group's update: AdamW reads the values, gradients and two moments of the parameters it
   // updates and writes the values and moments; below ZeRO-2 the whole gradient buffer is zeroed
   // for the next step (ZeRO-2 and 3 free it instead).
@@ -388,7 +394,7 @@ class Builder {
   double norm_bytes() const {
     double n = 0;
     for (int g = 0; g < model_->params().n_groups(); ++g)
-      n += par_.zero_stage >= 2 && S_ > 1 ? group_floats(g) / S_ : group_floats(g);
+      n += par_.zero_stage >= 2 ? group_floats(g) / S_ : group_floats(g);
     return n * kF;
   }
   // Where the products' weight copies are packed anew: by the update itself where the rank
@@ -396,28 +402,38 @@ class Builder {
   // updated shards (by the next products, costed at the gather); under ZeRO-3 by every product
   // pass after a gather (forward: the forward copy and the rounding; backward: its copy).
   double packed_at_update(int g) const {
-    return sharded_update() ? 0 : double(group_copies_[size_t(g)].total());
+    return sharded_update() ? 0 : double(group_copies_[size_t(g)].total()) * group_share(g);
   }
   double packed_at_gather(int g) const {
-    return sharded_update() && par_.zero_stage < 3 ? double(group_copies_[size_t(g)].total()) : 0;
+    return sharded_update() && par_.zero_stage < 3
+               ? double(group_copies_[size_t(g)].total()) * group_share(g)
+               : 0;
   }
   double packed_by_pass(int u, bool forward) const {
-    if (!(sharded_update() && par_.zero_stage == 3) || u < 0) return 0;
+    if (par_.zero_stage != 3 || u < 0) return 0;
     const LinearGemm::WeightCopies& c = unit_copies_[size_t(u)];
     return double(forward ? c.forward + c.rounded : c.backward);
   }
 
   // ZeRO-2/3 return each unit's gradients to the system once the step has reduced them: the
-  // instruction that first writes a unit's weight gradients in the next step faults them in again.
+  // instruction that first writes a unit's gradients in the next step faults them in again. That
+  // is its first backward or backward_weight; a unit whose weight part does no work (the
+  // embedding, the head) under a split backward writes them in backward_input.
   std::vector<bool> first_weight_gradients(const Program& program) const {
     std::vector<bool> first(program.instructions.size(), false);
-    if (par_.zero_stage < 2 || S_ == 1) return first;
-    std::vector<bool> seen(size_t(model_->n_units()), false);
+    if (par_.zero_stage < 2) return first;
+    const size_t none = program.instructions.size();
+    std::vector<size_t> weights(size_t(model_->n_units()), none), inputs = weights;
     for (size_t i = 0; i < program.instructions.size(); ++i) {
       const Instruction& in = program.instructions[i];
-      if ((in.op != Op::backward && in.op != Op::backward_weight) || seen[size_t(in.unit)]) continue;
-      seen[size_t(in.unit)] = true;
-      first[i] = true;
+      std::vector<size_t>& at = in.op == Op::backward_input ? inputs : weights;
+      if ((in.op == Op::backward || in.op == Op::backward_weight || in.op == Op::backward_input) &&
+          at[size_t(in.unit)] == none)
+        at[size_t(in.unit)] = i;
+    }
+    for (size_t u = 0; u < weights.size(); ++u) {
+      const size_t i = weights[u] != none ? weights[u] : inputs[u];
+      if (i != none) first[i] = true;
     }
     return first;
   }
@@ -426,16 +442,19 @@ class Builder {
     const ParamStore& store = model_->params();
     double n = 0;
     for (int g = 0; g < store.n_groups(); ++g)
-      n += double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]);
+      n += double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]) *
+           group_share(g);
     return n;
   }
 
   InstructionWork instruction_work(const Instruction& in, bool starts_gather,
                                    bool refills_gradients) const {
     InstructionWork w;
-    w.refault_huge = double(model_->params().total()) * kF >= double(kHugePageBufferBytes);
+    double floats = 0;
+    for (int g = 0; g < model_->params().n_groups(); ++g) floats += group_floats(g);
+    w.refault_huge = floats * kF >= double(kHugePageBufferBytes);
     if (refills_gradients) w.refault_bytes = unit_floats(in.unit) * kF;
-    if (starts_gather && par_.zero_stage == 3 && S_ > 1) w.refault_bytes = unit_floats(in.unit) * kF;
+    if (starts_gather && par_.zero_stage == 3) w.refault_bytes = unit_floats(in.unit) * kF;
     const bool full = step_.activation_checkpointing == "full";
     auto add = [](std::vector<GemmCall>& to, const std::vector<GemmCall>& from) {
       to.insert(to.end(), from.begin(), from.end());

@@ -57,11 +57,11 @@ struct InstructionWork {
   // Streamed once per parameter by the step's end: the optimizer's update, the gradient norm's
   // reads, the gradients zeroed for the next step.
   double stream_bytes = 0;
-  // The products' copies of weights written anew (LinearGemm::weight_copy_bytes): after each
-  // update, or after each gather under ZeRO-3.
+  // The products' copies of weights written anew (LinearGemm::weight_copy_bytes): at the update
+  // (ZeRO-0), at ZeRO-1/2's gather of the updated shards, at every ZeRO-3 product pass.
   double pack_bytes = 0;
   // Memory ZeRO-2/3 returned to the system that this instruction writes again: a unit's
-  // gradients at its first weight gradient of the step, its parameters at each gather; in
+  // gradients where the step first writes them, its parameters at each gather; in
   // buffers of huge pages or not (kHugePageBufferBytes).
   double refault_bytes = 0;
   bool refault_huge = false;
@@ -93,8 +93,9 @@ inline int unit_layer(const Transformer::Unit& unit, int n_layers) {
 
 // The floats per token a block's element-wise kernels read and write in its forward (twice as
 // many backward): two norms and two residual adds over the stream (10 d_model), the MLP's
-// activation over its hidden units (GPT-2's GELU 2 hidden, SwiGLU 3). `cleave calibrate` measures
-// the element-wise rate on these counts.
+// activation over its hidden units (GPT-2's GELU 2 hidden, SwiGLU 3), and Llama's RoPE, which
+// reads and writes the queries and keys in place (taken as d_model columns each: 4 d_model).
+// `cleave calibrate` measures the element-wise rate on these counts.
 double block_elementwise_floats(Family family, double d_model, double hidden);
 
 // Per unit (by_group false) or per parameter group (true) of `model`, the copies its linears'

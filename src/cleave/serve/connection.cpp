@@ -1,6 +1,7 @@
 #include "cleave/serve/connection.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -12,20 +13,16 @@ namespace cleave::serve {
 
 namespace {
 
-// The address and port of a socket's end, as cpp-httplib writes them (numeric host).
-bool end_of(const sockaddr_storage& a, std::string& host, int& port) {
-  char text[INET6_ADDRSTRLEN] = {};
-  if (a.ss_family == AF_INET) {
-    const auto& v4 = reinterpret_cast<const sockaddr_in&>(a);
-    if (!inet_ntop(AF_INET, &v4.sin_addr, text, sizeof text)) return false;
-    port = ntohs(v4.sin_port);
-  } else if (a.ss_family == AF_INET6) {
-    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a);
-    if (!inet_ntop(AF_INET6, &v6.sin6_addr, text, sizeof text)) return false;
-    port = ntohs(v6.sin6_port);
-  } else {
+// The address and port of a socket's end, written as cpp-httplib writes a request's
+// (getnameinfo with NI_NUMERICHOST: an IPv6 link-local address keeps its %scope).
+bool end_of(const sockaddr_storage& a, socklen_t length, std::string& host, int& port) {
+  char text[NI_MAXHOST] = {};
+  if (a.ss_family == AF_INET) port = ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  else if (a.ss_family == AF_INET6) port = ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  else return false;
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), length, text, sizeof text, nullptr, 0,
+                  NI_NUMERICHOST) != 0)
     return false;
-  }
   host = text;
   return true;
 }
@@ -47,7 +44,8 @@ int find_connection(const std::string& remote_addr, int remote_port, int local_p
       continue;  // not a socket, or one with no peer (the listening socket)
     std::string local_host, peer_host;
     int local_p = -1, peer_p = -1;
-    if (!end_of(local, local_host, local_p) || !end_of(peer, peer_host, peer_p)) continue;
+    if (!end_of(local, local_len, local_host, local_p) || !end_of(peer, peer_len, peer_host, peer_p))
+      continue;
     if (local_p == local_port && peer_p == remote_port && peer_host == remote_addr) {
       found = int(fd);
       break;

@@ -209,6 +209,8 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
       if (!ended && connection >= 0 && connection_closed(connection)) {
         request->cancel();
         done(499);  // 499: the client closed the connection (nginx's code)
+        res.status = 499;
+        res.set_header("Connection", "close");
         return;
       }
     }
