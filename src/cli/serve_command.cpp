@@ -133,6 +133,7 @@ int serve_command(int argc, char** argv) {
   peer_groups.world = MPI_COMM_WORLD;
   peer_groups.steps = groups.world.get();
   peer_groups.vocab = model.config().vocab_size;
+  peer_groups.timeout_seconds = set.comm_timeout_s;
   if (set.ep > 1) {
     peer_groups.ep = groups.along({"ep"});
     // Rank 0's ep group holds every lane's logits whole (tp gathers them, the last stage shares

@@ -1,7 +1,10 @@
 #include "cleave/serve/step_peers.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <span>
 #include <thread>
 #include <vector>
@@ -87,13 +90,30 @@ void unpack(std::span<const int64_t> v, Batch& b, std::vector<std::vector<int32_
 }
 
 // The head goes by MPI_Ibcast on MPI_COMM_WORLD (a nonblocking collective matches only its kind),
-// so that the others can wait for it asleep and without a limit; rank 0's completes as it sends
-// its two values. The payload follows at once through the steps' group.
+// so that the others can wait for it asleep and without a limit. Rank 0's send of it is polled
+// up to the collectives' timeout: a stopped rank whose shared-memory queue is full holds it back
+// (seen in a fresh Debian root), and the comm layer's watchdog does not see raw MPI. The payload
+// follows at once through the steps' group, under the comm layer's timeout.
 void send(int64_t kind, const std::vector<int64_t>& payload, const PeerGroups& g) {
   int64_t head[2] = {kind, int64_t(payload.size())};
   MPI_Request r;
   MPI_Ibcast(head, 2, MPI_INT64_T, 0, g.world, &r);
-  MPI_Wait(&r, MPI_STATUS_IGNORE);
+  const auto begin = std::chrono::steady_clock::now();
+  for (int done = 0;;) {
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (done) break;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    if (waited > g.timeout_seconds) {
+      std::fprintf(stderr,
+                   "\ncleave serve: TIMEOUT on rank 0: the broadcast of a step's head has not "
+                   "completed after %.1f s (parallel.comm_timeout_s = %.1f): a rank is stuck or "
+                   "gone; aborting the job\n",
+                   waited, g.timeout_seconds);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+      _exit(3);  // MPI_Abort does not return; if it ever did, do not hang
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
   if (payload.empty()) return;
   g.steps->broadcast(const_cast<int64_t*>(payload.data()), int64_t(payload.size()), CommType::i64, 0)
       .wait();

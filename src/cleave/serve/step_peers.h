@@ -6,7 +6,8 @@
 // rank 0's tables name, and the lanes' logits come back to rank 0 over its ep group. An idle
 // server sends nothing: the other ranks wait for the next step sleeping, not spinning, and without
 // the collectives' timeout (a server may be idle for days): only a step's head, the few bytes
-// that say a step comes, goes by MPI itself. The step's own transfers (its batches, its logits) go
+// that say a step comes, goes by MPI itself (rank 0 holds its own send of it to the timeout: a
+// stopped rank's full shared-memory queue can hold it back). The step's own transfers (its batches, its logits) go
 // through the comm layer's groups and are held to its timeout like any collective: one that has
 // not completed within it means a rank is stuck or gone, and the comm layer's report says which
 // transfer on which group, with every rank's progress, and aborts the job.
@@ -26,6 +27,8 @@ struct PeerGroups {
   Group* ep = nullptr;  // this rank's ep group (its rank there is its lane); null without ep
   bool gathers = false;  // in rank 0's ep group: its lane's logits go to rank 0
   int vocab = 0;
+  // Rank 0's own head broadcast: past this (parallel.comm_timeout_s) it reports and aborts the job.
+  double timeout_seconds = 300;
 };
 
 // Rank 0's side.
