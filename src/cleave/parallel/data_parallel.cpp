@@ -8,7 +8,6 @@
 
 namespace cleave {
 
-
 DataParallel::DataParallel(ParamStore& store, DataParallelGroups groups, int zero_stage,
                            double bucket_mb, std::vector<int64_t> unit_bounds, uint64_t seed,
                            const std::string& offload_dir)

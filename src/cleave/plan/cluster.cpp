@@ -1,6 +1,7 @@
 #include "cleave/plan/cluster.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -78,10 +79,18 @@ std::vector<std::string> collective_names() {
   return names;
 }
 
-// Keys a file may leave out (Cluster says what stands in for them).
+// The measured rates a file may leave out (Cluster says what stands in for them).
+const std::array<std::pair<const char*, double Cluster::*>, 4> kOptionalRates = {{
+    {"cluster.elementwise_gbps", &Cluster::elementwise_gbps},
+    {"cluster.pack_gbps", &Cluster::pack_gbps},
+    {"cluster.refault_gbps", &Cluster::refault_gbps},
+    {"cluster.refault_huge_gbps", &Cluster::refault_huge_gbps},
+}};
+
 bool optional_key(const std::string& name) {
-  return name == "cluster.elementwise_gbps" || name == "cluster.pack_gbps" ||
-         name == "cluster.refault_gbps" || name == "cluster.refault_huge_gbps";
+  for (const auto& [key, rate] : kOptionalRates)
+    if (name == key) return true;
+  return false;
 }
 
 const std::vector<ConfigKey<Cluster>>& cluster_keys() {
@@ -93,10 +102,7 @@ const std::vector<ConfigKey<Cluster>>& cluster_keys() {
     k.push_back(integer_key("cluster.devices_per_host", &C::devices_per_host, 1, 1 << 20));
     k.push_back(real_key("cluster.memory_gib", &C::memory_gib, 1e-6, 1e9));
     k.push_back(real_key("cluster.memory_gbps", &C::memory_gbps, 1e-6, kMaxRate));
-    for (const auto& [name, rate] : {std::pair{"cluster.elementwise_gbps", &C::elementwise_gbps},
-                                     std::pair{"cluster.pack_gbps", &C::pack_gbps},
-                                     std::pair{"cluster.refault_gbps", &C::refault_gbps},
-                                     std::pair{"cluster.refault_huge_gbps", &C::refault_huge_gbps}}) {
+    for (const auto& [name, rate] : kOptionalRates) {
       ConfigKey<C> key = real_key(name, rate, 1e-6, kMaxRate);
       key.show = [field = rate](const C& c) { return c.*field > 0 ? show_real(c.*field) : ""; };
       k.push_back(key);
@@ -366,7 +372,8 @@ Cluster parse_cluster(const std::string& text, const std::string& origin) {
   const toml::table& cluster = table_of(required(root, "cluster", "[cluster]", origin), "cluster", origin);
   read_table(cluster, "cluster", cluster_keys(), c, origin, given);
   for (auto& k : cluster_keys())
-    if (!given.count(k.name) && !optional_key(k.name)) throw Error(toml_where(cluster, origin) + ": " + k.name + " is missing");
+    if (!given.count(k.name) && !optional_key(k.name))
+      throw Error(toml_where(cluster, origin) + ": " + k.name + " is missing");
   if (c.name.empty()) fail_at(*cluster.get("name"), origin, "cluster.name is empty");
 
   const toml::node& peaks = required(root, "peak_gflops", "[peak_gflops]", origin);

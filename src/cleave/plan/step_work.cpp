@@ -80,6 +80,9 @@ class Builder {
     count_fp8_gathered();
     unit_copies_ = weight_copies(*model_, int64_t(tokens_), false);
     group_copies_ = weight_copies(*model_, int64_t(tokens_), true);
+    double floats = 0;
+    for (int g = 0; g < model_->params().n_groups(); ++g) floats += group_floats(g);
+    huge_pages_ = floats * kF >= double(kHugePageBufferBytes);
     for (int u = 0; u < model_->n_units(); ++u) describe_unit(u);
     add_products();
     const std::vector<bool> starts =
@@ -322,8 +325,8 @@ class Builder {
   void gather_comms(int u, bool overlapped, std::vector<CommCall>& out) const {
     const ParamStore& store = model_->params();
     for (int g = 0; g < store.n_groups(); ++g) {
-      const bool experts = store.group_name(g) == "experts" && ep_ > 1;
-      const double share = experts ? 1.0 / ep_ : 1.0;
+      const double share = group_share(g);
+      const bool experts = share < 1;
       const double n =
           double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]) * share;
       const double f = fp8_gathered_[size_t(g)][size_t(u)] * share;
@@ -450,9 +453,7 @@ class Builder {
   InstructionWork instruction_work(const Instruction& in, bool starts_gather,
                                    bool refills_gradients) const {
     InstructionWork w;
-    double floats = 0;
-    for (int g = 0; g < model_->params().n_groups(); ++g) floats += group_floats(g);
-    w.refault_huge = floats * kF >= double(kHugePageBufferBytes);
+    w.refault_huge = huge_pages_;
     if (refills_gradients) w.refault_bytes = unit_floats(in.unit) * kF;
     if (starts_gather && par_.zero_stage == 3) w.refault_bytes = unit_floats(in.unit) * kF;
     const bool full = step_.activation_checkpointing == "full";
@@ -558,6 +559,7 @@ class Builder {
   std::vector<UnitWork> units_;
   std::vector<std::vector<double>> fp8_gathered_;  // per group and unit
   std::vector<LinearGemm::WeightCopies> unit_copies_, group_copies_;  // packed per step (above)
+  bool huge_pages_ = false;  // the rank's flat buffers have huge pages (Buffer::resize)
 };
 
 }  // namespace

@@ -1,8 +1,7 @@
 #include "cleave/serve/connection.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <dirent.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>

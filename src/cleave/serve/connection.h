@@ -16,7 +16,6 @@ int find_connection(const std::string& remote_addr, int remote_port, int local_p
 // nothing is read, so a request it pipelined behind this one is left for the server. A client
 // that only shuts its sending side while it waits for the answer reads as gone too; HTTP/1.1
 // clients do not (vLLM's check of a client's disconnect is the same).
-
 bool connection_closed(int fd);
 
 }  // namespace cleave::serve

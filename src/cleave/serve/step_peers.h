@@ -7,10 +7,11 @@
 // server sends nothing: the other ranks wait for the next step sleeping, not spinning, and without
 // the collectives' timeout (a server may be idle for days): only a step's head, the few bytes
 // that say a step comes, goes by MPI itself (rank 0 holds its own send of it to the timeout: a
-// stopped rank's full shared-memory queue can hold it back). The step's own transfers (its batches, its logits) go
-// through the comm layer's groups and are held to its timeout like any collective: one that has
-// not completed within it means a rank is stuck or gone, and the comm layer's report says which
-// transfer on which group, with every rank's progress, and aborts the job.
+// stopped rank's full shared-memory queue can hold it back). The step's own transfers (its
+// batches, its logits) go through the comm layer's groups and are held to its timeout like any
+// collective: one that has not completed within it means a rank is stuck or gone, and the comm
+// layer's report says which transfer on which group, with every rank's progress, and aborts the
+// job.
 #pragma once
 #include <mpi.h>
 
