@@ -567,6 +567,44 @@ TEST_P(LinearPrecisionTest, MoveKeepsState) {
   EXPECT_EQ(c.out_features(), out);
 }
 
+// Row-invariant products (inference) give a row the same bits at any row count, with a bias and
+// without, on shapes where AMX's per-row-count primitives do not (K = 3,072: K blocked by the row
+// count; 1-2 rows on AVX-512 BF16), and the products stay the product.
+TEST_P(LinearPrecisionTest, RowInvariantProductsDoNotDependOnTheRowCount) {
+  const Precision p = GetParam();
+  const int in = 3072, out = 48;
+  const int64_t most = 70;
+  auto w = random_vec(size_t(out) * in, 81, 0.05f);
+  auto x = random_vec(size_t(most) * in, 82);
+  auto bias = random_vec(size_t(out), 83);
+  LinearGemm g(in, out, p);
+  g.set_weight(w.data());
+  g.set_row_invariant(true);
+  for (const float* b : std::vector<const float*>{nullptr, bias.data()}) {
+    std::vector<float> first;
+    for (int64_t N : {int64_t(1), int64_t(2), int64_t(5), int64_t(16), int64_t(17), int64_t(33),
+                      most}) {
+      std::vector<float> y(size_t(N) * out);
+      g.forward(y.data(), x.data(), N, b);
+      if (first.empty()) {
+        first.assign(y.begin(), y.begin() + out);
+        expect_close(y, ref_forward(x, w, b, 1, in, out), p == Precision::bf16 ? 1e-2 : 1e-5,
+                     nullptr, "row-invariant product");
+      }
+      EXPECT_EQ(0, std::memcmp(first.data(), y.data(), size_t(out) * sizeof(float)))
+          << "row 0 of " << N << " rows, bias " << (b != nullptr);
+      if (N == most)
+        expect_close(y, ref_forward(x, w, b, N, in, out), p == Precision::bf16 ? 1e-2 : 1e-5,
+                     nullptr, "row-invariant products of 70 rows");
+    }
+  }
+  g.set_row_invariant(false);
+  std::vector<float> y(size_t(most) * out);
+  g.forward(y.data(), x.data(), most, nullptr);
+  expect_close(y, ref_forward(x, w, nullptr, most, in, out), p == Precision::bf16 ? 1e-2 : 1e-5,
+               nullptr, "per-row-count products again");
+}
+
 INSTANTIATE_TEST_SUITE_P(Precisions, LinearPrecisionTest,
                          ::testing::Values(Precision::fp32, Precision::bf16),
                          [](const auto& info) {

@@ -167,6 +167,16 @@ Precision product_precision(Precision p) {
   return d == Precision::bf16 && !native_bf16_products() ? Precision::fp32 : d;
 }
 
+bool row_invariant_products(Precision p) {
+  static const bool tiles_forced = [] {
+    const char* forced = std::getenv("CLEAVE_ROW_TILES");
+    return forced && std::string(forced) == "1";
+  }();
+  if (tiles_forced) return false;
+  return product_precision(p) != Precision::bf16 ||
+         dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_core_amx;
+}
+
 struct LinearGemm::Impl {
   int in = 0, out = 0;
   Precision precision = Precision::fp32;
@@ -184,6 +194,7 @@ struct LinearGemm::Impl {
 
   std::map<int64_t, PlansForN> plans;  // by N; one entry, kVariable, with variable rows
   bool variable_rows = false;
+  bool row_tiles = false;  // forward products in whole tiles of kInvariantRowTile rows
   static constexpr int64_t kVariable = -1;
   std::vector<Packed> packed;
   std::vector<kernels::PackTarget> row_targets;  // between begin_row_packing and all_rows_packed
@@ -438,6 +449,7 @@ struct LinearGemm::Impl {
   // the copy just packed is still in cache).
   template <class Operand>
   void forward_product(float* y, int64_t N, const float* bias, Operand operand) {
+    if (row_tiles) return forward_tiles(y, N, bias, operand());
     auto& ctx = dnnl_context();
     Plan& plan = forward_plan(N, bias != nullptr);
     memory wei = packed_weights(Role::forward, plan);
@@ -449,6 +461,40 @@ struct LinearGemm::Impl {
     } else {
       execute(plan, src, wei, nullptr, dst);
     }
+  }
+
+  // forward_product in whole tiles of kInvariantRowTile rows of the operand x (N rows of `in`
+  // values of the products' type): the last tile's rows are copied into a tile padded with zero
+  // rows, and its result's rows copied out.
+  void forward_tiles(float* y, int64_t N, const float* bias, const void* x) {
+    auto& ctx = dnnl_context();
+    constexpr int64_t R = kInvariantRowTile;
+    Plan& plan = forward_plan(R, bias != nullptr);
+    memory wei = packed_weights(Role::forward, plan);
+    std::optional<memory> b;
+    if (bias) b.emplace(plan.pd.bias_desc(), ctx.engine, const_cast<float*>(bias));
+    const size_t row_bytes = size_t(in) * memory::data_type_size(cdt);
+    const int64_t whole = N / R * R;
+    for (int64_t r = 0; r < N; r += R) {
+      const char* rows = static_cast<const char*>(x) + size_t(r) * row_bytes;
+      float* out_rows = y + r * out;
+      if (r == whole) {  // the last, partial tile
+        char* padded = static_cast<char*>(tile_buffer(0).reserve(size_t(R) * row_bytes));
+        std::memcpy(padded, rows, size_t(N - r) * row_bytes);
+        std::memset(padded + size_t(N - r) * row_bytes, 0, size_t(R - (N - r)) * row_bytes);
+        rows = padded;
+        out_rows = static_cast<float*>(tile_buffer(1).reserve(size_t(R * out) * sizeof(float)));
+      }
+      memory src(plan.pd.src_desc(), ctx.engine, const_cast<char*>(rows));
+      memory dst(plan.pd.dst_desc(), ctx.engine, out_rows);
+      execute(plan, src, wei, b ? &*b : nullptr, dst);
+      if (r == whole) std::memcpy(y + r * out, out_rows, size_t((N - r) * out) * sizeof(float));
+    }
+  }
+  // The padded tile's operand (0) and result (1), per thread.
+  static AlignedBuffer& tile_buffer(int which) {
+    static thread_local AlignedBuffer buffers[2];
+    return buffers[which];
   }
 
   // dx (=, or += when accumulate) dy W, dy's operand memory from operand() as in forward_product.
@@ -491,6 +537,11 @@ LinearGemm::LinearGemm(int in_features, int out_features, Precision precision)
 LinearGemm::~LinearGemm() = default;
 LinearGemm::LinearGemm(LinearGemm&&) noexcept = default;
 LinearGemm& LinearGemm::operator=(LinearGemm&&) noexcept = default;
+
+void LinearGemm::set_row_invariant(bool on) {
+  CLEAVE_CHECK(!on || !impl_->fp8, "LinearGemm: fp8 products have no row-invariant mode");
+  impl_->row_tiles = on && !impl_->variable_rows && !row_invariant_products(impl_->precision);
+}
 
 void LinearGemm::set_variable_rows() {
   CLEAVE_CHECK(impl_->plans.empty(), "LinearGemm::set_variable_rows after a product");

@@ -42,6 +42,13 @@ bool native_bf16_products();
 // machine: what a model builds its linears with (a bf16 linear emulates where it must) and what
 // the planner looks up in a cluster's tables.
 Precision product_dtype(Precision p);
+// Whether the per-row-count primitives give a row of a product of `p` the same bits at any row
+// count, on this CPU (docs/inference.md): they do in fp32 and with AVX-512 BF16, not where bf16
+// products run on AMX (oneDNN 2.6 runs 1-2 rows on AVX-512 BF16, and from K = 1,024 blocks K by
+// the row count). CLEAVE_ROW_TILES=1 says they do not on any CPU (tests).
+bool row_invariant_products(Precision p);
+// The rows of a tile where row-invariant products (LinearGemm::set_row_invariant) run in tiles.
+inline constexpr int64_t kInvariantRowTile = 16;
 // What the products run in here, and so whose GEMM peak MFU is quoted against: product_dtype,
 // but bf16's are fp32 products where the CPU has no bf16 matmul.
 Precision product_precision(Precision p);
@@ -157,6 +164,13 @@ class LinearGemm {
   // Frees the prepacked weights (rebuilt at the next product): under ZeRO-3 a layer's weights
   // exist only while it runs.
   void release_packed();
+
+  // Inference: while on, each row of a forward product gets the bits it gets at any row count.
+  // Where the per-row-count primitives do not give that (row_invariant_products), the products
+  // run in whole tiles of kInvariantRowTile rows, the last one padded with zero rows. Products
+  // with variable rows pad their own (a mixture of experts' experts); fp8 products have no such
+  // mode (inference runs in fp32 or bf16).
+  void set_row_invariant(bool on);
 
   // For products whose row count changes every call (a mixture of experts' experts): one
   // primitive serves every N (oneDNN's runtime dimension) instead of one compiled per N, on the

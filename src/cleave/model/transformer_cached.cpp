@@ -53,6 +53,23 @@ void check_ragged(const Batch& b, const KvPool& pool, const ModelConfig& c) {
                                         << b.T << " rows: rows increase, each inside the batch");
 }
 
+// While it lives, every linear of the store runs row-invariant products (a row's logits must not
+// depend on the batch: LinearGemm::set_row_invariant); training's products are left as they were.
+class RowInvariantProducts {
+ public:
+  explicit RowInvariantProducts(const ParamStore& store) : store_(store) { set(true); }
+  ~RowInvariantProducts() { set(false); }
+  RowInvariantProducts(const RowInvariantProducts&) = delete;
+  RowInvariantProducts& operator=(const RowInvariantProducts&) = delete;
+
+ private:
+  void set(bool on) {
+    for (int i = 0; i < int(store_.tensors().size()); ++i)
+      if (LinearGemm* g = store_.packed_by(i)) g->set_row_invariant(on);
+  }
+  const ParamStore& store_;
+};
+
 }  // namespace
 
 KvPool Transformer::new_pool(int64_t blocks, int64_t block_rows) const {
@@ -83,7 +100,10 @@ const float* Transformer::forward_cached(const Batch& batch, KvPool& pool) {
   const int64_t rows = batch.T * cfg_.d_model;
   if (!chunk.embedding) stage_link_->receive(chunk_input(0, 0), rows);
   pool_ = &pool;
-  for (int u = 0; u < n_units(); ++u) forward_unit(u, 0, batch, 0.0f);
+  {
+    const RowInvariantProducts invariant(store_);
+    for (int u = 0; u < n_units(); ++u) forward_unit(u, 0, batch, 0.0f);
+  }
   pool_ = nullptr;
   if (!chunk.head) stage_link_->send(chunk_output(0, 0), rows);
   const int64_t R = int64_t(batch.logit_rows.size()), V = cfg_.vocab_size;

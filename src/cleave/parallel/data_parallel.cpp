@@ -260,23 +260,27 @@ Zero3Peak zero3_peak(const Program& program, const std::vector<int64_t>& per_uni
   std::vector<bool> held(per_unit.size(), false);
   std::vector<LinearGemm::WeightCopies> made(per_unit.size());
   int64_t values = 0, copied = 0, values_peak = 0, bytes_peak = 0;
+  std::vector<int64_t> packed(program.instructions.size(), 0);
   auto make = [&](size_t u, bool forward) {
-    if (copies.empty()) return;
+    if (copies.empty()) return int64_t(0);
     LinearGemm::WeightCopies& m = made[u];
     const LinearGemm::WeightCopies& c = copies[u];
+    const int64_t before = copied;
     copied += c.rounded - m.rounded;
     m.rounded = c.rounded;
     int64_t& kind = forward ? m.forward : m.backward;
     copied += (forward ? c.forward : c.backward) - kind;
     kind = forward ? c.forward : c.backward;
+    return copied - before;
   };
-  for (const Instruction& i : program.instructions) {
+  for (size_t n = 0; n < program.instructions.size(); ++n) {
+    const Instruction& i = program.instructions[n];
     const size_t u = size_t(i.unit);
     switch (i.op) {
       case Op::forward:
-      case Op::recompute: make(u, true); break;
+      case Op::recompute: packed[n] = make(u, true); break;
       case Op::backward:
-      case Op::backward_input: make(u, false); break;
+      case Op::backward_input: packed[n] = make(u, false); break;
       case Op::gather:
       case Op::prefetch:
       case Op::release:
@@ -293,7 +297,7 @@ Zero3Peak zero3_peak(const Program& program, const std::vector<int64_t>& per_uni
     values_peak = std::max(values_peak, values);
     bytes_peak = std::max(bytes_peak, 4 * values + copied);
   }
-  return {values_peak, bytes_peak - 4 * values_peak};
+  return {values_peak, bytes_peak - 4 * values_peak, std::move(packed)};
 }
 
 }  // namespace cleave

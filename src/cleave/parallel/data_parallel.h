@@ -149,9 +149,12 @@ std::vector<bool> zero3_gather_starts(const Program& program, int n_units);
 // what the units' weight copies (copies[u], bytes; none when empty) add, in bytes, to the values'
 // bytes at the peak of both together. A unit's forward or recompute makes its rounding and forward
 // copies, its backward its rounding and backward copies, and its release frees them all.
+// packed: per instruction, the bytes of copies it makes (packs), which a unit still gathered since
+// its last pass already has.
 struct Zero3Peak {
   int64_t values = 0;  // floats
   int64_t copies = 0;  // bytes
+  std::vector<int64_t> packed;
 };
 Zero3Peak zero3_peak(const Program& program, const std::vector<int64_t>& per_unit,
                      const std::vector<LinearGemm::WeightCopies>& copies = {});

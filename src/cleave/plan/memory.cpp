@@ -58,17 +58,21 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
   plan.parameter_count = store.global_count();
   const AxisTable axes = axis_table(store, mesh);
 
-  // Per unit, its flat size over every group; per group, this rank's shard of it.
+  // Per unit, its flat size over every group; per group, this rank's shard of it (of the share
+  // of the group the rank holds: 1 / ep of the experts).
   std::vector<int64_t> unit_floats(size_t(m.n_units()), 0);
-  int64_t shard_floats = 0;
+  int64_t shard_floats = 0, all = 0;
   for (int g = 0; g < store.n_groups(); ++g) {
     const std::vector<int64_t>& b = store.unit_bounds(g);
-    for (size_t u = 0; u + 1 < b.size(); ++u) unit_floats[u] += b[u + 1] - b[u];
-    shard_floats += (b.back() - b.front()) / flat_size(mesh, axes.groups[size_t(g)].shard);
+    const double share = work.group_share[size_t(g)];
+    for (size_t u = 0; u + 1 < b.size(); ++u) unit_floats[u] += int64_t(double(b[u + 1] - b[u]) * share);
+    const int64_t held = int64_t(double(b.back() - b.front()) * share);
+    all += held;
+    shard_floats += held / flat_size(mesh, axes.groups[size_t(g)].shard);
   }
-  const int64_t all = store.total();
   const int64_t N = layout.local_batch * (step.seq_len / cp);
-  const std::vector<LinearGemm::WeightCopies> unit_copies = weight_copies(m, N, false);
+  const std::vector<LinearGemm::WeightCopies> unit_copies =
+      weight_copies(m, N, false, work.group_share);
 
   const bool selective = step.activation_checkpointing == "selective";
   m.set_selective_recompute(selective);

@@ -26,13 +26,21 @@ double block_elementwise_floats(Family family, double d_model, double hidden) {
 }
 
 std::vector<LinearGemm::WeightCopies> weight_copies(const Transformer& model, int64_t rows,
-                                                    bool by_group) {
+                                                    bool by_group,
+                                                    const std::vector<double>& group_share) {
   const ParamStore& store = model.params();
   std::vector<LinearGemm::WeightCopies> copies(size_t(by_group ? store.n_groups() : model.n_units()));
   for (int i = 0; i < int(store.tensors().size()); ++i)
-    if (const LinearGemm* g = store.packed_by(i))
-      copies[size_t(by_group ? store.tensor(i).group : store.tensor(i).unit)] +=
-          g->weight_copy_bytes(rows);
+    if (const LinearGemm* g = store.packed_by(i)) {
+      const ParamTensor& t = store.tensor(i);
+      LinearGemm::WeightCopies c = g->weight_copy_bytes(rows);
+      if (!group_share.empty()) {
+        const double share = group_share[size_t(t.group)];
+        c = {int64_t(double(c.rounded) * share), int64_t(double(c.forward) * share),
+             int64_t(double(c.backward) * share)};
+      }
+      copies[size_t(by_group ? t.group : t.unit)] += c;
+    }
   return copies;
 }
 
@@ -77,9 +85,13 @@ class Builder {
     units_.resize(size_t(model_->n_units()));
     for (const Transformer::Unit& u : model_->units())
       out.unit_layer.push_back(unit_layer(u, m_.n_layers));
+    const ParamStore& store = model_->params();
+    for (int g = 0; g < store.n_groups(); ++g)
+      out.group_share.push_back(ep_ > 1 && store.group_name(g) == "experts" ? 1.0 / ep_ : 1.0);
+    group_share_ = out.group_share;
     count_fp8_gathered();
-    unit_copies_ = weight_copies(*model_, int64_t(tokens_), false);
-    group_copies_ = weight_copies(*model_, int64_t(tokens_), true);
+    unit_copies_ = weight_copies(*model_, int64_t(tokens_), false, group_share_);
+    group_copies_ = weight_copies(*model_, int64_t(tokens_), true, group_share_);
     double floats = 0;
     for (int g = 0; g < model_->params().n_groups(); ++g) floats += group_floats(g);
     huge_pages_ = floats * kF >= double(kHugePageBufferBytes);
@@ -89,13 +101,17 @@ class Builder {
         par_.zero_stage == 3 ? zero3_gather_starts(out.program, model_->n_units())
                              : std::vector<bool>(out.program.instructions.size(), false);
     const std::vector<bool> refills = first_weight_gradients(out.program);
-    std::map<std::tuple<Op, int, int, int, bool, bool>, std::shared_ptr<const InstructionWork>> made;
+    const std::vector<int64_t> packed = packed_by_passes(out.program);
+    std::map<std::tuple<Op, int, int, int, bool, bool, int64_t>,
+             std::shared_ptr<const InstructionWork>>
+        made;
     for (size_t i = 0; i < out.program.instructions.size(); ++i) {
       const Instruction& in = out.program.instructions[i];
-      auto [it, added] = made.try_emplace({in.op, in.unit, in.group, in.peer, starts[i], refills[i]});
+      auto [it, added] =
+          made.try_emplace({in.op, in.unit, in.group, in.peer, starts[i], refills[i], packed[i]});
       if (added)
-        it->second =
-            std::make_shared<const InstructionWork>(instruction_work(in, starts[i], refills[i]));
+        it->second = std::make_shared<const InstructionWork>(
+            instruction_work(in, starts[i], refills[i], double(packed[i])));
       out.work.push_back(it->second);
       if (is_compute(in.op) && in.op != Op::recompute) out.model_flops += it->second->flops();
     }
@@ -373,10 +389,7 @@ class Builder {
                             "the replicated kv heads' gradients"));
   }
 
-  // The share of group g this rank holds: the planned model has every expert, a rank 1 / ep.
-  double group_share(int g) const {
-    return ep_ > 1 && model_->params().group_name(g) == "experts" ? 1.0 / ep_ : 1.0;
-  }
+  double group_share(int g) const { return group_share_[size_t(g)]; }
   // Group g's parameters on this rank.
   double group_floats(int g) const {
     const std::vector<int64_t>& b = model_->params().unit_bounds(g);
@@ -402,8 +415,8 @@ class Builder {
   }
   // Where the products' weight copies are packed anew: by the update itself where the rank
   // updates whole weights (it packs each band as it writes it); after ZeRO-1/2's gather of the
-  // updated shards (by the next products, costed at the gather); under ZeRO-3 by every product
-  // pass after a gather (forward: the forward copy and the rounding; backward: its copy).
+  // updated shards (by the next products, costed at the gather); under ZeRO-3 by a unit's first
+  // forward and first backward after each gather (packed_by_passes).
   double packed_at_update(int g) const {
     return sharded_update() ? 0 : double(group_copies_[size_t(g)].total()) * group_share(g);
   }
@@ -412,10 +425,13 @@ class Builder {
                ? double(group_copies_[size_t(g)].total()) * group_share(g)
                : 0;
   }
-  double packed_by_pass(int u, bool forward) const {
-    if (par_.zero_stage != 3 || u < 0) return 0;
-    const LinearGemm::WeightCopies& c = unit_copies_[size_t(u)];
-    return double(forward ? c.forward + c.rounded : c.backward);
+  // ZeRO-3 packs a unit's copies at its first product pass after each gather (zero3_peak's walk
+  // of the program): per instruction, the bytes it packs.
+  std::vector<int64_t> packed_by_passes(const Program& program) const {
+    if (par_.zero_stage != 3) return std::vector<int64_t>(program.instructions.size(), 0);
+    std::vector<int64_t> floats;
+    for (int u = 0; u < model_->n_units(); ++u) floats.push_back(int64_t(unit_floats(u)));
+    return zero3_peak(program, floats, unit_copies_).packed;
   }
 
   // ZeRO-2/3 return each unit's gradients to the system once the step has reduced them: the
@@ -450,8 +466,8 @@ class Builder {
     return n;
   }
 
-  InstructionWork instruction_work(const Instruction& in, bool starts_gather,
-                                   bool refills_gradients) const {
+  InstructionWork instruction_work(const Instruction& in, bool starts_gather, bool refills_gradients,
+                                   double packed_by_pass) const {
     InstructionWork w;
     w.refault_huge = huge_pages_;
     if (refills_gradients) w.refault_bytes = unit_floats(in.unit) * kF;
@@ -469,7 +485,7 @@ class Builder {
         add(w.gemms, u->forward);
         add(w.attention, u->attention);
         w.elementwise_bytes = u->forward_bytes;
-        w.pack_bytes = packed_by_pass(in.unit, true);
+        w.pack_bytes = packed_by_pass;
         comms(u->forward_comms);
         break;
       case Op::recompute:
@@ -479,7 +495,7 @@ class Builder {
         if (full) {
           add(w.gemms, u->forward);
           add(w.attention, u->attention);
-          w.pack_bytes = packed_by_pass(in.unit, true);
+          w.pack_bytes = packed_by_pass;
           comms(u->forward_comms);
         }
         break;
@@ -494,7 +510,7 @@ class Builder {
             w.attention.push_back(a);
           }
           w.elementwise_bytes += u->backward_bytes;
-          w.pack_bytes = packed_by_pass(in.unit, false);
+          w.pack_bytes = packed_by_pass;
           comms(u->backward_comms);
         }
         if (weight) add(w.gemms, u->backward_weight);
@@ -558,6 +574,7 @@ class Builder {
   std::shared_ptr<Transformer> model_;
   std::vector<UnitWork> units_;
   std::vector<std::vector<double>> fp8_gathered_;  // per group and unit
+  std::vector<double> group_share_;  // StepWork::group_share
   std::vector<LinearGemm::WeightCopies> unit_copies_, group_copies_;  // packed per step (above)
   bool huge_pages_ = false;  // the rank's flat buffers have huge pages (Buffer::resize)
 };

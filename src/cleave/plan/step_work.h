@@ -81,6 +81,9 @@ struct StepWork {
   // Per unit of the rank's model, its place in forward order: the embedding -1, a block its
   // layer, the head n_layers.
   std::vector<int> unit_layer;
+  // Per parameter group of model, the share of it this rank holds: the planned model has every
+  // expert, a rank 1 / ep of them.
+  std::vector<double> group_share;
   double model_flops = 0;             // per step on this rank, as MFU counts them
 };
 
@@ -100,9 +103,11 @@ double block_elementwise_floats(Family family, double d_model, double hidden);
 
 // Per unit (by_group false) or per parameter group (true) of `model`, the copies its linears'
 // products keep of their weights on micro-batches of `rows` rows on a rank
-// (LinearGemm::weight_copy_bytes of each weight a product packs).
+// (LinearGemm::weight_copy_bytes of each weight a product packs), each group's taken at its
+// share (StepWork::group_share; whole where empty).
 std::vector<LinearGemm::WeightCopies> weight_copies(const Transformer& model, int64_t rows,
-                                                    bool by_group);
+                                                    bool by_group,
+                                                    const std::vector<double>& group_share = {});
 
 // pp rank `pp_rank`'s step (its tp rank 0 and data-parallel rank 0 stand for the others, which do
 // as much), with MoE routing assumed balanced.
