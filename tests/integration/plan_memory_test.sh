@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
 # `cleave plan`'s memory per rank against the peak resident memory measured (docs/planner.md,
-# Memory): one rank in fp32, ZeRO-3 over 2 ranks, tp 2 and pp 2 with 4 micro-batches
-# (3 steps of a 4-block d_model 512 model, where the model state and activations are most of the
-# resident memory). What a process holds before any model (MPI, oneDNN, OpenMP, the binary) is
+# Memory), for every layout family: one rank in fp32, bf16 and FP8, full and selective
+# activation checkpointing, DDP and ZeRO-1/2/3 over 2 ranks, HSDP over 4, tp 2 with and without
+# sequence parallelism, pp 2 with 4 micro-batches, cp 2 and ep 2 (3 steps of a 4-block d_model 512
+# model, where the model state and activations are most of the resident memory; ep's experts
+# keep it near that). What a process holds before any model (MPI, oneDNN, OpenMP, the binary) is
 # the runtime overhead: measured once per rank count as a d_model 32 run's peak less its own plan,
-# and added. bf16 is left out: where its products are emulated (AVX2 CPUs) the per-thread fp32
-# operand buffers are not in the plan yet (measured -4.0% and -5.7%). Each rank must come within
-# 6% of its measured peak (pp2's rank 0 measured -3.6% to -5.1% over runs of the same build, the
-# suite running beside it); a plan that leaves out the backward scratch (-7%) falls outside it.
-# ZeRO-3 measured -2.6% to -4.5% once the plan counted the communication engine's scratch (before:
-# 12-22 MiB above the plan, held to 10%); what is left at 2 ranks grows with the collectives'
-# size (MPI's own buffers) and keeps the bound from 5% (issue 32). On a Zen 5 (AVX-512: blocked
-# weight copies) every rank came within 0.5%, ZeRO-3 once its copies were held from their product
-# to their release (+14% with its two largest units' whole copies).
+# and added. Each rank must come within 5% of its measured peak: on the Zen 5 and on a Xeon with
+# AMX every rank of fp32, ZeRO-3, tp 2 and pp 2 came within 0.6%; a plan that leaves out the
+# backward scratch (-7%) falls outside it. On AVX2 CPUs (bf16 emulated, not this project's kind of
+# machine) the per-thread fp32 operand buffers are not in the plan and pp 2 measured -3.6% to -5.1%.
+# ep 2 is held to 10%: the plan takes the routing as balanced, and these 3 steps route most rows to
+# two experts (load max / mean 3.4-4.0): -5.1% and -6.7% on the Xeon (issue 32).
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 source "$src/tests/integration/layouts.sh"
@@ -28,13 +27,28 @@ planned() {  # name ranks [--set ...]: the plan, then the run, of one layout
   run "$name" "$np" "$@"
 }
 
+big=(--set model.d_model=512)
+dp2=(--set parallel.dp_shard=2)
 planned overhead1 1 --set model.d_model=32
-planned overhead2 2 --set model.d_model=32 --set parallel.dp_shard=2
-planned fp32 1 --set model.d_model=512
-planned zero3 2 --set model.d_model=512 --set parallel.dp_shard=2 --set parallel.zero_stage=3
-planned tp2 2 --set model.d_model=512 --set parallel.tp=2
-planned pp2 2 --set model.d_model=512 --set parallel.pp=2 --set train.micro_batch_size=2 \
+planned overhead2 2 --set model.d_model=32 "${dp2[@]}"
+planned overhead4 4 --set model.d_model=32 --set parallel.dp_shard=4
+planned fp32 1 "${big[@]}"
+planned bf16 1 "${big[@]}" --set train.dtype=bf16
+planned fp8 1 "${big[@]}" --set train.dtype=fp8
+planned ac_full 1 "${big[@]}" --set train.activation_checkpointing=full
+planned ac_selective 1 "${big[@]}" --set train.activation_checkpointing=selective
+planned ddp 2 "${big[@]}" "${dp2[@]}"
+planned zero1 2 "${big[@]}" "${dp2[@]}" --set parallel.zero_stage=1
+planned zero2 2 "${big[@]}" "${dp2[@]}" --set parallel.zero_stage=2
+planned zero3 2 "${big[@]}" "${dp2[@]}" --set parallel.zero_stage=3
+planned hsdp 4 "${big[@]}" --set parallel.dp_replicate=2 "${dp2[@]}" --set parallel.zero_stage=3
+planned tp2 2 "${big[@]}" --set parallel.tp=2
+planned tp2_sp 2 "${big[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
+planned pp2 2 "${big[@]}" --set parallel.pp=2 --set train.micro_batch_size=2 \
   --set train.grad_accum_steps=4
+planned cp2 2 "${big[@]}" --set parallel.cp=2
+planned ep2 2 "${big[@]}" "${dp2[@]}" --set parallel.ep=2 --set model.moe_experts=8 \
+  --set model.moe_top_k=2 --set model.moe_ffn_hidden=1024
 
 /usr/bin/python3 - "$work" <<'PY'
 import json, sys
@@ -46,11 +60,13 @@ def peak(name):
     rows = [json.loads(l) for l in open(f"{work}/{name}/metrics.jsonl") if "peak_rss_mib_per_rank" in l]
     return rows[-1]["peak_rss_mib_per_rank"]
 overhead = {}
-for np, name in ((1, "overhead1"), (2, "overhead2")):
+for np, name in ((1, "overhead1"), (2, "overhead2"), (4, "overhead4")):
     overhead[np] = max(peak(name)) - plan(name)[0][0]
     print(f"runtime overhead at {np} rank{'s' if np > 1 else ''}: {overhead[np]:.1f} MiB")
 failed = []
-for name, np in (("fp32", 1), ("zero3", 2), ("tp2", 2), ("pp2", 2)):
+for name, np in (("fp32", 1), ("bf16", 1), ("fp8", 1), ("ac_full", 1), ("ac_selective", 1),
+                 ("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("hsdp", 4), ("tp2", 2),
+                 ("tp2_sp", 2), ("pp2", 2), ("cp2", 2), ("ep2", 2)):
     totals, stages = plan(name)
     measured = peak(name)
     for rank, rss in enumerate(measured):
@@ -63,9 +79,9 @@ for name, np in (("fp32", 1), ("zero3", 2), ("tp2", 2), ("pp2", 2)):
                            "backward_scratch", "comm_buffers"))
         print(f"{name} rank {rank}: planned {predicted:.1f} MiB ({parts}), measured {rss:.1f}: "
               f"{100 * error:+.1f}%")
-        if abs(error) > 0.06:
+        if abs(error) > (0.10 if name == "ep2" else 0.05):
             failed.append(f"{name} rank {rank}")
 if failed:
-    sys.exit("FAIL: planned memory off by more than 6% at " + ", ".join(failed))
-print("every rank's planned memory within 6% of its measured peak")
+    sys.exit("FAIL: planned memory off by more than its bound at " + ", ".join(failed))
+print("every rank's planned memory within 5% of its measured peak (ep 2: 10%)")
 PY

@@ -525,6 +525,10 @@ SavedBytes Moe::saved_bytes(int64_t N, bool keep_x) const {
   return b;
 }
 
+int64_t Moe::ep_scratch_bytes(int64_t N, int top_k, int64_t d_model) {
+  return 4 * N * top_k * d_model * kFloatBytes;
+}
+
 void Moe::recompute_activation(Saved& s, const float* x) {
   const int64_t d = cfg_.d_model;
   lend(s, true, false);

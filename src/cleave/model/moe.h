@@ -127,6 +127,10 @@ class Moe {
   // What forward keeps for N tokens (model/saved_bytes.h), the experts' rows balanced: N x top_k
   // sent, and as many received.
   SavedBytes saved_bytes(int64_t N, bool keep_x) const;
+  // The exchange buffers expert parallelism adds to the scratch every block shares (Scratch's
+  // x_send, y_expert, dy_expert and dx_send), for N tokens routed to top_k experts each, balanced:
+  // a rank sends N x top_k rows and receives as many.
+  static int64_t ep_scratch_bytes(int64_t N, int top_k, int64_t d_model);
 
   // The step's statistics (then zeroed), and sigmoid_bias's update from the step's global load
   // per expert: each bias moves by the rate toward the mean load, and the biases keep mean zero.

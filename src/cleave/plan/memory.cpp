@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "cleave/model/moe.h"
 #include "cleave/model/transformer.h"
 #include "cleave/parallel/axis_table.h"
 #include "cleave/parallel/data_parallel.h"
@@ -116,6 +117,9 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
 
   plan.activations = predict_activation_memory(m, train, layout.local_batch, T, selective);
   plan.backward_scratch = m.backward_scratch_bytes(layout.local_batch, T);
+  const bool experts = std::any_of(work.group_share.begin(), work.group_share.end(),
+                                   [](double share) { return share < 1; });
+  if (experts) plan.backward_scratch += Moe::ep_scratch_bytes(N, model.moe_top_k, model.d_model);
   if (val_batches > 0) {
     const StageMap& stages = layout.check.stages;
     const Program val =
