@@ -173,8 +173,10 @@ bool row_invariant_products(Precision p) {
     return forced && std::string(forced) == "1";
   }();
   if (tiles_forced) return false;
+  // oneDNN's ISAs are cumulative bit sets: a later one with AMX holds avx512_core_amx's bits.
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
   return product_precision(p) != Precision::bf16 ||
-         dnnl::get_effective_cpu_isa() != dnnl::cpu_isa::avx512_core_amx;
+         (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & amx) != amx;
 }
 
 struct LinearGemm::Impl {

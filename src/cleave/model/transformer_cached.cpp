@@ -57,7 +57,14 @@ void check_ragged(const Batch& b, const KvPool& pool, const ModelConfig& c) {
 // depend on the batch: LinearGemm::set_row_invariant); training's products are left as they were.
 class RowInvariantProducts {
  public:
-  explicit RowInvariantProducts(const ParamStore& store) : store_(store) { set(true); }
+  explicit RowInvariantProducts(const ParamStore& store) : store_(store) {
+    try {
+      set(true);
+    } catch (...) {
+      set(false);
+      throw;
+    }
+  }
   ~RowInvariantProducts() { set(false); }
   RowInvariantProducts(const RowInvariantProducts&) = delete;
   RowInvariantProducts& operator=(const RowInvariantProducts&) = delete;

@@ -52,15 +52,17 @@ class LayoutBounds {
   // Each made once (entries never change once in their tables).
   const UnitCosts& unit_costs(const ParallelConfig& parallel, const StepOptions& step);
   UnitCosts probe(const ParallelConfig& parallel, const StepOptions& step, bool with_comms) const;
-  // The model on one rank (its tp share, no values), and per layer as UnitCosts its parameters.
+  // The model on one rank (its tp share, no values, every expert), and per layer as UnitCosts its
+  // parameters and the experts' among them (a rank holds 1 / ep of those).
   struct Planned {
     std::unique_ptr<Transformer> model;
-    std::vector<double> floats;
+    std::vector<double> floats, expert_floats;
   };
   const Planned& planned(int tp, bool sequence_parallel, bool selective, Precision dtype);
   // Per layer as UnitCosts, the bytes of the weight copies its linears' products keep (packed
-  // layouts, images in the product's type) for micro-batches of `rows` rows on a rank.
-  const std::vector<double>& weight_copies(const Planned& planned, int64_t rows);
+  // layouts, images in the product's type) for micro-batches of `rows` rows on a rank that holds
+  // 1 / ep of the experts.
+  const std::vector<double>& weight_copies(const Planned& planned, int64_t rows, int ep);
 
   const ModelConfig& model_;
   std::string optimizer_offload_;
@@ -69,7 +71,7 @@ class LayoutBounds {
   std::mutex mutex_;  // guards the probes' tables; a probe runs outside it
   std::map<std::tuple<bool, int, int, bool, std::string, int64_t, int, int>, UnitCosts> costs_;
   std::map<std::tuple<int, bool, bool, Precision>, Planned> planned_;
-  std::map<std::pair<const Planned*, int64_t>, std::vector<double>> copies_;
+  std::map<std::tuple<const Planned*, int64_t, int>, std::vector<double>> copies_;
 };
 
 }  // namespace cleave

@@ -62,13 +62,15 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
   // Per unit, its flat size over every group; per group, this rank's shard of it (of the share
   // of the group the rank holds: 1 / ep of the experts).
   std::vector<int64_t> unit_floats(size_t(m.n_units()), 0);
-  int64_t shard_floats = 0, all = 0;
+  int64_t shard_floats = 0, all = 0, experts = 0;
   for (int g = 0; g < store.n_groups(); ++g) {
     const std::vector<int64_t>& b = store.unit_bounds(g);
     const double share = work.group_share[size_t(g)];
-    for (size_t u = 0; u + 1 < b.size(); ++u) unit_floats[u] += int64_t(double(b[u + 1] - b[u]) * share);
+    for (size_t u = 0; u + 1 < b.size(); ++u)
+      unit_floats[u] += int64_t(double(b[u + 1] - b[u]) * share);
     const int64_t held = int64_t(double(b.back() - b.front()) * share);
     all += held;
+    if (share < 1) experts += held;
     shard_floats += held / flat_size(mesh, axes.groups[size_t(g)].shard);
   }
   const int64_t N = layout.local_batch * (step.seq_len / cp);
@@ -117,9 +119,8 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
 
   plan.activations = predict_activation_memory(m, train, layout.local_batch, T, selective);
   plan.backward_scratch = m.backward_scratch_bytes(layout.local_batch, T);
-  const bool experts = std::any_of(work.group_share.begin(), work.group_share.end(),
-                                   [](double share) { return share < 1; });
-  if (experts) plan.backward_scratch += Moe::ep_scratch_bytes(N, model.moe_top_k, model.d_model);
+  if (experts > 0)
+    plan.backward_scratch += Moe::ep_scratch_bytes(N, model.moe_top_k, model.d_model);
   if (val_batches > 0) {
     const StageMap& stages = layout.check.stages;
     const Program val =

@@ -418,11 +418,11 @@ class Builder {
   // updated shards (by the next products, costed at the gather); under ZeRO-3 by a unit's first
   // forward and first backward after each gather (packed_by_passes).
   double packed_at_update(int g) const {
-    return sharded_update() ? 0 : double(group_copies_[size_t(g)].total()) * group_share(g);
+    return sharded_update() ? 0 : double(group_copies_[size_t(g)].total());
   }
   double packed_at_gather(int g) const {
     return sharded_update() && par_.zero_stage < 3
-               ? double(group_copies_[size_t(g)].total()) * group_share(g)
+               ? double(group_copies_[size_t(g)].total())
                : 0;
   }
   // ZeRO-3 packs a unit's copies at its first product pass after each gather (zero3_peak's walk
@@ -575,7 +575,8 @@ class Builder {
   std::vector<UnitWork> units_;
   std::vector<std::vector<double>> fp8_gathered_;  // per group and unit
   std::vector<double> group_share_;  // StepWork::group_share
-  std::vector<LinearGemm::WeightCopies> unit_copies_, group_copies_;  // packed per step (above)
+  // packed per step (above), at the rank's group_share_
+  std::vector<LinearGemm::WeightCopies> unit_copies_, group_copies_;
   bool huge_pages_ = false;  // the rank's flat buffers have huge pages (Buffer::resize)
 };
 
