@@ -298,6 +298,40 @@ TEST(PlanStepTime, PackingAndTheOptimizersStreamsFollowTheZeroStage) {
       EXPECT_DOUBLE_EQ(gathered, refaulted[Op::gather] + refaulted[Op::prefetch]);
     }
   }
+  // Under ep a rank updates and packs 1 / ep of the experts (their fp16 roundings), once.
+  ModelConfig moe = model;
+  moe.moe_experts = 4;
+  moe.moe_top_k = 2;
+  moe.moe_ffn_hidden = 256;
+  StepOptions fp16 = step;
+  fp16.dtype = Precision::fp16;
+  for (int zero : {0, 1}) {
+    SCOPED_TRACE("MoE, ZeRO-" + std::to_string(zero));
+    std::map<int, double> packed_at;  // by ep
+    for (int ep : {1, 2}) {
+      ParallelConfig parallel;
+      parallel.dp_shard = 2;
+      parallel.ep = ep;
+      parallel.zero_stage = zero;
+      const Layout layout = plan_layout(moe, parallel, fp16, 2);
+      const StepWork work = step_work(moe, parallel, fp16, layout, 0);
+      double copies = 0, experts = 0;
+      const std::vector<LinearGemm::WeightCopies> by_group =
+          weight_copies(*work.model, 4 * 128, true, work.group_share);
+      for (int g = 0; g < int(by_group.size()); ++g) {
+        copies += double(by_group[size_t(g)].total());
+        if (work.model->params().group_name(g) == "experts")
+          experts += double(by_group[size_t(g)].total());
+      }
+      ASSERT_GT(experts, 0);
+      double packed = 0;
+      for (size_t i = 0; i < work.work.size(); ++i) packed += work.work[i]->pack_bytes;
+      EXPECT_DOUBLE_EQ(packed, copies);
+      packed_at[ep] = packed;
+      if (ep == 2) EXPECT_NEAR(packed_at[1] - packed, experts, 1e-6 * experts);
+    }
+  }
+
   // A cluster without refault rates costs none; with them, the bytes at the rate.
   ParallelConfig zero2;
   zero2.dp_shard = 2;
