@@ -328,7 +328,9 @@ TEST(PlanStepTime, PackingAndTheOptimizersStreamsFollowTheZeroStage) {
       for (size_t i = 0; i < work.work.size(); ++i) packed += work.work[i]->pack_bytes;
       EXPECT_DOUBLE_EQ(packed, copies);
       packed_at[ep] = packed;
-      if (ep == 2) EXPECT_NEAR(packed_at[1] - packed, experts, 1e-6 * experts);
+      if (ep == 2) {
+        EXPECT_NEAR(packed_at[1] - packed, experts, 1e-6 * experts);
+      }
     }
   }
 

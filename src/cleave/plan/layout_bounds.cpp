@@ -125,16 +125,12 @@ const LayoutBounds::Planned& LayoutBounds::planned(int tp, bool sequence_paralle
   p.model = Transformer::planned(model_, tp, sequence_parallel, {}, dtype, 1);
   p.model->set_selective_recompute(selective);
   const ParamStore& store = p.model->params();
-  p.floats.assign(size_t(model_.n_layers) + 2, 0);
-  p.expert_floats = p.floats;
+  p.floats.assign(size_t(store.n_groups()), std::vector<double>(size_t(model_.n_layers) + 2, 0));
   for (int u = 0; u < p.model->n_units(); ++u) {
     const size_t at = size_t(unit_layer(p.model->units()[size_t(u)], model_.n_layers) + 1);
-    for (int g = 0; g < store.n_groups(); ++g) {
-      const double n =
+    for (int g = 0; g < store.n_groups(); ++g)
+      p.floats[size_t(g)][at] +=
           double(store.unit_bounds(g)[size_t(u) + 1] - store.unit_bounds(g)[size_t(u)]);
-      p.floats[at] += n;
-      if (store.group_name(g) == "experts") p.expert_floats[at] += n;
-    }
   }
   std::lock_guard<std::mutex> lock(mutex_);
   return planned_.try_emplace(key, std::move(p)).first->second;
@@ -148,12 +144,8 @@ const std::vector<double>& LayoutBounds::weight_copies(const Planned& p, int64_t
     if (it != copies_.end()) return it->second;
   }
   std::vector<double> copies(size_t(model_.n_layers) + 2, 0);
-  const ParamStore& store = p.model->params();
-  std::vector<double> share;
-  for (int g = 0; g < store.n_groups(); ++g)
-    share.push_back(store.group_name(g) == "experts" ? 1.0 / ep : 1.0);
   const std::vector<LinearGemm::WeightCopies> per_unit =
-      cleave::weight_copies(*p.model, rows, false, share);
+      cleave::weight_copies(*p.model, rows, false, group_shares(p.model->params(), ep));
   for (size_t u = 0; u < per_unit.size(); ++u)
     copies[size_t(unit_layer(p.model->units()[u], model_.n_layers) + 1)] +=
         double(per_unit[u].total());
@@ -192,6 +184,7 @@ double LayoutBounds::memory_bytes(const ParallelConfig& parallel, const StepOpti
   // ZeRO-2/3 hold the whole gradient buffer while micro-batches accumulate (plan_memory).
   const bool accumulating = step.grad_accum_steps > 1 || parallel.pp > 1;
   const std::vector<double>& copies = weight_copies(p, B * T, parallel.ep);
+  const std::vector<double> share = group_shares(p.model->params(), parallel.ep);
   struct Rank {
     double floats = 0, copies = 0, slots = 0, saved = 0;
   };
@@ -199,8 +192,8 @@ double LayoutBounds::memory_bytes(const ParallelConfig& parallel, const StepOpti
   int first_layer = 0;
   for (size_t k = 0; k < stages.size(); ++k) {
     Rank& r = ranks[size_t(rank_of[k])];
-    r.floats += sum(p.floats, stages[k]) -
-                (1 - 1.0 / parallel.ep) * sum(p.expert_floats, stages[k]);
+    for (size_t g = 0; g < p.floats.size(); ++g)
+      r.floats += share[g] * sum(p.floats[g], stages[k]);
     // ZeRO-3 frees a unit's copies with its values, and its peak may fall where none are held.
     if (parallel.zero_stage < 3) r.copies += sum(copies, stages[k]);
     const int end_layer = first_layer + pipeline.stage_layers[k];

@@ -52,11 +52,11 @@ class LayoutBounds {
   // Each made once (entries never change once in their tables).
   const UnitCosts& unit_costs(const ParallelConfig& parallel, const StepOptions& step);
   UnitCosts probe(const ParallelConfig& parallel, const StepOptions& step, bool with_comms) const;
-  // The model on one rank (its tp share, no values, every expert), and per layer as UnitCosts its
-  // parameters and the experts' among them (a rank holds 1 / ep of those).
+  // The model on one rank (its tp share, no values, every expert), and per parameter group, per
+  // layer as UnitCosts, its parameters (a rank holds its group_shares of them).
   struct Planned {
     std::unique_ptr<Transformer> model;
-    std::vector<double> floats, expert_floats;
+    std::vector<std::vector<double>> floats;
   };
   const Planned& planned(int tp, bool sequence_parallel, bool selective, Precision dtype);
   // Per layer as UnitCosts, the bytes of the weight copies its linears' products keep (packed

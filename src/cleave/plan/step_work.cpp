@@ -25,6 +25,13 @@ double block_elementwise_floats(Family family, double d_model, double hidden) {
   return family == Family::llama ? 14 * d_model + 3 * hidden : 10 * d_model + 2 * hidden;
 }
 
+std::vector<double> group_shares(const ParamStore& store, int ep) {
+  std::vector<double> share;
+  for (int g = 0; g < store.n_groups(); ++g)
+    share.push_back(store.group_name(g) == "experts" ? 1.0 / ep : 1.0);
+  return share;
+}
+
 std::vector<LinearGemm::WeightCopies> weight_copies(const Transformer& model, int64_t rows,
                                                     bool by_group,
                                                     const std::vector<double>& group_share) {
@@ -85,9 +92,7 @@ class Builder {
     units_.resize(size_t(model_->n_units()));
     for (const Transformer::Unit& u : model_->units())
       out.unit_layer.push_back(unit_layer(u, m_.n_layers));
-    const ParamStore& store = model_->params();
-    for (int g = 0; g < store.n_groups(); ++g)
-      out.group_share.push_back(ep_ > 1 && store.group_name(g) == "experts" ? 1.0 / ep_ : 1.0);
+    out.group_share = group_shares(model_->params(), ep_);
     group_share_ = out.group_share;
     count_fp8_gathered();
     unit_copies_ = weight_copies(*model_, int64_t(tokens_), false, group_share_);

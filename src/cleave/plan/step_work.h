@@ -101,6 +101,10 @@ inline int unit_layer(const Transformer::Unit& unit, int n_layers) {
 // `cleave calibrate` measures the element-wise rate on these counts.
 double block_elementwise_floats(Family family, double d_model, double hidden);
 
+// Per parameter group of `store` (a planned model's, which has every expert), the share of it a
+// rank holds under expert parallelism `ep`: 1 / ep of the experts, the rest whole.
+std::vector<double> group_shares(const ParamStore& store, int ep);
+
 // Per unit (by_group false) or per parameter group (true) of `model`, the copies its linears'
 // products keep of their weights on micro-batches of `rows` rows on a rank
 // (LinearGemm::weight_copy_bytes of each weight a product packs), each group's taken at its
