@@ -4,6 +4,7 @@
 // MPI, and allocates nothing of the model's size.
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "cleave/plan/cluster.h"
 #include "cleave/plan/memory.h"
 #include "cleave/plan/report.h"
+#include "cleave/plan/routing.h"
 #include "cleave/plan/search.h"
 #include "cleave/plan/step_time.h"
 #include "cleave/plan/axis_volume.h"
@@ -121,12 +123,12 @@ std::vector<RankedLayout> print_search(const Cluster& cluster, const Config& cfg
 int plan(int argc, char** argv) {
   const Args a = Args::parse("plan", argc, argv,
                              {"--world", "--json", "--report", "--ranks-per-host", "--cluster",
-                              "--top"},
+                              "--top", "--routing"},
                              {"--search"});
   if (a.positional.size() != 1)
     throw Error("cleave plan: expected CONFIG.toml (usage: cleave plan CONFIG.toml --world N "
                 "[--set key=value ...] [--cluster CLUSTER.toml [--search [--top K]]] [--ranks-per-host K] "
-                "[--json OUT.json] [--report OUT.html])");
+                "[--routing RUN_DIR] [--json OUT.json] [--report OUT.html])");
   if (a.has("--search") && !a.has("--cluster"))
     throw Error("cleave plan: --search ranks layouts by predicted time and needs --cluster "
                 "CLUSTER.toml");
@@ -137,6 +139,10 @@ int plan(int argc, char** argv) {
   const TrainConfig& t = cfg.train;
   // The trainer's own check: a layout it would refuse is refused here with its message.
   const Layout layout = plan_layout(cfg.model, cfg.parallel, t, world);
+  if (a.has("--routing") && cfg.model.moe_experts == 0)
+    throw Error("cleave plan: --routing gives a MoE model's routing; model.moe_experts is 0");
+  std::optional<ExpertRouting> routing;
+  if (a.has("--routing")) routing = read_routing(a.get("--routing", ""), cfg.model);
   const Mesh& mesh = layout.mesh;
   const int pp = mesh.degree(Axis::pp), cp = mesh.degree(Axis::cp);
   const int val_batches = t.val_interval > 0 ? int(t.val_batches) : 0;
@@ -160,7 +166,7 @@ int plan(int argc, char** argv) {
   report.mesh = &mesh;
   report.ranks_per_host = per_host;
   for (int r = 0; r < pp; ++r) {
-    work.push_back(step_work(cfg.model, cfg.parallel, t, layout, r));
+    work.push_back(step_work(cfg.model, cfg.parallel, t, layout, r, routing ? &*routing : nullptr));
     const MemoryPlan p =
         plan_memory(cfg.model, cfg.parallel, t, cfg.optim.offload, layout, work.back(), val_batches);
     std::printf("  %-5d %12lld %10.1f %10.1f %10.1f %10.1f %12.1f %10.1f %8.1f %10.1f\n", r,
@@ -181,6 +187,10 @@ int plan(int argc, char** argv) {
                 "recomputation not counted)\n",
                 work.back().model_flops);
   }
+  if (routing)
+    std::printf("\nrouting: the mean of %s's %lld steps (rank 0 holds the first 1 / ep of the "
+                "experts; every rank taken to route as the whole batch does)\n",
+                routing->source.c_str(), (long long)routing->steps);
   std::printf("\nbytes rank 0 sends per step on each mesh axis:\n");
   const std::vector<AxisVolume> volumes = axis_volumes(work[0]);
   if (volumes.empty()) std::printf("  none: a single rank\n");
@@ -190,6 +200,13 @@ int plan(int argc, char** argv) {
     out["axes"].push_back({{"axis", v.axis}, {"bytes", v.bytes}, {"how", v.how}});
     report.axes.push_back({v.axis, v.bytes, v.how});
   }
+  // ep's bytes for balanced routing beside the measured routing's.
+  if (routing)
+    for (const AxisVolume& v : axis_volumes(step_work(cfg.model, cfg.parallel, t, layout, 0)))
+      if (v.axis == "ep") {
+        std::printf("  %-13s %10.2f MiB  for balanced routing\n", "ep", v.bytes / (1 << 20));
+        out["ep_bytes_balanced"] = v.bytes;
+      }
   if (a.has("--cluster")) {
     const Cluster cluster = read_cluster(a.get("--cluster", ""));
     const StepPrediction p = print_step_time(cluster, layout, work, cfg, out);

@@ -4,7 +4,7 @@
 # bitwise: ep 2 and 4, dropless and with a capacity, for each router; ep with tp (+ SP), ZeRO-1
 # and ZeRO-3 (the experts sharded over efsdp), pp, cp and HSDP; shared experts beside a dense
 # layer; GPT-2's experts; bf16; selective and full activation checkpointing (bitwise). Capacity
-# drops the same choices on every layout; the ep bytes measured are cleave mesh's prediction. An ep 4 checkpoint (with sigmoid_bias's biases) resumes on ep 2
+# drops the same choices on every layout; the ep bytes measured are cleave mesh's prediction for balanced routing and `cleave plan --routing`'s from the measured routing. An ep 4 checkpoint (with sigmoid_bias's biases) resumes on ep 2
 # and in one process. Bad input is an error naming the numbers.
 # The model is the 2-layer test model with 4 experts of 64 hidden units, top 2, one shared expert,
 # the auxiliary loss and the z-loss on.
@@ -127,17 +127,33 @@ done
 echo "selective and full activation checkpointing give the same bits, alone and at ep 2"
 
 # The ep bytes rank 0 sends, measured by the trainer, against the run's own prediction (the figure
-# `cleave mesh` prints), which assumes balanced routing: within 25% over the 20 steps (the auxiliary loss keeps the routing
-# near balanced), and exactly the measured rows' bytes are what the prediction counts.
+# `cleave mesh` prints), which assumes balanced routing: within 25% over the 20 steps (the auxiliary
+# loss keeps the routing near balanced). `cleave plan --routing RUN` predicts them from the run's
+# measured routing (the rows each expert kept): within 2%, dropless and with the capacity's drops,
+# where the balanced figure is over 10% off.
 for n in 2 4; do
-  measured=$(grep -o '"ep_bytes_per_step":[0-9.]*' "$work/topk_softmax-ep$n/metrics.jsonl" | cut -d: -f2 \
-             | awk '{ s += $1 } END { printf "%.0f", s / NR }')
-  predicted=$(grep -o '"ep_bytes_per_step_predicted":[0-9]*' "$work/topk_softmax-ep$n/metrics.jsonl" \
-              | tail -1 | cut -d: -f2)
-  [ -n "$predicted" ] && awk -v m="$measured" -v p="$predicted" 'BEGIN { exit !(m > 0.75 * p && m < 1.25 * p) }' \
-    || { echo "FAIL: ep $n sent $measured bytes per step, the run predicted $predicted"; exit 1; }
-  echo "ep $n: $measured bytes per step measured, $predicted predicted for balanced routing"
+  for name in "topk_softmax-ep$n" "topk_softmax-cap-ep$n"; do
+    measured=$(grep -o '"ep_bytes_per_step":[0-9.]*' "$work/$name/metrics.jsonl" | cut -d: -f2 \
+               | awk '{ s += $1 } END { printf "%.0f", s / NR }')
+    balanced=$(grep -o '"ep_bytes_per_step_predicted":[0-9]*' "$work/$name/metrics.jsonl" \
+               | tail -1 | cut -d: -f2)
+    [ -n "$balanced" ] && awk -v m="$measured" -v p="$balanced" 'BEGIN { exit !(m > 0.75 * p && m < 1.25 * p) }' \
+      || { echo "FAIL: $name sent $measured ep bytes per step, the run predicted $balanced"; exit 1; }
+    extra=()
+    [[ $name = *-cap-* ]] && extra=("${capacity[@]}")
+    # shellcheck disable=SC2046
+    "$cleave" plan "$cfg" --world "$n" "${common[@]}" "${llama[@]}" "${extra[@]}" $(ep "$n") \
+      --routing "$work/$name" --json "$work/plan-$name.json" > "$work/plan-$name.txt"
+    routed=$(/usr/bin/python3 -c "import json, sys; print(sum(a['bytes'] for a in json.load(open(sys.argv[1]))['axes'] if a['axis'] == 'ep'))" "$work/plan-$name.json")
+    grep -q "ep .* MiB  for balanced routing" "$work/plan-$name.txt" \
+      || { echo "FAIL: cleave plan --routing printed no balanced ep bytes beside"; exit 1; }
+    awk -v m="$measured" -v p="$routed" 'BEGIN { exit !(m > 0.98 * p && m < 1.02 * p) }' \
+      || { echo "FAIL: $name sent $measured ep bytes per step, cleave plan --routing predicted $routed"; exit 1; }
+    echo "$name: $measured ep bytes per step measured, $routed predicted from its routing, $balanced for balanced routing"
+  done
 done
+[ "$(awk -v m="$measured" -v p="$balanced" 'BEGIN { print (m < 0.9 * p || m > 1.1 * p) }')" = 1 ] \
+  || { echo "FAIL: the capacity's drops left ep 4's bytes within 10% of balanced: the test does not test the routing"; exit 1; }
 
 # Bad input.
 expect_error 4 "model.moe_experts = 4 cannot be split over parallel.ep = 8" "${llama[@]}" \
@@ -148,4 +164,19 @@ expect_error 1 "$cfg: model.moe_top_k = 5 exceeds model.moe_experts = 4" --set m
 common=("${twenty_steps[@]}")  # a dense model
 expect_error 2 "parallel.ep = 2 needs a mixture-of-experts model (model.moe_experts is 0)" \
   --set parallel.dp_shard=2 --set parallel.ep=2
-echo "bad expert layouts are errors naming the numbers"
+plan_error() {  # message [--set ...]: cleave plan --routing fails with exactly this message
+  local message=$1; shift
+  if "$cleave" plan "$cfg" --world 2 "$@" > "$work/plan-error.log" 2>&1 \
+      || ! grep -qF -- "$message" "$work/plan-error.log"; then
+    echo "FAIL: expected cleave plan to fail with: $message"; cat "$work/plan-error.log"; exit 1
+  fi
+}
+plan_error "--routing: cannot read $work/none (a run's folder or its metrics.jsonl)" "${moe[@]}" \
+  --routing "$work/none"
+mkdir -p "$work/none"
+echo '{"step":1,"loss":5.5}' > "$work/none/metrics.jsonl"  # a dense run's
+plan_error "--routing gives a MoE model's routing; model.moe_experts is 0" --routing "$work/none"
+plan_error "$work/topk_softmax-ep2/metrics.jsonl:1: layer 0 has 4 experts, the planned model model.moe_experts = 8" \
+  "${moe[@]}" --set model.moe_experts=8 --routing "$work/topk_softmax-ep2"
+plan_error "--routing: $work/none/metrics.jsonl logs no routing" "${moe[@]}" --routing "$work/none/metrics.jsonl"
+echo "bad expert layouts and routings are errors naming the numbers"

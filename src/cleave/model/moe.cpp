@@ -61,6 +61,7 @@ Moe::Moe(ParamStore& store, const std::string& name, int layer, const ModelConfi
   if (c.moe_router == MoeRouter::sigmoid_bias) bias_.assign(size_t(E_), 0.0f);
   stats_.layer = layer;
   stats_.tokens.assign(size_t(E_), 0.0);
+  stats_.kept.assign(size_t(E_), 0.0);
 }
 
 void Moe::bind(ParamStore& store) {
@@ -205,7 +206,10 @@ void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& b
   if (count && cfg_.moe_z_loss_coef > 0)
     stats_.z += cfg_.moe_z_loss_coef * kernels::router_z_loss(s.logits.data(), N, E, 0, nullptr);
   const double dropped = assign_rows(s, g, dropless);
-  if (count) stats_.dropped += dropped;
+  if (count) {
+    stats_.dropped += dropped;
+    for (int e = 0; e < E; ++e) stats_.kept[size_t(e)] += double(s.routes.send_rows[size_t(e)]);
+  }
 
   dispatch(s, g, x);
   // The shared experts run while the routed rows travel.
@@ -544,6 +548,7 @@ MoeLayerStats Moe::take_stats() {
   MoeLayerStats out = stats_;
   out.bias = bias_;
   std::fill(stats_.tokens.begin(), stats_.tokens.end(), 0.0);
+  std::fill(stats_.kept.begin(), stats_.kept.end(), 0.0);
   stats_.dropped = stats_.aux = stats_.z = 0;
   return out;
 }

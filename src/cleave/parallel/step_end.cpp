@@ -94,6 +94,7 @@ void StepEnd::moe_stats() {
   std::vector<float> sums;
   for (const MoeLayerStats& s : moe_) {
     sums.insert(sums.end(), s.tokens.begin(), s.tokens.end());
+    sums.insert(sums.end(), s.kept.begin(), s.kept.end());
     sums.insert(sums.end(), {float(s.dropped), float(s.aux), float(s.z)});
   }
   // Counts are whole numbers far below 2^24: exact in floats, and so the same on every rank.
@@ -102,6 +103,7 @@ void StepEnd::moe_stats() {
   size_t at = 0;
   for (MoeLayerStats& s : moe_) {
     for (double& t : s.tokens) t = sums[at++];
+    for (double& t : s.kept) t = sums[at++];
     s.dropped = sums[at++];
     s.aux = sums[at++];
     s.z = sums[at++];

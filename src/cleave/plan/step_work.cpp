@@ -68,8 +68,9 @@ struct UnitWork {
 class Builder {
  public:
   Builder(const ModelConfig& m, const ParallelConfig& par, const StepOptions& step,
-          const Layout& layout, int pp_rank)
-      : m_(m), par_(par), step_(step), layout_(layout), mesh_(layout.mesh), r_(pp_rank) {
+          const Layout& layout, int pp_rank, const ExpertRouting* routing)
+      : m_(m), par_(par), step_(step), layout_(layout), mesh_(layout.mesh), r_(pp_rank),
+        routing_(routing) {
     tp_ = mesh_.degree(Axis::tp);
     cp_ = mesh_.degree(Axis::cp);
     R_ = mesh_.degree(Axis::dp_replicate);
@@ -193,16 +194,27 @@ class Builder {
     }
     if (cp_ > 1) context_comms(w, share);
     if (moe && ep_ > 1) {
-      const double rows = tokens_ * m_.moe_top_k * d * kF;
+      // Of its tokens x k choices the rank sends those kept for the other ranks' experts, and
+      // sends back to the other ep - 1 ranks their rows for its own experts. An all-to-all of n
+      // bytes sends (ep - 1) / ep n to the others (axis_volume.h): n is set so it sends these.
+      const std::vector<double> p = expert_shares(routing_, unit.layer, m_.moe_experts);
+      double kept = 0, own = 0;
+      for (int e = 0; e < m_.moe_experts; ++e) {
+        kept += p[size_t(e)];
+        if (e < m_.moe_experts / ep_) own += p[size_t(e)];
+      }
+      const double choices = tokens_ * m_.moe_top_k * d * kF, to_n = double(ep_) / (ep_ - 1);
+      const double rows = routing_ ? choices * (kept - own) * to_n : choices;
+      const double back = routing_ ? choices * (ep_ - 1) * own * to_n : choices;
       const double counts = double(ep_) * (m_.moe_experts / ep_) * kF;
       auto ep_call = [&](double bytes, const char* what) {
         return call(CommAxis::ep, "ep", {kEp}, Collective::all_to_all, bytes, ep_, what);
       };
       w.forward_comms.push_back(ep_call(counts, "the routed rows' counts per expert"));
       w.forward_comms.push_back(ep_call(rows, "token rows to their experts' ranks"));
-      w.forward_comms.push_back(ep_call(rows, "the experts' outputs back"));
+      w.forward_comms.push_back(ep_call(back, "the experts' outputs back"));
       w.backward_comms.push_back(ep_call(rows, "the outputs' gradients to the experts' ranks"));
-      w.backward_comms.push_back(ep_call(rows, "the rows' gradients back"));
+      w.backward_comms.push_back(ep_call(back, "the rows' gradients back"));
     }
   }
 
@@ -251,12 +263,17 @@ class Builder {
   }
 
   // Each linear's three products, in the unit that runs them: a tied embedding's table in the
-  // head that uses it. A routed expert takes its share of the routed rows (balanced): under ep
-  // the rank holds 1 / ep of the experts, each with ep times the rows.
+  // head that uses it. A routed expert takes its share of the layer's choices from each of the
+  // ep ranks: the rank holds the first 1 / ep of the experts (the planned model has them all, in
+  // order, each with as many linears).
   void add_products() {
     const ParamStore& store = model_->params();
     const std::vector<Transformer::Unit>& units = model_->units();
     const double N = tokens_;
+    std::vector<int> expert_linears(units.size(), 0), seen(units.size(), 0);
+    for (int i = 0; i < int(store.tensors().size()); ++i)
+      if (store.packed_by(i) && store.group_name(store.tensor(i).group) == "experts")
+        ++expert_linears[size_t(store.tensor(i).unit)];
     for (int i = 0; i < int(store.tensors().size()); ++i) {
       const LinearGemm* g = store.packed_by(i);
       if (!g) continue;
@@ -267,16 +284,21 @@ class Builder {
               std::count(units[size_t(h)].uses.begin(), units[size_t(h)].uses.end(), u))
             u = h;
       if (units[size_t(u)].kind == Kind::embedding) continue;
-      const bool expert = store.group_name(store.tensor(i).group) == "experts";
-      const double rows = expert ? N * m_.moe_top_k * ep_ / m_.moe_experts : N;
-      const double count = expert ? 1.0 / ep_ : 1.0;
+      double rows = N;
+      if (store.group_name(store.tensor(i).group) == "experts") {
+        const int b = store.tensor(i).unit;
+        const int e = seen[size_t(b)]++ * m_.moe_experts / expert_linears[size_t(b)];
+        if (e >= m_.moe_experts / ep_) continue;
+        rows = N * m_.moe_top_k * ep_ *
+               expert_shares(routing_, units[size_t(b)].layer, m_.moe_experts)[size_t(e)];
+      }
       const int64_t M = std::max<int64_t>(1, int64_t(rows + 0.5));
       const int64_t in = g->in_features(), out = g->out_features();
       const Precision p = g->precision();
       UnitWork& w = units_[size_t(u)];
-      w.forward.push_back({M, out, in, p, count});
-      w.backward_input.push_back({M, in, out, p, count});
-      w.backward_weight.push_back({out, in, M, p, count});
+      w.forward.push_back({M, out, in, p, 1});
+      w.backward_input.push_back({M, in, out, p, 1});
+      w.backward_weight.push_back({out, in, M, p, 1});
     }
   }
 
@@ -573,6 +595,7 @@ class Builder {
   const Layout& layout_;
   const Mesh& mesh_;
   int r_;
+  const ExpertRouting* routing_;
   int tp_ = 1, cp_ = 1, R_ = 1, S_ = 1, dp_ = 1, ep_ = 1, T_ = 0;
   std::string shard_axis_;
   double tokens_ = 0, rows_ = 0;
@@ -588,8 +611,9 @@ class Builder {
 }  // namespace
 
 StepWork step_work(const ModelConfig& model, const ParallelConfig& parallel,
-                   const StepOptions& step, const Layout& layout, int pp_rank) {
-  return Builder(model, parallel, step, layout, pp_rank).build();
+                   const StepOptions& step, const Layout& layout, int pp_rank,
+                   const ExpertRouting* routing) {
+  return Builder(model, parallel, step, layout, pp_rank, routing).build();
 }
 
 }  // namespace cleave

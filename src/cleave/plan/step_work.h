@@ -16,6 +16,7 @@
 #include "cleave/parallel/layout.h"
 #include "cleave/parallel/parallel_config.h"
 #include "cleave/parallel/step_options.h"
+#include "cleave/plan/routing.h"
 #include "cleave/pipeline/program.h"
 #include "cleave/plan/cluster.h"
 
@@ -114,8 +115,11 @@ std::vector<LinearGemm::WeightCopies> weight_copies(const Transformer& model, in
                                                     const std::vector<double>& group_share = {});
 
 // pp rank `pp_rank`'s step (its tp rank 0 and data-parallel rank 0 stand for the others, which do
-// as much), with MoE routing assumed balanced.
+// as much), with MoE routing as `routing` measured it (plan/routing.h), or balanced where null.
+// Under ep the rank is ep rank 0, which holds the first 1 / ep of the experts, and each rank is
+// taken to route its tokens as the whole batch does.
 StepWork step_work(const ModelConfig& model, const ParallelConfig& parallel,
-                   const StepOptions& step, const Layout& layout, int pp_rank);
+                   const StepOptions& step, const Layout& layout, int pp_rank,
+                   const ExpertRouting* routing = nullptr);
 
 }  // namespace cleave

@@ -346,6 +346,10 @@ StepResult Trainer::train_step(int64_t step) {
   for (GroupParallel& part : groups_) r.gather_bytes += part.dp->take_gather_bytes();
   r.busy_s = times.busy_seconds;
   r.program_s = times.seconds;
+  for (const MoeLayerStats& s : step_end_->moe_layer_stats()) {
+    r.expert_rows[s.layer] = s.kept;
+    r.dropped_rows[s.layer] = s.dropped;
+  }
   if (run.trace) {
     std::vector<TraceEvent> events = times.trace;
     for (const CommRecord& c : end_comm_capture())
@@ -483,6 +487,12 @@ void Trainer::run(int64_t exit_after) {
     interval.gather_bytes += r.gather_bytes;
     interval.busy_s += r.busy_s;
     interval.program_s += r.program_s;
+    for (const auto& [layer, rows] : r.expert_rows) {
+      std::vector<double>& sum = interval.expert_rows[layer];
+      sum.resize(rows.size());
+      for (size_t e = 0; e < rows.size(); ++e) sum[e] += rows[e];
+      interval.dropped_rows[layer] += r.dropped_rows.at(layer);
+    }
     if (step_ % t.log_interval == 0 || step_ == t.steps) {
       log_step(r, interval_seconds, interval_steps, interval);
       interval_seconds = 0;

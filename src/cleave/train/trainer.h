@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +43,10 @@ struct StepResult {
   double busy_s = 0, program_s = 0;  // in compute instructions, in the whole step program
   double loss_scale = 1;  // fp16: the scale the step's gradients were made at
   bool skipped = false;   // fp16: its gradients overflowed and nothing was updated
+  // MoE: per layer of this rank's stage, the rows each expert kept over the batch (global counts;
+  // what `cleave plan --routing` predicts ep's bytes from), and the choices dropped.
+  std::map<int, std::vector<double>> expert_rows;
+  std::map<int, double> dropped_rows;
 };
 
 class Trainer {

@@ -47,9 +47,14 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
   std::vector<std::string> moe_of_rank;
   if (cfg_.model.moe_experts > 0) {
     nlohmann::json layers = nlohmann::json::array();
-    for (const MoeLayerStats& s : step_end_->moe_layer_stats())
+    // The rows each expert kept and the choices dropped: means per step over the interval.
+    for (const MoeLayerStats& s : step_end_->moe_layer_stats()) {
+      std::vector<double> kept = interval.expert_rows.at(s.layer);
+      for (double& v : kept) v /= double(steps);
       layers.push_back({{"layer", s.layer}, {"tokens", s.tokens}, {"dropped", s.dropped},
-                        {"aux", s.aux}, {"z", s.z}, {"bias", s.bias}});
+                        {"aux", s.aux}, {"z", s.z}, {"bias", s.bias}, {"kept", kept},
+                        {"dropped_mean", interval.dropped_rows.at(s.layer) / double(steps)}});
+    }
     moe_of_rank = gather_strings(layers.dump(), rank_, world_);
   }
   if (rank_ != 0) return;
@@ -141,6 +146,8 @@ void Trainer::log_step(const StepResult& r, double seconds, int64_t steps,
                            {"tokens_max", hi},
                            {"load_max_over_mean", load},
                            {"dropped", l["dropped"]},
+                           {"rows_per_expert", l["kept"]},
+                           {"dropped_per_step", l["dropped_mean"]},
                            {"aux_loss", l["aux"].get<double>() / sequences},
                            {"z_loss", l["z"].get<double>() / step_tokens}};
       const std::vector<float> bias = l["bias"].get<std::vector<float>>();

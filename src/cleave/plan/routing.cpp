@@ -1,0 +1,82 @@
+#include "cleave/plan/routing.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cleave/base/check.h"
+
+namespace cleave {
+
+namespace {
+
+struct LayerSums {
+  std::vector<double> kept;
+  double dropped = 0, steps = 0;
+};
+
+}  // namespace
+
+ExpertRouting read_routing(const std::string& run, const ModelConfig& model) {
+  namespace fs = std::filesystem;
+  ExpertRouting out;
+  out.source = fs::is_directory(run) ? (fs::path(run) / "metrics.jsonl").string() : run;
+  std::ifstream in(out.source);
+  if (!in) throw Error("--routing: cannot read " + out.source + " (a run's folder or its metrics.jsonl)");
+  std::map<int, LayerSums> sums;
+  std::string line;
+  int64_t previous_step = 0;
+  for (int number = 1; std::getline(in, line); ++number) {
+    const std::string where = out.source + ":" + std::to_string(number);
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(where + ": not a JSON line (" + e.what() + ")");
+    }
+    if (!record.is_object() || !record.contains("moe_layers") || !record.contains("step")) continue;
+    // A record holds the means over the steps since the one before.
+    const int64_t step = record["step"].get<int64_t>();
+    const double steps = double(std::max<int64_t>(1, step - previous_step));
+    previous_step = step;
+    for (const nlohmann::json& l : record["moe_layers"]) {
+      if (!l.contains("rows_per_expert")) continue;
+      const int layer = l["layer"].get<int>();
+      if (layer < 0 || layer >= model.n_layers || !model.is_moe_layer(layer))
+        throw Error(where + ": layer " + std::to_string(layer) + " is not a MoE layer of the "
+                    "planned model (" + std::to_string(model.n_layers) + " layers)");
+      const std::vector<double> kept = l["rows_per_expert"].get<std::vector<double>>();
+      if (int(kept.size()) != model.moe_experts)
+        throw Error(where + ": layer " + std::to_string(layer) + " has " + std::to_string(kept.size()) +
+                    " experts, the planned model model.moe_experts = " +
+                    std::to_string(model.moe_experts));
+      LayerSums& s = sums[layer];
+      s.kept.resize(kept.size());
+      for (size_t e = 0; e < kept.size(); ++e) s.kept[e] += steps * kept[e];
+      s.dropped += steps * l["dropped_per_step"].get<double>();
+      s.steps += steps;
+    }
+    out.steps = step;
+  }
+  if (sums.empty())
+    throw Error("--routing: " + out.source + " logs no routing (moe_layers' rows_per_expert): "
+                "it is not the metrics of a MoE run");
+  for (auto& [layer, s] : sums) {
+    double choices = s.dropped;
+    for (double v : s.kept) choices += v;
+    std::vector<double>& share = out.share[layer];
+    for (double v : s.kept) share.push_back(choices > 0 ? v / choices : 1.0 / double(s.kept.size()));
+  }
+  return out;
+}
+
+std::vector<double> expert_shares(const ExpertRouting* routing, int layer, int experts) {
+  if (routing) {
+    auto it = routing->share.find(layer);
+    if (it != routing->share.end()) return it->second;
+  }
+  return std::vector<double>(size_t(experts), 1.0 / double(experts));
+}
+
+}  // namespace cleave
