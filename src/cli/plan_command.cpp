@@ -187,10 +187,29 @@ int plan(int argc, char** argv) {
                 "recomputation not counted)\n",
                 work.back().model_flops);
   }
-  if (routing)
-    std::printf("\nrouting: the mean of %s's %lld steps (rank 0 holds the first 1 / ep of the "
+  if (routing) {
+    std::printf("\nrouting: the mean of %s's %lld steps (ep rank i holds the i-th 1 / ep of the "
                 "experts; every rank taken to route as the whole batch does)\n",
                 routing->source.c_str(), (long long)routing->steps);
+    // Routing makes the ep ranks differ: each one's memory and ep bytes.
+    out["ep_ranks"] = nlohmann::json::array();
+    for (int r = 0; r < pp && cfg.parallel.ep > 1; ++r)
+      for (int e = 0; e < cfg.parallel.ep; ++e) {
+        const StepWork w = step_work(cfg.model, cfg.parallel, t, layout, r, &*routing, e);
+        const MemoryPlan p =
+            plan_memory(cfg.model, cfg.parallel, t, cfg.optim.offload, layout, w, val_batches);
+        double ep_bytes = 0;
+        for (const AxisVolume& v : axis_volumes(w)) ep_bytes += v.axis == "ep" ? v.bytes : 0;
+        std::printf("  stage %d, ep rank %d: %.1f MiB (activations %.1f, scratch %.1f), ep sends "
+                    "%.2f MiB per step\n",
+                    r, e, mib(p.total()), mib(p.activations.total()), mib(p.backward_scratch),
+                    ep_bytes / (1 << 20));
+        out["ep_ranks"].push_back({{"pp_rank", r}, {"ep_rank", e}, {"total", p.total()},
+                                   {"activations", p.activations.total()},
+                                   {"backward_scratch", p.backward_scratch},
+                                   {"ep_bytes", ep_bytes}});
+      }
+  }
   std::printf("\nbytes rank 0 sends per step on each mesh axis:\n");
   const std::vector<AxisVolume> volumes = axis_volumes(work[0]);
   if (volumes.empty()) std::printf("  none: a single rank\n");

@@ -514,23 +514,28 @@ void Moe::give_all(Saved& s, RecomputeSpares& spares) const {
 }
 
 SavedBytes Moe::saved_bytes(int64_t N, bool keep_x) const {
-  const int64_t d = cfg_.d_model, routed = N * k_;
+  const int64_t d = cfg_.d_model;
+  const int64_t sent = int64_t(double(N * k_) * planned_.sent + 0.5);
+  const int64_t routed = int64_t(double(N * k_) * planned_.received + 0.5);
   const Mlp& first = *experts_.front();
   const int64_t fc = first.fc_width(), act = first.act_width();
   const int64_t copy = precision_ == Precision::bf16 ? int64_t(sizeof(bf16)) : 0;
   SavedBytes b = shared_ ? shared_->saved_bytes(N, keep_x) : SavedBytes{};
   // Router logits and gates; each choice's expert id (int32) and row (int64); the rows sent and
   // received and the experts' outputs of their fc.
-  b.kept += (N * E_ + N * k_ + routed * (2 * d + fc)) * kFloatBytes +
-            routed * int64_t(sizeof(int32_t) + sizeof(int64_t));
+  b.kept += (N * E_ + N * k_ + sent * d + routed * (d + fc)) * kFloatBytes +
+            N * k_ * int64_t(sizeof(int32_t) + sizeof(int64_t));
   b.recomputable +=
       routed * ((first.act_in_fp32() ? act * kFloatBytes : 0) + (d + act) * copy);
   b.deferred += (routed * (d + fc) + N * E_) * kFloatBytes;  // dy, d_fc, the router's d_logits
   return b;
 }
 
-int64_t Moe::ep_scratch_bytes(int64_t N, int top_k, int64_t d_model) {
-  return 4 * N * top_k * d_model * kFloatBytes;
+int64_t Moe::ep_scratch_bytes(int64_t N) const {
+  // x_send carries the rows sent, then the outputs back: the larger of the two.
+  const double rows = double(N * k_) * (std::max(planned_.sent, planned_.received) +
+                                        2 * planned_.received + planned_.sent);
+  return int64_t(rows + 0.5) * cfg_.d_model * kFloatBytes;
 }
 
 void Moe::recompute_activation(Saved& s, const float* x) {

@@ -125,13 +125,18 @@ class Moe {
   void take_spares(Saved& s, RecomputeSpares& spares, int64_t N) const;
   void give_all(Saved& s, RecomputeSpares& spares) const;
   void recompute_activation(Saved& s, const float* x);
-  // What forward keeps for N tokens (model/saved_bytes.h), the experts' rows balanced: N x top_k
-  // sent, and as many received.
+  // A planned model's rows per choice of its N x top_k (Transformer::planned, plan/routing.h):
+  // sent, the choices the rank keeps; received, the rows its experts get from every ep rank.
+  // Balanced routing, the default: 1 and 1.
+  struct PlannedRows {
+    double sent = 1, received = 1;
+  };
+  void plan_rows(PlannedRows rows) { planned_ = rows; }
+  // What forward keeps for N tokens (model/saved_bytes.h), the experts' rows as plan_rows gave them.
   SavedBytes saved_bytes(int64_t N, bool keep_x) const;
   // The exchange buffers expert parallelism adds to the scratch every block shares (Scratch's
-  // x_send, y_expert, dy_expert and dx_send), for N tokens routed to top_k experts each, balanced:
-  // a rank sends N x top_k rows and receives as many.
-  static int64_t ep_scratch_bytes(int64_t N, int top_k, int64_t d_model);
+  // x_send, y_expert, dy_expert and dx_send), for N tokens, the rows as plan_rows gave them.
+  int64_t ep_scratch_bytes(int64_t N) const;
 
   // The step's statistics (then zeroed), and sigmoid_bias's update from the step's global load
   // per expert: each bias moves by the rate toward the mean load, and the biases keep mean zero.
@@ -172,6 +177,7 @@ class Moe {
   std::unique_ptr<Mlp> shared_;
   std::vector<float> bias_;
   MoeLayerStats stats_;
+  PlannedRows planned_;
 };
 
 }  // namespace cleave

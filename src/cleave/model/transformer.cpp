@@ -542,6 +542,13 @@ std::vector<MoeLayerStats> Transformer::take_moe_stats() {
   return out;
 }
 
+std::vector<Moe*> Transformer::moe_layers() {
+  std::vector<Moe*> out;
+  for (auto& b : blocks_)
+    if (Moe* m = b->moe()) out.push_back(m);
+  return out;
+}
+
 void Transformer::update_moe_bias(int layer, const std::vector<double>& load) {
   for (auto& b : blocks_)
     if (Moe* m = b->moe(); m && m->layer() == layer) m->update_bias(load);

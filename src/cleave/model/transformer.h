@@ -173,6 +173,7 @@ class Transformer {
   // The MoE layers this rank holds: each one's routing statistics since the last call, and
   // sigmoid_bias's update from the step's global load per expert (Moe::update_bias).
   std::vector<MoeLayerStats> take_moe_stats();
+  std::vector<Moe*> moe_layers();
   void update_moe_bias(int layer, const std::vector<double>& load);
   // The router biases of the MoE layers this rank holds, by layer (sigmoid_bias; checkpoints).
   std::vector<std::pair<int, std::vector<float>*>> moe_biases();

@@ -119,8 +119,12 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
 
   plan.activations = predict_activation_memory(m, train, layout.local_batch, T, selective);
   plan.backward_scratch = m.backward_scratch_bytes(layout.local_batch, T);
-  if (experts > 0)
-    plan.backward_scratch += Moe::ep_scratch_bytes(N, model.moe_top_k, model.d_model);
+  // The blocks share one scratch: the largest layer's exchange buffers.
+  if (experts > 0) {
+    int64_t ep_scratch = 0;
+    for (const Moe* moe : m.moe_layers()) ep_scratch = std::max(ep_scratch, moe->ep_scratch_bytes(N));
+    plan.backward_scratch += ep_scratch;
+  }
   if (val_batches > 0) {
     const StageMap& stages = layout.check.stages;
     const Program val =

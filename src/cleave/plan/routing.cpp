@@ -1,5 +1,6 @@
 #include "cleave/plan/routing.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -40,6 +41,7 @@ ExpertRouting read_routing(const std::string& run, const ModelConfig& model) {
     const int64_t step = record["step"].get<int64_t>();
     const double steps = double(std::max<int64_t>(1, step - previous_step));
     previous_step = step;
+    std::map<int, std::vector<double>>& shares = out.records.emplace_back();
     for (const nlohmann::json& l : record["moe_layers"]) {
       if (!l.contains("rows_per_expert")) continue;
       const int layer = l["layer"].get<int>();
@@ -54,8 +56,12 @@ ExpertRouting read_routing(const std::string& run, const ModelConfig& model) {
       LayerSums& s = sums[layer];
       s.kept.resize(kept.size());
       for (size_t e = 0; e < kept.size(); ++e) s.kept[e] += steps * kept[e];
-      s.dropped += steps * l["dropped_per_step"].get<double>();
+      const double dropped = l["dropped_per_step"].get<double>();
+      s.dropped += steps * dropped;
       s.steps += steps;
+      double choices = dropped;
+      for (double v : kept) choices += v;
+      for (double v : kept) shares[layer].push_back(choices > 0 ? v / choices : 0.0);
     }
     out.steps = step;
   }
@@ -69,6 +75,20 @@ ExpertRouting read_routing(const std::string& run, const ModelConfig& model) {
     for (double v : s.kept) share.push_back(choices > 0 ? v / choices : 1.0 / double(s.kept.size()));
   }
   return out;
+}
+
+double peak_share(const ExpertRouting* routing, int layer, int experts, int first, int count) {
+  double peak = 0;
+  bool found = false;
+  if (routing)
+    for (const auto& record : routing->records)
+      if (auto it = record.find(layer); it != record.end()) {
+        double sum = 0;
+        for (int e = first; e < first + count; ++e) sum += it->second[size_t(e)];
+        peak = std::max(peak, sum);
+        found = true;
+      }
+  return found ? peak : double(count) / double(experts);
 }
 
 std::vector<double> expert_shares(const ExpertRouting* routing, int layer, int experts) {

@@ -13,6 +13,9 @@ struct ExpertRouting {
   // Per MoE layer, per expert: the share of the layer's choices (tokens x top_k) it kept. The
   // shares sum to the kept fraction (1 unless a capacity dropped choices).
   std::map<int, std::vector<double>> share;
+  // The same per logged record (an interval's mean): a rank's buffers keep their largest size,
+  // so its memory follows the record that gives it the most rows.
+  std::vector<std::map<int, std::vector<double>>> records;
   std::string source;  // the metrics file read
   int64_t steps = 0;   // the steps its figures are the mean of
 };
@@ -26,5 +29,9 @@ ExpertRouting read_routing(const std::string& run, const ModelConfig& model);
 // Per expert of `layer`, the share of its choices `routing` gives it; balanced (each expert
 // 1 / E, nothing dropped) where `routing` is null or has no figures for the layer.
 std::vector<double> expert_shares(const ExpertRouting* routing, int layer, int experts);
+
+// The largest share of `layer`'s choices that any record of `routing` kept for experts [first,
+// first + count) (all experts: the kept fraction); balanced where null or without figures.
+double peak_share(const ExpertRouting* routing, int layer, int experts, int first, int count);
 
 }  // namespace cleave

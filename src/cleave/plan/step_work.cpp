@@ -4,9 +4,11 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <utility>
 
 #include "cleave/base/buffer.h"
 #include "cleave/mesh/mesh.h"
+#include "cleave/model/moe.h"
 #include "cleave/model/placement.h"
 #include "cleave/model/tp_share.h"
 #include "cleave/model/transformer.h"
@@ -68,9 +70,9 @@ struct UnitWork {
 class Builder {
  public:
   Builder(const ModelConfig& m, const ParallelConfig& par, const StepOptions& step,
-          const Layout& layout, int pp_rank, const ExpertRouting* routing)
+          const Layout& layout, int pp_rank, const ExpertRouting* routing, int ep_rank)
       : m_(m), par_(par), step_(step), layout_(layout), mesh_(layout.mesh), r_(pp_rank),
-        routing_(routing) {
+        routing_(routing), ep_rank_(ep_rank) {
     tp_ = mesh_.degree(Axis::tp);
     cp_ = mesh_.degree(Axis::cp);
     R_ = mesh_.degree(Axis::dp_replicate);
@@ -83,6 +85,13 @@ class Builder {
     rows_ = tokens_ * m.d_model;
     model_ = Transformer::planned(m, tp_, par.sequence_parallel, stage_chunks(layout, r_),
                                   step.dtype, 16 * int64_t(S_));
+    // The rows the rank's experts keep (plan memory's activations and scratch): it sends its
+    // choices' kept share and receives, from each of the ep ranks, its own experts' share, at the
+    // largest the routing gave them (the buffers keep their largest size).
+    const int E = m_.moe_experts, L = E / std::max(1, ep_);
+    for (Moe* moe : model_->moe_layers())
+      moe->plan_rows({peak_share(routing_, moe->layer(), E, 0, E),
+                      ep_ * peak_share(routing_, moe->layer(), E, ep_rank_ * L, L)});
   }
 
   StepWork build() {
@@ -125,6 +134,18 @@ class Builder {
   }
 
  private:
+  // Of a MoE layer's choices, the share kept (within capacity), and the share kept for the rank's
+  // own experts (ep rank i holds the i-th 1 / ep of them).
+  std::pair<double, double> kept_and_own(int layer) const {
+    const std::vector<double> p = expert_shares(routing_, layer, m_.moe_experts);
+    double kept = 0, own = 0;
+    for (int e = 0; e < m_.moe_experts; ++e) {
+      kept += p[size_t(e)];
+      if (e / (m_.moe_experts / ep_) == ep_rank_) own += p[size_t(e)];
+    }
+    return {kept, own};
+  }
+
   // The collective `kind` of `bytes` over the group of `axes` on the axis reported as `axis`.
   CommCall call(CommAxis metered, std::string axis, std::vector<std::string> group, Collective kind,
                 double bytes, int ranks, std::string what, bool overlapped = false) const {
@@ -197,12 +218,7 @@ class Builder {
       // Of its tokens x k choices the rank sends those kept for the other ranks' experts, and
       // sends back to the other ep - 1 ranks their rows for its own experts. An all-to-all of n
       // bytes sends (ep - 1) / ep n to the others (axis_volume.h): n is set so it sends these.
-      const std::vector<double> p = expert_shares(routing_, unit.layer, m_.moe_experts);
-      double kept = 0, own = 0;
-      for (int e = 0; e < m_.moe_experts; ++e) {
-        kept += p[size_t(e)];
-        if (e < m_.moe_experts / ep_) own += p[size_t(e)];
-      }
+      const auto [kept, own] = kept_and_own(unit.layer);
       const double choices = tokens_ * m_.moe_top_k * d * kF, to_n = double(ep_) / (ep_ - 1);
       const double rows = routing_ ? choices * (kept - own) * to_n : choices;
       const double back = routing_ ? choices * (ep_ - 1) * own * to_n : choices;
@@ -264,8 +280,8 @@ class Builder {
 
   // Each linear's three products, in the unit that runs them: a tied embedding's table in the
   // head that uses it. A routed expert takes its share of the layer's choices from each of the
-  // ep ranks: the rank holds the first 1 / ep of the experts (the planned model has them all, in
-  // order, each with as many linears).
+  // ep ranks: the rank holds its 1 / ep of the experts (the planned model has them all, in order,
+  // each with as many linears).
   void add_products() {
     const ParamStore& store = model_->params();
     const std::vector<Transformer::Unit>& units = model_->units();
@@ -288,7 +304,7 @@ class Builder {
       if (store.group_name(store.tensor(i).group) == "experts") {
         const int b = store.tensor(i).unit;
         const int e = seen[size_t(b)]++ * m_.moe_experts / expert_linears[size_t(b)];
-        if (e >= m_.moe_experts / ep_) continue;
+        if (e / (m_.moe_experts / ep_) != ep_rank_) continue;
         rows = N * m_.moe_top_k * ep_ *
                expert_shares(routing_, units[size_t(b)].layer, m_.moe_experts)[size_t(e)];
       }
@@ -596,6 +612,7 @@ class Builder {
   const Mesh& mesh_;
   int r_;
   const ExpertRouting* routing_;
+  int ep_rank_;
   int tp_ = 1, cp_ = 1, R_ = 1, S_ = 1, dp_ = 1, ep_ = 1, T_ = 0;
   std::string shard_axis_;
   double tokens_ = 0, rows_ = 0;
@@ -612,8 +629,8 @@ class Builder {
 
 StepWork step_work(const ModelConfig& model, const ParallelConfig& parallel,
                    const StepOptions& step, const Layout& layout, int pp_rank,
-                   const ExpertRouting* routing) {
-  return Builder(model, parallel, step, layout, pp_rank, routing).build();
+                   const ExpertRouting* routing, int ep_rank) {
+  return Builder(model, parallel, step, layout, pp_rank, routing, ep_rank).build();
 }
 
 }  // namespace cleave

@@ -116,10 +116,10 @@ std::vector<LinearGemm::WeightCopies> weight_copies(const Transformer& model, in
 
 // pp rank `pp_rank`'s step (its tp rank 0 and data-parallel rank 0 stand for the others, which do
 // as much), with MoE routing as `routing` measured it (plan/routing.h), or balanced where null.
-// Under ep the rank is ep rank 0, which holds the first 1 / ep of the experts, and each rank is
-// taken to route its tokens as the whole batch does.
+// Under ep the rank is ep rank `ep_rank`, which holds the ep_rank-th 1 / ep of the experts, and
+// each rank is taken to route its tokens as the whole batch does.
 StepWork step_work(const ModelConfig& model, const ParallelConfig& parallel,
                    const StepOptions& step, const Layout& layout, int pp_rank,
-                   const ExpertRouting* routing = nullptr);
+                   const ExpertRouting* routing = nullptr, int ep_rank = 0);
 
 }  // namespace cleave
