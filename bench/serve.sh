@@ -20,7 +20,10 @@
 #      prompt sent (3 times a round); the running streams' gaps p50 and p99 in the second before it
 #      and during its prefill (until its first token), its time to first token, and the steps its
 #      prefill took; at serve.step_tokens 512 and 128 (the default).
-#   3. prefix caching (one process and tp 2): time to first token of a 1,024-token prompt cold, and
+#   3. serve.max_step_ratio (one process): the 1- and 16-client levels again with the ratio off
+#      (0: prompts fill every step to the budget) beside the default (2), its throughput, time to
+#      first token and gaps.
+#   4. prefix caching (one process and tp 2): time to first token of a 1,024-token prompt cold, and
 #      of one whose first 1,000 tokens are an earlier request's (3 pairs a round), and the tokens
 #      /metrics' cleave_prefix_cached_tokens_total says were shared (whole 64-token blocks: 960).
 # The pool (serve.kv_cache_mb) holds every client's longest request at 64 clients, as llama.cpp's
@@ -39,13 +42,14 @@ threads=2 vocab=4096 model=() key=bench-key
 levels="1 4 16 64" counts="8 16 48 192"
 prompt="16, 512" output="16, 256" temperature=0.8
 interference_clients=16 interference_prompt=16 long=1000 cycles=3 before_ms=1000 budgets="128 512" default_budget=128
+ratio_levels="1 16" ratio_counts="8 48" default_ratio=2
 prefix_tokens=1024 shared=1000 pairs=3
 kv_mb=3600  # 64 clients x 12 blocks of 64 tokens (512 + 256) x 4.5 MiB (fp32, 12 layers, d 768)
 warmup_clients=16 warmup_requests=32
 if [ "$smoke" = 1 ]; then
   vocab=256 model=("${tiny[@]}") levels="1 4" counts="2 4" prompt="8, 64" output="4, 16" repeats=1
   interference_clients=4 long=100 cycles=1 before_ms=200 prefix_tokens=160 shared=130 pairs=1
-  kv_mb=64 warmup_clients=2 warmup_requests=2
+  kv_mb=64 warmup_clients=2 warmup_requests=2 ratio_levels="1 4" ratio_counts="2 4"
 fi
 context=$(( ${prompt#*, } + ${output#*, } ))
 
@@ -147,6 +151,15 @@ interference_of() {  # BUDGET OUT
   add ib50-$1 "$b50"; add ib99-$1 "$b99"; add id50-$1 "$d50"; add id99-$1 "$d99"
   add ittft-$1 "$ttft"; add isteps-$1 "$steps"
 }
+ratio_round() {  # the ratio off: the ratio levels, and the long prompt
+  local out=$work/ratio.out
+  serve_tp1 "$work/serve-ratio.log" --set serve.max_step_ratio=0
+  load "$out" "$warmup_spec, $(printf '"levels": {"clients": [%s], "requests": [%s], "mix": %s}' \
+    "$(list "$ratio_levels")" "$(list "$ratio_counts")" "$(mix 1)"), $(interference_spec)"
+  stop
+  levels_of ratio0 "$out"
+  interference_of ratio0 "$out"
+}
 budget_round() {  # BUDGET: the long prompt at another step budget
   local out=$work/budget.out
   serve_tp1 "$work/serve-budget.log" --set serve.step_tokens="$1"
@@ -175,6 +188,7 @@ for round in $(seq "$repeats"); do
   start_s=$SECONDS
   cleave_round
   for b in $budgets; do [ "$b" = "$default_budget" ] || budget_round "$b"; done
+  ratio_round
   tp2_round
   llama_round
   top=${levels##* }
@@ -240,6 +254,20 @@ printf "%-12s %11s %11s %11s %11s %10s %6s\n" step_tokens "before p50" "before p
 for b in $budgets; do
   printf "%-12s %11s %11s %11s %11s %10s %6s\n" "$b" "$(num "$(med ib50-$b)")" "$(num "$(med ib99-$b)")" \
     "$(num "$(med id50-$b)")" "$(num "$(med id99-$b)")" "$(num "$(med ittft-$b)")" "$(num "$(med isteps-$b)")"
+done
+
+echo
+echo "serve.max_step_ratio (1 process; the long prompt as above, at step_tokens $default_budget):"
+printf "%-6s %-8s %9s %9s %9s %9s %8s %17s %17s\n" ratio clients "tok/s" "ttft p50" "gap p50" "gap p99" \
+  "p99/p50" "long: during p99" "long: its ttft"
+for r in $default_ratio 0; do
+  p=cleave ib=$default_budget
+  [ "$r" = 0 ] && p=ratio0 ib=ratio0
+  for c in $ratio_levels; do
+    printf "%-6s %-8s %9s %9s %9s %9s %8s %17s %17s\n" "$r" "$c" "$(num "$(med tps-$p-$c)")" \
+      "$(num "$(med ttft-$p-$c)")" "$(num "$(med p50-$p-$c)")" "$(num "$(med p99-$p-$c)")" \
+      "$(ratio "$(med p99-$p-$c)" "$(med p50-$p-$c)")" "$(num "$(med id99-$ib)")" "$(num "$(med ittft-$ib)")"
+  done
 done
 
 echo

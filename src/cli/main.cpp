@@ -44,8 +44,8 @@ const char* kUsage = R"(usage: cleave COMMAND ...
            under mpirun: --set parallel.tp=T, parallel.pp=P, parallel.ep=E on T x P x E ranks
   serve CHECKPOINT_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--model-name NAME]
         [--dtype fp32|bf16] [--threads N] [--tokenizer PATH] [--chat-template auto|chatml|llama3|llama2]
-        [--set serve.kv_cache_mb=M|serve.step_tokens=N|serve.max_running=N|serve.max_body_bytes=B
-        |serve.http_threads=N|serve.drain_seconds=S]   OpenAI-compatible server (docs/serving.md);
+        [--set serve.kv_cache_mb=M|serve.step_tokens=N|serve.max_step_ratio=R|serve.max_running=N
+        |serve.max_body_bytes=B|serve.http_threads=N|serve.drain_seconds=S]   OpenAI-compatible server (docs/serving.md);
         under mpirun: --set parallel.tp=T, parallel.pp=P, parallel.ep=E on T x P x E ranks;
         CLEAVE_API_KEY sets the key
   export CHECKPOINT_DIR OUT_DIR                   Hugging Face folder (config.json, model.safetensors)

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include <mpi.h>
@@ -37,6 +38,7 @@ struct ServeSettings {
   double kv_cache_mb = 512;
   // The engine's defaults, said once (serve/engine.h).
   int64_t step_tokens = serve::EngineOptions{}.step_tokens, max_running = serve::EngineOptions{}.max_running;
+  double max_step_ratio = serve::EngineOptions{}.max_step_ratio;
   int64_t max_body_bytes = 1 << 20, http_threads = 128;
   double drain_seconds = 30;
   double comm_timeout_s = CommOptions{}.timeout_seconds;  // the training key's, and its default
@@ -55,6 +57,12 @@ ServeSettings serve_settings(const Args& a) {
     else if (key == "serve.kv_cache_mb") s.kv_cache_mb = parse_number_in(value, key, 1e-3, 1e9);
     else if (key == "serve.step_tokens") s.step_tokens = parse_integer(value, key, 1, int64_t(1) << 20);
     else if (key == "serve.max_running") s.max_running = parse_integer(value, key, 1, 1 << 16);
+    else if (key == "serve.max_step_ratio") {
+      s.max_step_ratio = parse_number_in(value, key, 0, 1e6);
+      if (s.max_step_ratio > 0 && s.max_step_ratio < 1)
+        throw Error("cleave serve: --set serve.max_step_ratio=" + value +
+                    ": a step cannot take less than its decodes alone; give 0 (off) or a ratio >= 1");
+    }
     else if (key == "serve.max_body_bytes") s.max_body_bytes = parse_integer(value, key, 1024, int64_t(1) << 34);
     else if (key == "serve.http_threads") s.http_threads = parse_integer(value, key, 1, 4096);
     else if (key == "serve.drain_seconds") s.drain_seconds = double(parse_integer(value, key, 0, 86400));
@@ -62,8 +70,8 @@ ServeSettings serve_settings(const Args& a) {
     else
       throw Error("cleave serve: --set " + kv + ": the server takes parallel.tp, parallel.pp, parallel.ep, "
                   "parallel.comm_timeout_s and "
-                  "serve.{kv_cache_mb, step_tokens, max_running, max_body_bytes, http_threads, "
-                  "drain_seconds}");
+                  "serve.{kv_cache_mb, step_tokens, max_step_ratio, max_running, max_body_bytes, "
+                  "http_threads, drain_seconds}");
   }
   return s;
 }
@@ -182,6 +190,7 @@ int serve_command(int argc, char** argv) {
     so.model_name = a.get("--model-name", name);
     serve::EngineOptions eo;
     eo.kv_blocks = blocks, eo.step_tokens = set.step_tokens, eo.max_running = set.max_running;
+    eo.max_step_ratio = set.max_step_ratio;
     eo.lanes = set.ep;
     if (world > 1) peers = std::make_unique<serve::MpiPeers>(peer_groups);
     engine = std::make_unique<serve::Engine>(model, eo, peers.get());
@@ -211,6 +220,19 @@ int serve_command(int argc, char** argv) {
             << "# serve: tokenizer " << tok->path() << "; chat template " << serve::template_name(so.chat)
             << " (" << template_why << "); bodies up to " << so.max_body_bytes << " bytes\n"
             << "# serve: the forward warmed up at " << warmed << " row counts in " << warm_seconds << " s\n";
+  if (set.max_step_ratio > 0) {
+    // The timings the prompt rows are held by, at a few counts.
+    const std::map<int64_t, double>& t = engine->forward_seconds();
+    std::cerr << "# serve: a step with prompt rows takes at most " << set.max_step_ratio
+              << "x the forward of its decodes alone (serve.max_step_ratio); forwards measured:";
+    for (const int64_t rows : {int64_t(1), int64_t(16), int64_t(32), set.step_tokens})
+      if (auto it = t.lower_bound(rows); it != t.end())
+        std::cerr << " " << it->first << " rows " << 1e3 * it->second << " ms;";
+    std::cerr << " so 1 decode takes up to " << engine->step_rows_for(1) << " rows, 16 decodes "
+              << engine->step_rows_for(16) << "\n";
+  } else {
+    std::cerr << "# serve: prompt rows fill every step to serve.step_tokens (serve.max_step_ratio=0)\n";
+  }
   if (so.api_key.empty())
     std::cerr << "# serve: OPEN: no API key is asked for (--api-key or CLEAVE_API_KEY sets one); "
               << "anyone who can reach " << so.host << ":" << port << " may use it\n";

@@ -54,6 +54,7 @@ refused "--set parallel.sp=2: the server takes parallel.tp, parallel.pp, paralle
 refused "parallel.ep = 2 makes 2 ranks, but 1 were started" --set parallel.ep=2
 refused "holds fewer than 2 blocks of 64 tokens" --set serve.kv_cache_mb=0.01
 refused "parallel.comm_timeout_s = 0 is out of range [0.1, 1e+07]" --set parallel.comm_timeout_s=0
+refused "serve.max_step_ratio=0.5: a step cannot take less than its decodes alone" --set serve.max_step_ratio=0.5
 
 # One process: a pool of 32 blocks (1 MiB of 32 KiB blocks: 2 layers x 2 kv heads x 16 dims x
 # K and V x 64 tokens x 4 bytes), one of which pads the steps' rows.
@@ -62,6 +63,9 @@ start "$work/serve.log" "$cleave" serve "$ckpt" --port 0 --api-key "$key" --mode
 grep -q "requests must carry 'Authorization: Bearer" "$work/serve.log" || { cat "$work/serve.log"; exit 1; }
 # Row counts 1-32, then 64 to 256 by 32: every count a step of serve.step_tokens=256 can have.
 grep -q "# serve: the forward warmed up at 39 row counts" "$work/serve.log" || { cat "$work/serve.log"; exit 1; }
+# serve.max_step_ratio (2) holds the prompt rows beside decodes by the warm-up's timings.
+grep -q "# serve: a step with prompt rows takes at most 2x the forward of its decodes alone" "$work/serve.log" \
+  || { cat "$work/serve.log"; exit 1; }
 $client api "$base" "$key" tiny "$score" "$ckpt"
 $client invariance "$base" "$key" tiny
 $client prefix "$base" "$key" tiny
@@ -71,8 +75,10 @@ $client drain "$base" "$key" tiny "$server"
 stop "$work/serve.log" signalled
 
 # Without a key the server says at start-up that it is open.
-start "$work/open.log" "$cleave" serve "$ckpt" --port 0 --threads 1
+start "$work/open.log" "$cleave" serve "$ckpt" --port 0 --threads 1 --set serve.max_step_ratio=0
 grep -q "# serve: OPEN: no API key" "$work/open.log" || { echo "FAIL: not said open:"; cat "$work/open.log"; exit 1; }
+grep -q "# serve: prompt rows fill every step to serve.step_tokens (serve.max_step_ratio=0)" "$work/open.log" \
+  || { echo "FAIL: the ratio's off not said:"; cat "$work/open.log"; exit 1; }
 stop "$work/open.log"
 
 # tp 2 under mpirun: rank 0 serves, each step's batch goes to both ranks (each holds half the kv
@@ -98,12 +104,19 @@ grep -q "step transfers time out after 5 s" "$work/stuck.log" || { cat "$work/st
 other=$(pgrep -P "$pid" -x cleave | grep -vx "$server" || true)
 [ -n "$other" ] || { echo "FAIL: no second rank under mpirun $pid"; exit 1; }
 kill -STOP "$other"
-prompt=$(seq -s, 1000 | sed 's/[0-9]*/7/g')
-curl -s -m 30 -H "Authorization: Bearer $key" -H "Content-Type: application/json" \
-  -d "{\"model\": \"tiny\", \"prompt\": [$prompt], \"max_tokens\": 2}" "$base/v1/completions" \
-  > /dev/null 2>&1 &
+# The request, by Python's urllib (curl is not among setup.sh's packages: a fresh machine has none,
+# and a request never sent would leave the job waiting with nothing to time out).
+/usr/bin/python3 - "$base" "$key" > "$work/stuck-client.log" 2>&1 <<'PY' &
+import json, sys, urllib.request
+base, key = sys.argv[1], sys.argv[2]
+body = json.dumps({"model": "tiny", "prompt": [7] * 1000, "max_tokens": 2}).encode()
+request = urllib.request.Request(base + "/v1/completions", body, {
+    "Authorization": "Bearer " + key, "Content-Type": "application/json"})
+print("sending", flush=True)
+urllib.request.urlopen(request, timeout=30).read()
+PY
 for _ in $(seq 300); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
-kill -0 "$pid" 2> /dev/null && { kill -KILL "$other" "$pid"; echo "FAIL: the job still runs 30 s after a rank stopped"; cat "$work/stuck.log"; exit 1; }
+kill -0 "$pid" 2> /dev/null && { kill -KILL "$other" "$pid"; echo "FAIL: the job still runs 30 s after a rank stopped"; cat "$work/stuck.log" "$work/stuck-client.log"; exit 1; }
 wait "$pid" && { echo "FAIL: the job exited 0 after a rank stopped"; exit 1; }
 # Rank 0 is held either at the step's head (raw MPI, its own report) or at the batches' broadcast
 # (the comm layer's), as far as the stopped rank's queue lets the head through.

@@ -4,7 +4,9 @@
 // a cancelled request gives its blocks back.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "cleave/model/generate.h"
@@ -115,11 +117,66 @@ TEST(ServeEngine, WarmUpRunsEveryRowCountAndTakesNothing) {
     Engine engine(model, o);
     const EngineStats before = engine.stats();
     EXPECT_EQ(engine.warm_up(), counts) << "budget " << budget;
+    // Each count timed (the prompt rows' hold reads them).
+    EXPECT_EQ(int64_t(engine.forward_seconds().size()), counts);
+    for (const auto& [rows, seconds] : engine.forward_seconds()) EXPECT_GT(seconds, 0) << rows;
     engine.step();  // publishes the stats
     EXPECT_EQ(engine.stats().blocks_used, before.blocks_used);
     EXPECT_EQ(engine.stats().steps, 0);
     EXPECT_EQ(run(engine, {engine.submit(prompt, greedy(6))})[0].tokens, alone);
   }
+}
+
+// serve.max_step_ratio: beside running decodes, a step takes only the prompt rows whose forward
+// keeps it within the ratio of the decodes' forward alone (by the forward's time per row count:
+// here 10 ms + 1 ms a row). Without decodes a prompt has the whole budget; the tokens are the
+// same either way.
+TEST(ServeEngine, PromptRowsHeldToTheStepRatio) {
+  const ModelConfig c = tiny();
+  Transformer model(c, Precision::fp32, 4);
+  std::map<int64_t, double> seconds;
+  for (int64_t rows = 1; rows <= 32; ++rows) seconds[rows] = 0.010 + 0.001 * double(rows);
+  for (int64_t rows : {64, 96, 128}) seconds[rows] = 0.010 + 0.001 * double(rows);
+  const std::vector<int32_t> long_prompt = some_tokens(300, c.vocab_size, 9);
+  std::vector<std::vector<int32_t>> tokens_at_ratio;
+  for (const double ratio : {2.0, 0.0}) {
+    EngineOptions o;
+    o.kv_blocks = 64, o.step_tokens = 128, o.max_step_ratio = ratio;
+    Engine engine(model, o);
+    engine.set_forward_seconds(seconds);
+    if (ratio > 0) {
+      // 4 decodes: 14 ms alone, so up to 28 ms: 18 rows. 16: 26 ms, up to 52: 32 rows (the next
+      // count, 64, takes 74). 40 pad to 64 (74 ms): 128 rows fit in 148.
+      EXPECT_EQ(engine.step_rows_for(4), 18);
+      EXPECT_EQ(engine.step_rows_for(16), 32);
+      EXPECT_EQ(engine.step_rows_for(40), 128);
+    }
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (int i = 0; i < 4; ++i) reqs.push_back(engine.submit(some_tokens(3, c.vocab_size, 20 + i), greedy(40)));
+    for (int i = 0; i < 3; ++i) engine.step();  // the 4 are decoding
+    reqs.push_back(engine.submit(long_prompt, greedy(4)));
+    int64_t before = engine.stats().lane_tokens[0], most = 0;
+    for (int i = 0; i < 5; ++i) {
+      engine.step();
+      most = std::max(most, engine.stats().lane_tokens[0] - before);
+      before = engine.stats().lane_tokens[0];
+    }
+    // Held: 4 decodes and 14 prompt rows a step; free: 4 and 124.
+    EXPECT_EQ(most, ratio > 0 ? 18 : 128) << "ratio " << ratio;
+    EXPECT_EQ(engine.stats().held_steps, ratio > 0 ? 5 : 0) << "ratio " << ratio;
+    std::vector<Result> got = run(engine, reqs);
+    tokens_at_ratio.push_back(got[4].tokens);
+  }
+  EXPECT_EQ(tokens_at_ratio[0], tokens_at_ratio[1]);
+  // Alone, a prompt is not held.
+  EngineOptions o;
+  o.kv_blocks = 64, o.step_tokens = 128;
+  Engine engine(model, o);
+  engine.set_forward_seconds(seconds);
+  engine.submit(long_prompt, greedy(2));
+  engine.step();
+  EXPECT_EQ(engine.stats().lane_tokens[0], 128);
+  EXPECT_EQ(engine.stats().held_steps, 0);
 }
 
 TEST(ServeEngine, LogprobsAreTheTrainersBitwise) {

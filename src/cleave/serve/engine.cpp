@@ -1,6 +1,7 @@
 #include "cleave/serve/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 
 #include "cleave/kernels/attention.h"
@@ -31,6 +32,8 @@ Engine::Engine(Transformer& model, const EngineOptions& options, Peers* peers)
     : model_(model), options_(options), peers_(peers) {
   CLEAVE_CHECK(options.kv_blocks >= 2, "engine: a pool of " << options.kv_blocks
                                         << " blocks (one holds padding rows, one at least requests)");
+  CLEAVE_CHECK(options.max_step_ratio == 0 || options.max_step_ratio >= 1,
+               "engine: max_step_ratio " << options.max_step_ratio << " is neither 0 (off) nor >= 1");
   CLEAVE_CHECK(options.step_tokens > 0 && options.max_running > 0,
                "engine: step_tokens " << options.step_tokens << " and max_running "
                                       << options.max_running << " must be positive");
@@ -151,12 +154,13 @@ int Engine::choose_lane(Live& s) {
 void Engine::plan() {
   std::sort(running_.begin(), running_.end(),
             [](const Live& a, const Live& b) { return a.order < b.order; });
-  for (auto& lane : lanes_) lane->budget = options_.step_tokens, lane->running = 0;
+  for (auto& lane : lanes_) lane->budget = options_.step_tokens, lane->running = lane->held = 0;
   for (Live& s : running_) s.rows = 0, ++lanes_[size_t(s.lane)]->running;
   // Running requests, oldest first: a decode token each (a prompt's last token too) first, then
   // the next chunk of each prompt still being prefilled, so that a long prompt never holds up
   // another request's next token.
-  for (const bool decodes : {true, false})
+  for (const bool decodes : {true, false}) {
+    if (!decodes) hold_prompt_rows();
     for (size_t i = 0; i < running_.size();) {
       Live& s = running_[i];
       Lane& lane = *lanes_[size_t(s.lane)];
@@ -182,6 +186,7 @@ void Engine::plan() {
       lane.budget -= n;
       ++i;
     }
+  }
   // Then queued requests, in order, while a lane's budget and pool allow.
   while (!waiting_.empty()) {
     Live& s = waiting_.front();
@@ -208,6 +213,10 @@ void Engine::plan() {
     running_.push_back(std::move(s));
     waiting_.pop_front();
   }
+  // A step was held where the prompts used up what the ratio left them.
+  bool held = false;
+  for (const auto& lane : lanes_) held = held || (lane->held > 0 && lane->budget == 0);
+  held_steps_ += held;
 }
 
 // Row counts beyond kExactRows are padded up to a multiple of kRowBucket by a stand-in sequence
@@ -215,9 +224,33 @@ void Engine::plan() {
 // count, docs/inference.md), and a server would otherwise make one for nearly every count up to
 // step_tokens. The stand-in changes no other row (batch invariance). A lane with nothing to do
 // runs one stand-in row: its rank takes part in the experts' all-to-all of the others.
+int64_t Engine::padded_rows(int64_t T) {
+  return T == 0 ? 1 : T <= kExactRows ? T : (T + kRowBucket - 1) / kRowBucket * kRowBucket;
+}
+
+int64_t Engine::step_rows_for(int64_t decodes) const {
+  const auto own = forward_seconds_.find(padded_rows(decodes));
+  if (options_.max_step_ratio == 0 || own == forward_seconds_.end()) return options_.step_tokens;
+  // The rows padding would add cost the step nothing more.
+  int64_t rows = padded_rows(decodes);
+  for (const auto& [count, seconds] : forward_seconds_)
+    if (count > rows && seconds <= options_.max_step_ratio * own->second) rows = count;
+  return std::min(rows, options_.step_tokens);
+}
+
+void Engine::hold_prompt_rows() {
+  for (auto& lane : lanes_) {
+    const int64_t decodes = options_.step_tokens - lane->budget;
+    if (decodes == 0) continue;  // nothing decodes: the prompts have the whole step
+    // At least a row, so that a prompt always moves.
+    const int64_t most = std::max<int64_t>(1, step_rows_for(decodes) - decodes);
+    if (most < lane->budget) lane->held = lane->budget - most, lane->budget = most;
+  }
+}
+
 void Engine::pad(const Lane& lane, Batch& b) {
   const int64_t T = int64_t(b.tokens.size());
-  const int64_t padded = T == 0 ? 1 : T <= kExactRows ? T : (T + kRowBucket - 1) / kRowBucket * kRowBucket;
+  const int64_t padded = padded_rows(T);
   if (padded > T) {
     for (int64_t t = 0; t < padded - T; ++t) b.tokens.push_back(0), b.positions.push_back(int32_t(t));
     b.cache_past.push_back(0);
@@ -231,30 +264,41 @@ int64_t Engine::warm_up() {
   const int64_t most = std::min(options_.step_tokens, pool_blocks() * kernels::kAttentionKeyBlock);
   std::vector<int64_t> counts;
   for (int64_t c = 1; c <= std::min(most, kExactRows); ++c) counts.push_back(c);
-  for (int64_t c = kExactRows + kRowBucket; c - kRowBucket < most; c += kRowBucket) counts.push_back(c);
+  for (int64_t c = kExactRows + kRowBucket; c - kRowBucket < most; c += kRowBucket)
+    counts.push_back(c);
   std::vector<SequenceCache> seqs(lanes_.size());
-  for (const int64_t c : counts) {
-    // A sequence of t tokens, padded to c rows as a step would be; its last rows' logits (as
-    // many as a step's decodes usually ask for).
-    const int64_t t = std::min(c, most);
-    for (size_t l = 0; l < lanes_.size(); ++l) {
-      reserve_tokens(lanes_[l]->pool, seqs[l], t);
-      Batch& b = batches_[l];
-      b.B = 1;
-      b.tokens.assign(size_t(t), 0);
-      b.positions.resize(size_t(t));
-      std::iota(b.positions.begin(), b.positions.end(), 0);
-      b.cache_rows = {0, t};
-      b.cache_past = {0};
-      b.cache_blocks = {seqs[l].blocks};
-      b.logit_rows.clear();
-      for (int64_t r = t - std::min(t, kExactRows); r < t; ++r) b.logit_rows.push_back(r);
-      pad(*lanes_[l], b);
+  // The first pass makes the primitives; the next two time the forwards (the faster of each
+  // count's two: a step's own cost, not a moment's disturbance of the machine).
+  forward_seconds_.clear();
+  for (const bool timed : {false, true, true}) {
+    for (const int64_t c : counts) {
+      const auto begin = std::chrono::steady_clock::now();
+      // A sequence of t tokens, padded to c rows as a step would be; its last rows' logits (as
+      // many as a step's decodes usually ask for).
+      const int64_t t = std::min(c, most);
+      for (size_t l = 0; l < lanes_.size(); ++l) {
+        reserve_tokens(lanes_[l]->pool, seqs[l], t);
+        Batch& b = batches_[l];
+        b.B = 1;
+        b.tokens.assign(size_t(t), 0);
+        b.positions.resize(size_t(t));
+        std::iota(b.positions.begin(), b.positions.end(), 0);
+        b.cache_rows = {0, t};
+        b.cache_past = {0};
+        b.cache_blocks = {seqs[l].blocks};
+        b.logit_rows.clear();
+        for (int64_t r = t - std::min(t, kExactRows); r < t; ++r) b.logit_rows.push_back(r);
+        pad(*lanes_[l], b);
+      }
+      if (peers_) peers_->send(batches_);
+      const float* own = model_.forward_cached(batches_[0], lanes_[0]->pool);
+      if (peers_) peers_->gather(own, batches_);
+      for (size_t l = 0; l < lanes_.size(); ++l) release_sequence(lanes_[l]->pool, seqs[l]);
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+      if (timed && (!forward_seconds_.count(c) || seconds < forward_seconds_[c]))
+        forward_seconds_[c] = seconds;
     }
-    if (peers_) peers_->send(batches_);
-    const float* own = model_.forward_cached(batches_[0], lanes_[0]->pool);
-    if (peers_) peers_->gather(own, batches_);
-    for (size_t l = 0; l < lanes_.size(); ++l) release_sequence(lanes_[l]->pool, seqs[l]);
   }
   return int64_t(counts.size());
 }
@@ -404,6 +448,7 @@ void Engine::publish() {
     st.blocks_cached += lane->prefix.blocks();
   }
   st.preempted = preempted_, st.prefix_tokens = prefix_tokens_, st.steps = steps_;
+  st.held_steps = held_steps_;
   st.lane_tokens = lane_tokens_;
   std::lock_guard lock(inbox_mu_);
   st.waiting = int64_t(inbox_.size() + waiting_.size());

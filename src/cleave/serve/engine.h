@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -31,6 +32,11 @@ struct EngineOptions {
   int64_t kv_blocks = 0;      // a lane's pool's blocks (of kernels::kAttentionKeyBlock tokens), >= 2
   int64_t step_tokens = 128;  // tokens in a lane's forward at most (prompt chunks fill what decodes leave)
   int64_t max_running = 256;  // requests in a lane's running batch at most
+  // A step that carries prompt rows beside decodes may take at most this many times the forward
+  // of its decodes alone, by the forward's time per row count that warm_up measures (Sarathi-
+  // Serve's stall-free chunks, as a ratio): the decoding requests' per-token latency stays within
+  // it while prompts arrive. 0: prompts fill the whole step_tokens.
+  double max_step_ratio = 2;
   int lanes = 1;              // the ep ranks, each serving requests of its own
 };
 
@@ -49,6 +55,7 @@ struct EngineStats {
   int64_t waiting = 0, running = 0;
   int64_t blocks = 0, blocks_used = 0, blocks_shared = 0, blocks_cached = 0;
   int64_t preempted = 0;      // preemptions so far
+  int64_t held_steps = 0;     // steps that left prompt rows for later by max_step_ratio
   int64_t prefix_tokens = 0;  // prompt tokens taken from cached blocks instead of computed
   int64_t steps = 0;
   std::vector<int64_t> lane_tokens;  // tokens each lane computed (padding not counted)
@@ -69,8 +76,15 @@ class Engine {
 
   // Runs one forward at each row count a step can have (each lane's, on every rank), so that the
   // products make their primitives for them now (docs/inference.md: one per row count, about a
-  // millisecond per linear) rather than in the first requests' steps; returns the counts.
+  // millisecond per linear) rather than in the first requests' steps; then each twice more,
+  // timed (forward_seconds). Returns the counts.
   int64_t warm_up();
+  // The forward's seconds per row count (a step's padded count), as warm_up measured them.
+  const std::map<int64_t, double>& forward_seconds() const { return forward_seconds_; }
+  void set_forward_seconds(std::map<int64_t, double> seconds) { forward_seconds_ = std::move(seconds); }
+  // The rows a step whose decodes take `decodes` rows may have under max_step_ratio (step_tokens
+  // without a ratio or timings).
+  int64_t step_rows_for(int64_t decodes) const;
 
   // Thread-safe: queues a request for the next step.
   std::shared_ptr<Request> submit(std::vector<int32_t> prompt, const Sampling& sampling);
@@ -102,6 +116,7 @@ class Engine {
     PrefixCache prefix;
     SequenceCache pad;
     int64_t budget = 0, running = 0;  // this step's tokens left, its running requests
+    int64_t held = 0;  // this step's tokens max_step_ratio took from the prompts' budget
   };
   bool take_blocks(Lane& lane, int64_t need);
   void preempt(size_t running_index);
@@ -111,6 +126,10 @@ class Engine {
   int choose_lane(Live& s);
   void plan();
   void pad(const Lane& lane, Batch& batch);
+  // A step's row count as the forward runs it (pad).
+  static int64_t padded_rows(int64_t rows);
+  // Cuts each lane's budget for prompt rows to what max_step_ratio allows beside its decodes.
+  void hold_prompt_rows();
   void report(Live& s, const float* logits, int64_t first_position, bool sample);
   void end(Live& s, Finish finish, const std::string& why = "");
   // Ends each request of the list (only the cancelled ones when asked) and drops it.
@@ -130,7 +149,8 @@ class Engine {
   std::vector<Live> running_;
   uint64_t next_order_ = 0;
   EngineStats stats_;  // guarded by inbox_mu_ once published
-  int64_t preempted_ = 0, prefix_tokens_ = 0, steps_ = 0;
+  int64_t preempted_ = 0, prefix_tokens_ = 0, steps_ = 0, held_steps_ = 0;
+  std::map<int64_t, double> forward_seconds_;
   std::vector<int64_t> lane_tokens_;
   std::vector<Batch> batches_;  // this step's, a lane each
   std::vector<float> row_;  // one row of logits, for the log-probability kernel

@@ -257,7 +257,10 @@ std::string HttpServer::Impl::metrics_text() {
       {"cleave_preemptions_total", "Running requests sent back to the queue for blocks.", double(s.preempted)},
       {"cleave_prefix_cached_tokens_total", "Prompt tokens taken from cached blocks, not computed.",
        double(s.prefix_tokens)},
-      {"cleave_steps_total", "Forward steps of the engine.", double(s.steps)}};
+      {"cleave_steps_total", "Forward steps of the engine.", double(s.steps)},
+      {"cleave_held_steps_total",
+       "Steps whose prompt rows serve.max_step_ratio held below serve.step_tokens.",
+       double(s.held_steps)}};
   for (size_t l = 0; l < s.lane_tokens.size(); ++l)
     counters.push_back({"cleave_lane_tokens_total{lane=\"" + std::to_string(l) + "\"}",
                         "Tokens each lane (ep rank) computed, prompt and new, padding not counted.",
