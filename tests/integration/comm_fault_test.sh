@@ -3,6 +3,7 @@
 # one:
 #  (a) stall: one rank sleeps past the 3 s timeout before joining a collective: the others time
 #      out, print which rank is behind at which sequence number, and abort the job;
+#      the same at a gatherv to rank 0 (cleave serve's gather of its lanes' logits);
 #  (b) kill: one rank kills itself (SIGKILL): mpirun stops the others with SIGTERM and they print
 #      which rank died where;
 #  (c) fail: one rank throws an error of its own: it prints it once and aborts the job; the others,
@@ -76,6 +77,13 @@ expect_ended stall
 expect stall 'TIMEOUT on rank [02]: all_reduce #6 on group "world"'
 expect stall 'BEHIND \(not started it\): +rank 1 \(at #5 all_reduce'
 expect stall 'flight recorder of rank [02]'
+
+# (a') the same at a gatherv to rank 0, as cleave serve gathers its ep lanes' logit rows: rank 0
+# times out naming it.
+run stall-gather stall-gather 2 1
+expect_ended stall-gather
+expect stall-gather 'TIMEOUT on rank 0: gatherv #6 on group "world"'
+expect stall-gather 'BEHIND \(not started it\): +rank 1 \(at #5 all_reduce'
 
 run kill kill 3 2
 expect_ended kill

@@ -2,6 +2,7 @@
 // world group; rank VICTIM misbehaves before collective #6:
 //   comm_fault_probe ok       VICTIM TIMEOUT [STATUS_DIR]   nobody misbehaves (exit 0)
 //   comm_fault_probe stall    VICTIM TIMEOUT [STATUS_DIR]   the victim sleeps 60 s: the others time out
+//   comm_fault_probe stall-gather ...                        the same, collective #6 a gatherv to rank 0
 //   comm_fault_probe kill     VICTIM TIMEOUT [STATUS_DIR]   the victim kills itself with SIGKILL
 //   comm_fault_probe fail     VICTIM TIMEOUT [STATUS_DIR]   the victim throws an error of its own
 //   comm_fault_probe fail-all VICTIM TIMEOUT [STATUS_DIR]   every rank throws an EveryRankError
@@ -35,7 +36,7 @@ void run(const std::string& mode, int victim, int rank) {
   for (int i = 1; i <= 10; ++i) {
     if (i == 6) std::fprintf(stderr, "probe: rank %d at collective #6 at %.3f\n", rank, wall_seconds());
     if (i == 6 && mode == "fail-all") throw cleave::EveryRankError("probe: every rank fails alike");
-    if (rank == victim && i == 6 && mode == "stall") {
+    if (rank == victim && i == 6 && (mode == "stall" || mode == "stall-gather")) {
       std::fprintf(stderr, "probe: rank %d stalls before collective #%d\n", rank, i);
       sleep(60);
     }
@@ -45,7 +46,16 @@ void run(const std::string& mode, int victim, int rank) {
     }
     if (rank == victim && i == 6 && mode == "fail")
       throw cleave::Error("probe: rank " + std::to_string(rank) + " fails alone");
-    world.all_reduce(buf.data(), int64_t(buf.size()), cleave::CommType::f32).wait();
+    if (i == 6 && mode == "stall-gather") {
+      // As cleave serve gathers its lanes' logit rows at rank 0: a gatherv of uneven counts.
+      std::vector<int64_t> counts;
+      for (int r = 0; r < world.size(); ++r) counts.push_back(100 * (r + 1));
+      std::vector<float> all(rank == 0 ? size_t(100 * world.size() * (world.size() + 1) / 2) : 0);
+      world.gatherv(buf.data(), counts[size_t(rank)], rank == 0 ? all.data() : nullptr, counts,
+                    cleave::CommType::f32, 0).wait();
+    } else {
+      world.all_reduce(buf.data(), int64_t(buf.size()), cleave::CommType::f32).wait();
+    }
     usleep(20000);
   }
 }
@@ -57,7 +67,7 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   if (argc != 4 && argc != 5) {
     std::fprintf(stderr,
-                 "usage: comm_fault_probe ok|stall|kill|fail|fail-all VICTIM TIMEOUT_SECONDS "
+                 "usage: comm_fault_probe ok|stall|stall-gather|kill|fail|fail-all VICTIM TIMEOUT_SECONDS "
                  "[STATUS_DIR]\n");
     MPI_Finalize();
     return 2;
