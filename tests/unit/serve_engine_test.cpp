@@ -129,14 +129,14 @@ TEST(ServeEngine, WarmUpRunsEveryRowCountAndTakesNothing) {
 
 // serve.max_step_ratio: beside running decodes, a step takes only the prompt rows whose forward
 // keeps it within the ratio of the decodes' forward alone (by the forward's time per row count:
-// here 10 ms + 1 ms a row). Without decodes a prompt has the whole budget; the tokens are the
+// here (10 + rows) / 1024 s, exact in binary so that no bound rests on rounding). Without decodes a prompt has the whole budget; the tokens are the
 // same either way.
 TEST(ServeEngine, PromptRowsHeldToTheStepRatio) {
   const ModelConfig c = tiny();
   Transformer model(c, Precision::fp32, 4);
   std::map<int64_t, double> seconds;
-  for (int64_t rows = 1; rows <= 32; ++rows) seconds[rows] = 0.010 + 0.001 * double(rows);
-  for (int64_t rows : {64, 96, 128}) seconds[rows] = 0.010 + 0.001 * double(rows);
+  for (int64_t rows = 1; rows <= 32; ++rows) seconds[rows] = (10.0 + double(rows)) / 1024;
+  for (int64_t rows : {64, 96, 128}) seconds[rows] = (10.0 + double(rows)) / 1024;
   const std::vector<int32_t> long_prompt = some_tokens(300, c.vocab_size, 9);
   std::vector<std::vector<int32_t>> tokens_at_ratio;
   for (const double ratio : {2.0, 0.0}) {
