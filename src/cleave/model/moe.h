@@ -50,8 +50,8 @@ struct MoeOptions {
 
 // One layer's routing statistics summed over the micro-batches of a step (forwards that prepare
 // a backward; recomputes and validation do not count): choices per expert before capacity, the
-// rows each expert kept within it (what ep sends), the choices dropped, and the balancing terms as they enter the loss (sums over sequences and
-// tokens: the trainer divides by the step's).
+// rows each expert kept within it (what ep sends), the choices dropped, and the balancing terms
+// as they enter the loss (sums over sequences and tokens: the trainer divides by the step's).
 struct MoeLayerStats {
   int layer = 0;
   std::vector<double> tokens;  // per expert (global index)

@@ -17,6 +17,16 @@ struct LayerSums {
   double dropped = 0, steps = 0;
 };
 
+// Each expert's share of a layer's choices: its kept rows over all kept and dropped; balanced
+// where there were none.
+std::vector<double> shares_of(const std::vector<double>& kept, double dropped) {
+  double choices = dropped;
+  for (double v : kept) choices += v;
+  std::vector<double> share;
+  for (double v : kept) share.push_back(choices > 0 ? v / choices : 1.0 / double(kept.size()));
+  return share;
+}
+
 }  // namespace
 
 ExpertRouting read_routing(const std::string& run, const ModelConfig& model) {
@@ -59,21 +69,14 @@ ExpertRouting read_routing(const std::string& run, const ModelConfig& model) {
       const double dropped = l["dropped_per_step"].get<double>();
       s.dropped += steps * dropped;
       s.steps += steps;
-      double choices = dropped;
-      for (double v : kept) choices += v;
-      for (double v : kept) shares[layer].push_back(choices > 0 ? v / choices : 0.0);
+      shares[layer] = shares_of(kept, dropped);
     }
     out.steps = step;
   }
   if (sums.empty())
     throw Error("--routing: " + out.source + " logs no routing (moe_layers' rows_per_expert): "
                 "it is not the metrics of a MoE run");
-  for (auto& [layer, s] : sums) {
-    double choices = s.dropped;
-    for (double v : s.kept) choices += v;
-    std::vector<double>& share = out.share[layer];
-    for (double v : s.kept) share.push_back(choices > 0 ? v / choices : 1.0 / double(s.kept.size()));
-  }
+  for (const auto& [layer, s] : sums) out.share[layer] = shares_of(s.kept, s.dropped);
   return out;
 }
 

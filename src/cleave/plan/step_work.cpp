@@ -134,14 +134,17 @@ class Builder {
   }
 
  private:
+  // Whether the rank holds expert e: ep rank i holds the i-th 1 / ep of them.
+  bool holds_expert(int e) const { return e / (m_.moe_experts / ep_) == ep_rank_; }
+
   // Of a MoE layer's choices, the share kept (within capacity), and the share kept for the rank's
-  // own experts (ep rank i holds the i-th 1 / ep of them).
+  // own experts.
   std::pair<double, double> kept_and_own(int layer) const {
     const std::vector<double> p = expert_shares(routing_, layer, m_.moe_experts);
     double kept = 0, own = 0;
     for (int e = 0; e < m_.moe_experts; ++e) {
       kept += p[size_t(e)];
-      if (e / (m_.moe_experts / ep_) == ep_rank_) own += p[size_t(e)];
+      if (holds_expert(e)) own += p[size_t(e)];
     }
     return {kept, own};
   }
@@ -304,7 +307,7 @@ class Builder {
       if (store.group_name(store.tensor(i).group) == "experts") {
         const int b = store.tensor(i).unit;
         const int e = seen[size_t(b)]++ * m_.moe_experts / expert_linears[size_t(b)];
-        if (e / (m_.moe_experts / ep_) != ep_rank_) continue;
+        if (!holds_expert(e)) continue;
         rows = N * m_.moe_top_k * ep_ *
                expert_shares(routing_, units[size_t(b)].layer, m_.moe_experts)[size_t(e)];
       }

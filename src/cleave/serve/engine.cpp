@@ -228,6 +228,18 @@ int64_t Engine::padded_rows(int64_t T) {
   return T == 0 ? 1 : T <= kExactRows ? T : (T + kRowBucket - 1) / kRowBucket * kRowBucket;
 }
 
+void Engine::pad(const Lane& lane, Batch& b) {
+  const int64_t T = int64_t(b.tokens.size());
+  const int64_t padded = padded_rows(T);
+  if (padded > T) {
+    for (int64_t t = 0; t < padded - T; ++t) b.tokens.push_back(0), b.positions.push_back(int32_t(t));
+    b.cache_past.push_back(0);
+    b.cache_blocks.push_back(lane.pad.blocks);
+    b.cache_rows.push_back(padded);
+  }
+  b.T = padded;
+}
+
 int64_t Engine::step_rows_for(int64_t decodes) const {
   const auto own = forward_seconds_.find(padded_rows(decodes));
   if (options_.max_step_ratio == 0 || own == forward_seconds_.end()) return options_.step_tokens;
@@ -248,18 +260,6 @@ void Engine::hold_prompt_rows() {
   }
 }
 
-void Engine::pad(const Lane& lane, Batch& b) {
-  const int64_t T = int64_t(b.tokens.size());
-  const int64_t padded = padded_rows(T);
-  if (padded > T) {
-    for (int64_t t = 0; t < padded - T; ++t) b.tokens.push_back(0), b.positions.push_back(int32_t(t));
-    b.cache_past.push_back(0);
-    b.cache_blocks.push_back(lane.pad.blocks);
-    b.cache_rows.push_back(padded);
-  }
-  b.T = padded;
-}
-
 int64_t Engine::warm_up() {
   const int64_t most = std::min(options_.step_tokens, pool_blocks() * kernels::kAttentionKeyBlock);
   std::vector<int64_t> counts;
@@ -267,10 +267,13 @@ int64_t Engine::warm_up() {
   for (int64_t c = kExactRows + kRowBucket; c - kRowBucket < most; c += kRowBucket)
     counts.push_back(c);
   std::vector<SequenceCache> seqs(lanes_.size());
-  // The first pass makes the primitives; the next two time the forwards (the faster of each
-  // count's two: a step's own cost, not a moment's disturbance of the machine).
+  // The first pass makes the primitives; under max_step_ratio the next two time the forwards
+  // (the faster of each count's two: a step's own cost, not a moment's disturbance of the
+  // machine).
   forward_seconds_.clear();
-  for (const bool timed : {false, true, true}) {
+  const int passes = options_.max_step_ratio > 0 ? 3 : 1;
+  for (int pass = 0; pass < passes; ++pass) {
+    const bool timed = pass > 0;
     for (const int64_t c : counts) {
       const auto begin = std::chrono::steady_clock::now();
       // A sequence of t tokens, padded to c rows as a step would be; its last rows' logits (as

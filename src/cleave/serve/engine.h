@@ -76,8 +76,8 @@ class Engine {
 
   // Runs one forward at each row count a step can have (each lane's, on every rank), so that the
   // products make their primitives for them now (docs/inference.md: one per row count, about a
-  // millisecond per linear) rather than in the first requests' steps; then each twice more,
-  // timed (forward_seconds). Returns the counts.
+  // millisecond per linear) rather than in the first requests' steps; then, under
+  // max_step_ratio, each twice more, timed (forward_seconds). Returns the counts.
   int64_t warm_up();
   // The forward's seconds per row count (a step's padded count), as warm_up measured them.
   const std::map<int64_t, double>& forward_seconds() const { return forward_seconds_; }
