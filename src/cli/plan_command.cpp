@@ -155,7 +155,10 @@ int plan(int argc, char** argv) {
               a.positional[0].c_str(), world, axes.c_str(), cfg.parallel.zero_stage,
               precision_name(t.dtype), (long long)layout.local_batch, t.seq_len / cp,
               t.grad_accum_steps);
-  std::printf("\nmemory per rank (MiB; every rank of a stage holds as much):\n");
+  // With routing, ep ranks hold different experts' rows: the table is ep rank 0's.
+  std::printf("\nmemory per rank (MiB; %s):\n",
+              routing && cfg.parallel.ep > 1 ? "ep rank 0 of each stage; every ep rank below"
+                                             : "every rank of a stage holds as much");
   std::printf("  %-5s %12s %10s %10s %10s %10s %12s %10s %8s %10s\n", "stage", "parameters",
               "values", "gradients", "optimizer", "w. copies", "activations", "scratch", "comm",
               "total");

@@ -139,17 +139,23 @@ TEST(ServeEngine, PromptRowsHeldToTheStepRatio) {
   for (int64_t rows : {64, 96, 128}) seconds[rows] = (10.0 + double(rows)) / 1024;
   const std::vector<int32_t> long_prompt = some_tokens(300, c.vocab_size, 9);
   std::vector<std::vector<int32_t>> tokens_at_ratio;
-  for (const double ratio : {2.0, 0.0}) {
+  for (const double ratio : {2.0, 1.0, 0.0}) {
     EngineOptions o;
     o.kv_blocks = 64, o.step_tokens = 128, o.max_step_ratio = ratio;
     Engine engine(model, o);
     engine.set_forward_seconds(seconds);
-    if (ratio > 0) {
+    if (ratio == 2) {
       // 4 decodes: 14 ms alone, so up to 28 ms: 18 rows. 16: 26 ms, up to 52: 32 rows (the next
       // count, 64, takes 74). 40 pad to 64 (74 ms): 128 rows fit in 148.
       EXPECT_EQ(engine.step_rows_for(4), 18);
       EXPECT_EQ(engine.step_rows_for(16), 32);
       EXPECT_EQ(engine.step_rows_for(40), 128);
+      // 96 rows timed fast by chance: 16 decodes still stop at 64's 74 ms.
+      std::map<int64_t, double> noisy = seconds;
+      noisy[96] = 20.0 / 1024;
+      engine.set_forward_seconds(noisy);
+      EXPECT_EQ(engine.step_rows_for(16), 32);
+      engine.set_forward_seconds(seconds);
     }
     std::vector<std::shared_ptr<Request>> reqs;
     for (int i = 0; i < 4; ++i) reqs.push_back(engine.submit(some_tokens(3, c.vocab_size, 20 + i), greedy(40)));
@@ -161,8 +167,10 @@ TEST(ServeEngine, PromptRowsHeldToTheStepRatio) {
       most = std::max(most, engine.stats().lane_tokens[0] - before);
       before = engine.stats().lane_tokens[0];
     }
-    // Held: 4 decodes and 14 prompt rows a step; free: 4 and 124.
-    EXPECT_EQ(most, ratio > 0 ? 18 : 128) << "ratio " << ratio;
+    // Held: 4 decodes and 14 prompt rows a step; at ratio 1 none would fit, and the prompt gets
+    // Engine::kLeastPromptRows; free: 4 and 124.
+    EXPECT_EQ(most, ratio == 2 ? 18 : ratio == 1 ? 4 + Engine::kLeastPromptRows : 128)
+        << "ratio " << ratio;
     EXPECT_EQ(engine.stats().held_steps, ratio > 0 ? 5 : 0) << "ratio " << ratio;
     std::vector<Result> got = run(engine, reqs);
     tokens_at_ratio.push_back(got[4].tokens);

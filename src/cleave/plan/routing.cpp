@@ -14,7 +14,7 @@ namespace {
 
 struct LayerSums {
   std::vector<double> kept;
-  double dropped = 0, steps = 0;
+  double dropped = 0;
 };
 
 // Each expert's share of a layer's choices: its kept rows over all kept and dropped; balanced
@@ -37,42 +37,46 @@ ExpertRouting read_routing(const std::string& run, const ModelConfig& model) {
   if (!in) throw Error("--routing: cannot read " + out.source + " (a run's folder or its metrics.jsonl)");
   std::map<int, LayerSums> sums;
   std::string line;
-  int64_t previous_step = 0;
+  // The highest step counted: a resumed run logs again the steps after its checkpoint, which
+  // count once.
+  int64_t counted = 0;
   for (int number = 1; std::getline(in, line); ++number) {
     const std::string where = out.source + ":" + std::to_string(number);
-    nlohmann::json record;
     try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      if (!record.is_object() || !record.contains("moe_layers") || !record.contains("step")) continue;
+      // A record holds the means over the steps since the one before; only the steps past those
+      // counted are new.
+      const int64_t step = record.at("step").get<int64_t>();
+      if (step <= counted) continue;
+      const double steps = double(step - counted);
+      counted = step;
+      std::map<int, std::vector<double>>& shares = out.records.emplace_back();
+      for (const nlohmann::json& l : record.at("moe_layers")) {
+        if (!l.contains("rows_per_expert")) continue;
+        const int layer = l.at("layer").get<int>();
+        if (layer < 0 || layer >= model.n_layers || !model.is_moe_layer(layer))
+          throw Error(where + ": layer " + std::to_string(layer) + " is not a MoE layer of the "
+                      "planned model (" + std::to_string(model.n_layers) + " layers)");
+        const std::vector<double> kept = l.at("rows_per_expert").get<std::vector<double>>();
+        if (int(kept.size()) != model.moe_experts)
+          throw Error(where + ": layer " + std::to_string(layer) + " has " +
+                      std::to_string(kept.size()) + " experts, the planned model model.moe_experts = " +
+                      std::to_string(model.moe_experts));
+        LayerSums& s = sums[layer];
+        s.kept.resize(kept.size());
+        for (size_t e = 0; e < kept.size(); ++e) s.kept[e] += steps * kept[e];
+        const double dropped = l.at("dropped_per_step").get<double>();
+        s.dropped += steps * dropped;
+        shares[layer] = shares_of(kept, dropped);
+      }
+    } catch (const nlohmann::json::parse_error& e) {
       throw Error(where + ": not a JSON line (" + e.what() + ")");
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(where + ": " + e.what());
     }
-    if (!record.is_object() || !record.contains("moe_layers") || !record.contains("step")) continue;
-    // A record holds the means over the steps since the one before.
-    const int64_t step = record["step"].get<int64_t>();
-    const double steps = double(std::max<int64_t>(1, step - previous_step));
-    previous_step = step;
-    std::map<int, std::vector<double>>& shares = out.records.emplace_back();
-    for (const nlohmann::json& l : record["moe_layers"]) {
-      if (!l.contains("rows_per_expert")) continue;
-      const int layer = l["layer"].get<int>();
-      if (layer < 0 || layer >= model.n_layers || !model.is_moe_layer(layer))
-        throw Error(where + ": layer " + std::to_string(layer) + " is not a MoE layer of the "
-                    "planned model (" + std::to_string(model.n_layers) + " layers)");
-      const std::vector<double> kept = l["rows_per_expert"].get<std::vector<double>>();
-      if (int(kept.size()) != model.moe_experts)
-        throw Error(where + ": layer " + std::to_string(layer) + " has " + std::to_string(kept.size()) +
-                    " experts, the planned model model.moe_experts = " +
-                    std::to_string(model.moe_experts));
-      LayerSums& s = sums[layer];
-      s.kept.resize(kept.size());
-      for (size_t e = 0; e < kept.size(); ++e) s.kept[e] += steps * kept[e];
-      const double dropped = l["dropped_per_step"].get<double>();
-      s.dropped += steps * dropped;
-      s.steps += steps;
-      shares[layer] = shares_of(kept, dropped);
-    }
-    out.steps = step;
   }
+  out.steps = counted;
   if (sums.empty())
     throw Error("--routing: " + out.source + " logs no routing (moe_layers' rows_per_expert): "
                 "it is not the metrics of a MoE run");

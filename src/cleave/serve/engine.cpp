@@ -243,10 +243,12 @@ void Engine::pad(const Lane& lane, Batch& b) {
 int64_t Engine::step_rows_for(int64_t decodes) const {
   const auto own = forward_seconds_.find(padded_rows(decodes));
   if (options_.max_step_ratio == 0 || own == forward_seconds_.end()) return options_.step_tokens;
-  // The rows padding would add cost the step nothing more.
+  // The rows padding would add cost the step nothing more. Counts are taken in order up to the
+  // first that costs too much: a later one timed fast by chance does not let a step skip past it.
   int64_t rows = padded_rows(decodes);
-  for (const auto& [count, seconds] : forward_seconds_)
-    if (count > rows && seconds <= options_.max_step_ratio * own->second) rows = count;
+  for (auto it = forward_seconds_.upper_bound(rows);
+       it != forward_seconds_.end() && it->second <= options_.max_step_ratio * own->second; ++it)
+    rows = it->first;
   return std::min(rows, options_.step_tokens);
 }
 
@@ -254,8 +256,8 @@ void Engine::hold_prompt_rows() {
   for (auto& lane : lanes_) {
     const int64_t decodes = options_.step_tokens - lane->budget;
     if (decodes == 0) continue;  // nothing decodes: the prompts have the whole step
-    // At least a row, so that a prompt always moves.
-    const int64_t most = std::max<int64_t>(1, step_rows_for(decodes) - decodes);
+    // At least kLeastPromptRows, so that prompts keep moving however many decode.
+    const int64_t most = std::max(kLeastPromptRows, step_rows_for(decodes) - decodes);
     if (most < lane->budget) lane->held = lane->budget - most, lane->budget = most;
   }
 }

@@ -86,6 +86,10 @@ class Engine {
   // without a ratio or timings).
   int64_t step_rows_for(int64_t decodes) const;
 
+  // The prompt rows max_step_ratio leaves a step at the least: a prompt among many decodes would
+  // otherwise move a row a step (a 1,000-token prompt in 1,000 steps).
+  static constexpr int64_t kLeastPromptRows = 8;
+
   // Thread-safe: queues a request for the next step.
   std::shared_ptr<Request> submit(std::vector<int32_t> prompt, const Sampling& sampling);
   // One step; false when there was nothing to do (no request running or waiting).

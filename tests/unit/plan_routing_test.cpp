@@ -1,0 +1,88 @@
+// A run's routing as `cleave plan --routing` reads it: records weighted by the steps they cover, a
+// resumed run's replayed steps counted once, and a record of the wrong type refused naming the
+// file and line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cleave/base/check.h"
+#include "cleave/plan/routing.h"
+
+namespace cleave {
+namespace {
+
+ModelConfig two_experts() {
+  ModelConfig c;
+  c.n_layers = 1;
+  c.moe_experts = 2;
+  c.moe_top_k = 1;
+  return c;
+}
+
+// A metrics.jsonl of `lines` in a fresh folder; returns its path.
+std::string metrics(const std::string& name, const std::vector<std::string>& lines) {
+  const auto dir = std::filesystem::temp_directory_path() / ("cleave_routing_" + name);
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "metrics.jsonl").string();
+  std::ofstream out(path);
+  for (const std::string& l : lines) out << l << "\n";
+  return path;
+}
+
+std::string record(int step, double e0, double e1, double dropped) {
+  return "{\"step\":" + std::to_string(step) + ",\"loss\":5,\"moe_layers\":[{\"layer\":0," +
+         "\"rows_per_expert\":[" + std::to_string(e0) + "," + std::to_string(e1) +
+         "],\"dropped_per_step\":" + std::to_string(dropped) + "}]}";
+}
+
+TEST(PlanRouting, RecordsWeighByTheirStepsAndReplayedStepsCountOnce) {
+  // Steps 1-2 all to expert 0, 3-4 all to expert 1: a mean of half each. The run then resumed
+  // from step 2 and logged steps 3-4 again (with other figures, to show they are not counted),
+  // then 5-8 balanced.
+  const std::string path = metrics("resume", {record(2, 8, 0, 0), record(4, 0, 8, 0),
+                                              record(4, 8, 0, 0), record(8, 4, 4, 0)});
+  const ExpertRouting r = read_routing(path, two_experts());
+  EXPECT_EQ(r.steps, 8);
+  ASSERT_EQ(r.records.size(), 3u);
+  ASSERT_EQ(r.share.at(0).size(), 2u);
+  // (2 x 8 + 4 x 4) / 64 and (2 x 8 + 4 x 4) / 64.
+  EXPECT_DOUBLE_EQ(r.share.at(0)[0], 0.5);
+  EXPECT_DOUBLE_EQ(r.share.at(0)[1], 0.5);
+  // The busiest record for expert 0 gave it everything.
+  EXPECT_DOUBLE_EQ(peak_share(&r, 0, 2, 0, 1), 1.0);
+}
+
+TEST(PlanRouting, DroppedChoicesLowerTheShares) {
+  const std::string path = metrics("dropped", {record(1, 6, 2, 0), record(2, 3, 3, 2)});
+  const ExpertRouting r = read_routing(path, two_experts());
+  // Kept (6 + 3, 2 + 3) of 16 choices, 2 dropped.
+  EXPECT_DOUBLE_EQ(r.share.at(0)[0], 9.0 / 16);
+  EXPECT_DOUBLE_EQ(r.share.at(0)[1], 5.0 / 16);
+}
+
+TEST(PlanRouting, AWrongTypeNamesTheFileAndLine) {
+  const std::string path = metrics(
+      "type", {record(1, 1, 1, 0),
+               "{\"step\":2,\"moe_layers\":[{\"layer\":0,\"rows_per_expert\":\"many\","
+               "\"dropped_per_step\":0}]}"});
+  try {
+    read_routing(path, two_experts());
+    FAIL() << "a string for rows_per_expert was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":2: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("type must be array"), std::string::npos) << e.what();
+  }
+  const std::string missing = metrics(
+      "missing", {"{\"step\":1,\"moe_layers\":[{\"layer\":0,\"rows_per_expert\":[1,1]}]}"});
+  try {
+    read_routing(missing, two_experts());
+    FAIL() << "a layer without dropped_per_step was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(missing + ":1: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dropped_per_step"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace cleave
