@@ -199,7 +199,21 @@ void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t kv
       pack_transposed(kt, kFwdK, kbase, key_stride, nk, nkp, hd, 1.0f);
       kcols = kt, ldk = kFwdK;
     }
-    for (int64_t c = 0; c < nkp; c += kVL) {
+    // Four key vectors at once: four independent FMA chains in flight instead of one waiting on
+    // its own latency. Each chain is still its keys' sum over d in order.
+    int64_t c = 0;
+    for (; c + 4 * kVL <= nkp; c += 4 * kVL) {
+      vf a0{}, a1{}, a2{}, a3{};
+      for (int64_t d = 0; d < hd; ++d) {
+        const float* row = kcols + d * ldk + c;
+        a0 += q[d] * loadv(row);
+        a1 += q[d] * loadv(row + kVL);
+        a2 += q[d] * loadv(row + 2 * kVL);
+        a3 += q[d] * loadv(row + 3 * kVL);
+      }
+      storev(s + c, a0), storev(s + c + kVL, a1), storev(s + c + 2 * kVL, a2), storev(s + c + 3 * kVL, a3);
+    }
+    for (; c < nkp; c += kVL) {
       vf acc{};
       for (int64_t d = 0; d < hd; ++d) acc += q[d] * loadv(kcols + d * ldk + c);
       storev(s + c, acc);
