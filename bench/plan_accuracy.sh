@@ -10,9 +10,12 @@
 # CLUSTER `calibrate` measures the machine (`cleave calibrate`, 2 ranks of 1 thread) at the start
 # of each round and predicts from that: on a machine whose speed drifts over the hour (the Zen 5
 # VM's runs of one layout 20-40% apart), a file calibrated the day before predicts the drift.
+# `calibrate-each` calibrates right before each layout's run instead (36 s each on the Xeon VM),
+# so that a prediction and its run are seconds apart rather than minutes: on the Xeon VM the
+# calibrations of rounds minutes apart moved 39%.
 # ROUNDS rounds (default 1) each run every layout; with more than one, the last table gives each
 # layout's median error over the rounds.
-# Usage: [CLEAVE_BENCH_SMOKE=1] [ROUNDS=N] bench/plan_accuracy.sh [CLUSTER=clusters/epyc_zen3_2core.toml | calibrate]
+# Usage: [CLEAVE_BENCH_SMOKE=1] [ROUNDS=N] bench/plan_accuracy.sh [CLUSTER=clusters/epyc_zen3_2core.toml | calibrate | calibrate-each]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cluster=${1:-clusters/epyc_zen3_2core.toml}
@@ -41,14 +44,15 @@ layouts=(
   "cp 2 ring|2|--set parallel.cp=2"
 )
 [ "$smoke" = 1 ] && layouts=("${layouts[0]}" "${layouts[1]}" "${layouts[8]}")
+calibrate() {  # the machine now, into $work/cluster.toml
+  OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 2 "$cleave" calibrate \
+    "${quick[@]}" --out "$work/cluster.toml" > "$work/calibrate.log" 2>&1 ||
+    { cat "$work/calibrate.log" >&2; exit 1; }
+}
 for round in $(seq "$rounds"); do
 file=$cluster
-if [ "$cluster" = calibrate ]; then
-  file=$work/cluster.toml
-  OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 2 "$cleave" calibrate \
-    "${quick[@]}" --out "$file" > "$work/calibrate.log" 2>&1 ||
-    { cat "$work/calibrate.log" >&2; exit 1; }
-fi
+case $cluster in calibrate | calibrate-each) file=$work/cluster.toml ;; esac
+[ "$cluster" != calibrate ] || calibrate
 [ "$rounds" = 1 ] || echo "round $round of $rounds ($(date -u +%H:%M) UTC, cluster $file)"
 printf "%-18s %12s %12s %8s\n" layout predicted measured error
 index=0
@@ -57,6 +61,7 @@ for entry in "${layouts[@]}"; do
   read -r -a extra <<<"$sets"
   out=$work/run
   rm -rf "$out"
+  [ "$cluster" != calibrate-each ] || calibrate
   OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np "$np" "$cleave" train configs/gpt2_124m.toml \
     "${common[@]}" "${model[@]}" "${extra[@]}" --set train.steps=$steps \
     --set train.out_dir="$out" > "$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
@@ -69,7 +74,7 @@ for entry in "${layouts[@]}"; do
   echo "$error" >> "$work/errors.$index"
   index=$((index + 1))
 done
-echo "tokens/s; predicted by cleave plan --cluster $file, measured: median of steps 3-$steps"
+echo "tokens/s; predicted by cleave plan --cluster $file$([ "$cluster" != calibrate-each ] || echo " (calibrated right before each run)"), measured: median of steps 3-$steps"
 done
 if [ "$rounds" != 1 ]; then
   echo "median error over $rounds rounds:"
