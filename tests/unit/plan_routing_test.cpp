@@ -61,27 +61,26 @@ TEST(PlanRouting, DroppedChoicesLowerTheShares) {
   EXPECT_DOUBLE_EQ(r.share.at(0)[1], 5.0 / 16);
 }
 
-TEST(PlanRouting, AWrongTypeNamesTheFileAndLine) {
-  const std::string path = metrics(
-      "type", {record(1, 1, 1, 0),
-               "{\"step\":2,\"moe_layers\":[{\"layer\":0,\"rows_per_expert\":\"many\","
-               "\"dropped_per_step\":0}]}"});
+// read_routing refuses `path` with a message naming its line and containing `what`.
+void expect_refused(const std::string& path, int line, const std::string& what) {
   try {
     read_routing(path, two_experts());
-    FAIL() << "a string for rows_per_expert was read";
+    ADD_FAILURE() << path << " was read";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(path + ":2: "), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("type must be array"), std::string::npos) << e.what();
+    const std::string message = e.what();
+    EXPECT_NE(message.find(path + ":" + std::to_string(line) + ": "), std::string::npos) << message;
+    EXPECT_NE(message.find(what), std::string::npos) << message;
   }
-  const std::string missing = metrics(
-      "missing", {"{\"step\":1,\"moe_layers\":[{\"layer\":0,\"rows_per_expert\":[1,1]}]}"});
-  try {
-    read_routing(missing, two_experts());
-    FAIL() << "a layer without dropped_per_step was read";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(missing + ":1: "), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("dropped_per_step"), std::string::npos) << e.what();
-  }
+}
+
+TEST(PlanRouting, AWrongTypeOrAMissingKeyNamesTheFileAndLine) {
+  expect_refused(metrics("type", {record(1, 1, 1, 0),
+                                  "{\"step\":2,\"moe_layers\":[{\"layer\":0,\"rows_per_expert\":"
+                                  "\"many\",\"dropped_per_step\":0}]}"}),
+                 2, "type must be array");
+  expect_refused(
+      metrics("missing", {"{\"step\":1,\"moe_layers\":[{\"layer\":0,\"rows_per_expert\":[1,1]}]}"}),
+      1, "dropped_per_step");
 }
 
 }  // namespace
