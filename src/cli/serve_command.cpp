@@ -224,11 +224,12 @@ int serve_command(int argc, char** argv) {
     // The timings the prompt rows are held by, at a few counts.
     const std::map<int64_t, double>& t = engine->forward_seconds();
     std::cerr << "# serve: a step with prompt rows takes at most " << set.max_step_ratio
-              << "x the forward of its decodes alone (serve.max_step_ratio); forwards measured:";
+              << "x the forward of one in which every request decodes (serve.max_step_ratio); "
+                 "forwards measured:";
     for (const int64_t rows : {int64_t(1), int64_t(16), int64_t(32), set.step_tokens})
       if (auto it = t.lower_bound(rows); it != t.end())
         std::cerr << " " << it->first << " rows " << 1e3 * it->second << " ms;";
-    std::cerr << " so 1 decode takes up to " << engine->step_rows_for(1) << " rows, 16 decodes "
+    std::cerr << " so 1 request takes up to " << engine->step_rows_for(1) << " rows, 16 requests "
               << engine->step_rows_for(16) << "\n";
   } else {
     std::cerr << "# serve: prompt rows fill every step to serve.step_tokens (serve.max_step_ratio=0)\n";

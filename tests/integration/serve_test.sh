@@ -64,7 +64,7 @@ grep -q "requests must carry 'Authorization: Bearer" "$work/serve.log" || { cat 
 # Row counts 1-32, then 64 to 256 by 32: every count a step of serve.step_tokens=256 can have.
 grep -q "# serve: the forward warmed up at 39 row counts" "$work/serve.log" || { cat "$work/serve.log"; exit 1; }
 # serve.max_step_ratio (2) holds the prompt rows beside decodes by the warm-up's timings.
-grep -q "# serve: a step with prompt rows takes at most 2x the forward of its decodes alone" "$work/serve.log" \
+grep -q "# serve: a step with prompt rows takes at most 2x the forward of one in which every request decodes" "$work/serve.log" \
   || { cat "$work/serve.log"; exit 1; }
 $client api "$base" "$key" tiny "$score" "$ckpt"
 $client invariance "$base" "$key" tiny

@@ -167,15 +167,32 @@ TEST(ServeEngine, PromptRowsHeldToTheStepRatio) {
       most = std::max(most, engine.stats().lane_tokens[0] - before);
       before = engine.stats().lane_tokens[0];
     }
-    // Held: 4 decodes and 14 prompt rows a step; at ratio 1 none would fit, and the prompt gets
-    // Engine::kLeastPromptRows; free: 4 and 124.
-    EXPECT_EQ(most, ratio == 2 ? 18 : ratio == 1 ? 4 + Engine::kLeastPromptRows : 128)
+    // Held: the 4 decoding and the prompt are 5 requests, 15 ms a step of theirs decoding, so up
+    // to 30 ms: 20 rows, 4 decodes and 16 prompt rows. At ratio 1 none would fit, and the prompt
+    // gets Engine::kLeastPromptRows; free: 4 and 124.
+    EXPECT_EQ(most, ratio == 2 ? 20 : ratio == 1 ? 4 + Engine::kLeastPromptRows : 128)
         << "ratio " << ratio;
     EXPECT_EQ(engine.stats().held_steps, ratio > 0 ? 5 : 0) << "ratio " << ratio;
     std::vector<Result> got = run(engine, reqs);
     tokens_at_ratio.push_back(got[4].tokens);
   }
   EXPECT_EQ(tokens_at_ratio[0], tokens_at_ratio[1]);
+  EXPECT_EQ(tokens_at_ratio[0], tokens_at_ratio[2]);
+  {
+    // The queue raises the cap with the load: 4 decoding, the long prompt and 27 more waiting are
+    // 32 requests, 42 ms a step of theirs decoding, so up to 84 ms: 64 rows.
+    EngineOptions o;
+    o.kv_blocks = 64, o.step_tokens = 128, o.max_step_ratio = 2;
+    Engine engine(model, o);
+    engine.set_forward_seconds(seconds);
+    for (int i = 0; i < 4; ++i) engine.submit(some_tokens(3, c.vocab_size, 20 + i), greedy(40));
+    for (int i = 0; i < 3; ++i) engine.step();
+    engine.submit(long_prompt, greedy(4));
+    for (int i = 0; i < 27; ++i) engine.submit(some_tokens(3, c.vocab_size, 40 + i), greedy(1));
+    const int64_t before = engine.stats().lane_tokens[0];
+    engine.step();
+    EXPECT_EQ(engine.stats().lane_tokens[0] - before, 64);
+  }
   // Alone, a prompt is not held.
   EngineOptions o;
   o.kv_blocks = 64, o.step_tokens = 128;

@@ -240,12 +240,12 @@ void Engine::pad(const Lane& lane, Batch& b) {
   b.T = padded;
 }
 
-int64_t Engine::step_rows_for(int64_t decodes) const {
-  const auto own = forward_seconds_.find(padded_rows(decodes));
+int64_t Engine::step_rows_for(int64_t requests) const {
+  const auto own = forward_seconds_.find(padded_rows(requests));
   if (options_.max_step_ratio == 0 || own == forward_seconds_.end()) return options_.step_tokens;
   // The rows padding would add cost the step nothing more. Counts are taken in order up to the
   // first that costs too much: a later one timed fast by chance does not let a step skip past it.
-  int64_t rows = padded_rows(decodes);
+  int64_t rows = padded_rows(requests);
   for (auto it = forward_seconds_.upper_bound(rows);
        it != forward_seconds_.end() && it->second <= options_.max_step_ratio * own->second; ++it)
     rows = it->first;
@@ -256,8 +256,14 @@ void Engine::hold_prompt_rows() {
   for (auto& lane : lanes_) {
     const int64_t decodes = options_.step_tokens - lane->budget;
     if (decodes == 0) continue;  // nothing decodes: the prompts have the whole step
+    // The step is held to the ratio of one in which every request of the lane decodes, those
+    // prefilling and its share of the queue too. Against its decodes alone, the cap would shrink
+    // as fewer decode and keep the queue waiting: at 64 clients that cost a fifth of the
+    // throughput (docs/performance.md, Serving).
+    const int64_t queued = (int64_t(waiting_.size()) + int64_t(lanes_.size()) - 1) / int64_t(lanes_.size());
+    const int64_t requests = std::max(decodes, lane->running + queued);
     // At least kLeastPromptRows, so that prompts keep moving however many decode.
-    const int64_t most = std::max(kLeastPromptRows, step_rows_for(decodes) - decodes);
+    const int64_t most = std::max(kLeastPromptRows, step_rows_for(requests) - decodes);
     if (most < lane->budget) lane->held = lane->budget - most, lane->budget = most;
   }
 }

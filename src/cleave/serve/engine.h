@@ -82,9 +82,10 @@ class Engine {
   // The forward's seconds per row count (a step's padded count), as warm_up measured them.
   const std::map<int64_t, double>& forward_seconds() const { return forward_seconds_; }
   void set_forward_seconds(std::map<int64_t, double> seconds) { forward_seconds_ = std::move(seconds); }
-  // The rows a step whose decodes take `decodes` rows may have under max_step_ratio (step_tokens
-  // without a ratio or timings).
-  int64_t step_rows_for(int64_t decodes) const;
+  // The rows a step may have under max_step_ratio with `requests` requests in its lane: its
+  // forward within the ratio of one in which each of them decodes a token (step_tokens without
+  // a ratio or timings).
+  int64_t step_rows_for(int64_t requests) const;
 
   // The prompt rows max_step_ratio leaves a step at the least: a prompt among many decodes would
   // otherwise move a row a step (a 1,000-token prompt in 1,000 steps).
@@ -133,6 +134,7 @@ class Engine {
   // A step's row count as the forward runs it (pad).
   static int64_t padded_rows(int64_t rows);
   // Cuts each lane's budget for prompt rows to what max_step_ratio allows beside its decodes.
+  // Runs after the decodes have taken their rows, before the queue is admitted.
   void hold_prompt_rows();
   void report(Live& s, const float* logits, int64_t first_position, bool sample);
   void end(Live& s, Finish finish, const std::string& why = "");
