@@ -9,8 +9,8 @@
 # and added. A MoE process holds about 8 MiB more than a dense one of the same tiny shape, with or
 # without ep (27 against 35 MiB at 2 ranks on the Xeon; not found yet: not oneDNN primitives, which
 # the experts' variable rows keep at one per product, nor the shared scratchpad): ep 2 takes its
-# overhead from a d_model 32 MoE run at ep 2. Each rank must come within 5% of its measured peak: on the Zen 5 and on a Xeon with
-# AMX every rank of fp32, ZeRO-3, tp 2 and pp 2 came within 0.6%; a plan that leaves out the
+# overhead from a d_model 32 MoE run at ep 2. Each rank must come within 5% of its measured peak:
+# on the Zen 5 and on a Xeon with AMX every rank of fp32, ZeRO-3, tp 2 and pp 2 came within 0.6%; a plan that leaves out the
 # backward scratch (-7%) falls outside it. On AVX2 CPUs (bf16 emulated, not this project's kind of
 # machine) the per-thread fp32 operand buffers are not in the plan and pp 2 measured -3.6% to -5.1%.
 # ep 2 is planned from the run's measured routing (`cleave plan --routing`), each rank as its ep
@@ -70,18 +70,19 @@ def peak(name):
     rows = [json.loads(l) for l in open(f"{work}/{name}/metrics.jsonl") if "peak_rss_mib_per_rank" in l]
     return rows[-1]["peak_rss_mib_per_rank"]
 overhead = {}
-for np, name in ((1, "overhead1"), (2, "overhead2"), (4, "overhead4"), ("ep2", "overhead2_moe")):
-    overhead[np] = max(peak(name)) - plan(name)[0][0]
-    print(f"runtime overhead of {name}: {overhead[np]:.1f} MiB")
+# Keyed by rank count; MoE at ep 2 by its own run ("ep2"). Each layout names the one it runs like.
+for key, name in ((1, "overhead1"), (2, "overhead2"), (4, "overhead4"), ("ep2", "overhead2_moe")):
+    overhead[key] = max(peak(name)) - plan(name)[0][0]
+    print(f"runtime overhead of {name}: {overhead[key]:.1f} MiB")
 failed = []
-for name, np in (("fp32", 1), ("bf16", 1), ("fp8", 1), ("ac_full", 1), ("ac_selective", 1),
-                 ("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("hsdp", 4), ("tp2", 2),
-                 ("tp2_sp", 2), ("pp2", 2), ("cp2", 2), ("ep2", 2)):
+for name, runs_like in (("fp32", 1), ("bf16", 1), ("fp8", 1), ("ac_full", 1), ("ac_selective", 1),
+                       ("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("hsdp", 4),
+                       ("tp2", 2), ("tp2_sp", 2), ("pp2", 2), ("cp2", 2), ("ep2", "ep2")):
     totals, stages = plan(name)
     measured = peak(name)
     for rank, rss in enumerate(measured):
         stage = rank if len(totals) > 1 else 0
-        runtime = overhead["ep2" if name == "ep2" else np]
+        runtime = overhead[runs_like]
         predicted = runtime + totals[stage]
         error = predicted / rss - 1
         s = stages[stage]

@@ -128,9 +128,10 @@ TEST(ServeEngine, WarmUpRunsEveryRowCountAndTakesNothing) {
 }
 
 // serve.max_step_ratio: beside running decodes, a step takes only the prompt rows whose forward
-// keeps it within the ratio of the decodes' forward alone (by the forward's time per row count:
-// here (10 + rows) / 1024 s, exact in binary so that no bound rests on rounding). Without decodes a prompt has the whole budget; the tokens are the
-// same either way.
+// keeps it within the ratio of the forward of a step in which every request (running or queued)
+// decodes (by the forward's time per row count: here (10 + rows) / 1024 s, exact in binary so
+// that no bound rests on rounding). Without decodes a prompt has the whole budget; the tokens are
+// the same either way.
 TEST(ServeEngine, PromptRowsHeldToTheStepRatio) {
   const ModelConfig c = tiny();
   Transformer model(c, Precision::fp32, 4);
@@ -145,12 +146,12 @@ TEST(ServeEngine, PromptRowsHeldToTheStepRatio) {
     Engine engine(model, o);
     engine.set_forward_seconds(seconds);
     if (ratio == 2) {
-      // 4 decodes: 14 ms alone, so up to 28 ms: 18 rows. 16: 26 ms, up to 52: 32 rows (the next
-      // count, 64, takes 74). 40 pad to 64 (74 ms): 128 rows fit in 148.
+      // 4 requests: 14 ms decoding, so up to 28 ms: 18 rows. 16: 26 ms, up to 52: 32 rows (the
+      // next count, 64, takes 74). 40 pad to 64 (74 ms): 128 rows fit in 148.
       EXPECT_EQ(engine.step_rows_for(4), 18);
       EXPECT_EQ(engine.step_rows_for(16), 32);
       EXPECT_EQ(engine.step_rows_for(40), 128);
-      // 96 rows timed fast by chance: 16 decodes still stop at 64's 74 ms.
+      // 96 rows timed fast by chance: 16 requests still stop at 64's 74 ms.
       std::map<int64_t, double> noisy = seconds;
       noisy[96] = 20.0 / 1024;
       engine.set_forward_seconds(noisy);

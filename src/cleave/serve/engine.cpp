@@ -253,14 +253,15 @@ int64_t Engine::step_rows_for(int64_t requests) const {
 }
 
 void Engine::hold_prompt_rows() {
+  // The step is held to the ratio of one in which every request of the lane decodes, those
+  // prefilling and its share of the queue too. Against its decodes alone, the cap would shrink as
+  // fewer decode and keep the queue waiting: at 64 clients that cost a fifth of the throughput
+  // (docs/performance.md, Serving).
+  const int64_t lanes = int64_t(lanes_.size());
+  const int64_t queued = (int64_t(waiting_.size()) + lanes - 1) / lanes;
   for (auto& lane : lanes_) {
     const int64_t decodes = options_.step_tokens - lane->budget;
     if (decodes == 0) continue;  // nothing decodes: the prompts have the whole step
-    // The step is held to the ratio of one in which every request of the lane decodes, those
-    // prefilling and its share of the queue too. Against its decodes alone, the cap would shrink
-    // as fewer decode and keep the queue waiting: at 64 clients that cost a fifth of the
-    // throughput (docs/performance.md, Serving).
-    const int64_t queued = (int64_t(waiting_.size()) + int64_t(lanes_.size()) - 1) / int64_t(lanes_.size());
     const int64_t requests = std::max(decodes, lane->running + queued);
     // At least kLeastPromptRows, so that prompts keep moving however many decode.
     const int64_t most = std::max(kLeastPromptRows, step_rows_for(requests) - decodes);
