@@ -33,13 +33,18 @@
 # when the registry cannot be reached, what needs them is left out, saying why.
 # CLEAVE_BENCH_SMOKE=1 (bench/common.sh): vocab 256, the tiny model, levels 1 and 4 of a few short
 # requests, one long-prompt cycle and one prefix pair of short prompts, one round.
-# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] bench/serve.sh [REPEATS=3]
+# SERVE_LEVELS_ONLY=1 serves part 1 alone, one process (no long prompt, prefix, ratio-off, tp 2
+# or llama.cpp runs: a few minutes, to compare builds or settings); SERVE_LEVELS and SERVE_COUNTS
+# replace the levels and their requests (e.g. "1 16 64" and "8 48 192"), SERVE_SET adds settings
+# to the one-process server (e.g. "--set serve.max_step_ratio=0").
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] [SERVE_LEVELS_ONLY=1 [SERVE_LEVELS=...]
+#        [SERVE_COUNTS=...] [SERVE_SET=...]] bench/serve.sh [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
 source bench/common.sh
 threads=2 vocab=4096 model=() key=bench-key
-levels="1 4 16 64" counts="8 16 48 192"
+levels=${SERVE_LEVELS:-"1 4 16 64"} counts=${SERVE_COUNTS:-"8 16 48 192"} levels_only=${SERVE_LEVELS_ONLY:-0}
 prompt="16, 512" output="16, 256" temperature=0.8
 interference_clients=16 interference_prompt=16 long=1000 cycles=3 before_ms=1000 budgets="128 512" default_budget=128
 ratio_levels="1 16" ratio_counts="8 48" default_ratio=2
@@ -138,10 +143,16 @@ prefix_of() {  # PROGRAM OUT
 }
 cleave_round() {
   local out=$work/cleave.out
-  serve_tp1 "$work/serve-tp1.log"
-  load "$out" "$warmup_spec, $levels_spec, $(interference_spec), $prefix_spec"
+  # shellcheck disable=SC2086  # SERVE_SET is a list of arguments
+  serve_tp1 "$work/serve-tp1.log" ${SERVE_SET:-}
+  if [ "$levels_only" = 1 ]; then
+    load "$out" "$warmup_spec, $levels_spec"
+  else
+    load "$out" "$warmup_spec, $levels_spec, $(interference_spec), $prefix_spec"
+  fi
   stop
   levels_of cleave "$out"
+  [ "$levels_only" = 1 ] && return
   prefix_of cleave "$out"
   interference_of "$default_budget" "$out"
 }
@@ -187,13 +198,15 @@ llama_round() {
 for round in $(seq "$repeats"); do
   start_s=$SECONDS
   cleave_round
-  for b in $budgets; do [ "$b" = "$default_budget" ] || budget_round "$b"; done
-  ratio_round
-  tp2_round
-  llama_round
+  if [ "$levels_only" != 1 ]; then
+    for b in $budgets; do [ "$b" = "$default_budget" ] || budget_round "$b"; done
+    ratio_round
+    tp2_round
+    llama_round
+  fi
   top=${levels##* }
   echo "round $round ($((SECONDS - start_s)) s): tokens/s at $top clients: cleave ${results[tps-cleave-$top]}/" \
-    "tp 2 ${results[tps-tp2-$top]}/ llama.cpp ${results[tps-llama-$top]:-}" >&2
+    "tp 2 ${results[tps-tp2-$top]:-}/ llama.cpp ${results[tps-llama-$top]:-}" >&2
 done
 
 # --- the report ---------------------------------------------------------------------------------
