@@ -6,6 +6,9 @@
 start() {
   local log=$1 port=""
   shift
+  # The log exists before the first look at it: the background command opens it only once it
+  # runs, and on a busy machine the loop's first sed can come first (and end the test under set -e).
+  : > "$log"
   "$@" > "$log" 2>&1 &
   pid=$!
   pids+=("$pid")
