@@ -16,10 +16,12 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "cleave/base/buffer.h"
 #include "cleave/base/file.h"
 #include "cleave/base/host_memory.h"
 #include "cleave/comm/comm_bench.h"
 #include "cleave/comm/errors.h"
+#include "cleave/comm/group.h"
 #include "cleave/kernels/gemm_bench.h"
 #include "cleave/kernels/hardware_peak.h"
 #include "cleave/kernels/kernel_rates.h"
@@ -45,6 +47,7 @@ struct Plan {
   int d_model = 0;
   std::vector<int64_t> attention_keys;
   double kernel_seconds = 0;
+  double imbalance_seconds = 0;  // measure_compute_imbalance's time
   // Released memory written again: in a buffer of 4 KiB pages and in one of huge pages, in
   // ranges of a unit's size.
   int64_t small_buffer_bytes = 0, small_range_bytes = 0, huge_buffer_bytes = 0,
@@ -63,6 +66,7 @@ Plan plan_of(bool quick) {
   p.d_model = quick ? 128 : 768;
   p.attention_keys = quick ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{128, 512, 2048};
   p.kernel_seconds = quick ? 0.02 : 0.3;
+  p.imbalance_seconds = quick ? 0.05 : 4;
   p.small_buffer_bytes = (quick ? 4 : 16) * kMiB;
   p.small_range_bytes = (quick ? 256 : 1024) * int64_t(1024);
   p.huge_buffer_bytes = int64_t(kHugePageBufferBytes) * (quick ? 1 : 2);
@@ -284,6 +288,53 @@ double measure_link_slowdown(Group& group, const Plan& plan, std::string& commen
   return slowdown;
 }
 
+// How much longer the same compute takes when the ranks wait for each other after each piece,
+// as a step's ranks do at its collectives (Cluster::compute_imbalance): every rank runs one
+// product (a forward of block_tokens x d_model by d_model, about as long as the compute between
+// tp's collectives) and then a sum over the group, which every rank waits for, for
+// imbalance_seconds; the wall time per piece over the mean of the ranks' own times for it. The
+// pieces are many and the time seconds long because a shared machine's cores slow down one at
+// a time, for seconds.
+double measure_compute_imbalance(Group& group, const Plan& plan, std::string& comment) {
+  const int64_t N = plan.block_tokens;
+  const int d = plan.d_model;
+  LinearGemm gemm(d, d, Precision::fp32);
+  Buffer<float> w(int64_t(d) * d), x(N * d), y(N * d);
+  for (int64_t i = 0; i < w.size(); ++i) w[i] = float((i % 7) - 3) * 0.01f;
+  for (int64_t i = 0; i < x.size(); ++i) x[i] = float((i % 5) - 2) * 0.1f;
+  gemm.set_weight(w.data());
+  for (int i = 0; i < 3; ++i) gemm.forward(y.data(), x.data(), N, nullptr);
+  // The sum's own time, which the planner costs as a collective, is left out of the wait.
+  constexpr int kSums = 200;
+  sum_of_doubles(group, 0);
+  const double sums_start = MPI_Wtime();
+  for (int i = 0; i < kSums; ++i) sum_of_doubles(group, 0);
+  const double sum_seconds = sum_of_doubles(group, (MPI_Wtime() - sums_start) / kSums) / group.size();
+  const double start = MPI_Wtime();
+  double own = 0;
+  int pieces = 0;
+  for (bool more = true; more; ++pieces) {
+    const double t0 = MPI_Wtime();
+    gemm.forward(y.data(), x.data(), N, nullptr);
+    own += MPI_Wtime() - t0;
+    // Rank 0's clock decides when to stop; the sum is the wait every rank makes.
+    const bool over = group.rank() == 0 && MPI_Wtime() - start >= plan.imbalance_seconds;
+    more = sum_of_doubles(group, over ? 1.0 : 0.0) == 0;
+  }
+  const double wall = (MPI_Wtime() - start) / pieces;
+  const double mean_own = sum_of_doubles(group, own / pieces) / group.size();
+  const double imbalance = std::clamp((wall - sum_seconds) / mean_own, 1.0, 100.0);
+  comment = "the slowest of the ranks that wait for each other against their mean (the planner\n"
+            "stretches compute by it on more than one rank): " + std::to_string(pieces) +
+            " products of " + std::to_string(N) + " x " + std::to_string(d) + " by " +
+            std::to_string(d) + " (fp32 forward),\neach followed by a sum over all " +
+            std::to_string(group.size()) + " ranks: " + fixed(wall * 1e3, 3) +
+            " ms each on the wall clock,\nless the sum's own " + fixed(sum_seconds * 1e3, 3) +
+            " ms, against " + fixed(mean_own * 1e3, 3) +
+            " ms of a rank's own time (the mean over ranks)";
+  return imbalance;
+}
+
 // bench_comm per collective on `group` (printing each as it is measured), then the fit, and what
 // the link's collectives cost compute beside them.
 LinkCosts measure_link(Group& group, LinkClass link, const Plan& plan, bool report,
@@ -478,6 +529,14 @@ int calibrate(int argc, char** argv) {
     comments[inter] = "[" + inter + "] not measured: one rank";
     if (rank == 0) std::printf("collectives: not measured: one rank (run under mpirun)\n");
   } else {
+    Group everyone(MPI_COMM_WORLD, "world");
+    c.compute_imbalance =
+        measured(measure_compute_imbalance(everyone, plan, comments["cluster.compute_imbalance"]));
+    if (rank == 0) {
+      std::printf("compute imbalance: %.3f (the slowest of %d ranks that wait for each other, "
+                  "against their mean)\n", c.compute_imbalance, world);
+      std::fflush(stdout);
+    }
     if (min_per_host >= 2 && min_per_host == max_per_host) {
       Group group(host, "intra_host");
       c.links[size_t(LinkClass::intra_host)] =

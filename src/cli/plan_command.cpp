@@ -38,8 +38,12 @@ StepPrediction print_step_time(const Cluster& cluster, const Layout& layout,
   std::printf("\npredicted step on %s (%d devices per host; ms per step, each rank of a "
               "stage alike):\n",
               cluster.name.c_str(), cluster.devices_per_host);
-  std::printf("  %-5s %10s %10s %12s %14s %10s  %s\n", "stage", "products", "attention",
-              "elementwise", "pipeline wait", "end", "exposed communication");
+  if (p.ranks.front().imbalance > 0)
+    std::printf("  (compute x %.3g: the slowest of the ranks that wait for each other, "
+                "cluster.compute_imbalance; its share is the imbalance column)\n",
+                cluster.compute_imbalance);
+  std::printf("  %-5s %10s %10s %12s %10s %14s %10s  %s\n", "stage", "products", "attention",
+              "elementwise", "imbalance", "pipeline wait", "end", "exposed communication");
   out["step"] = {{"cluster", cluster.name}, {"stages", nlohmann::json::array()}};
   for (size_t r = 0; r < p.ranks.size(); ++r) {
     const RankTime& rt = p.ranks[r];
@@ -52,12 +56,14 @@ StepPrediction print_step_time(const Cluster& cluster, const Layout& layout,
       comm += part;
       per_axis[axis] = seconds;
     }
-    std::printf("  %-5zu %10.1f %10.1f %12.1f %14.1f %10.1f  %s\n", r, 1e3 * rt.gemm,
-                1e3 * rt.attention, 1e3 * rt.elementwise, 1e3 * rt.pipeline_wait, 1e3 * rt.end,
+    std::printf("  %-5zu %10.1f %10.1f %12.1f %10.1f %14.1f %10.1f  %s\n", r, 1e3 * rt.gemm,
+                1e3 * rt.attention, 1e3 * rt.elementwise, 1e3 * rt.imbalance,
+                1e3 * rt.pipeline_wait, 1e3 * rt.end,
                 comm.empty() ? "none" : comm.c_str());
     out["step"]["stages"].push_back({{"pp_rank", r}, {"products_s", rt.gemm},
                                      {"attention_s", rt.attention},
                                      {"elementwise_s", rt.elementwise},
+                                     {"imbalance_s", rt.imbalance},
                                      {"pipeline_wait_s", rt.pipeline_wait}, {"end_s", rt.end},
                                      {"exposed_comm_s", per_axis}});
   }

@@ -3,10 +3,11 @@
 # cluster_info) with every figure measured:
 #  (a) under mpirun with 2 ranks on this host: the GEMM tables of fp32 and bf16, their peaks, the
 #      memory bandwidth, the element-wise kernels', packing's and attention's rates, and every
-#      collective's alpha-beta on intra_host, each > 0; inter_host
+#      collective's alpha-beta on intra_host, each > 0, and the ranks' compute imbalance; inter_host
 #      left out with a comment saying why; each figure printed as it was measured; the file says
 #      when, on what CPU and oneDNN ISA, with how many ranks and threads;
-#  (b) on one rank: no collectives, and it says so; --threads sets the threads it measures with;
+#  (b) on one rank: no collectives and no imbalance, and it says so; --threads sets the threads
+#      it measures with;
 #  (c) a bad command line is refused.
 # Args: the cleave binary (its folder holds tests/cluster_info), the source folder, test data.
 set -u
@@ -64,6 +65,10 @@ check "intra_host compute_slowdown measured and printed" \
   grep -qE "^intra_host compute_slowdown: [0-9]+\.[0-9]{2}$" "$work/two.log"
 check "... with what it was measured from" \
   grep -qE "^# all_reduce of [0-9.]+ [KM]iB alone [0-9.]+ ms; a computation alone" "$work/two.toml"
+check "compute_imbalance measured and printed" \
+  grep -qE "^compute imbalance: [0-9]+\.[0-9]{3} \(the slowest of 2 ranks that wait for each other" "$work/two.log"
+check "... in the file, with what it was measured from" bash -c \
+  "grep -qE '^compute_imbalance [0-9.]+$' '$work/two.info' && grep -qE '^# each followed by a sum over all 2 ranks: [0-9.]+ ms each' '$work/two.toml'"
 check "alpha >= 0 everywhere" awk '/^link / && !($7 + 0 >= 0) { bad = 1 } END { exit bad }' "$work/two.info"
 check "no inter_host figures (one host)" bash -c "! grep -q '^link inter_host' '$work/two.info'"
 check "the file says why inter_host is left out" \
@@ -105,6 +110,7 @@ check "one rank: no collectives in the file" bash -c "! grep -q '^link ' '$work/
 check "one rank: it says so" grep -q "^collectives: not measured: one rank (run under mpirun)" "$work/one.log"
 check "one rank: the file says so" \
   grep -q "^# \[collectives.intra_host\] not measured: one rank" "$work/one.toml"
+check "one rank: no compute_imbalance (nothing waits)" grep -q "^compute_imbalance 1$" "$work/one.info"
 check "one rank: devices_per_host 1" grep -q "^cluster one devices_per_host 1 " "$work/one.info"
 check "one rank: measured with --threads 2" \
   grep -q "^# 1 rank on 1 host x 2 OpenMP threads\." "$work/one.toml"

@@ -6,6 +6,7 @@
 //   cluster NAME devices_per_host N memory_gib X memory_gbps X
 //   peak DTYPE GF/s | peak DTYPE unknown
 //   rates elementwise_gbps X pack_gbps X refault_gbps X refault_huge_gbps X   (0: absent)
+//   compute_imbalance X                       (1: absent)
 //   attention KEYS gflops X seconds_1024 S     (each point; attention_seconds of 1024 queries and keys)
 //   gemm DTYPE POINTS seconds_1024 S          (gemm_seconds of a 1024^3 product)
 //   link CLASS COLLECTIVE lines N alpha_us A beta_gbps B seconds_1MiB S
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
     }
     std::printf("rates elementwise_gbps %g pack_gbps %g refault_gbps %g refault_huge_gbps %g\n",
                 c.elementwise_gbps, c.pack_gbps, c.refault_gbps, c.refault_huge_gbps);
+    std::printf("compute_imbalance %g\n", c.compute_imbalance);
     for (const AttentionRate& r : c.attention)
       std::printf("attention %lld gflops %g seconds_1024 %g\n", (long long)r.keys, r.gflops,
                   attention_seconds(c, 1024, 1024, 64));

@@ -36,6 +36,7 @@ Cluster sample_cluster() {
   c.pack_gbps = 700;
   c.refault_gbps = 0.125;
   c.refault_huge_gbps = 1.5;
+  c.compute_imbalance = 1.125;
   c.attention = {{128, 50.5}, {2048, 80}};
   c.peak_gflops[Precision::fp32] = 100;
   c.peak_gflops[Precision::bf16] = 989000.25;
@@ -104,6 +105,7 @@ TEST(Cluster, RoundTrip) {
   EXPECT_EQ(back.pack_gbps, 700);
   EXPECT_EQ(back.refault_gbps, 0.125);
   EXPECT_EQ(back.refault_huge_gbps, 1.5);
+  EXPECT_EQ(back.compute_imbalance, 1.125);
   EXPECT_DOUBLE_EQ(refault_seconds(back, 3e9, true), 2.0);
   EXPECT_DOUBLE_EQ(refault_seconds(back, 0.25e9, false), 2.0);
   ASSERT_EQ(back.attention.size(), 2u);
@@ -192,6 +194,10 @@ TEST(Cluster, RefusesValuesOutOfRangeAndMissingKeys) {
   EXPECT_EQ(minimal.pack_gbps, 0);
   EXPECT_TRUE(minimal.attention.empty());
   EXPECT_EQ(cluster_toml(minimal).find("elementwise_gbps"), std::string::npos);
+  // Without compute_imbalance the devices compute alike; below 1 it would make ranks that wait
+  // for each other faster than each alone.
+  EXPECT_EQ(minimal.compute_imbalance, 1.0);
+  EXPECT_EQ(cluster_toml(minimal).find("compute_imbalance"), std::string::npos);
   EXPECT_EQ(elementwise_seconds(minimal, 20e9), 2.0);
   EXPECT_EQ(pack_seconds(minimal, 20e9), 0.0);
   EXPECT_EQ(refault_seconds(minimal, 20e9, false), 0.0);
@@ -199,6 +205,10 @@ TEST(Cluster, RefusesValuesOutOfRangeAndMissingKeys) {
   EXPECT_EQ(error_of(t.replace(t.find("memory_gbps = 10\n"), 17,
                                "memory_gbps = 10\npack_gbps = 0\n")),
             "bad.toml:7: cluster.pack_gbps = 0 is out of range [1e-06, 1e+12]");
+  t = kMinimal;
+  EXPECT_EQ(error_of(t.replace(t.find("memory_gbps = 10\n"), 17,
+                               "memory_gbps = 10\ncompute_imbalance = 0.9\n")),
+            "bad.toml:7: cluster.compute_imbalance = 0.9 is out of range [1, 100]");
   EXPECT_EQ(error_of(minimal_with("[attention]\nrates = [{ keys = 512, gflops = 3 },\n"
                                   "{ keys = 128, gflops = 4 }]\n")),
             "bad.toml:15: attention.rates[1].keys = 128 must be larger than the point before it "

@@ -385,5 +385,28 @@ TEST(PlanStepTime, CollectivesBesideComputeSlowItByTheLinksFactor) {
   }
 }
 
+// Ranks that wait for each other wait for the slowest: compute_imbalance stretches every rank's
+// compute on more than one rank, and shows as its own part of the step; one rank waits for none.
+TEST(PlanStepTime, ImbalanceStretchesComputeOnMoreThanOneRank) {
+  Cluster uneven = flat_cluster(2, 1);
+  uneven.compute_imbalance = 1.25;
+  const Planned alone = plan({}, 1, flat_cluster(2, 1));
+  const Planned alone_uneven = plan({}, 1, uneven);
+  EXPECT_DOUBLE_EQ(alone_uneven.prediction.step_seconds, alone.prediction.step_seconds);
+  EXPECT_EQ(alone_uneven.prediction.ranks[0].imbalance, 0);
+  ParallelConfig tp2;
+  tp2.tp = 2;
+  const Planned even = plan(tp2, 2, flat_cluster(2, 1));
+  const Planned stretched = plan(tp2, 2, uneven);
+  const RankTime& e = even.prediction.ranks[0];
+  const RankTime& s = stretched.prediction.ranks[0];
+  const double compute = e.gemm + e.attention + e.elementwise;
+  EXPECT_EQ(e.imbalance, 0);
+  EXPECT_NEAR(s.imbalance, 0.25 * compute, 1e-12);
+  EXPECT_DOUBLE_EQ(s.gemm, e.gemm);
+  // tp's collectives block: nothing overlaps the longer compute, so the step grows by all of it.
+  EXPECT_NEAR(stretched.prediction.step_seconds - even.prediction.step_seconds, s.imbalance, 1e-12);
+}
+
 }  // namespace
 }  // namespace cleave

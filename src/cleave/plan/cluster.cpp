@@ -87,7 +87,10 @@ const std::array<std::pair<const char*, double Cluster::*>, 4> kOptionalRates = 
     {"cluster.refault_huge_gbps", &Cluster::refault_huge_gbps},
 }};
 
+constexpr const char* kImbalanceKey = "cluster.compute_imbalance";
+
 bool optional_key(const std::string& name) {
+  if (name == kImbalanceKey) return true;
   for (const auto& [key, rate] : kOptionalRates)
     if (name == key) return true;
   return false;
@@ -107,6 +110,11 @@ const std::vector<ConfigKey<Cluster>>& cluster_keys() {
       key.show = [field = rate](const C& c) { return c.*field > 0 ? show_real(c.*field) : ""; };
       k.push_back(key);
     }
+    ConfigKey<C> imbalance = real_key(kImbalanceKey, &C::compute_imbalance, 1, 100);
+    imbalance.show = [](const C& c) {
+      return c.compute_imbalance != 1.0 ? show_real(c.compute_imbalance) : "";
+    };
+    k.push_back(imbalance);
     std::vector<std::pair<std::string, Precision>> dtypes;
     for (Precision p : kClusterDtypes) dtypes.push_back({precision_name(p), p});
     k.push_back(choice_key("cluster.attention_dtype", &C::attention_dtype, dtypes));

@@ -110,6 +110,11 @@ struct Cluster {
   // kHugePageBufferBytes (4 KiB pages) and in larger ones (huge pages, split by the releases);
   // 0 (the key absent): free, as where an allocator keeps the memory (a GPU's).
   double refault_gbps = 0, refault_huge_gbps = 0;
+  // The slowest of the ranks that wait for each other, against their mean: how much longer the
+  // same compute takes when every rank must finish it before any goes on (a step's collectives
+  // and transfers), where ranks run at different speeds from moment to moment (a shared VM's
+  // cores). 1 (the key absent): the devices compute alike.
+  double compute_imbalance = 1.0;
   // Ascending keys ([attention] rates); empty: attention's products costed by the GEMM table of
   // attention_dtype.
   std::vector<AttentionRate> attention;

@@ -343,6 +343,7 @@ std::string explain_winner(const Ranked& winner, const Ranked& runner_up) {
         {"the products", slowest->gemm},
         {"attention", slowest->attention},
         {"element-wise work", slowest->elementwise},
+        {"waiting for the slowest rank", slowest->imbalance},
         {"waiting for other pipeline stages", slowest->pipeline_wait}};
     for (const auto& [axis, seconds] : slowest->comm) p.push_back({axis + " collectives", seconds});
     return p;

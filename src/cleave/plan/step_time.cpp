@@ -163,9 +163,11 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
       s += gemm_seconds(cluster, g.m, g.n, g.k, product_dtype(g.dtype)) * g.count;
     return s;
   };
+  // Ranks that synchronize wait for the slowest (one rank waits for none).
+  const double imbalance = mesh.world() > 1 ? cluster.compute_imbalance : 1.0;
   struct Costed {
     InstructionCost cost;
-    double gemm = 0, attention = 0, elementwise = 0;
+    double gemm = 0, attention = 0, elementwise = 0, imbalance = 0;
   };
   auto cost_instruction = [&](const InstructionWork& iw) {
     Costed k;
@@ -175,7 +177,9 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
     k.elementwise = elementwise_seconds(cluster, iw.elementwise_bytes) +
                     memory_seconds(cluster, iw.stream_bytes) + pack_seconds(cluster, iw.pack_bytes) +
                     refault_seconds(cluster, iw.refault_bytes, iw.refault_huge);
-    c.compute = k.gemm + k.attention + k.elementwise;
+    const double work = k.gemm + k.attention + k.elementwise;
+    k.imbalance = work * (imbalance - 1);
+    c.compute = work + k.imbalance;
     for (const CommCall& call : iw.comms) {
       const LinkClass l = link(call);
       const double s =
@@ -202,6 +206,7 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
     out.gemm += k.gemm;
     out.attention += k.attention;
     out.elementwise += k.elementwise;
+    out.imbalance += k.imbalance;
     out.costs.push_back(k.cost);
   }
   return out;
@@ -229,6 +234,7 @@ StepPrediction predict_step(const std::vector<StepWork>& work, const Layout& lay
     t.gemm = costed[size_t(r)].gemm;
     t.attention = costed[size_t(r)].attention;
     t.elementwise = costed[size_t(r)].elementwise;
+    t.imbalance = costed[size_t(r)].imbalance;
     out.step_seconds = std::max(out.step_seconds, t.end);
   }
   out.tokens_per_second = global_tokens / out.step_seconds;

@@ -6,7 +6,8 @@
 // program waits for them (finish_grads, gather); a pipeline send arrives at its peer after its
 // transfer time, and a receive waits for it, so the bubble comes out of the schedule itself. A
 // collective that runs beside compute stalls the rank where it is posted by its time times the
-// link's compute_slowdown.
+// link's compute_slowdown. On more than one rank every instruction's compute takes the
+// cluster's compute_imbalance times its time: the ranks wait for the slowest at each collective.
 #pragma once
 #include <functional>
 #include <map>
@@ -31,6 +32,9 @@ struct InstructionCost {
 // waits for other stages' transfers.
 struct RankTime {
   double gemm = 0, attention = 0, elementwise = 0;
+  // The compute's wait for the slowest of the ranks that synchronize: the compute above times
+  // the cluster's compute_imbalance less 1 (0 on one rank).
+  double imbalance = 0;
   std::map<std::string, double> comm;  // exposed seconds per axis
   double pipeline_wait = 0;
   double end = 0;  // when the rank's program ends
@@ -55,7 +59,7 @@ std::vector<RankTime> simulate_programs(
 // groups sit on the cluster's hosts), and the compute by kind.
 struct CostedWork {
   std::vector<InstructionCost> costs;  // per instruction of work.program
-  double gemm = 0, attention = 0, elementwise = 0;
+  double gemm = 0, attention = 0, elementwise = 0, imbalance = 0;
 };
 CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& cluster);
 
