@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The planner's step time against cleave's own runs (issue 32, docs/planner.md#accuracy): for each
 # layout family on 2 ranks of 1 thread (the cluster file's devices), `cleave plan --cluster`'s
-# predicted tokens/s beside the median tokens/s of a run's steps 3-12, on a GPT-2 of d_model 512,
+# predicted tokens/s beside the median tokens/s of a run's steps 3-12 (and the cluster file's
+# compute_imbalance, which the prediction stretched every rank's compute by), on a GPT-2 of d_model 512,
 # 8 layers, 8 heads, vocabulary 8192, sequences of 128 tokens, 4 per micro-batch (a step of
 # several hundred ms per rank), fp32. Prints one row per layout and the error of the prediction.
 # Run it on a machine as quiet as the one the cluster file was calibrated on. The ranks run
@@ -54,7 +55,7 @@ file=$cluster
 case $cluster in calibrate | calibrate-each) file=$work/cluster.toml ;; esac
 [ "$cluster" != calibrate ] || calibrate
 [ "$rounds" = 1 ] || echo "round $round of $rounds ($(date -u +%H:%M) UTC, cluster $file)"
-printf "%-18s %12s %12s %8s\n" layout predicted measured error
+printf "%-18s %12s %12s %8s  %s\n" layout predicted measured error "compute_imbalance"
 index=0
 for entry in "${layouts[@]}"; do
   IFS='|' read -r name np sets <<<"$entry"
@@ -70,7 +71,8 @@ for entry in "${layouts[@]}"; do
     "${model[@]}" "${extra[@]}" --json "$work/plan.json" > "$work/plan.txt"
   predicted=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step']['tokens_per_s'])" "$work/plan.json")
   error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN {print 100 * (p / m - 1)}')
-  printf "%-18s %12.1f %12.1f %+7.1f%%\n" "$name" "$predicted" "$measured" "$error"
+  imbalance=$(sed -n 's/^compute_imbalance = //p' "$file")
+  printf "%-18s %12.1f %12.1f %+7.1f%%  %s\n" "$name" "$predicted" "$measured" "$error" "${imbalance:-1}"
   echo "$error" >> "$work/errors.$index"
   index=$((index + 1))
 done

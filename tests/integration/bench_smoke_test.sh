@@ -24,7 +24,7 @@ checks=(
   "moe ^sigmoid_1e-2 +[0-9.]+ +[0-9.]+$"
   "precision ^fp8 +[0-9]+ +[0-9]+ +[0-9]+ MiB$"
   "tp_memory ^peak RSS/rank"
-  "plan_accuracy ^pp 2 1f1b m4 +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%$"
+  "plan_accuracy ^pp 2 1f1b m4 +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%  [0-9.]+$"
   "plan_search ^search [0-9.]+ s \(median wall time\)$"
   "inference ^bf16 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +>= 0.85$"
   "serve ^tp 2 +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9]+$|^cleave serve .*not measured: the npm registry"

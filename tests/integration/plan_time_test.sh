@@ -13,7 +13,7 @@ fail() { echo "FAIL: $1"; cat "$work/out" 2>/dev/null; exit 1; }
 "$cleave" plan "$cfg" --world 2 --set data.dir="$data" --set parallel.pp=2 \
   --set train.grad_accum_steps=4 --cluster "$cluster" --json "$work/plan.json" > "$work/out"
 grep -q "^predicted step on epyc_zen3_2core (2 devices per host" "$work/out" || fail "no prediction"
-grep -qE "^  1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+  pp " "$work/out" \
+grep -qE "^  1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +0\.0 +[0-9.]+ +[0-9.]+  pp " "$work/out" \
   || fail "no line for stage 1 with its pp transfers"
 grep -qE "^step [0-9.]+ ms, [0-9]+ tokens/s, MFU [0-9.]+% of the fp32 GEMM peak" "$work/out" \
   || fail "no step line"
@@ -27,6 +27,24 @@ assert step["step_s"] == max(s["end_s"] for s in step["stages"]), step
 assert step["stages"][1]["pipeline_wait_s"] >= 0 and step["stages"][0]["pipeline_wait_s"] > 0, step
 assert 0 < step["mfu"] < 1, step
 print("prediction:", step["step_s"], "s,", step["tokens_per_s"], "tokens/s")
+PY
+
+# A cluster whose ranks compute unevenly: the same plan's compute stretched by compute_imbalance,
+# shown as its own column and said above the table.
+sed 's/^memory_gbps = .*/&\ncompute_imbalance = 1.25/' "$cluster" > "$work/uneven.toml"
+"$cleave" plan "$cfg" --world 2 --set data.dir="$data" --set parallel.pp=2 \
+  --set train.grad_accum_steps=4 --cluster "$work/uneven.toml" --json "$work/uneven.json" > "$work/out"
+grep -q "^  (compute x 1.25: the slowest of the ranks that wait for each other" "$work/out" \
+  || fail "the stretch is not said"
+/usr/bin/python3 - "$work/plan.json" "$work/uneven.json" <<'PY'
+import json, sys
+even, uneven = (json.load(open(f))["step"] for f in sys.argv[1:])
+for e, u in zip(even["stages"], uneven["stages"]):
+    assert e["imbalance_s"] == 0, e
+    compute = e["products_s"] + e["attention_s"] + e["elementwise_s"]
+    assert abs(u["imbalance_s"] - 0.25 * compute) < 1e-9 * compute, (e, u)
+assert uneven["step_s"] > even["step_s"], (even, uneven)
+print("uneven ranks:", uneven["step_s"], "s against", even["step_s"])
 PY
 
 "$cleave" plan "$cfg" --world 2 --set data.dir="$data" --cluster "$cluster" --search --top 3 \

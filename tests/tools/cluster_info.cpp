@@ -6,7 +6,7 @@
 //   cluster NAME devices_per_host N memory_gib X memory_gbps X
 //   peak DTYPE GF/s | peak DTYPE unknown
 //   rates elementwise_gbps X pack_gbps X refault_gbps X refault_huge_gbps X   (0: absent)
-//   compute_imbalance X                       (1: absent)
+//   compute_imbalance X                       (0: absent)
 //   attention KEYS gflops X seconds_1024 S     (each point; attention_seconds of 1024 queries and keys)
 //   gemm DTYPE POINTS seconds_1024 S          (gemm_seconds of a 1024^3 product)
 //   link CLASS COLLECTIVE lines N alpha_us A beta_gbps B seconds_1MiB S

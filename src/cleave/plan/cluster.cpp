@@ -112,7 +112,7 @@ const std::vector<ConfigKey<Cluster>>& cluster_keys() {
     }
     ConfigKey<C> imbalance = real_key(kImbalanceKey, &C::compute_imbalance, 1, 100);
     imbalance.show = [](const C& c) {
-      return c.compute_imbalance != 1.0 ? show_real(c.compute_imbalance) : "";
+      return c.compute_imbalance > 0 ? show_real(c.compute_imbalance) : "";
     };
     k.push_back(imbalance);
     std::vector<std::pair<std::string, Precision>> dtypes;

@@ -113,8 +113,8 @@ struct Cluster {
   // The slowest of the ranks that wait for each other, against their mean: how much longer the
   // same compute takes when every rank must finish it before any goes on (a step's collectives
   // and transfers), where ranks run at different speeds from moment to moment (a shared VM's
-  // cores). 1 (the key absent): the devices compute alike.
-  double compute_imbalance = 1.0;
+  // cores), 1 or more; 0 (the key absent): as 1, the devices compute alike.
+  double compute_imbalance = 0;
   // Ascending keys ([attention] rates); empty: attention's products costed by the GEMM table of
   // attention_dtype.
   std::vector<AttentionRate> attention;

@@ -164,7 +164,8 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
     return s;
   };
   // Ranks that synchronize wait for the slowest (one rank waits for none).
-  const double imbalance = mesh.world() > 1 ? cluster.compute_imbalance : 1.0;
+  const double imbalance =
+      mesh.world() > 1 && cluster.compute_imbalance > 0 ? cluster.compute_imbalance : 1.0;
   struct Costed {
     InstructionCost cost;
     double gemm = 0, attention = 0, elementwise = 0, imbalance = 0;
