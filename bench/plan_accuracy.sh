@@ -72,6 +72,7 @@ for entry in "${layouts[@]}"; do
   predicted=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step']['tokens_per_s'])" "$work/plan.json")
   error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN {print 100 * (p / m - 1)}')
   imbalance=$(sed -n 's/^compute_imbalance = //p' "$file")
+  [ "$np" != 1 ] || imbalance=1  # one rank waits for no other: never stretched
   printf "%-18s %12.1f %12.1f %+7.1f%%  %s\n" "$name" "$predicted" "$measured" "$error" "${imbalance:-1}"
   echo "$error" >> "$work/errors.$index"
   index=$((index + 1))

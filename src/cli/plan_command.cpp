@@ -18,6 +18,7 @@
 #include "cleave/plan/routing.h"
 #include "cleave/plan/search.h"
 #include "cleave/plan/step_time.h"
+#include "cleave/base/toml_keys.h"
 #include "cleave/plan/axis_volume.h"
 #include "cleave/train/config.h"
 #include "cli/args.h"
@@ -39,9 +40,9 @@ StepPrediction print_step_time(const Cluster& cluster, const Layout& layout,
               "stage alike):\n",
               cluster.name.c_str(), cluster.devices_per_host);
   if (p.ranks.front().imbalance > 0)
-    std::printf("  (compute x %.3g: the slowest of the ranks that wait for each other, "
+    std::printf("  (compute x %s: the slowest of the ranks that wait for each other, "
                 "cluster.compute_imbalance; its share is the imbalance column)\n",
-                cluster.compute_imbalance);
+                show_real(cluster.compute_imbalance).c_str());
   std::printf("  %-5s %10s %10s %12s %10s %14s %10s  %s\n", "stage", "products", "attention",
               "elementwise", "imbalance", "pipeline wait", "end", "exposed communication");
   out["step"] = {{"cluster", cluster.name}, {"stages", nlohmann::json::array()}};

@@ -45,7 +45,8 @@ std::string describe(const toml::node& n) {
   os << n.type() << " ";
   if (n.is_table()) os << "{...}";
   else if (n.is_array()) os << *n.as_array();
-  else if (n.is_floating_point()) os << show_real(*n.value<double>());  // "0.9", not 0.90000000000000002
+  // Floats as written ("0.9"), not as toml++ prints them (0.90000000000000002).
+  else if (n.is_floating_point()) os << show_real(*n.value<double>());
   else n.visit([&](auto&& v) { os << v; });
   return os.str();
 }

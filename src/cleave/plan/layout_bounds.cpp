@@ -52,8 +52,10 @@ const LayoutBounds::UnitCosts& LayoutBounds::unit_costs(const ParallelConfig& pa
   // the bound leaves the collectives out.
   const int per_host = std::max(1, cluster_.devices_per_host), rest = world_ / parallel.pp;
   const bool same_links = rest % per_host == 0 || per_host % rest == 0;
-  // ep's groups are carved out of dp_shard x cp: where they sit depends on dp_shard too.
+  // ep's groups are carved out of dp_shard x cp: where they sit depends on dp_shard too. A probe
+  // of one rank has no compute_imbalance stretch (cost_work), one of more ranks has.
   const auto key = std::tuple{same_links,
+                              rest > 1,
                               parallel.tp,
                               parallel.cp,
                               parallel.sequence_parallel,

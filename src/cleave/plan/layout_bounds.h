@@ -69,7 +69,8 @@ class LayoutBounds {
   int world_;
   const Cluster& cluster_;
   std::mutex mutex_;  // guards the probes' tables; a probe runs outside it
-  std::map<std::tuple<bool, int, int, bool, std::string, int64_t, int, int>, UnitCosts> costs_;
+  std::map<std::tuple<bool, bool, int, int, bool, std::string, int64_t, int, int>, UnitCosts>
+      costs_;
   std::map<std::tuple<int, bool, bool, Precision>, Planned> planned_;
   std::map<std::tuple<const Planned*, int64_t, int>, std::vector<double>> copies_;
 };

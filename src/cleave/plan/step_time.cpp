@@ -178,9 +178,9 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
     k.elementwise = elementwise_seconds(cluster, iw.elementwise_bytes) +
                     memory_seconds(cluster, iw.stream_bytes) + pack_seconds(cluster, iw.pack_bytes) +
                     refault_seconds(cluster, iw.refault_bytes, iw.refault_huge);
-    const double work = k.gemm + k.attention + k.elementwise;
-    k.imbalance = work * (imbalance - 1);
-    c.compute = work + k.imbalance;
+    const double alone = k.gemm + k.attention + k.elementwise;
+    k.imbalance = alone * (imbalance - 1);
+    c.compute = alone + k.imbalance;
     for (const CommCall& call : iw.comms) {
       const LinkClass l = link(call);
       const double s =
