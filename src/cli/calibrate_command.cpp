@@ -309,7 +309,8 @@ double measure_compute_imbalance(Group& group, const Plan& plan, std::string& co
   sum_of_doubles(group, 0);
   const double sums_start = MPI_Wtime();
   for (int i = 0; i < kSums; ++i) sum_of_doubles(group, 0);
-  const double sum_seconds = sum_of_doubles(group, (MPI_Wtime() - sums_start) / kSums) / group.size();
+  const double sum_seconds =
+      sum_of_doubles(group, (MPI_Wtime() - sums_start) / kSums) / group.size();
   const double start = MPI_Wtime();
   double own = 0;
   int pieces = 0;

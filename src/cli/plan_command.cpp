@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cleave/base/file.h"
+#include "cleave/base/toml_keys.h"
 #include "cleave/parallel/layout.h"
 #include "cleave/plan/cluster.h"
 #include "cleave/plan/memory.h"
@@ -18,7 +19,6 @@
 #include "cleave/plan/routing.h"
 #include "cleave/plan/search.h"
 #include "cleave/plan/step_time.h"
-#include "cleave/base/toml_keys.h"
 #include "cleave/plan/axis_volume.h"
 #include "cleave/train/config.h"
 #include "cli/args.h"
