@@ -4,7 +4,8 @@
 # predicted tokens/s beside the median tokens/s of a run's steps 3-12 (and the cluster file's
 # compute_imbalance, which the prediction stretched every rank's compute by), on a GPT-2 of d_model 512,
 # 8 layers, 8 heads, vocabulary 8192, sequences of 128 tokens, 4 per micro-batch (a step of
-# several hundred ms per rank), fp32. Prints one row per layout and the error of the prediction.
+# several hundred ms per rank), fp32 where the layout names no other dtype. Prints one row per
+# layout and the error of the prediction.
 # Run it on a machine as quiet as the one the cluster file was calibrated on. The ranks run
 # unbound (mpirun --bind-to none), the fast launch docs/data_parallel.md gives: on the Zen 5 VM
 # of 2026-11-27 a rank bound to its core ran at 0.5-0.9 of an unbound one, erratically.
@@ -15,8 +16,9 @@
 # so that a prediction and its run are seconds apart rather than minutes: on the Xeon VM the
 # calibrations of rounds minutes apart moved 39%.
 # ROUNDS rounds (default 1) each run every layout; with more than one, the last table gives each
-# layout's median error over the rounds.
-# Usage: [CLEAVE_BENCH_SMOKE=1] [ROUNDS=N] bench/plan_accuracy.sh [CLUSTER=clusters/epyc_zen3_2core.toml | calibrate | calibrate-each]
+# layout's median error over the rounds. LAYOUTS, a regular expression, runs the layouts whose
+# names it matches (e.g. LAYOUTS='^pp' or LAYOUTS='AC|ep').
+# Usage: [CLEAVE_BENCH_SMOKE=1] [ROUNDS=N] [LAYOUTS=REGEX] bench/plan_accuracy.sh [CLUSTER=clusters/epyc_zen3_2core.toml | calibrate | calibrate-each]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cluster=${1:-clusters/epyc_zen3_2core.toml}
@@ -43,8 +45,21 @@ layouts=(
   "pp 2 1f1b m4|2|--set parallel.pp=2 --set train.grad_accum_steps=4"
   "pp 2 zbv m4|2|--set parallel.pp=2 --set train.grad_accum_steps=4 --set parallel.pp_schedule=zbv"
   "cp 2 ring|2|--set parallel.cp=2"
+  "pp 2 gpipe m4|2|--set parallel.pp=2 --set train.grad_accum_steps=4 --set parallel.pp_schedule=gpipe"
+  "pp 2 interl. m4|2|--set parallel.pp=2 --set train.grad_accum_steps=4 --set parallel.pp_schedule=interleaved"
+  "pp 2 zb1p m4|2|--set parallel.pp=2 --set train.grad_accum_steps=4 --set parallel.pp_schedule=zb1p"
+  "DDP 2 bf16|2|--set parallel.dp_shard=2 --set train.dtype=bf16"
+  "DDP 2 FP8|2|--set parallel.dp_shard=2 --set train.dtype=fp8 --set train.fp8_recipe=delayed"
+  "ep 2, 4 experts|2|--set parallel.dp_shard=2 --set parallel.ep=2 --set model.moe_experts=4 --set model.moe_top_k=2"
+  "1 rank + AC full|1|--set train.activation_checkpointing=full"
 )
 [ "$smoke" = 1 ] && layouts=("${layouts[0]}" "${layouts[1]}" "${layouts[8]}")
+if [ -n "${LAYOUTS:-}" ]; then  # a regular expression of the layouts' names
+  chosen=()
+  for entry in "${layouts[@]}"; do [[ ! ${entry%%|*} =~ $LAYOUTS ]] || chosen+=("$entry"); done
+  [ ${#chosen[@]} -gt 0 ] || { echo "LAYOUTS='$LAYOUTS' names no layout" >&2; exit 2; }
+  layouts=("${chosen[@]}")
+fi
 calibrate() {  # the machine now, into $work/cluster.toml
   OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 2 "$cleave" calibrate \
     "${quick[@]}" --out "$work/cluster.toml" > "$work/calibrate.log" 2>&1 ||
@@ -67,8 +82,10 @@ for entry in "${layouts[@]}"; do
     "${common[@]}" "${model[@]}" "${extra[@]}" --set train.steps=$steps \
     --set train.out_dir="$out" > "$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
   measured=$(field "$out" tokens_per_s)
+  routing=()  # ep: the experts' rows as the run routed them
+  [[ $sets != *parallel.ep=* ]] || routing=(--routing "$out")
   "$cleave" plan configs/gpt2_124m.toml --world "$np" --cluster "$file" "${common[@]}" \
-    "${model[@]}" "${extra[@]}" --json "$work/plan.json" > "$work/plan.txt"
+    "${model[@]}" "${extra[@]}" "${routing[@]}" --json "$work/plan.json" > "$work/plan.txt"
   predicted=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step']['tokens_per_s'])" "$work/plan.json")
   error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN {print 100 * (p / m - 1)}')
   imbalance=$(sed -n 's/^compute_imbalance = //p' "$file")

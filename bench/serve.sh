@@ -2,10 +2,10 @@
 # `cleave serve` (docs/serving.md) under load, on the Llama of GPT-2 124M's shape bench/inference.sh
 # measures (bench/common.sh's bench_model: vocab 4096, one training step on random tokens; its
 # model.max_seq_len raised to 2048, which a Llama holds no weights for, so that a 1,024-token
-# prompt fits), fp32 weights, on one process (2 OpenMP threads) and at tp 2 (mpirun -np 2, 1 thread
-# each), against llama.cpp (node-llama-cpp 3.21.1's prebuilt CPU build on the F32 GGUF cleave
-# exports, bench/llama_cpp_bench.mjs's "serve" part: in process, one context of as many sequences
-# as clients). The clients are bench/serve_load.mjs: the official OpenAI client (npm openai 5.23.2,
+# prompt fits), fp32 weights (SERVE_DTYPE=bf16: bf16), on one process (2 OpenMP threads) and at
+# tp 2 (mpirun -np 2, 1 thread each), against llama.cpp (node-llama-cpp 3.21.1's prebuilt CPU build
+# on the GGUF cleave exports, F32 or BF16 as cleave's weights, bench/llama_cpp_bench.mjs's "serve"
+# part: in process, one context of as many sequences as clients). The clients are bench/serve_load.mjs: the official OpenAI client (npm openai 5.23.2,
 # tests/integration/openai_client/install.sh) in one Node process, each request a streamed
 # /v1/completions of token ids at temperature 0.8 with a seed. Printed, medians over REPEATS
 # rounds (the programs alternate within a round):
@@ -37,19 +37,21 @@
 # or llama.cpp runs: a few minutes, to compare builds or settings); SERVE_LEVELS and SERVE_COUNTS
 # replace the levels and their requests (e.g. "1 16 64" and "8 48 192"), SERVE_SET adds settings
 # to the one-process server (e.g. "--set serve.max_step_ratio=0").
-# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] [SERVE_LEVELS_ONLY=1 [SERVE_LEVELS=...]
-#        [SERVE_COUNTS=...] [SERVE_SET=...]] bench/serve.sh [REPEATS=3]
+# Usage: [CLEAVE_BENCH_SMOKE=1] [CLEAVE=build/cleave] [SERVE_DTYPE=fp32|bf16] [SERVE_LEVELS_ONLY=1
+#        [SERVE_LEVELS=...] [SERVE_COUNTS=...] [SERVE_SET=...]] bench/serve.sh [REPEATS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
 source bench/common.sh
-threads=2 vocab=4096 model=() key=bench-key
+threads=2 vocab=4096 model=() key=bench-key dtype=${SERVE_DTYPE:-fp32}
+case $dtype in fp32 | bf16) ;; *) echo "SERVE_DTYPE must be fp32 or bf16, not '$dtype'" >&2; exit 2 ;; esac
 levels=${SERVE_LEVELS:-"1 4 16 64"} counts=${SERVE_COUNTS:-"8 16 48 192"} levels_only=${SERVE_LEVELS_ONLY:-0}
 prompt="16, 512" output="16, 256" temperature=0.8
 interference_clients=16 interference_prompt=16 long=1000 cycles=3 before_ms=1000 budgets="128 512" default_budget=128
 ratio_levels="1 16" ratio_counts="8 48" default_ratio=2
 prefix_tokens=1024 shared=1000 pairs=3
-kv_mb=3600  # 64 clients x 12 blocks of 64 tokens (512 + 256) x 4.5 MiB (fp32, 12 layers, d 768)
+kv_mb=3600  # 64 clients x 12 blocks of 64 tokens (512 + 256) x 4.5 MiB (fp32 keys and values,
+            # in either dtype; 12 layers, d 768)
 warmup_clients=16 warmup_requests=32
 if [ "$smoke" = 1 ]; then
   vocab=256 model=("${tiny[@]}") levels="1 4" counts="2 4" prompt="8, 64" output="4, 16" repeats=1
@@ -58,7 +60,7 @@ if [ "$smoke" = 1 ]; then
 fi
 context=$(( ${prompt#*, } + ${output#*, } ))
 
-bench_model "$vocab" fp32 "${model[@]}" --set model.max_seq_len=2048
+bench_model "$vocab" "$dtype" "${model[@]}" --set model.max_seq_len=2048
 build=$(cd "$(dirname "$cleave")" && pwd)
 openai_dir=$build/openai_client llama_dir=$build/node_llama_cpp
 openai_skip="" llama_skip=""
@@ -105,13 +107,13 @@ serve_tp1() {  # LOG [--set ...]
   local log=$1
   shift
   start "$log" env OMP_NUM_THREADS=$threads "$cleave" serve "$work/run" --port 0 --api-key $key \
-    --model-name bench --threads $threads --tokenizer "$work/tok/tokenizer.model" \
+    --model-name bench --threads $threads --tokenizer "$work/tok/tokenizer.model" --dtype "$dtype" \
     --set serve.kv_cache_mb=$kv_mb "$@"
 }
 serve_tp2() {  # LOG
   start "$1" env OMP_NUM_THREADS=1 mpirun --oversubscribe -np 2 "$cleave" serve "$work/run" --port 0 \
     --api-key $key --model-name bench --threads 1 --tokenizer "$work/tok/tokenizer.model" \
-    --set parallel.tp=2 --set serve.kv_cache_mb=$(( kv_mb / 2 ))
+    --dtype "$dtype" --set parallel.tp=2 --set serve.kv_cache_mb=$(( kv_mb / 2 ))
 }
 load() {  # OUT SPEC_PARTS: the clients against the running server
   node bench/serve_load.mjs "$openai_dir" "$base" $key bench "{$2}" > "$1"
@@ -189,7 +191,7 @@ tp2_round() {
 llama_round() {
   [ -z "$llama_skip" ] || return 0
   local out=$work/llama.out
-  node bench/llama_cpp_bench.mjs "$llama_dir" "$work/model-fp32.gguf" $threads \
+  node bench/llama_cpp_bench.mjs "$llama_dir" "$work/model-$dtype.gguf" $threads \
     "{\"serve\": {\"clients\": [$(list "$levels")], \"requests\": [$(list "$counts")], \"mix\": $(mix 1), \"context\": $context}}" \
     > "$out"
   levels_of llama "$out"
@@ -219,7 +221,7 @@ verdict() {  # VALUE OP LIMIT
 }
 echo
 head -2 "$work/serve-tp1.log" | sed 's/^# serve: /server: /'
-echo "$([ "$smoke" = 1 ] && echo "the tiny model" || echo "a Llama of GPT-2 124M's shape"), vocab $vocab, fp32;" \
+echo "$([ "$smoke" = 1 ] && echo "the tiny model" || echo "a Llama of GPT-2 124M's shape"), vocab $vocab, $dtype;" \
   "requests: prompts of ${prompt/, /-} tokens, outputs of ${output/, /-}, temperature $temperature; medians over $repeats round(s)"
 [ -z "$llama_skip" ] || echo "($llama_skip)"
 echo

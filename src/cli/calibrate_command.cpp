@@ -528,7 +528,10 @@ int calibrate(int argc, char** argv) {
   if (world == 1) {
     comments[intra] = "[" + intra + "] not measured: one rank (run calibrate under mpirun with 2 ranks\nor more)";
     comments[inter] = "[" + inter + "] not measured: one rank";
-    if (rank == 0) std::printf("collectives: not measured: one rank (run under mpirun)\n");
+    if (rank == 0) {
+      std::printf("collectives: not measured: one rank (run under mpirun)\n");
+      std::printf("compute imbalance: none: one rank waits for no other\n");
+    }
   } else {
     Group everyone(MPI_COMM_WORLD, "world");
     c.compute_imbalance =

@@ -111,6 +111,8 @@ check "one rank: it says so" grep -q "^collectives: not measured: one rank (run 
 check "one rank: the file says so" \
   grep -q "^# \[collectives.intra_host\] not measured: one rank" "$work/one.toml"
 check "one rank: no compute_imbalance (nothing waits)" grep -q "^compute_imbalance 0$" "$work/one.info"
+check "one rank: it says there is no imbalance" \
+  grep -q "^compute imbalance: none: one rank waits for no other$" "$work/one.log"
 check "one rank: devices_per_host 1" grep -q "^cluster one devices_per_host 1 " "$work/one.info"
 check "one rank: measured with --threads 2" \
   grep -q "^# 1 rank on 1 host x 2 OpenMP threads\." "$work/one.toml"

@@ -36,6 +36,10 @@ sed 's/^memory_gbps = .*/&\ncompute_imbalance = 1.25/' "$cluster" > "$work/uneve
   --set train.grad_accum_steps=4 --cluster "$work/uneven.toml" --json "$work/uneven.json" > "$work/out"
 grep -q "^  (compute x 1.25: the slowest of the ranks that wait for each other" "$work/out" \
   || fail "the stretch is not said"
+# Each stage's imbalance column is a quarter of its compute (to the table's 0.1 ms).
+awk '/^  stage +products / { on = 1; next } on && /^  [0-9]+ / { n++
+       if ($5 <= 0 || ($5 - 0.25 * ($2 + $3 + $4)) ^ 2 > 0.01) bad = 1 }
+     END { exit !(n == 2 && !bad) }' "$work/out" || fail "the imbalance column is not the stretch"
 /usr/bin/python3 - "$work/plan.json" "$work/uneven.json" <<'PY'
 import json, sys
 even, uneven = (json.load(open(f))["step"] for f in sys.argv[1:])

@@ -42,11 +42,13 @@ StepOptions tiny_step() {
   return s;
 }
 
-// Hosts of `per_host` devices, links between them 4 times slower.
-Cluster flat_cluster(double memory_gib, int per_host = 8) {
+// Hosts of `per_host` devices, links between them 4 times slower; ranks that wait for each other
+// stretched by `imbalance` (0: none).
+Cluster flat_cluster(double memory_gib, int per_host = 8, double imbalance = 0) {
   Cluster c;
   c.name = "flat";
   c.devices_per_host = per_host;
+  c.compute_imbalance = imbalance;
   c.memory_gib = memory_gib;
   c.memory_gbps = 10;
   c.peak_gflops[Precision::fp32] = 100;
@@ -129,12 +131,12 @@ TEST(PlanSearch, BoundsNeverExceedWhatTheyBound) {
   for (const Case& k : {Case{tiny_model(), 4, "1f1b"}, Case{tiny_model(), 4, "interleaved"},
                         Case{tiny_model(), 4, "zbv"}, Case{tiny_model(), 2, "gpipe"},
                         Case{tiny_model(4), 2, "1f1b"}})
-    for (int per_host : {8, 1}) {
+    for (auto [per_host, imbalance] : {std::pair{8, 0.0}, {1, 0.0}, {8, 1.3}}) {
       const ModelConfig& model = k.model;
       const int world = k.world;
       ParallelConfig base;
       base.pp_schedule = k.schedule;
-      const Cluster cluster = flat_cluster(1e6, per_host);
+      const Cluster cluster = flat_cluster(1e6, per_host, imbalance);
       LayoutBounds bounds(model, "none", world, cluster);
       double bound_sum = 0, step_sum = 0, bytes_sum = 0, planned_sum = 0;
       for (const Candidate& c : valid_layouts(model, base, tiny_step(), world)) {
@@ -153,8 +155,10 @@ TEST(PlanSearch, BoundsNeverExceedWhatTheyBound) {
       }
       // Close enough to prune: most of a step is the micro-batches' own work, most of a rank's
       // memory its state and activations.
-      EXPECT_GT(bound_sum, 0.5 * step_sum) << k.schedule << ", " << per_host << " per host";
-      EXPECT_GT(bytes_sum, 0.3 * planned_sum) << k.schedule << ", " << per_host << " per host";
+      const std::string where = std::string(k.schedule) + ", " + std::to_string(per_host) +
+                                " per host, imbalance " + std::to_string(imbalance);
+      EXPECT_GT(bound_sum, 0.5 * step_sum) << where;
+      EXPECT_GT(bytes_sum, 0.3 * planned_sum) << where;
     }
 }
 
@@ -194,6 +198,18 @@ TEST(PlanSearch, FindsExactlyTheTopOfCostingEveryLayout) {
       }
     }
   }
+  // Ranks that wait for the slowest: the bounds stretch as the costing does.
+  const Cluster uneven = flat_cluster(16, 2, 1.3);
+  const std::vector<Ranked> stretched = brute_force(model, step, world, uneven);
+  const SearchResult found = search_layouts(model, {}, step, "none", world, uneven, 3);
+  ASSERT_EQ(found.best.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(found.best[i].candidate.label(), stretched[i].candidate.label()) << i;
+    EXPECT_EQ(found.best[i].prediction.tokens_per_second,
+              stretched[i].prediction.tokens_per_second);
+    EXPECT_LT(stretched[i].prediction.tokens_per_second, roomy[i].prediction.tokens_per_second);
+  }
+
   // None fits: the one that needs the least memory.
   const Cluster tiny = flat_cluster(double(lo) / 2 / double(1 << 30), 2);
   const SearchResult none = search_layouts(model, {}, step, "none", world, tiny, 3);
