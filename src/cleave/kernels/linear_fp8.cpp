@@ -136,6 +136,36 @@ float Fp8Operands::inner_along_rows(bf16* image, const float* a, int64_t rows, i
   return 1.0f;
 }
 
+Fp8Traffic fp8_traffic(Fp8Recipe recipe, int64_t N, int64_t in, int64_t out, bool bias) {
+  const double x = double(N) * double(in), y = double(N) * double(out);
+  const double w = double(in) * double(out);
+  Fp8Traffic t;
+  // Codes and images: a float read and a code written, the code read and its bf16 written.
+  constexpr double quantise = 4 + 1, image = 1 + 2;
+  // The images the weight gradient's product reads, from the codes forward and backward kept.
+  t.backward_weight = image * (x + y);
+  if (recipe == Fp8Recipe::delayed || recipe == Fp8Recipe::current) {
+    // An amax pass before the quantisation; a scaled epilogue on the result (read and written).
+    const double operand = 4 + quantise + image, epilogue = 8;
+    t.forward = operand * x + epilogue * y;
+    t.backward_input = operand * y + epilogue * x;
+    // The weight gradient made in a temporary, then scaled into dW: the temporary read, dW read
+    // and written.
+    t.backward_weight += 12 * w;
+    // amax, quantisation, and a float image that the packer reads.
+    t.weight_image = (4 + quantise + 1 + 4) * w;
+    return t;
+  }
+  // Tiles: the operand's tiles along its inner dimension for the product, and again along the
+  // rows for the weight gradient's copy; the result needs no scaling (bias alone).
+  const double operand = quantise + image + quantise;
+  t.forward = operand * x + (bias ? 8 * y : 0);
+  t.backward_input = operand * y;
+  // mxfp8's tiles run along each product's inner dimension: an image for each of W's products.
+  t.weight_image = (quantise + 1 + 4) * w * (recipe == Fp8Recipe::mxfp8 ? 2 : 1);
+  return t;
+}
+
 void fp8_epilogue(float* y, int64_t rows, int64_t cols, float factor, const float* bias) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {

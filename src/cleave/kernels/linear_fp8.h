@@ -74,6 +74,16 @@ class Fp8Operands {
   float weight_scale_ = 1.0f;  // the per-tensor scale of W's latest image
 };
 
+// The bytes the kernels above stream beside one linear's products (in -> out features) under
+// `recipe`, for the planner (plan/step_work.cpp): per product pass on N rows, and W's image, made
+// once per weight version. Counted from what each pass runs: an operand's amax, quantisation and
+// bf16 image (and a copy kept for the weight gradient), the per-tensor epilogues, and the weight
+// gradient's scaled sum; a tile's second read of its band is taken to hit the cache.
+struct Fp8Traffic {
+  double forward = 0, backward_input = 0, backward_weight = 0, weight_image = 0;
+};
+Fp8Traffic fp8_traffic(Fp8Recipe recipe, int64_t N, int64_t in, int64_t out, bool bias);
+
 // y[r, :] = y[r, :] * factor (+ bias): a per-tensor product's epilogue.
 void fp8_epilogue(float* y, int64_t rows, int64_t cols, float factor, const float* bias);
 // dst += src * factor.

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cleave/base/buffer.h"
+#include "cleave/kernels/linear_fp8.h"
 #include "cleave/mesh/mesh.h"
 #include "cleave/model/moe.h"
 #include "cleave/model/placement.h"
@@ -64,6 +65,7 @@ using Kind = Transformer::UnitKind;
 struct UnitWork {
   std::vector<GemmCall> forward, backward_input, backward_weight, attention;
   double forward_bytes = 0, backward_bytes = 0;
+  kernels::Fp8Traffic fp8;  // its FP8 linears' quantisation beside their products
   std::vector<CommCall> forward_comms, backward_comms;
 };
 
@@ -117,16 +119,17 @@ class Builder {
                              : std::vector<bool>(out.program.instructions.size(), false);
     const std::vector<bool> refills = first_weight_gradients(out.program);
     const std::vector<int64_t> packed = packed_by_passes(out.program);
-    std::map<std::tuple<Op, int, int, int, bool, bool, int64_t>,
+    const std::vector<bool> images = fp8_weight_images(out.program, packed);
+    std::map<std::tuple<Op, int, int, int, bool, bool, int64_t, bool>,
              std::shared_ptr<const InstructionWork>>
         made;
     for (size_t i = 0; i < out.program.instructions.size(); ++i) {
       const Instruction& in = out.program.instructions[i];
-      auto [it, added] =
-          made.try_emplace({in.op, in.unit, in.group, in.peer, starts[i], refills[i], packed[i]});
+      auto [it, added] = made.try_emplace(
+          {in.op, in.unit, in.group, in.peer, starts[i], refills[i], packed[i], images[i]});
       if (added)
         it->second = std::make_shared<const InstructionWork>(
-            instruction_work(in, starts[i], refills[i], double(packed[i])));
+            instruction_work(in, starts[i], refills[i], double(packed[i]), images[i]));
       out.work.push_back(it->second);
       if (is_compute(in.op) && in.op != Op::recompute) out.model_flops += it->second->flops();
     }
@@ -318,6 +321,15 @@ class Builder {
       w.forward.push_back({M, out, in, p, 1});
       w.backward_input.push_back({M, in, out, p, 1});
       w.backward_weight.push_back({out, in, M, p, 1});
+      if (p == Precision::fp8) {
+        // GPT-2's linears have biases, Llama's none.
+        const kernels::Fp8Traffic t =
+            kernels::fp8_traffic(step_.fp8.recipe, M, in, out, m_.family == Family::gpt2);
+        w.fp8.forward += t.forward;
+        w.fp8.backward_input += t.backward_input;
+        w.fp8.backward_weight += t.backward_weight;
+        w.fp8.weight_image += t.weight_image;
+      }
     }
   }
 
@@ -512,8 +524,27 @@ class Builder {
     return n;
   }
 
+  // FP8 products make their weights' images once per weight version, at the first product after
+  // it changes: a unit's first forward of the step, or under ZeRO-3 each pass that packs its
+  // copies after a gather (packed_by_passes). Per instruction, whether it makes its unit's.
+  std::vector<bool> fp8_weight_images(const Program& program,
+                                      const std::vector<int64_t>& packed) const {
+    std::vector<bool> images(program.instructions.size(), false);
+    if (step_.dtype != Precision::fp8) return images;
+    std::vector<bool> seen(size_t(model_->n_units()), false);
+    for (size_t i = 0; i < program.instructions.size(); ++i) {
+      const Instruction& in = program.instructions[i];
+      if (par_.zero_stage == 3) {
+        images[i] = packed[i] > 0 && is_compute(in.op);
+      } else if (in.op == Op::forward && !seen[size_t(in.unit)]) {
+        images[i] = seen[size_t(in.unit)] = true;
+      }
+    }
+    return images;
+  }
+
   InstructionWork instruction_work(const Instruction& in, bool starts_gather, bool refills_gradients,
-                                   double packed_by_pass) const {
+                                   double packed_by_pass, bool fp8_image) const {
     InstructionWork w;
     w.refault_huge = huge_pages_;
     if (refills_gradients) w.refault_bytes = unit_floats(in.unit) * kF;
@@ -526,21 +557,23 @@ class Builder {
       w.comms.insert(w.comms.end(), from.begin(), from.end());
     };
     const UnitWork* u = in.unit >= 0 ? &units_[size_t(in.unit)] : nullptr;
+    if (fp8_image) w.elementwise_bytes += u->fp8.weight_image;
     switch (in.op) {
       case Op::forward:
         add(w.gemms, u->forward);
         add(w.attention, u->attention);
-        w.elementwise_bytes = u->forward_bytes;
+        w.elementwise_bytes += u->forward_bytes + u->fp8.forward;
         w.pack_bytes = packed_by_pass;
         comms(u->forward_comms);
         break;
       case Op::recompute:
         // Full checkpointing runs the block's forward again; selective rebuilds only what needs
         // no product (norms, activations).
-        w.elementwise_bytes = u->forward_bytes;
+        w.elementwise_bytes += u->forward_bytes;
         if (full) {
           add(w.gemms, u->forward);
           add(w.attention, u->attention);
+          w.elementwise_bytes += u->fp8.forward;
           w.pack_bytes = packed_by_pass;
           comms(u->forward_comms);
         }
@@ -555,11 +588,14 @@ class Builder {
             a.count *= 2;
             w.attention.push_back(a);
           }
-          w.elementwise_bytes += u->backward_bytes;
+          w.elementwise_bytes += u->backward_bytes + u->fp8.backward_input;
           w.pack_bytes = packed_by_pass;
           comms(u->backward_comms);
         }
-        if (weight) add(w.gemms, u->backward_weight);
+        if (weight) {
+          add(w.gemms, u->backward_weight);
+          w.elementwise_bytes += u->fp8.backward_weight;
+        }
         break;
       }
       case Op::send_forward:
