@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The planner's step time against cleave's own runs (issue 32, docs/planner.md#accuracy): for each
-# layout family on 2 ranks of 1 thread (the cluster file's devices), `cleave plan --cluster`'s
-# predicted tokens/s beside the median tokens/s of a run's steps 3-12 (and the cluster file's
+# layout family on 2 ranks of 1 thread (the cluster file's devices; HSDP on 4 ranks, two to a
+# core, planned from a calibration with 4 ranks, whose devices are half a core each: the issue's
+# wider layouts by their rank-seconds), `cleave plan --cluster`'s predicted tokens/s beside the median tokens/s of a run's steps 3-12 (and the cluster file's
 # compute_imbalance, which the prediction stretched every rank's compute by), on a GPT-2 of d_model 512,
 # 8 layers, 8 heads, vocabulary 8192, sequences of 128 tokens, 4 per micro-batch (a step of
 # several hundred ms per rank), fp32 where the layout names no other dtype. Prints one row per
@@ -9,12 +10,13 @@
 # Run it on a machine as quiet as the one the cluster file was calibrated on. The ranks run
 # unbound (mpirun --bind-to none), the fast launch docs/data_parallel.md gives: on the Zen 5 VM
 # of 2026-11-27 a rank bound to its core ran at 0.5-0.9 of an unbound one, erratically.
-# CLUSTER `calibrate` measures the machine (`cleave calibrate`, 2 ranks of 1 thread) at the start
-# of each round and predicts from that: on a machine whose speed drifts over the hour (the Zen 5
+# CLUSTER `calibrate` measures the machine (`cleave calibrate`, 2 ranks of 1 thread, and 4 for
+# the 4-rank layout) at the start of each round and predicts from that: on a machine whose speed drifts over the hour (the Zen 5
 # VM's runs of one layout 20-40% apart), a file calibrated the day before predicts the drift.
 # `calibrate-each` calibrates right before each layout's run instead (36 s each on the Xeon VM),
 # so that a prediction and its run are seconds apart rather than minutes: on the Xeon VM the
-# calibrations of rounds minutes apart moved 39%.
+# calibrations of rounds minutes apart moved 39%. A cluster file skips the layouts of more ranks
+# than its devices_per_host (their links would cross hosts it does not describe).
 # ROUNDS rounds (default 1) each run every layout; with more than one, the last table gives each
 # layout's median error over the rounds. LAYOUTS, a regular expression, runs the layouts whose
 # names it matches (e.g. LAYOUTS='^pp' or LAYOUTS='AC|ep').
@@ -52,6 +54,7 @@ layouts=(
   "DDP 2 FP8|2|--set parallel.dp_shard=2 --set train.dtype=fp8 --set train.fp8_recipe=delayed"
   "ep 2, 4 experts|2|--set parallel.dp_shard=2 --set parallel.ep=2 --set model.moe_experts=4 --set model.moe_top_k=2"
   "1 rank + AC full|1|--set train.activation_checkpointing=full"
+  "HSDP 2x2, 4 ranks|4|--set parallel.dp_replicate=2 --set parallel.dp_shard=2"
 )
 [ "$smoke" = 1 ] && layouts=("${layouts[0]}" "${layouts[1]}" "${layouts[8]}")
 if [ -n "${LAYOUTS:-}" ]; then  # a regular expression of the layouts' names
@@ -60,16 +63,19 @@ if [ -n "${LAYOUTS:-}" ]; then  # a regular expression of the layouts' names
   [ ${#chosen[@]} -gt 0 ] || { echo "LAYOUTS='$LAYOUTS' names no layout" >&2; exit 2; }
   layouts=("${chosen[@]}")
 fi
-calibrate() {  # the machine now, into $work/cluster.toml
-  OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 2 "$cleave" calibrate \
-    "${quick[@]}" --out "$work/cluster.toml" > "$work/calibrate.log" 2>&1 ||
+devices() { echo $(( $1 > 2 ? $1 : 2 )); }  # RANKS: the devices of the calibration that plans them
+calibrate() {  # DEVICES: the machine now as that many ranks, into $work/cluster-DEVICES.toml
+  OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np "$1" "$cleave" calibrate \
+    "${quick[@]}" --out "$work/cluster-$1.toml" > "$work/calibrate.log" 2>&1 ||
     { cat "$work/calibrate.log" >&2; exit 1; }
 }
 for round in $(seq "$rounds"); do
-file=$cluster
-case $cluster in calibrate | calibrate-each) file=$work/cluster.toml ;; esac
-[ "$cluster" != calibrate ] || calibrate
-[ "$rounds" = 1 ] || echo "round $round of $rounds ($(date -u +%H:%M) UTC, cluster $file)"
+if [ "$cluster" = calibrate ]; then
+  for n in $(for entry in "${layouts[@]}"; do IFS='|' read -r _ np _ <<<"$entry"; devices "$np"; done | sort -un); do
+    calibrate "$n"
+  done
+fi
+[ "$rounds" = 1 ] || echo "round $round of $rounds ($(date -u +%H:%M) UTC)"
 printf "%-18s %12s %12s %8s  %s\n" layout predicted measured error "compute_imbalance"
 index=0
 for entry in "${layouts[@]}"; do
@@ -77,7 +83,17 @@ for entry in "${layouts[@]}"; do
   read -r -a extra <<<"$sets"
   out=$work/run
   rm -rf "$out"
-  [ "$cluster" != calibrate-each ] || calibrate
+  file=$cluster
+  case $cluster in
+    calibrate) file=$work/cluster-$(devices "$np").toml ;;
+    calibrate-each) file=$work/cluster-$(devices "$np").toml; calibrate "$(devices "$np")" ;;
+    *) per_host=$(sed -n 's/^devices_per_host = //p' "$file")
+       if [ "$np" -gt "${per_host:-1}" ]; then
+         printf "%-18s skipped: %s holds %s devices per host\n" "$name" "$file" "${per_host:-1}"
+         index=$((index + 1))
+         continue
+       fi ;;
+  esac
   OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np "$np" "$cleave" train configs/gpt2_124m.toml \
     "${common[@]}" "${model[@]}" "${extra[@]}" --set train.steps=$steps \
     --set train.out_dir="$out" > "$out.log" 2>&1 || { cat "$out.log" >&2; exit 1; }
@@ -94,7 +110,7 @@ for entry in "${layouts[@]}"; do
   echo "$error" >> "$work/errors.$index"
   index=$((index + 1))
 done
-echo "tokens/s; predicted by cleave plan --cluster $file$([ "$cluster" != calibrate-each ] || echo " (calibrated right before each run)"), measured: median of steps 3-$steps"
+echo "tokens/s; predicted by cleave plan --cluster $([ "$cluster" = "${cluster%.toml}" ] && echo "(a calibration with the layout's ranks, or 2 for one rank$([ "$cluster" != calibrate-each ] || echo ", right before each run"))" || echo "$file"), measured: median of steps 3-$steps"
 done
 if [ "$rounds" != 1 ]; then
   echo "median error over $rounds rounds:"
