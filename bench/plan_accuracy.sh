@@ -116,6 +116,11 @@ if [ "$rounds" != 1 ]; then
   echo "median error over $rounds rounds:"
   index=0
   for entry in "${layouts[@]}"; do
+    if [ ! -f "$work/errors.$index" ]; then  # skipped in every round
+      printf "%-18s skipped\n" "${entry%%|*}"
+      index=$((index + 1))
+      continue
+    fi
     printf "%-18s %+7.1f%%  (%s)\n" "${entry%%|*}" \
       "$(sort -g "$work/errors.$index" | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')" \
       "$(sort -g "$work/errors.$index" | awk '{printf "%s%+.1f%%", (NR > 1 ? ", " : ""), $1}')"

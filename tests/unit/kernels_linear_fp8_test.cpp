@@ -2,7 +2,8 @@
 // recipe's rules on its own (tile by tile, scales from each tile's largest magnitude, or the
 // given per-tensor scales) and multiplies the dequantised values: every recipe, with bias, with
 // accumulation, with kept FP8 copies (the same bits as without), shapes with ragged tiles; the
-// delayed recipe's amax record and rescale; current scales through an amax reducer.
+// delayed recipe's amax record and rescale; current scales through an amax reducer; the bytes
+// the planner counts for these kernels.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "cleave/kernels/fp8.h"
 #include "cleave/kernels/linear.h"
+#include "cleave/kernels/linear_fp8.h"
 
 namespace cleave {
 namespace {
@@ -234,6 +236,52 @@ TEST(LinearFp8, CurrentScalesThroughTheReducer) {
   expect_close(y, multiply(xf, in, 1, wf, 1, in, N, in, out), {}, "forward");
   g.forward(y.data(), x.data(), N, nullptr);
   EXPECT_EQ(weight.calls, 1) << "W's scale is taken once per version";
+}
+
+// The planner's count of what these kernels stream (kernels::fp8_traffic), by hand for a linear
+// of 3 -> 5 features on 2 rows (x: 6 values, y and dy: 10, W: 15), in bytes: a float read and a
+// code written make codes (5 a value), a code read and a bf16 written an image (3), an amax pass
+// reads the floats (4).
+TEST(LinearFp8, TrafficCountsEachKernelsBytes) {
+  using kernels::Fp8LinearUse;
+  using kernels::fp8_traffic;
+  // Per-tensor: amax + codes + image of each operand, scaled epilogues (8 a value), the weight
+  // gradient's images of both kept operands and its scaled sum (12 a weight); W's amax, codes
+  // and float image (1 + 4) once per version.
+  const kernels::Fp8Traffic d = fp8_traffic(Fp8Recipe::delayed, 2, 3, 5, {});
+  EXPECT_DOUBLE_EQ(d.forward, 12 * 6 + 8 * 10);
+  EXPECT_DOUBLE_EQ(d.backward_input, 12 * 10 + 8 * 6);
+  EXPECT_DOUBLE_EQ(d.backward_weight, 3 * (6 + 10) + 12 * 15);
+  EXPECT_DOUBLE_EQ(d.weight_images, 14 * 15);
+  EXPECT_DOUBLE_EQ(d.weight_image_one, 14 * 15);
+  EXPECT_DOUBLE_EQ(d.x_copy, 9 * 6);
+  // dy not kept (a deferred weight gradient) nor x (sequence parallelism): quantised again.
+  Fp8LinearUse neither;
+  neither.x_kept = neither.dy_kept = false;
+  const kernels::Fp8Traffic dn = fp8_traffic(Fp8Recipe::current, 2, 3, 5, neither);
+  EXPECT_DOUBLE_EQ(dn.forward, d.forward);
+  EXPECT_DOUBLE_EQ(dn.backward_input, d.backward_input);
+  EXPECT_DOUBLE_EQ(dn.backward_weight, d.backward_weight + 9 * (6 + 10));
+  // W from an FP8 gather brings its amax.
+  Fp8LinearUse gathered;
+  gathered.gathered_fp8 = true;
+  EXPECT_DOUBLE_EQ(fp8_traffic(Fp8Recipe::delayed, 2, 3, 5, gathered).weight_images, 10 * 15);
+  // Tiles: codes + image, and codes again kept along the rows; no scaling but the bias; the
+  // weight gradient reads the kept codes' images; W's codes and float image, mxfp8 one per
+  // product.
+  Fp8LinearUse bias;
+  bias.bias = true;
+  const kernels::Fp8Traffic b = fp8_traffic(Fp8Recipe::blockwise, 2, 3, 5, bias);
+  EXPECT_DOUBLE_EQ(b.forward, 13 * 6 + 8 * 10);
+  EXPECT_DOUBLE_EQ(b.backward_input, 13 * 10);
+  EXPECT_DOUBLE_EQ(b.backward_weight, 3 * (6 + 10));
+  EXPECT_DOUBLE_EQ(b.weight_images, 10 * 15);
+  const kernels::Fp8Traffic m = fp8_traffic(Fp8Recipe::mxfp8, 2, 3, 5, neither);
+  EXPECT_DOUBLE_EQ(m.forward, 8 * 6);
+  EXPECT_DOUBLE_EQ(m.backward_input, 8 * 10);
+  EXPECT_DOUBLE_EQ(m.backward_weight, 3 * (6 + 10) + 5 * (6 + 10));
+  EXPECT_DOUBLE_EQ(m.weight_images, 2 * 10 * 15);
+  EXPECT_DOUBLE_EQ(m.weight_image_one, 10 * 15);
 }
 
 }  // namespace

@@ -411,45 +411,62 @@ TEST(PlanStepTime, ImbalanceStretchesComputeOnMoreThanOneRank) {
 
 // FP8 products quantise their operands beside the products (kernels/linear_fp8.h): each block's
 // four linears add their traffic to every micro-batch's passes, and their weights' images once
-// a step, at the element-wise rate; bf16's products, the same shapes, add none.
+// a step, at the element-wise rate; bf16's products, the same shapes, add none. A split backward
+// (zb1p, over 2 stages) defers the weight gradients, which quantise dy again.
 TEST(PlanStepTime, Fp8LinearsAddTheirQuantisationToThePasses) {
   const ModelConfig model = small_gpt2();
   const int64_t d = model.d_model, h = model.ffn_hidden;
   const std::vector<std::pair<int64_t, int64_t>> linears = {{d, 3 * d}, {d, d}, {d, h}, {h, d}};
-  Cluster cluster = flat_cluster(1, 1);
+  Cluster cluster = flat_cluster(2, 1);
   cluster.gemm[Precision::bf16] = GemmTable({{64, 64, 64, 200}}, "flat");
-  for (kernels::Fp8Recipe recipe : {kernels::Fp8Recipe::delayed, kernels::Fp8Recipe::mxfp8}) {
-    SCOPED_TRACE(int(recipe));
-    StepOptions step;
-    step.seq_len = 128;
-    step.micro_batch_size = 4;
-    step.grad_accum_steps = 2;
-    step.fp8.recipe = recipe;
-    auto planned = [&](Precision dtype) {
-      step.dtype = dtype;
-      const Layout layout = plan_layout(model, {}, step, 1);
-      std::vector<StepWork> work = {step_work(model, {}, step, layout, 0)};
-      double bytes = 0;
-      for (const auto& w : work[0].work) bytes += w->elementwise_bytes;
-      return std::pair{bytes, predict_step(work, layout, cluster, model, step)};
-    };
-    const auto [bf16_bytes, bf16] = planned(Precision::bf16);
-    const auto [fp8_bytes, fp8] = planned(Precision::fp8);
-    double expected = 0;
-    for (auto [in, out] : linears) {
-      const kernels::Fp8Traffic t = kernels::fp8_traffic(recipe, 4 * 128, in, out, true);
-      EXPECT_GT(t.forward, 0);
-      EXPECT_GT(t.backward_input, 0);
-      EXPECT_GT(t.backward_weight, 0);
-      EXPECT_GT(t.weight_image, 0);
-      expected += model.n_layers *
-                  (step.grad_accum_steps * (t.forward + t.backward_input + t.backward_weight) +
-                   t.weight_image);
+  for (kernels::Fp8Recipe recipe : {kernels::Fp8Recipe::delayed, kernels::Fp8Recipe::mxfp8})
+    for (bool split : {false, true}) {
+      SCOPED_TRACE(std::to_string(int(recipe)) + (split ? ", zb1p" : ""));
+      StepOptions step;
+      step.seq_len = 128;
+      step.micro_batch_size = 4;
+      step.grad_accum_steps = 2;
+      step.fp8.recipe = recipe;
+      ParallelConfig parallel;
+      if (split) {
+        parallel.pp = 2;
+        parallel.pp_schedule = "zb1p";
+      }
+      auto planned = [&](Precision dtype) {
+        step.dtype = dtype;
+        const Layout layout = plan_layout(model, parallel, step, parallel.pp);
+        std::vector<StepWork> work;
+        double bytes = 0;
+        for (int r = 0; r < parallel.pp; ++r) {
+          work.push_back(step_work(model, parallel, step, layout, r));
+          for (const auto& w : work.back().work) bytes += w->elementwise_bytes;
+        }
+        return std::pair{bytes, predict_step(work, layout, cluster, model, step)};
+      };
+      const auto [bf16_bytes, bf16] = planned(Precision::bf16);
+      const auto [fp8_bytes, fp8] = planned(Precision::fp8);
+      double expected = 0;
+      for (auto [in, out] : linears) {
+        kernels::Fp8LinearUse use;
+        use.bias = true;
+        use.dy_kept = !split;
+        const kernels::Fp8Traffic t = kernels::fp8_traffic(recipe, 4 * 128, in, out, use);
+        EXPECT_GT(t.forward, 0);
+        EXPECT_GT(t.backward_input, 0);
+        EXPECT_GT(t.backward_weight, 0);
+        EXPECT_GT(t.weight_images, 0);
+        expected += model.n_layers *
+                    (step.grad_accum_steps * (t.forward + t.backward_input + t.backward_weight) +
+                     t.weight_images);
+      }
+      EXPECT_NEAR(fp8_bytes - bf16_bytes, expected, 1e-6 * expected);
+      double elementwise = 0;
+      for (size_t r = 0; r < fp8.ranks.size(); ++r) {
+        elementwise += fp8.ranks[r].elementwise - bf16.ranks[r].elementwise;
+        EXPECT_DOUBLE_EQ(fp8.ranks[r].gemm, bf16.ranks[r].gemm);
+      }
+      EXPECT_NEAR(elementwise, expected / 10e9, 1e-12);
     }
-    EXPECT_NEAR(fp8_bytes - bf16_bytes, expected, 1e-6 * expected);
-    EXPECT_NEAR(fp8.ranks[0].elementwise - bf16.ranks[0].elementwise, expected / 10e9, 1e-12);
-    EXPECT_DOUBLE_EQ(fp8.ranks[0].gemm, bf16.ranks[0].gemm);
-  }
 }
 
 }  // namespace

@@ -136,33 +136,39 @@ float Fp8Operands::inner_along_rows(bf16* image, const float* a, int64_t rows, i
   return 1.0f;
 }
 
-Fp8Traffic fp8_traffic(Fp8Recipe recipe, int64_t N, int64_t in, int64_t out, bool bias) {
+Fp8Traffic fp8_traffic(Fp8Recipe recipe, int64_t N, int64_t in, int64_t out,
+                       const Fp8LinearUse& use) {
   const double x = double(N) * double(in), y = double(N) * double(out);
   const double w = double(in) * double(out);
+  const bool per_tensor = recipe == Fp8Recipe::delayed || recipe == Fp8Recipe::current;
+  // Codes: a float read and a code written; an image: the code read and its bf16 written.
+  constexpr double codes = 4 + 1, image = 1 + 2, amax = 4;
+  // An operand's codes for its product (per-tensor: after an amax pass) and its image; tile
+  // recipes keep a second set of codes, tiled along the rows, for the weight gradient.
+  const double operand = per_tensor ? amax + codes + image : codes + image;
+  const double kept = per_tensor ? 0 : codes;
+  // An operand not kept is quantised again by the weight gradient (keep()).
+  const double again = per_tensor ? amax + codes : codes;
   Fp8Traffic t;
-  // Codes and images: a float read and a code written, the code read and its bf16 written.
-  constexpr double quantise = 4 + 1, image = 1 + 2;
-  // The images the weight gradient's product reads, from the codes forward and backward kept.
-  t.backward_weight = image * (x + y);
-  if (recipe == Fp8Recipe::delayed || recipe == Fp8Recipe::current) {
-    // An amax pass before the quantisation; a scaled epilogue on the result (read and written).
-    const double operand = 4 + quantise + image, epilogue = 8;
-    t.forward = operand * x + epilogue * y;
-    t.backward_input = operand * y + epilogue * x;
-    // The weight gradient made in a temporary, then scaled into dW: the temporary read, dW read
-    // and written.
+  t.forward = (operand + (use.x_kept ? kept : 0)) * x;
+  t.backward_input = (operand + (use.dy_kept ? kept : 0)) * y;
+  // The weight gradient reads both operands' images, made from the codes kept or made again.
+  t.backward_weight = image * (x + y) + (use.x_kept ? 0 : again * x) + (use.dy_kept ? 0 : again * y);
+  t.x_copy = again * x;
+  if (per_tensor) {
+    // Scaled results: forward's and backward_input's epilogues (read and written); the weight
+    // gradient made in a temporary, then the temporary read and dW read and written.
+    t.forward += 8 * y;
+    t.backward_input += 8 * x;
     t.backward_weight += 12 * w;
-    // amax, quantisation, and a float image that the packer reads.
-    t.weight_image = (4 + quantise + 1 + 4) * w;
-    return t;
+  } else if (use.bias) {
+    t.forward += 8 * y;
   }
-  // Tiles: the operand's tiles along its inner dimension for the product, and again along the
-  // rows for the weight gradient's copy; the result needs no scaling (bias alone).
-  const double operand = quantise + image + quantise;
-  t.forward = operand * x + (bias ? 8 * y : 0);
-  t.backward_input = operand * y;
-  // mxfp8's tiles run along each product's inner dimension: an image for each of W's products.
-  t.weight_image = (quantise + 1 + 4) * w * (recipe == Fp8Recipe::mxfp8 ? 2 : 1);
+  // W's codes (per-tensor: after its amax, unless the gather brought it) and a float image that
+  // the packer reads; mxfp8's tiles run along each product's inner dimension: an image each.
+  const double one = ((per_tensor && !use.gathered_fp8 ? amax : 0) + codes + 1 + 4) * w;
+  t.weight_image_one = one;
+  t.weight_images = recipe == Fp8Recipe::mxfp8 ? 2 * one : one;
   return t;
 }
 

@@ -74,15 +74,29 @@ class Fp8Operands {
   float weight_scale_ = 1.0f;  // the per-tensor scale of W's latest image
 };
 
-// The bytes the kernels above stream beside one linear's products (in -> out features) under
-// `recipe`, for the planner (plan/step_work.cpp): per product pass on N rows, and W's image, made
-// once per weight version. Counted from what each pass runs: an operand's amax, quantisation and
-// bf16 image (and a copy kept for the weight gradient), the per-tensor epilogues, and the weight
-// gradient's scaled sum; a tile's second read of its band is taken to hit the cache.
-struct Fp8Traffic {
-  double forward = 0, backward_input = 0, backward_weight = 0, weight_image = 0;
+// How a model runs one FP8 linear, as far as the traffic below depends on it.
+struct Fp8LinearUse {
+  bool bias = false;          // its bias added by the product's epilogue
+  bool x_kept = true;         // forward keeps x's codes for the weight gradient
+  bool dy_kept = true;        // backward_input keeps dy's codes likewise (not when deferred)
+  bool gathered_fp8 = false;  // W arrives from an FP8 gather with its amax (no amax pass)
 };
-Fp8Traffic fp8_traffic(Fp8Recipe recipe, int64_t N, int64_t in, int64_t out, bool bias);
+
+// The bytes the kernels above stream beside one linear's products (in -> out features) under
+// `recipe`, for the planner (plan/step_work.cpp), counted from what each pass runs: an operand's
+// amax, quantisation and bf16 image, the per-tensor epilogues, the weight gradient's scaled sum;
+// a tile's second read of its band is taken to hit the cache.
+struct Fp8Traffic {
+  // Per product pass on N rows; backward_weight quantises again an operand not kept.
+  double forward = 0, backward_input = 0, backward_weight = 0;
+  // x's codes rebuilt for the weight gradient without a forward (selective recomputation).
+  double x_copy = 0;
+  // W's images once its version changes: every product's (the next product repacks every
+  // copy), and one product's alone (ZeRO-3: each pass after a gather packs only its own copy).
+  double weight_images = 0, weight_image_one = 0;
+};
+Fp8Traffic fp8_traffic(Fp8Recipe recipe, int64_t N, int64_t in, int64_t out,
+                       const Fp8LinearUse& use);
 
 // y[r, :] = y[r, :] * factor (+ bias): a per-tensor product's epilogue.
 void fp8_epilogue(float* y, int64_t rows, int64_t cols, float factor, const float* bias);

@@ -65,7 +65,11 @@ using Kind = Transformer::UnitKind;
 struct UnitWork {
   std::vector<GemmCall> forward, backward_input, backward_weight, attention;
   double forward_bytes = 0, backward_bytes = 0;
-  kernels::Fp8Traffic fp8;  // its FP8 linears' quantisation beside their products
+  // Its FP8 linears' own kernels beside their products (kernels::fp8_traffic), with a whole
+  // backward and with a deferred weight gradient (split backward: dy not kept), and the copies
+  // selective recomputation rebuilds.
+  kernels::Fp8Traffic fp8, fp8_split;
+  double fp8_recompute = 0;
   std::vector<CommCall> forward_comms, backward_comms;
 };
 
@@ -321,16 +325,41 @@ class Builder {
       w.forward.push_back({M, out, in, p, 1});
       w.backward_input.push_back({M, in, out, p, 1});
       w.backward_weight.push_back({out, in, M, p, 1});
-      if (p == Precision::fp8) {
-        // GPT-2's linears have biases, Llama's none.
-        const kernels::Fp8Traffic t =
-            kernels::fp8_traffic(step_.fp8.recipe, M, in, out, m_.family == Family::gpt2);
-        w.fp8.forward += t.forward;
-        w.fp8.backward_input += t.backward_input;
-        w.fp8.backward_weight += t.backward_weight;
-        w.fp8.weight_image += t.weight_image;
-      }
+      if (p == Precision::fp8) add_fp8_traffic(w, i, M);
     }
+  }
+
+  // Linear i's FP8 kernels on M rows, as the block runs it (model/block.cpp, mlp.cpp,
+  // self_attention.cpp): under sequence parallelism the column-parallel entries (qkv, fc) keep no
+  // codes of their gathered input, and the row-parallel exits (out, proj) add their bias after
+  // the sum; selective recomputation rebuilds the kept codes of qkv's, fc's and proj's inputs.
+  void add_fp8_traffic(UnitWork& w, int i, int64_t M) const {
+    const ParamStore& store = model_->params();
+    const std::string& name = store.tensor(i).name;
+    auto is = [&](const char* suffix) {
+      const std::string s = suffix;
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    const bool split = tp_ > 1 && par_.sequence_parallel;
+    const bool entry = is(".attn.qkv.weight") || is(".mlp.fc.weight");
+    const bool exit = is(".attn.out.weight") || is(".mlp.proj.weight");
+    kernels::Fp8LinearUse use;
+    use.bias = m_.family == Family::gpt2 && !(tp_ > 1 && exit);
+    use.x_kept = !(split && entry);
+    use.gathered_fp8 = par_.fp8_allgather && par_.zero_stage == 3;
+    const LinearGemm& g = *store.packed_by(i);
+    const int64_t in = g.in_features(), out = g.out_features();
+    const kernels::Fp8Traffic whole = kernels::fp8_traffic(step_.fp8.recipe, M, in, out, use);
+    use.dy_kept = false;
+    const kernels::Fp8Traffic deferred = kernels::fp8_traffic(step_.fp8.recipe, M, in, out, use);
+    for (auto [to, t] : {std::pair{&w.fp8, &whole}, {&w.fp8_split, &deferred}}) {
+      to->forward += t->forward;
+      to->backward_input += t->backward_input;
+      to->backward_weight += t->backward_weight;
+      to->weight_images += t->weight_images;
+      to->weight_image_one += t->weight_image_one;
+    }
+    if (use.x_kept && (entry || is(".mlp.proj.weight"))) w.fp8_recompute += whole.x_copy;
   }
 
   // The data-parallel family's collectives: per unit its gradients' reduction, ZeRO-3's gathers
@@ -557,7 +586,10 @@ class Builder {
       w.comms.insert(w.comms.end(), from.begin(), from.end());
     };
     const UnitWork* u = in.unit >= 0 ? &units_[size_t(in.unit)] : nullptr;
-    if (fp8_image) w.elementwise_bytes += u->fp8.weight_image;
+    // ZeRO-3 packs each pass's own copy after a gather; otherwise the next product packs all.
+    if (fp8_image)
+      w.elementwise_bytes +=
+          par_.zero_stage == 3 ? u->fp8.weight_image_one : u->fp8.weight_images;
     switch (in.op) {
       case Op::forward:
         add(w.gemms, u->forward);
@@ -568,8 +600,8 @@ class Builder {
         break;
       case Op::recompute:
         // Full checkpointing runs the block's forward again; selective rebuilds only what needs
-        // no product (norms, activations).
-        w.elementwise_bytes += u->forward_bytes;
+        // no product (norms, activations) and the FP8 codes its products keep.
+        w.elementwise_bytes += u->forward_bytes + (full ? 0 : u->fp8_recompute);
         if (full) {
           add(w.gemms, u->forward);
           add(w.attention, u->attention);
@@ -582,19 +614,21 @@ class Builder {
       case Op::backward_input:
       case Op::backward_weight: {
         const bool input = in.op != Op::backward_weight, weight = in.op != Op::backward_input;
+        // A split backward defers the weight gradient, which then quantises dy again.
+        const kernels::Fp8Traffic& fp8 = in.op == Op::backward ? u->fp8 : u->fp8_split;
         if (input) {
           add(w.gemms, u->backward_input);
           for (GemmCall a : u->attention) {
             a.count *= 2;
             w.attention.push_back(a);
           }
-          w.elementwise_bytes += u->backward_bytes + u->fp8.backward_input;
+          w.elementwise_bytes += u->backward_bytes + fp8.backward_input;
           w.pack_bytes = packed_by_pass;
           comms(u->backward_comms);
         }
         if (weight) {
           add(w.gemms, u->backward_weight);
-          w.elementwise_bytes += u->fp8.backward_weight;
+          w.elementwise_bytes += fp8.backward_weight;
         }
         break;
       }
