@@ -39,10 +39,17 @@ StepPrediction print_step_time(const Cluster& cluster, const Layout& layout,
   std::printf("\npredicted step on %s (%d devices per host; ms per step, each rank of a "
               "stage alike):\n",
               cluster.name.c_str(), cluster.devices_per_host);
-  if (p.ranks.front().imbalance > 0)
+  if (layout.mesh.world() > 1 && cluster.compute_imbalance > 1)
     std::printf("  (compute x %s: the slowest of the ranks that wait for each other, "
                 "cluster.compute_imbalance; its share is the imbalance column)\n",
                 show_real(cluster.compute_imbalance).c_str());
+  bool ep_wait = false;
+  for (const StepWork& w : work)
+    for (const auto& iw : w.work) ep_wait = ep_wait || !iw->waited.empty();
+  if (ep_wait)
+    std::printf("  (the imbalance column also holds the busiest ep rank's expert rows beyond this "
+                "rank's, by the routing: every rank waits for them at the all-to-all after the "
+                "experts)\n");
   std::printf("  %-5s %10s %10s %12s %10s %14s %10s  %s\n", "stage", "products", "attention",
               "elementwise", "imbalance", "pipeline wait", "end", "exposed communication");
   out["step"] = {{"cluster", cluster.name}, {"stages", nlohmann::json::array()}};

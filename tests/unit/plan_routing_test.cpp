@@ -1,6 +1,6 @@
 // A run's routing as `cleave plan --routing` reads it: records weighted by the steps they cover, a
 // resumed run's replayed steps counted once, and a record of the wrong type refused naming the
-// file and line.
+// file and line; the busiest ep rank's share record by record.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -71,6 +71,21 @@ void expect_refused(const std::string& path, int line, const std::string& what) 
     EXPECT_NE(message.find(path + ":" + std::to_string(line) + ": "), std::string::npos) << message;
     EXPECT_NE(message.find(what), std::string::npos) << message;
   }
+}
+
+// The busiest ep rank's share is taken record by record: here rank 0's experts get more in the
+// first record and rank 1's in the second, so the mean routing (0.45 and 0.55) hides a wait for
+// 0.6 and then 0.7 of the choices.
+TEST(PlanRouting, TheBusiestRankIsTakenRecordByRecord) {
+  ExpertRouting r;
+  r.records = {{{3, {0.4, 0.2, 0.2, 0.2}}}, {{3, {0.1, 0.2, 0.3, 0.4}}}};
+  r.share = {{3, {0.25, 0.2, 0.25, 0.3}}};
+  EXPECT_NEAR(busiest_rank_share(&r, 3, 4, 2), 0.65, 1e-12);
+  EXPECT_NEAR(busiest_rank_share(&r, 3, 4, 4), 0.4, 1e-12);
+  EXPECT_NEAR(busiest_rank_share(&r, 3, 4, 1), 1.0, 1e-12);
+  // Balanced where there is no routing or no figures for the layer.
+  EXPECT_DOUBLE_EQ(busiest_rank_share(nullptr, 3, 4, 2), 0.5);
+  EXPECT_DOUBLE_EQ(busiest_rank_share(&r, 1, 4, 4), 0.25);
 }
 
 TEST(PlanRouting, AWrongTypeOrAMissingKeyNamesTheFileAndLine) {

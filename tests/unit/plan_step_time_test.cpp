@@ -10,6 +10,7 @@
 
 #include "cleave/kernels/linear_fp8.h"
 #include "cleave/parallel/layout.h"
+#include "cleave/plan/routing.h"
 #include "cleave/plan/step_time.h"
 
 namespace cleave {
@@ -407,6 +408,57 @@ TEST(PlanStepTime, ImbalanceStretchesComputeOnMoreThanOneRank) {
   EXPECT_DOUBLE_EQ(s.gemm, e.gemm);
   // tp's collectives block: nothing overlaps the longer compute, so the step grows by all of it.
   EXPECT_NEAR(stretched.prediction.step_seconds - even.prediction.step_seconds, s.imbalance, 1e-12);
+}
+
+// Under ep with a measured routing every rank waits, at the all-to-all after the experts, for
+// the busiest rank's rows: rank 0 holds experts 0-1, which get 0.6 of the choices in one record
+// and 0.3 in the other (0.45 on the mean), while the busiest rank gets 0.6 and 0.7: rank 0's
+// expert products wait for 0.65 / 0.45 - 1 of their rows more, costed as products in the
+// imbalance column and not counted as its FLOPs.
+TEST(PlanStepTime, EpRanksWaitForTheBusiestRanksExperts) {
+  ModelConfig moe = small_gpt2();
+  moe.moe_experts = 4;
+  moe.moe_top_k = 2;
+  moe.moe_ffn_hidden = 256;
+  StepOptions step;
+  step.seq_len = 128;
+  step.micro_batch_size = 8;
+  ParallelConfig parallel;
+  parallel.dp_shard = 2;
+  parallel.ep = 2;
+  ExpertRouting routing;
+  routing.records.resize(2);
+  for (int l = 0; l < moe.n_layers; ++l) {
+    if (!moe.is_moe_layer(l)) continue;
+    routing.records[0][l] = {0.4, 0.2, 0.2, 0.2};
+    routing.records[1][l] = {0.1, 0.2, 0.3, 0.4};
+    routing.share[l] = {0.25, 0.2, 0.25, 0.3};
+  }
+  const Layout layout = plan_layout(moe, parallel, step, 2);
+  const std::vector<StepWork> work = {step_work(moe, parallel, step, layout, 0, &routing, 0)};
+  // The experts' products: fc (d_model -> 256) and proj (256 -> d_model), forward.
+  auto expert = [&](const GemmCall& g) {
+    return (g.n == 256 && g.k == moe.d_model) || (g.n == moe.d_model && g.k == 256);
+  };
+  double own = 0, waited = 0, waited_seconds = 0;
+  for (size_t i = 0; i < work[0].work.size(); ++i) {
+    const InstructionWork& w = *work[0].work[i];
+    for (const GemmCall& g : w.waited) waited_seconds += 2.0 * g.m * g.n * g.k * g.count / 50e9;
+    if (work[0].program.instructions[i].op != Op::forward) continue;
+    for (const GemmCall& g : w.gemms) own += expert(g) ? double(g.m) : 0;
+    for (const GemmCall& g : w.waited) {
+      EXPECT_TRUE(expert(g)) << g.m << " x " << g.n << " x " << g.k;
+      waited += double(g.m);
+    }
+  }
+  ASSERT_GT(own, 0);
+  EXPECT_NEAR(waited / own, 0.65 / 0.45 - 1, 0.01);
+  const StepPrediction p = predict_step(work, layout, flat_cluster(2, 1), moe, step);
+  EXPECT_GT(waited_seconds, 0);
+  EXPECT_NEAR(p.ranks[0].imbalance, waited_seconds, 1e-12);
+  // Balanced routing (no records): nobody waits.
+  const StepWork balanced = step_work(moe, parallel, step, layout, 0);
+  for (const auto& w : balanced.work) EXPECT_TRUE(w->waited.empty());
 }
 
 // FP8 products quantise their operands beside the products (kernels/linear_fp8.h): each block's

@@ -98,6 +98,25 @@ double peak_share(const ExpertRouting* routing, int layer, int experts, int firs
   return found ? peak : double(count) / double(experts);
 }
 
+double busiest_rank_share(const ExpertRouting* routing, int layer, int experts, int ep) {
+  const int per_rank = experts / ep;
+  double sum = 0;
+  int records = 0;
+  if (routing)
+    for (const auto& record : routing->records)
+      if (auto it = record.find(layer); it != record.end()) {
+        double busiest = 0;
+        for (int r = 0; r < ep; ++r) {
+          double rank = 0;
+          for (int e = r * per_rank; e < (r + 1) * per_rank; ++e) rank += it->second[size_t(e)];
+          busiest = std::max(busiest, rank);
+        }
+        sum += busiest;
+        ++records;
+      }
+  return records > 0 ? sum / records : 1.0 / double(ep);
+}
+
 std::vector<double> expert_shares(const ExpertRouting* routing, int layer, int experts) {
   if (routing) {
     auto it = routing->share.find(layer);

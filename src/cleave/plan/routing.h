@@ -30,6 +30,12 @@ ExpertRouting read_routing(const std::string& run, const ModelConfig& model);
 // 1 / E, nothing dropped) where `routing` is null or has no figures for the layer.
 std::vector<double> expert_shares(const ExpertRouting* routing, int layer, int experts);
 
+// The share of `layer`'s choices kept for the busiest ep rank's experts (ep rank i holds the i-th
+// 1 / ep of them), in each record, the mean over records: the ranks meet at the all-to-all after
+// the experts, so each waits there for the one with the most rows, and which one that is
+// changes from layer to layer and step to step. Balanced where null or without figures.
+double busiest_rank_share(const ExpertRouting* routing, int layer, int experts, int ep);
+
 // The largest share of `layer`'s choices that any record of `routing` kept for experts [first,
 // first + count) (all experts: the kept fraction); balanced where null or without figures.
 double peak_share(const ExpertRouting* routing, int layer, int experts, int first, int count);

@@ -179,7 +179,8 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
                     memory_seconds(cluster, iw.stream_bytes) + pack_seconds(cluster, iw.pack_bytes) +
                     refault_seconds(cluster, iw.refault_bytes, iw.refault_huge);
     const double alone = k.gemm + k.attention + k.elementwise;
-    k.imbalance = alone * (imbalance - 1);
+    // The wait for the slowest rank: its pace, and under ep the busiest rank's extra expert rows.
+    k.imbalance = alone * (imbalance - 1) + products(iw.waited) * imbalance;
     c.compute = alone + k.imbalance;
     for (const CommCall& call : iw.comms) {
       const LinkClass l = link(call);

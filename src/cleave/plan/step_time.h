@@ -7,7 +7,8 @@
 // transfer time, and a receive waits for it, so the bubble comes out of the schedule itself. A
 // collective that runs beside compute stalls the rank where it is posted by its time times the
 // link's compute_slowdown. On more than one rank every instruction's compute takes the
-// cluster's compute_imbalance times its time: the ranks wait for the slowest at each collective.
+// cluster's compute_imbalance times its time: the ranks wait for the slowest at each collective;
+// an instruction's waited products (the busiest ep rank's extra expert rows) add to it.
 #pragma once
 #include <functional>
 #include <map>
@@ -33,7 +34,8 @@ struct InstructionCost {
 struct RankTime {
   double gemm = 0, attention = 0, elementwise = 0;
   // The compute's wait for the slowest of the ranks that synchronize: the compute above times
-  // the cluster's compute_imbalance less 1 (0 on one rank).
+  // the cluster's compute_imbalance less 1 (0 on one rank), and under ep with a measured routing
+  // the busiest ep rank's expert products beyond the rank's own (InstructionWork::waited).
   double imbalance = 0;
   std::map<std::string, double> comm;  // exposed seconds per axis
   double pipeline_wait = 0;

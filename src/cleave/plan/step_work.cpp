@@ -64,6 +64,8 @@ using Kind = Transformer::UnitKind;
 // its element-wise bytes, and the collectives of its forward and backward.
 struct UnitWork {
   std::vector<GemmCall> forward, backward_input, backward_weight, attention;
+  // Per pass, the busiest ep rank's expert rows beyond this rank's (InstructionWork::waited).
+  std::vector<GemmCall> forward_wait, backward_input_wait, backward_weight_wait;
   double forward_bytes = 0, backward_bytes = 0;
   // Its FP8 linears' own kernels beside their products (kernels::fp8_traffic), with a whole
   // backward and with a deferred weight gradient (split backward: dy not kept), and the copies
@@ -310,13 +312,17 @@ class Builder {
               std::count(units[size_t(h)].uses.begin(), units[size_t(h)].uses.end(), u))
             u = h;
       if (units[size_t(u)].kind == Kind::embedding) continue;
-      double rows = N;
+      double rows = N, waited = 0;
       if (store.group_name(store.tensor(i).group) == "experts") {
-        const int b = store.tensor(i).unit;
+        const int b = store.tensor(i).unit, layer = units[size_t(b)].layer;
         const int e = seen[size_t(b)]++ * m_.moe_experts / expert_linears[size_t(b)];
         if (!holds_expert(e)) continue;
-        rows = N * m_.moe_top_k * ep_ *
-               expert_shares(routing_, units[size_t(b)].layer, m_.moe_experts)[size_t(e)];
+        const std::vector<double> shares = expert_shares(routing_, layer, m_.moe_experts);
+        rows = N * m_.moe_top_k * ep_ * shares[size_t(e)];
+        // The busiest rank's rows beyond the rank's own, in proportion to each of its experts.
+        const double own = kept_and_own(layer).second;
+        const double busiest = busiest_rank_share(routing_, layer, m_.moe_experts, ep_);
+        if (ep_ > 1 && own > 0 && busiest > own) waited = rows * (busiest / own - 1);
       }
       const int64_t M = std::max<int64_t>(1, int64_t(rows + 0.5));
       const int64_t in = g->in_features(), out = g->out_features();
@@ -325,6 +331,12 @@ class Builder {
       w.forward.push_back({M, out, in, p, 1});
       w.backward_input.push_back({M, in, out, p, 1});
       w.backward_weight.push_back({out, in, M, p, 1});
+      if (waited >= 0.5) {
+        const int64_t W = int64_t(waited + 0.5);
+        w.forward_wait.push_back({W, out, in, p, 1});
+        w.backward_input_wait.push_back({W, in, out, p, 1});
+        w.backward_weight_wait.push_back({out, in, W, p, 1});
+      }
       if (p == Precision::fp8) add_fp8_traffic(w, i, M);
     }
   }
@@ -593,6 +605,7 @@ class Builder {
     switch (in.op) {
       case Op::forward:
         add(w.gemms, u->forward);
+        add(w.waited, u->forward_wait);
         add(w.attention, u->attention);
         w.elementwise_bytes += u->forward_bytes + u->fp8.forward;
         w.pack_bytes = packed_by_pass;
@@ -604,6 +617,7 @@ class Builder {
         w.elementwise_bytes += u->forward_bytes + (full ? 0 : u->fp8_recompute);
         if (full) {
           add(w.gemms, u->forward);
+          add(w.waited, u->forward_wait);
           add(w.attention, u->attention);
           w.elementwise_bytes += u->fp8.forward;
           w.pack_bytes = packed_by_pass;
@@ -618,6 +632,7 @@ class Builder {
         const kernels::Fp8Traffic& fp8 = in.op == Op::backward ? u->fp8 : u->fp8_split;
         if (input) {
           add(w.gemms, u->backward_input);
+          add(w.waited, u->backward_input_wait);
           for (GemmCall a : u->attention) {
             a.count *= 2;
             w.attention.push_back(a);
@@ -628,6 +643,7 @@ class Builder {
         }
         if (weight) {
           add(w.gemms, u->backward_weight);
+          add(w.waited, u->backward_weight_wait);
           w.elementwise_bytes += fp8.backward_weight;
         }
         break;

@@ -51,6 +51,9 @@ struct GemmCall {
 
 struct InstructionWork {
   std::vector<GemmCall> gemms;      // the linears' products
+  // Products of another rank that this one waits for: the rows by which the busiest ep rank's
+  // experts exceed this rank's (busiest_rank_share), costed as products, not counted as FLOPs.
+  std::vector<GemmCall> waited;
   // Causal attention's products, run by its own kernel: one head's scores over one sequence
   // (m = the rank's queries, n = the keys, k = head_dim) as often as its FLOPs make full products.
   std::vector<GemmCall> attention;
