@@ -2,17 +2,19 @@
 # The planner's step time against cleave's own runs (issue 32, docs/planner.md#accuracy): for each
 # layout family on 2 ranks of 1 thread (the cluster file's devices; HSDP on 4 ranks, two to a
 # core, planned from a calibration with 4 ranks, whose devices are half a core each: the issue's
-# wider layouts by their rank-seconds), `cleave plan --cluster`'s predicted tokens/s beside the median tokens/s of a run's steps 3-12 (and the cluster file's
-# compute_imbalance, which the prediction stretched every rank's compute by), on a GPT-2 of d_model 512,
-# 8 layers, 8 heads, vocabulary 8192, sequences of 128 tokens, 4 per micro-batch (a step of
-# several hundred ms per rank), fp32 where the layout names no other dtype. Prints one row per
-# layout and the error of the prediction.
+# wider layouts by their rank-seconds), `cleave plan --cluster`'s predicted tokens/s beside the
+# median tokens/s of a run's steps 3-12 (and the cluster file's compute_imbalance, which the
+# prediction stretched every rank's compute by), on a GPT-2 of d_model 512, 8 layers, 8 heads,
+# vocabulary 8192, sequences of 128 tokens, 4 per micro-batch (a step of several hundred ms per
+# rank), fp32 where the layout names no other dtype. Prints one row per layout and the error of
+# the prediction.
 # Run it on a machine as quiet as the one the cluster file was calibrated on. The ranks run
 # unbound (mpirun --bind-to none), the fast launch docs/data_parallel.md gives: on the Zen 5 VM
 # of 2026-11-27 a rank bound to its core ran at 0.5-0.9 of an unbound one, erratically.
 # CLUSTER `calibrate` measures the machine (`cleave calibrate`, 2 ranks of 1 thread, and 4 for
-# the 4-rank layout) at the start of each round and predicts from that: on a machine whose speed drifts over the hour (the Zen 5
-# VM's runs of one layout 20-40% apart), a file calibrated the day before predicts the drift.
+# the 4-rank layout) at the start of each round and predicts from that: on a machine whose speed
+# drifts over the hour (the Zen 5 VM's runs of one layout 20-40% apart), a file calibrated the day
+# before predicts the drift.
 # `calibrate-each` calibrates right before each layout's run instead (36 s each on the Xeon VM),
 # so that a prediction and its run are seconds apart rather than minutes: on the Xeon VM the
 # calibrations of rounds minutes apart moved 39%. A cluster file skips the layouts of more ranks

@@ -5,7 +5,8 @@
 # prompt fits), fp32 weights (SERVE_DTYPE=bf16: bf16), on one process (2 OpenMP threads) and at
 # tp 2 (mpirun -np 2, 1 thread each), against llama.cpp (node-llama-cpp 3.21.1's prebuilt CPU build
 # on the GGUF cleave exports, F32 or BF16 as cleave's weights, bench/llama_cpp_bench.mjs's "serve"
-# part: in process, one context of as many sequences as clients). The clients are bench/serve_load.mjs: the official OpenAI client (npm openai 5.23.2,
+# part: in process, one context of as many sequences as clients). The clients are
+# bench/serve_load.mjs: the official OpenAI client (npm openai 5.23.2,
 # tests/integration/openai_client/install.sh) in one Node process, each request a streamed
 # /v1/completions of token ids at temperature 0.8 with a seed. Printed, medians over REPEATS
 # rounds (the programs alternate within a round):

@@ -39,7 +39,7 @@ StepPrediction print_step_time(const Cluster& cluster, const Layout& layout,
   std::printf("\npredicted step on %s (%d devices per host; ms per step, each rank of a "
               "stage alike):\n",
               cluster.name.c_str(), cluster.devices_per_host);
-  if (layout.mesh.world() > 1 && cluster.compute_imbalance > 1)
+  if (compute_imbalance_on(cluster, layout.mesh.world()) > 1)
     std::printf("  (compute x %s: the slowest of the ranks that wait for each other, "
                 "cluster.compute_imbalance; its share is the imbalance column)\n",
                 show_real(cluster.compute_imbalance).c_str());

@@ -94,6 +94,11 @@ struct Fp8Traffic {
   // W's images once its version changes: every product's (the next product repacks every
   // copy), and one product's alone (ZeRO-3: each pass after a gather packs only its own copy).
   double weight_images = 0, weight_image_one = 0;
+  Fp8Traffic& operator+=(const Fp8Traffic& o) {
+    forward += o.forward, backward_input += o.backward_input, backward_weight += o.backward_weight;
+    x_copy += o.x_copy, weight_images += o.weight_images, weight_image_one += o.weight_image_one;
+    return *this;
+  }
 };
 Fp8Traffic fp8_traffic(Fp8Recipe recipe, int64_t N, int64_t in, int64_t out,
                        const Fp8LinearUse& use);

@@ -552,6 +552,10 @@ double refault_seconds(const Cluster& c, double bytes, bool huge_pages) {
   return gbps > 0 ? bytes / (gbps * 1e9) : 0.0;
 }
 
+double compute_imbalance_on(const Cluster& c, int world) {
+  return world > 1 && c.compute_imbalance > 0 ? c.compute_imbalance : 1.0;
+}
+
 double attention_seconds(const Cluster& c, int64_t m, int64_t n, int64_t k) {
   if (c.attention.empty()) return gemm_seconds(c, m, n, k, c.attention_dtype);
   CLEAVE_CHECK(m >= 0 && n >= 0 && k >= 0, "attention of " << show_dims(m, n, k));

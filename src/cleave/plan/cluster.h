@@ -172,6 +172,9 @@ double elementwise_seconds(const Cluster& c, double bytes);
 double pack_seconds(const Cluster& c, double bytes);
 // Seconds of faulting in `bytes` of released memory again, in a buffer of huge pages or not.
 double refault_seconds(const Cluster& c, double bytes, bool huge_pages);
+// The factor `world` ranks' compute stretches by waiting for the slowest of them:
+// compute_imbalance, or 1 on one rank (it waits for none) and where the key is absent.
+double compute_imbalance_on(const Cluster& c, int world);
 // Seconds of attention's products of m queries by n keys over head_dim k (2mnk FLOPs): at the
 // attention rate of n keys, interpolated in (log keys, log rate) between measured points and held
 // beyond them; without rates, gemm_seconds of attention_dtype.

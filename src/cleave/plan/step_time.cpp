@@ -163,9 +163,7 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
       s += gemm_seconds(cluster, g.m, g.n, g.k, product_dtype(g.dtype)) * g.count;
     return s;
   };
-  // Ranks that synchronize wait for the slowest (one rank waits for none).
-  const double imbalance =
-      mesh.world() > 1 && cluster.compute_imbalance > 0 ? cluster.compute_imbalance : 1.0;
+  const double imbalance = compute_imbalance_on(cluster, mesh.world());
   struct Costed {
     InstructionCost cost;
     double gemm = 0, attention = 0, elementwise = 0, imbalance = 0;

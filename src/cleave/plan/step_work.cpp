@@ -348,13 +348,9 @@ class Builder {
   void add_fp8_traffic(UnitWork& w, int i, int64_t M) const {
     const ParamStore& store = model_->params();
     const std::string& name = store.tensor(i).name;
-    auto is = [&](const char* suffix) {
-      const std::string s = suffix;
-      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-    };
     const bool split = tp_ > 1 && par_.sequence_parallel;
-    const bool entry = is(".attn.qkv.weight") || is(".mlp.fc.weight");
-    const bool exit = is(".attn.out.weight") || is(".mlp.proj.weight");
+    const bool entry = name.ends_with(".attn.qkv.weight") || name.ends_with(".mlp.fc.weight");
+    const bool exit = name.ends_with(".attn.out.weight") || name.ends_with(".mlp.proj.weight");
     kernels::Fp8LinearUse use;
     use.bias = m_.family == Family::gpt2 && !(tp_ > 1 && exit);
     use.x_kept = !(split && entry);
@@ -362,16 +358,11 @@ class Builder {
     const LinearGemm& g = *store.packed_by(i);
     const int64_t in = g.in_features(), out = g.out_features();
     const kernels::Fp8Traffic whole = kernels::fp8_traffic(step_.fp8.recipe, M, in, out, use);
-    use.dy_kept = false;
-    const kernels::Fp8Traffic deferred = kernels::fp8_traffic(step_.fp8.recipe, M, in, out, use);
-    for (auto [to, t] : {std::pair{&w.fp8, &whole}, {&w.fp8_split, &deferred}}) {
-      to->forward += t->forward;
-      to->backward_input += t->backward_input;
-      to->backward_weight += t->backward_weight;
-      to->weight_images += t->weight_images;
-      to->weight_image_one += t->weight_image_one;
-    }
-    if (use.x_kept && (entry || is(".mlp.proj.weight"))) w.fp8_recompute += whole.x_copy;
+    use.dy_kept = false;  // a deferred weight gradient's
+    w.fp8_split += kernels::fp8_traffic(step_.fp8.recipe, M, in, out, use);
+    w.fp8 += whole;
+    if (use.x_kept && (entry || name.ends_with(".mlp.proj.weight")))
+      w.fp8_recompute += whole.x_copy;
   }
 
   // The data-parallel family's collectives: per unit its gradients' reduction, ZeRO-3's gathers
