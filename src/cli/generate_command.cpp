@@ -61,7 +61,7 @@ int generate(int argc, char** argv) {
   const Args a = Args::parse("generate", argc, argv,
                              {"--prompt", "--prompt-ids", "--max-new-tokens", "--temperature",
                               "--top-k", "--seed", "--tokenizer", "--threads", "--dtype",
-                              "--prefill-chunk", "--batch", "--kv-cache-mib"},
+                              "--prefill-chunk", "--batch", "--kv-cache-mib", "--kv-cache-dtype"},
                              {"--ids", "--warmup"});
   if (a.positional.size() != 1) throw Error("cleave generate: expected one CHECKPOINT_DIR");
   if (a.has("--prompt") == a.has("--prompt-ids"))
@@ -76,6 +76,9 @@ int generate(int argc, char** argv) {
   o.seed = uint64_t(a.integer("--seed", 0, 0, INT64_MAX));
   o.prefill_chunk = a.integer("--prefill-chunk", 0, 0, INT64_MAX);
   o.kv_cache_mib = a.number_in("--kv-cache-mib", 0, 0, 1e9);
+  // auto: the weights' dtype, as vLLM's --kv-cache-dtype auto.
+  const std::string kv_dtype = a.get("--kv-cache-dtype", "auto");
+  o.kv_dtype = parse_kv_dtype(kv_dtype == "auto" ? dtype : kv_dtype, "cleave generate: --kv-cache-dtype");
   {  // the ranks on this host share its memory
     MPI_Comm host;
     int on_host = 1;
@@ -147,6 +150,7 @@ int generate(int argc, char** argv) {
                 std::to_string(model.config().max_seq_len));
   o.max_new_tokens = int(a.integer("--max-new-tokens", std::min<int64_t>(100, room), 0, room));
   std::ostringstream cache;
+  cache << kv_dtype_name(o.kv_dtype) << ", ";
   if (o.kv_cache_mib > 0) cache << o.kv_cache_mib << " MiB a rank";
   else cache << "as needed";
   if (rank == 0)

@@ -36,15 +36,16 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   tokenize CONFIG.toml [--set key=value ...]     train the tokenizer, write token shards
   generate CHECKPOINT_DIR --prompt TEXT|--prompt-ids "ID ..." [--max-new-tokens N]
            [--temperature T] [--top-k K] [--seed S] [--tokenizer PATH] [--ids] [--dtype fp32|bf16]
-           [--prefill-chunk N] [--batch N] [--kv-cache-mib M] [--warmup]
+           [--prefill-chunk N] [--batch N] [--kv-cache-mib M] [--kv-cache-dtype auto|fp32|bf16] [--warmup]
            PATH: tokenizer.model, tokenizer.json or a folder; --ids: token ids, not text;
            --batch: N sequences of the prompt at once, the i-th drawn with seed + i;
            --kv-cache-mib: the paged key/value pool's size (default: what the request needs);
+           --kv-cache-dtype: its keys and values (auto: the weights' --dtype);
            --warmup: an untimed run first, before the timings on standard error;
            under mpirun: --set parallel.tp=T, parallel.pp=P, parallel.ep=E on T x P x E ranks
   serve CHECKPOINT_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--model-name NAME]
         [--dtype fp32|bf16] [--threads N] [--tokenizer PATH] [--chat-template auto|chatml|llama3|llama2]
-        [--set serve.kv_cache_mb=M|serve.step_tokens=N|serve.max_step_ratio=R|serve.max_running=N
+        [--set serve.kv_cache_mb=M|serve.kv_cache_dtype=auto|fp32|bf16|serve.step_tokens=N|serve.max_step_ratio=R|serve.max_running=N
         |serve.max_body_bytes=B|serve.http_threads=N|serve.drain_seconds=S]   OpenAI-compatible server (docs/serving.md);
         under mpirun: --set parallel.tp=T, parallel.pp=P, parallel.ep=E on T x P x E ranks;
         CLEAVE_API_KEY sets the key

@@ -36,6 +36,7 @@ extern "C" void on_interrupt(int) { interrupted = true; }
 struct ServeSettings {
   int tp = 1, pp = 1, ep = 1;
   double kv_cache_mb = 512;
+  std::string kv_cache_dtype = "auto";  // the weights' dtype, as vLLM's --kv-cache-dtype auto
   // The engine's defaults, said once (serve/engine.h).
   int64_t step_tokens = serve::EngineOptions{}.step_tokens, max_running = serve::EngineOptions{}.max_running;
   double max_step_ratio = serve::EngineOptions{}.max_step_ratio;
@@ -55,6 +56,10 @@ ServeSettings serve_settings(const Args& a) {
     else if (key == "parallel.pp") s.pp = int(parse_integer(value, key, 1, 4096));
     else if (key == "parallel.ep") s.ep = int(parse_integer(value, key, 1, 4096));
     else if (key == "serve.kv_cache_mb") s.kv_cache_mb = parse_number_in(value, key, 1e-3, 1e9);
+    else if (key == "serve.kv_cache_dtype") {
+      if (value != "auto") parse_kv_dtype(value, "cleave serve: --set serve.kv_cache_dtype");
+      s.kv_cache_dtype = value;
+    }
     else if (key == "serve.step_tokens") s.step_tokens = parse_integer(value, key, 1, int64_t(1) << 20);
     else if (key == "serve.max_running") s.max_running = parse_integer(value, key, 1, 1 << 16);
     else if (key == "serve.max_step_ratio") {
@@ -70,7 +75,7 @@ ServeSettings serve_settings(const Args& a) {
     else
       throw Error("cleave serve: --set " + kv + ": the server takes parallel.tp, parallel.pp, parallel.ep, "
                   "parallel.comm_timeout_s and "
-                  "serve.{kv_cache_mb, step_tokens, max_step_ratio, max_running, max_body_bytes, "
+                  "serve.{kv_cache_mb, kv_cache_dtype, step_tokens, max_step_ratio, max_running, max_body_bytes, "
                   "http_threads, drain_seconds}");
   }
   return s;
@@ -150,7 +155,9 @@ int serve_command(int argc, char** argv) {
   }
 
   // Every rank's pool has the same blocks: as many as the smallest share of kv_cache_mb holds.
-  const double block_bytes = double(kernels::kAttentionKeyBlock) * double(model.kv_bytes_per_token());
+  const KvDtype kv_dtype = parse_kv_dtype(set.kv_cache_dtype == "auto" ? dtype : set.kv_cache_dtype,
+                                          "cleave serve: serve.kv_cache_dtype");
+  const double block_bytes = double(kernels::kAttentionKeyBlock) * double(model.kv_bytes_per_token(kv_dtype));
   int64_t blocks = int64_t(set.kv_cache_mb * (1 << 20) / block_bytes);
   MPI_Allreduce(MPI_IN_PLACE, &blocks, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
   std::ostringstream mb;
@@ -166,7 +173,7 @@ int serve_command(int argc, char** argv) {
     int started = 0;
     MPI_Bcast(&started, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if (!started) throw Error("cleave serve: rank 0 could not start the server (its message says why)");
-    serve::follow_steps(model, blocks, peer_groups);
+    serve::follow_steps(model, blocks, kv_dtype, peer_groups);
     return 0;
   }
   std::unique_ptr<Tokenizer> tok;
@@ -191,6 +198,7 @@ int serve_command(int argc, char** argv) {
     serve::EngineOptions eo;
     eo.kv_blocks = blocks, eo.step_tokens = set.step_tokens, eo.max_running = set.max_running;
     eo.max_step_ratio = set.max_step_ratio;
+    eo.kv_dtype = kv_dtype;
     eo.lanes = set.ep;
     if (world > 1) peers = std::make_unique<serve::MpiPeers>(peer_groups);
     engine = std::make_unique<serve::Engine>(model, eo, peers.get());
@@ -212,7 +220,8 @@ int serve_command(int argc, char** argv) {
   if (set.ep > 1) std::cerr << " (each ep rank serves requests of its own)";
   std::cerr << "\n"
             << "# serve: key/value cache " << blocks << " blocks of " << kernels::kAttentionKeyBlock
-            << " tokens (" << double(blocks) * block_bytes / (1 << 20) << " MiB a rank, serve.kv_cache_mb="
+            << " tokens, " << kv_dtype_name(kv_dtype) << " (serve.kv_cache_dtype=" << set.kv_cache_dtype << "; "
+            << double(blocks) * block_bytes / (1 << 20) << " MiB a rank, serve.kv_cache_mb="
             << set.kv_cache_mb << "), steps of at most " << set.step_tokens << " tokens, at most "
             << set.max_running << " requests running";
   if (world > 1) std::cerr << "; collectives and step transfers time out after " << set.comm_timeout_s << " s";

@@ -6,7 +6,7 @@
 # attention (tp 4 replicates its 2 kv heads) and a mixture of experts, which also runs at ep 2,
 # ep 4 (3 sequences: one rank idles, stepping with the others), tp 2 x ep 2 and pp 2 x ep 2:
 # greedy and seeded sampling in fp32, a batch of 3 seeded sequences prefilled in chunks of 3
-# tokens with bf16 weights.
+# tokens with bf16 weights (and so a bf16 key/value cache).
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 work=$(mktemp -d)
@@ -38,6 +38,9 @@ for model in gpt2 llama_gqa moe; do
     # shellcheck disable=SC2086  # the mode's options
     want=$(gen 1 1 1 "$model" $mode)
     [ "$(wc -w <<<"$want")" -gt 60 ] || { echo "FAIL $model: no tokens: $want"; exit 1; }
+    kv=fp32
+    [[ $mode != *bf16* ]] || kv=bf16
+    grep -q "key/value cache $kv, as needed" "$work/err" || { echo "FAIL: no $kv cache:"; cat "$work/err"; exit 1; }
     layouts=("2 1 1" "4 1 1" "1 2 1" "2 2 1")
     [ "$model" != moe ] || layouts+=("1 1 2" "1 1 4" "2 1 2" "1 2 2")
     for layout in "${layouts[@]}"; do

@@ -55,12 +55,15 @@ refused "parallel.ep = 2 makes 2 ranks, but 1 were started" --set parallel.ep=2
 refused "holds fewer than 2 blocks of 64 tokens" --set serve.kv_cache_mb=0.01
 refused "parallel.comm_timeout_s = 0 is out of range [0.1, 1e+07]" --set parallel.comm_timeout_s=0
 refused "serve.max_step_ratio=0.5: a step cannot take less than its decodes alone" --set serve.max_step_ratio=0.5
+refused "serve.kv_cache_dtype must be fp32 or bf16, not 'fp16'" --set serve.kv_cache_dtype=fp16
 
 # One process: a pool of 32 blocks (1 MiB of 32 KiB blocks: 2 layers x 2 kv heads x 16 dims x
 # K and V x 64 tokens x 4 bytes), one of which pads the steps' rows.
 start "$work/serve.log" "$cleave" serve "$ckpt" --port 0 --api-key "$key" --model-name tiny \
   --threads 1 --set serve.kv_cache_mb=1 --set serve.step_tokens=256
 grep -q "requests must carry 'Authorization: Bearer" "$work/serve.log" || { cat "$work/serve.log"; exit 1; }
+grep -q "# serve: key/value cache 32 blocks of 64 tokens, fp32 (serve.kv_cache_dtype=auto; 1 MiB a rank" \
+  "$work/serve.log" || { cat "$work/serve.log"; exit 1; }
 # Row counts 1-32, then 64 to 256 by 32: every count a step of serve.step_tokens=256 can have.
 grep -q "# serve: the forward warmed up at 39 row counts" "$work/serve.log" || { cat "$work/serve.log"; exit 1; }
 # serve.max_step_ratio (2) holds the prompt rows beside decodes by the warm-up's timings.
@@ -74,11 +77,16 @@ $client load "$base" "$key" tiny "$server"
 $client drain "$base" "$key" tiny "$server"
 stop "$work/serve.log" signalled
 
-# Without a key the server says at start-up that it is open.
-start "$work/open.log" "$cleave" serve "$ckpt" --port 0 --threads 1 --set serve.max_step_ratio=0
+# Without a key the server says at start-up that it is open. bf16 weights take a bf16 cache: the
+# same 32 blocks in half the memory, its answers batch invariant.
+start "$work/open.log" "$cleave" serve "$ckpt" --port 0 --model-name tiny --threads 1 \
+  --set serve.max_step_ratio=0 --dtype bf16 --set serve.kv_cache_mb=0.5
 grep -q "# serve: OPEN: no API key" "$work/open.log" || { echo "FAIL: not said open:"; cat "$work/open.log"; exit 1; }
 grep -q "# serve: prompt rows fill every step to serve.step_tokens (serve.max_step_ratio=0)" "$work/open.log" \
   || { echo "FAIL: the ratio's off not said:"; cat "$work/open.log"; exit 1; }
+grep -q "# serve: key/value cache 32 blocks of 64 tokens, bf16 (serve.kv_cache_dtype=auto; 0.5 MiB a rank" \
+  "$work/open.log" || { echo "FAIL: no bf16 cache:"; cat "$work/open.log"; exit 1; }
+$client invariance "$base" "" tiny
 stop "$work/open.log"
 
 # tp 2 under mpirun: rank 0 serves, each step's batch goes to both ranks (each holds half the kv

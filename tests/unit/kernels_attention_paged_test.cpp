@@ -1,6 +1,7 @@
 // Attention over a paged key/value cache: each query of a ragged batch gets bit for bit what the
 // training kernel gives it over its sequence's keys laid out in one piece, wherever its blocks
-// lie in the pool and whatever else is in the batch.
+// lie in the pool and whatever else is in the batch; from a bf16 cache, what it gives over the
+// keys and values rounded to bf16.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,7 +21,7 @@ struct Seq {
 };
 
 void check_paged_matches_whole(int heads, int kv_heads, int hd, int64_t block_rows,
-                               const std::vector<Seq>& seqs) {
+                               const std::vector<Seq>& seqs, bool bf16_cache = false) {
   const int64_t kv = int64_t(kv_heads) * hd, qd = int64_t(heads) * hd;
   std::mt19937 gen(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -45,6 +46,9 @@ void check_paged_matches_whole(int heads, int kv_heads, int hd, int64_t block_ro
     std::vector<float> sq(size_t(T * qd)), sk(size_t(T * kv)), sv(size_t(T * kv));
     for (auto* v : {&sq, &sk, &sv})
       for (float& x : *v) x = nd(gen);
+    if (bf16_cache)
+      for (auto* v : {&sk, &sv})
+        for (float& x : *v) x = from_bf16(to_bf16(x));
     // The whole sequence through the training kernel.
     AttentionShape shape;
     shape.B = 1, shape.T = T, shape.n_heads = heads, shape.n_kv_heads = kv_heads, shape.head_dim = hd;
@@ -71,6 +75,13 @@ void check_paged_matches_whole(int heads, int kv_heads, int hd, int64_t block_ro
   p.k = pool_k.data(), p.v = pool_v.data(), p.kv_row_stride = kv, p.block_rows = block_rows;
   p.sequences = int64_t(seqs.size()), p.rows = rows.data(), p.past = past.data();
   p.blocks = table_ptrs.data();
+  std::vector<bf16> pool_k16(pool_k.size()), pool_v16(pool_v.size());
+  if (bf16_cache) {  // the same pool in bf16 (each value exact: rounded above)
+    std::transform(pool_k.begin(), pool_k.end(), pool_k16.begin(), to_bf16);
+    std::transform(pool_v.begin(), pool_v.end(), pool_v16.begin(), to_bf16);
+    p.k = p.v = nullptr;
+    p.k_bf16 = pool_k16.data(), p.v_bf16 = pool_v16.data();
+  }
   attention_forward_paged(out.data(), lse.data(), q.data(), p);
   for (size_t i = 0; i < seqs.size(); ++i) {
     const int64_t r0 = rows[i], n = seqs[i].rows;
@@ -93,6 +104,11 @@ TEST(PagedAttention, MatchesWholeSequenceBitwiseGqaOddHeadDim) {
 TEST(PagedAttention, MatchesWholeSequenceBitwiseLargerBlocks) {
   check_paged_matches_whole(4, 2, 32, 128, kMixed);
 }
+TEST(PagedAttention, Bf16CacheMatchesWholeSequenceOfRoundedKeysBitwise) {
+  check_paged_matches_whole(4, 4, 64, 64, kMixed, true);
+  check_paged_matches_whole(6, 2, 40, 64, kMixed, true);
+  check_paged_matches_whole(4, 2, 32, 128, kMixed, true);
+}
 TEST(PagedAttention, OneSequenceAloneOrAmongOthers) {
   check_paged_matches_whole(4, 2, 32, 64, {{100, 1}});
   check_paged_matches_whole(4, 2, 32, 64, {{3, 1}, {100, 1}, {0, 9}});
@@ -110,6 +126,12 @@ TEST(PagedAttention, BadInputThrows) {
   attention_forward_paged(out.data(), lse.data(), q.data(), p);
   PagedAttention bad = p;
   bad.block_rows = 48;  // a key block would straddle two pool blocks
+  EXPECT_THROW(attention_forward_paged(out.data(), lse.data(), q.data(), bad), Error);
+  std::vector<bf16> pool16(pool.size());
+  bad = p;
+  bad.k_bf16 = pool16.data();  // fp32 keys beside bf16 ones
+  EXPECT_THROW(attention_forward_paged(out.data(), lse.data(), q.data(), bad), Error);
+  bad.k = nullptr;  // bf16 keys, fp32 values
   EXPECT_THROW(attention_forward_paged(out.data(), lse.data(), q.data(), bad), Error);
   bad = p;
   std::vector<int64_t> backwards{0, 1, 0};

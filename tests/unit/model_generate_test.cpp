@@ -1,6 +1,6 @@
 // Inference through the paged key/value cache: the logits of the trainer's forward pass, bit for
-// bit, and the same for a sequence alone or in any batch; the block pool; sampling follows
-// temperature and top-k.
+// bit, and the same for a sequence alone or in any batch; a bf16 cache near them, batch
+// invariant too; the block pool; sampling follows temperature and top-k.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -103,12 +103,13 @@ TEST(Generate, CacheMatchesTrainerForwardBitwiseLlamaBf16) {
 
 // Batch invariance: a sequence's logits are the same alone, among 15 others, and at another
 // place in the batch, bit for bit.
-void check_batch_invariance(Family family, Precision precision, bool moe = false) {
+void check_batch_invariance(Family family, Precision precision, bool moe = false,
+                            KvDtype kv = KvDtype::fp32) {
   const ModelConfig c = tiny(family, moe);
   Transformer model(c, precision, 5);
   const std::vector<int32_t> prompt = some_tokens(90, c.vocab_size, 11);
   auto logits_of = [&](int others, int place) {
-    KvPool pool = model.new_pool(64);
+    KvPool pool = model.new_pool(64, kernels::kAttentionKeyBlock, kv);
     std::vector<SequenceCache> caches(size_t(others) + 1);
     std::vector<std::vector<int32_t>> prompts;
     for (int i = 0; i <= others; ++i)
@@ -148,6 +149,41 @@ TEST(Generate, BatchInvarianceLlamaBf16) { check_batch_invariance(Family::llama,
 TEST(Generate, BatchInvarianceMoe) { check_batch_invariance(Family::llama, Precision::fp32, true); }
 TEST(Generate, BatchInvarianceMoeBf16) {
   check_batch_invariance(Family::llama, Precision::bf16, true);
+}
+TEST(Generate, BatchInvarianceBf16Cache) {
+  check_batch_invariance(Family::llama, Precision::fp32, false, KvDtype::bf16);
+  check_batch_invariance(Family::gpt2, Precision::bf16, false, KvDtype::bf16);
+}
+
+// A bf16 cache: half the bytes a token, the logits near the fp32 cache's (its keys and values
+// rounded to 8 bits of mantissa) but not theirs, prompt at once or a token at a time alike.
+TEST(Generate, Bf16CacheIsNearTheFp32Cache) {
+  const ModelConfig c = tiny(Family::llama);
+  Transformer model(c, Precision::fp32, 4);
+  EXPECT_EQ(model.kv_bytes_per_token(KvDtype::bf16) * 2, model.kv_bytes_per_token(KvDtype::fp32));
+  const int64_t T = 150;
+  const std::vector<int32_t> tokens = some_tokens(T, c.vocab_size, 3);
+  auto logits_of = [&](KvDtype kv, int64_t chunk) {
+    KvPool pool = model.new_pool(8, kernels::kAttentionKeyBlock, kv);
+    EXPECT_EQ(pool.dtype(), kv);
+    SequenceCache seq;
+    std::vector<float> all;
+    for (int64_t t = 0; t < T; t += chunk) {
+      const std::vector<float> l = run_step(model, pool, {{tokens.begin() + t, tokens.begin() + t + chunk}, {{&seq, chunk}}});
+      all.insert(all.end(), l.begin(), l.end());
+    }
+    return all;
+  };
+  const std::vector<float> fp32 = logits_of(KvDtype::fp32, 1), bf16 = logits_of(KvDtype::bf16, 1);
+  float most = 0, scale = 0;
+  for (size_t i = 0; i < fp32.size(); ++i)
+    most = std::max(most, std::abs(fp32[i] - bf16[i])), scale = std::max(scale, std::abs(fp32[i]));
+  EXPECT_GT(most, 0.0f) << "the bf16 cache gave the fp32 cache's logits: not rounded";
+  EXPECT_LT(most, 2e-2f * scale) << "largest logit " << scale;
+  // The last position's logits from a prompt in chunks of 75 (prefill's tasks) are a decode's.
+  const std::vector<float> chunked = logits_of(KvDtype::bf16, 75);
+  EXPECT_EQ(0, std::memcmp(&chunked[size_t(c.vocab_size)], &bf16[size_t((T - 1) * c.vocab_size)],
+                           c.vocab_size * sizeof(float)));
 }
 
 // generate_batch gives each prompt what generate gives it alone with its seed, greedy and sampled,
@@ -274,6 +310,25 @@ TEST(Generate, PoolAllocatesSharesAndFrees) {
   EXPECT_EQ(pool.free_blocks(), 4);
   EXPECT_THROW(pool.release(0), Error);  // not in use
   EXPECT_THROW(KvPool(2, 8, 48, 4), Error);  // blocks must hold whole key blocks
+}
+
+// A bf16 pool copies a shared block's rows as the fp32 one does.
+TEST(Generate, Bf16PoolCopiesSharedBlocks) {
+  KvPool pool(2, 8, 64, 4, KvDtype::bf16);
+  SequenceCache a;
+  reserve_tokens(pool, a, 100);
+  a.length = 100;
+  KvLayer l1 = pool.layer(1);
+  ASSERT_TRUE(l1.k_bf16 && l1.v_bf16 && !l1.k && !l1.v);
+  l1.k_bf16[a.blocks[1] * 64 * 8 + 3 * 64 + 5] = to_bf16(42.0f);
+  l1.v_bf16[(a.blocks[1] * 64 + 5) * 8 + 3] = to_bf16(43.0f);
+  SequenceCache b = share_prefix(pool, a, 70);
+  reserve_tokens(pool, b, 71);
+  ASSERT_NE(b.blocks[1], a.blocks[1]);
+  EXPECT_EQ(from_bf16(l1.k_bf16[b.blocks[1] * 64 * 8 + 3 * 64 + 5]), 42.0f);
+  EXPECT_EQ(from_bf16(l1.v_bf16[(b.blocks[1] * 64 + 5) * 8 + 3]), 43.0f);
+  EXPECT_EQ(kv_dtype_bytes(KvDtype::bf16), 2);
+  EXPECT_THROW(parse_kv_dtype("fp16", "--kv-cache-dtype"), Error);
 }
 
 TEST(Generate, SamplingRules) {

@@ -11,6 +11,8 @@
 #pragma once
 #include <cstdint>
 
+#include "cleave/base/bf16.h"
+
 namespace cleave::kernels {
 
 // Forward visits a sequence's keys in blocks of this many, from its first token: a paged cache
@@ -60,6 +62,10 @@ struct PagedAttention {
   int64_t q_row_stride = 0;
   const float* k = nullptr;  // block b at k + b * block_rows * kv_row_stride, transposed
   const float* v = nullptr;  // block b's rows start at v + b * block_rows * kv_row_stride
+  // Or a bf16 cache, laid out the same: each query gets what it gets over fp32 keys and values of
+  // the same (rounded) values, bit for bit.
+  const bf16* k_bf16 = nullptr;
+  const bf16* v_bf16 = nullptr;
   int64_t kv_row_stride = 0, block_rows = 0;
   int64_t sequences = 0;
   const int64_t* rows = nullptr;          // [sequences + 1], non-decreasing from 0

@@ -6,15 +6,17 @@
 // diagonal are skipped; diagonal blocks skip their masked half by row panel.
 //
 // A task reads its keys through a function from a key block's first token to its K and V: one
-// piece of memory in training, a paged cache's blocks (keys transposed) in inference. Every other step is the
-// same code, so a query's result does not depend on where its keys lie, nor on which queries
-// share its task (each column of S^T is computed alone).
+// piece of memory in training, a paged cache's blocks (keys transposed) in inference, widened
+// first where the cache holds bf16. Every other step is the same code, so a query's result does
+// not depend on where its keys lie, nor on which queries share its task (each column of S^T is
+// computed alone).
 #include "cleave/kernels/attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cleave/kernels/attention_tiles.h"
@@ -29,7 +31,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // One thread's scratch for forward tasks.
 struct ForwardScratch {
-  float *qt, *st, *vb, *ob, *m, *l, *alpha, *s1, *kt;
+  float *qt, *st, *vb, *ob, *m, *l, *alpha, *s1, *kt, *vw;
   explicit ForwardScratch(int64_t hd) {
     const int64_t hdp = round_up(hd, kVL);
     qt = thread_scratch(0, hd * kFwdQ);     // [hd][kFwdQ]: scaled Q_i^T
@@ -40,16 +42,20 @@ struct ForwardScratch {
     l = m + kFwdQ;                          // running sum of exp(s - m) per query
     alpha = m + 2 * kFwdQ;                  // exp(m_old - m_new)
     s1 = thread_scratch(5, kFwdK);          // one query's scores, then P, over a key block
-    kt = thread_scratch(6, hd * kFwdK);     // [hd][kFwdK]: a key block transposed
+    kt = thread_scratch(6, hd * kFwdK);     // [hd][kFwdK]: a key block transposed (or widened)
+    vw = thread_scratch(7, kFwdK * hdp);    // [kFwdK][hdp]: a bf16 cache's V_j widened
   }
 };
 
-// A key block: key kk's dimension d at k[kk * key_stride + d * dim_stride]; value rows at v.
-struct KvRows {
-  const float* k;
-  const float* v;
-  int64_t key_stride, dim_stride;
+// A key block: key kk's dimension d at k[kk * key_stride + d * dim_stride]; value rows at v,
+// v_stride apart. fp32, or a bf16 cache's as it lies (one query's task reads it widening).
+template <class E>
+struct KvRowsOf {
+  const E* k;
+  const E* v;
+  int64_t key_stride, dim_stride, v_stride;
 };
+using KvRows = KvRowsOf<float>;
 
 // A key block's V rows (ld floats apart) as they lie, or copied with their padding into scratch
 // where hd is not a whole number of vectors (ld becomes the padded width).
@@ -68,8 +74,7 @@ inline const float* value_rows(const float* v, int64_t& ld, int64_t nk, int64_t 
 // One task: nq <= kFwdQ query rows of one head, q its first (row stride qs), the first being
 // token qa of the sequence's keys (0 .. Tk - 1); out its first output row (stride os), lse its
 // first log-sum-exp (stride 1). qid and kids: the query rows' and the sequence's keys' documents
-// (null: one). key_rows(k0) gives the task's kv head's KvRows of the key block from key k0; value
-// rows are kvs apart.
+// (null: one). key_rows(k0) gives the task's kv head's KvRows of the key block from key k0.
 struct ForwardTask {
   const float* q;
   int64_t qs, nq, qa, Tk;
@@ -81,7 +86,7 @@ struct ForwardTask {
 };
 
 template <class KeyRows>
-void forward_task(const ForwardTask& t, const KeyRows& key_rows, int64_t kvs, int64_t hd,
+void forward_task(const ForwardTask& t, const KeyRows& key_rows, int64_t hd,
                   const ForwardScratch& w) {
   constexpr float kLowest = std::numeric_limits<float>::lowest();
   const int64_t hdp = round_up(hd, kVL), nq = t.nq, nqp = round_up(nq, kVL), qa = t.qa;
@@ -102,7 +107,7 @@ void forward_task(const ForwardTask& t, const KeyRows& key_rows, int64_t kvs, in
     const int64_t k0 = j * kFwdK, nk = std::min(kFwdK, t.Tk - k0);
     const Docs docs = docs_of(t.qid, nq, t.kids ? t.kids + k0 : nullptr, nk);
     if (docs == Docs::kApart) continue;
-    const auto [kbase, vbase, key_stride, dim_stride] = key_rows(k0);
+    const auto [kbase, vbase, key_stride, dim_stride, v_stride] = key_rows(k0);
     const bool diag = k0 + kFwdK - 1 > qa;  // block crosses the diagonal
     // S^T row kk (key k0+kk) is needed only for queries qa+i >= k0+kk.
     gemm<false>(st, kFwdQ, kbase, key_stride, dim_stride, w.qt, kFwdQ, nk, nqp, hd,
@@ -149,7 +154,7 @@ void forward_task(const ForwardTask& t, const KeyRows& key_rows, int64_t kvs, in
       }
     }
     first = false;
-    int64_t ldv = kvs;
+    int64_t ldv = v_stride;
     const float* vrows = value_rows(vbase, ldv, nk, hd, w.vb);
     // O += (P^T)^T V_j; query qa+i has non-zero P for keys k0+kk <= qa+i only.
     gemm<true>(ob, hdp, st, 1, kFwdQ, vrows, ldv, nq, hdp, nk, diag ? Tri::kKTo : Tri::kNone,
@@ -174,9 +179,10 @@ void forward_task(const ForwardTask& t, const KeyRows& key_rows, int64_t kvs, in
 // forward_task spreads queries over vector lanes, so one query would fill one lane of sixteen;
 // here the lanes hold keys instead, from the key block packed transposed. Every number is made
 // by the same operations in the same order as there: each score is the FMA chain over d of
-// K[key][d] * (q[d] * scale), the row sum adds P key by key, and P V is the same gemm.
+// K[key][d] * (q[d] * scale), the row sum adds P key by key, and P V is the same gemm (from bf16
+// rows, the same sums written out: each output vector adds p[k] v[k] over k in order).
 template <class KeyRows>
-void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t kvs, int64_t hd,
+void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t hd,
                        const ForwardScratch& w) {
   const int64_t hdp = round_up(hd, kVL), qa = t.qa;
   const int64_t nkb = (t.Tk + kFwdK - 1) / kFwdK;
@@ -191,13 +197,16 @@ void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t kv
     const int64_t k0 = j * kFwdK, nk = std::min(kFwdK, t.Tk - k0), nkp = round_up(nk, kVL);
     const Docs docs = docs_of(t.qid, 1, t.kids ? t.kids + k0 : nullptr, nk);
     if (docs == Docs::kApart) continue;
-    const auto [kbase, vbase, key_stride, dim_stride] = key_rows(k0);
+    const auto [kbase, vbase, key_stride, dim_stride, v_stride] = key_rows(k0);
+    using E = std::remove_cvref_t<decltype(*kbase)>;
     // Keys stored transposed (a paged cache's) are read as they lie; rows are packed first.
-    const float* kcols = kbase;
+    const E* kcols = kbase;
     int64_t ldk = dim_stride;
-    if (key_stride != 1) {
-      pack_transposed(kt, kFwdK, kbase, key_stride, nk, nkp, hd, 1.0f);
-      kcols = kt, ldk = kFwdK;
+    if constexpr (std::is_same_v<E, float>) {
+      if (key_stride != 1) {
+        pack_transposed(kt, kFwdK, kbase, key_stride, nk, nkp, hd, 1.0f);
+        kcols = kt, ldk = kFwdK;
+      }
     }
     // Four key vectors at once: four independent FMA chains in flight instead of one waiting on
     // its own latency. Each chain is still its keys' sum over d in order.
@@ -205,7 +214,7 @@ void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t kv
     for (; c + 4 * kVL <= nkp; c += 4 * kVL) {
       vf a0{}, a1{}, a2{}, a3{};
       for (int64_t d = 0; d < hd; ++d) {
-        const float* row = kcols + d * ldk + c;
+        const E* row = kcols + d * ldk + c;
         a0 += q[d] * loadv(row);
         a1 += q[d] * loadv(row + kVL);
         a2 += q[d] * loadv(row + 2 * kVL);
@@ -234,9 +243,31 @@ void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t kv
     if (!first)
       for (int64_t d = 0; d < hdp; ++d) ob[d] *= alpha;
     first = false;
-    int64_t ldv = kvs;
-    const float* vrows = value_rows(vbase, ldv, nk, hd, w.vb);
-    gemm<true>(ob, hdp, s, 1, 1, vrows, ldv, 1, hdp, nk, diag ? Tri::kKTo : Tri::kNone, qa - k0);
+    if constexpr (std::is_same_v<E, float>) {
+      int64_t ldv = v_stride;
+      const float* vrows = value_rows(vbase, ldv, nk, hd, w.vb);
+      gemm<true>(ob, hdp, s, 1, 1, vrows, ldv, 1, hdp, nk, diag ? Tri::kKTo : Tri::kNone, qa - k0);
+    } else {  // hd = hdp here: whole vectors of each row; four sums in flight, as gemm's tile
+      const int64_t terms = diag ? std::clamp<int64_t>(qa - k0 + 1, 0, nk) : nk;
+      int64_t d = 0;
+      for (; d + 4 * kVL <= hdp; d += 4 * kVL) {
+        vf a0 = loadv(ob + d), a1 = loadv(ob + d + kVL), a2 = loadv(ob + d + 2 * kVL),
+           a3 = loadv(ob + d + 3 * kVL);
+        for (int64_t kk = 0; kk < terms; ++kk) {
+          const bf16* row = vbase + kk * v_stride + d;
+          a0 += s[kk] * loadv(row);
+          a1 += s[kk] * loadv(row + kVL);
+          a2 += s[kk] * loadv(row + 2 * kVL);
+          a3 += s[kk] * loadv(row + 3 * kVL);
+        }
+        storev(ob + d, a0), storev(ob + d + kVL, a1), storev(ob + d + 2 * kVL, a2), storev(ob + d + 3 * kVL, a3);
+      }
+      for (; d < hdp; d += kVL) {
+        vf acc = loadv(ob + d);
+        for (int64_t kk = 0; kk < terms; ++kk) acc += s[kk] * loadv(vbase + kk * v_stride + d);
+        storev(ob + d, acc);
+      }
+    }
   }
   if (l == 0.0f) {
     std::memset(t.out, 0, sizeof(float) * hd);
@@ -249,10 +280,9 @@ void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t kv
 }
 
 template <class KeyRows>
-void run_task(const ForwardTask& t, const KeyRows& key_rows, int64_t kvs, int64_t hd,
-              const ForwardScratch& w) {
-  if (t.nq == 1) return forward_one_query(t, key_rows, kvs, hd, w);
-  forward_task(t, key_rows, kvs, hd, w);
+void run_task(const ForwardTask& t, const KeyRows& key_rows, int64_t hd, const ForwardScratch& w) {
+  if (t.nq == 1) return forward_one_query(t, key_rows, hd, w);
+  forward_task(t, key_rows, hd, w);
 }
 
 void check_paged(const PagedAttention& p) {
@@ -263,6 +293,8 @@ void check_paged(const PagedAttention& p) {
                    p.kv_row_stride >= int64_t(p.n_kv_heads) * p.head_dim,
                "paged attention: row strides q " << p.q_row_stride << ", kv " << p.kv_row_stride
                                                  << " are shorter than their heads");
+  CLEAVE_CHECK((p.k && p.v && !p.k_bf16 && !p.v_bf16) || (!p.k && !p.v && p.k_bf16 && p.v_bf16),
+               "paged attention: the cache's keys and values are either fp32 or bf16, both given");
   CLEAVE_CHECK(p.block_rows > 0 && p.block_rows % kAttentionKeyBlock == 0,
                "paged attention: blocks of " << p.block_rows << " rows; they must hold a multiple of "
                                              << kAttentionKeyBlock);
@@ -310,9 +342,9 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       run_task(
           t,
           [&](int64_t k0) {
-            return KvRows{k + first_key + k0 * kvs, v + first_key + k0 * kvs, kvs, 1};
+            return KvRows{k + first_key + k0 * kvs, v + first_key + k0 * kvs, kvs, 1, kvs};
           },
-          kvs, hd, w);
+          hd, w);
     }
   }
 }
@@ -346,15 +378,53 @@ void attention_forward_paged(float* out, float* lse, const float* q, const Paged
                           nullptr,
                           nullptr};
       const int32_t* table = p.blocks[s];
-      const int64_t column = kvh * hd;
+      const int64_t column = kvh * hd, br = p.block_rows;
+      if (!p.k_bf16) {
+        run_task(
+            t,
+            [&](int64_t k0) {
+              const int64_t b = int64_t(table[k0 / br]) * block, i = k0 % br;
+              return KvRows{p.k + b + column * br + i, p.v + b + i * kvs + column, 1, br, kvs};
+            },
+            hd, w);
+        continue;
+      }
+      // One query reads a bf16 cache as it lies (half the bytes of fp32 from memory), widening
+      // each vector as it loads it; its value rows need whole vectors (hd a multiple of kVL).
+      if (t.nq == 1 && hd % kVL == 0) {
+        forward_one_query(
+            t,
+            [&](int64_t k0) {
+              const int64_t b = int64_t(table[k0 / br]) * block, i = k0 % br;
+              return KvRowsOf<bf16>{p.k_bf16 + b + column * br + i, p.v_bf16 + b + i * kvs + column,
+                                    1, br, kvs};
+            },
+            hd, w);
+        continue;
+      }
       run_task(
           t,
           [&](int64_t k0) {
-            const int64_t b = int64_t(table[k0 / p.block_rows]) * block, i = k0 % p.block_rows;
-            return KvRows{p.k + b + column * p.block_rows + i, p.v + b + i * kvs + column, 1,
-                          p.block_rows};
+            const int64_t b = int64_t(table[k0 / br]) * block, i = k0 % br;
+            // bf16 -> fp32 is exact: the block's keys and values as they were rounded, each key
+            // dimension a row of kFwdK as the transposed cache has it, rows past the sequence zero
+            // (the kernels read whole vectors of them and mask their scores).
+            const int64_t nk = std::min(kFwdK, t.Tk - k0), hdp = round_up(hd, kVL);
+            for (int64_t d = 0; d < hd; ++d) {
+              const bf16* from = p.k_bf16 + b + (column + d) * br + i;
+              float* to = w.kt + d * kFwdK;
+              for (int64_t kk = 0; kk < nk; ++kk) to[kk] = from_bf16(from[kk]);
+              for (int64_t kk = nk; kk < kFwdK; ++kk) to[kk] = 0.0f;
+            }
+            for (int64_t kk = 0; kk < nk; ++kk) {
+              const bf16* from = p.v_bf16 + b + (i + kk) * kvs + column;
+              float* to = w.vw + kk * hdp;
+              for (int64_t d = 0; d < hd; ++d) to[d] = from_bf16(from[d]);
+              for (int64_t d = hd; d < hdp; ++d) to[d] = 0.0f;
+            }
+            return KvRows{w.kt, w.vw, 1, kFwdK, hdp};
           },
-          kvs, hd, w);
+          hd, w);
     }
   }
 }

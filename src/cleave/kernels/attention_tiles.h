@@ -43,6 +43,21 @@ inline vf loadv(const float* p) {
   return v;
 }
 inline void storev(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+// kVL bf16 values widened to fp32 (exact: each is the upper half of its fp32), one zero-extending
+// load and a shift (the vector extensions' convert splits into halves).
+inline vf loadv(const bf16* p) {
+#if defined(__AVX512F__)
+  const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+#elif defined(__AVX2__)
+  const __m256i wide = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+#else
+  uint32_t wide[kVL];
+  for (int i = 0; i < kVL; ++i) wide[i] = uint32_t(p[i]) << 16;
+#endif
+  vf v;
+  std::memcpy(&v, &wide, sizeof v);
+  return v;
+}
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

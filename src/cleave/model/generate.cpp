@@ -112,7 +112,7 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
     seqs[i].done = o.max_new_tokens == 0 || int64_t(i) % share.size != share.rank;
     if (!seqs[i].done) blocks += (seqs[i].total + block_rows - 1) / block_rows;
   }
-  const double block_bytes = double(block_rows) * double(model.kv_bytes_per_token());
+  const double block_bytes = double(block_rows) * double(model.kv_bytes_per_token(o.kv_dtype));
   if (o.kv_cache_mib > 0) {
     // A pool too small for the request would fill part way through it, with nothing to wait
     // for: refused now, naming what it needs.
@@ -133,7 +133,7 @@ std::vector<std::vector<int32_t>> generate_batch(Transformer& model,
                    << " tokens takes " << int64_t(bytes / (1 << 20)) << " MiB, more than the "
                    << int64_t(machine / (1 << 20)) << " MiB this rank has of its host's memory: "
                    << "fewer sequences, new tokens or cache MiB");
-  KvPool pool = model.new_pool(blocks, block_rows);
+  KvPool pool = model.new_pool(blocks, block_rows, o.kv_dtype);
   SequenceCache idle;
   reserve_tokens(pool, idle, 1);
   Batch batch;

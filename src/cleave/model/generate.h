@@ -23,6 +23,7 @@ struct SamplingOptions {
   // The key/value pool's size on each rank (0: what the prompts and their new tokens need). One
   // smaller than that is refused before anything runs.
   double kv_cache_mib = 0;
+  KvDtype kv_dtype = KvDtype::fp32;  // the pool's keys and values
   // The memory this rank's cache may take at most (0: its host's): the ranks sharing a host
   // share its memory.
   int64_t memory_bytes = 0;

@@ -8,8 +8,18 @@
 
 namespace cleave {
 
-KvPool::KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks)
-    : row_(row), block_rows_(block_rows) {
+std::string kv_dtype_name(KvDtype dtype) { return dtype == KvDtype::bf16 ? "bf16" : "fp32"; }
+
+int64_t kv_dtype_bytes(KvDtype dtype) { return dtype == KvDtype::bf16 ? 2 : 4; }
+
+KvDtype parse_kv_dtype(const std::string& name, const std::string& what) {
+  if (name == "fp32") return KvDtype::fp32;
+  if (name == "bf16") return KvDtype::bf16;
+  throw Error(what + " must be fp32 or bf16, not '" + name + "'");
+}
+
+KvPool::KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks, KvDtype dtype)
+    : layers_(layers), row_(row), block_rows_(block_rows), dtype_(dtype) {
   CLEAVE_CHECK(layers >= 0 && row > 0, "a key/value pool of " << layers << " layers of rows of "
                                                             << row << " floats");
   CLEAVE_CHECK(block_rows > 0 && block_rows % kernels::kAttentionKeyBlock == 0,
@@ -17,12 +27,16 @@ KvPool::KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks)
                                       << kernels::kAttentionKeyBlock << " tokens");
   CLEAVE_CHECK(blocks > 0 && blocks <= INT32_MAX,
                "a key/value pool of " << blocks << " blocks (1 to " << INT32_MAX << ")");
-  k_.resize(size_t(layers));
-  v_.resize(size_t(layers));
-  for (int l = 0; l < layers; ++l) {
-    k_[size_t(l)].resize(blocks * block_rows * row);
-    v_[size_t(l)].resize(blocks * block_rows * row);
-  }
+  const auto make = [&](auto& k, auto& v) {
+    k.resize(size_t(layers));
+    v.resize(size_t(layers));
+    for (int l = 0; l < layers; ++l) {
+      k[size_t(l)].resize(blocks * block_rows * row);
+      v[size_t(l)].resize(blocks * block_rows * row);
+    }
+  };
+  if (dtype == KvDtype::bf16) make(k_bf16_, v_bf16_);
+  else make(k_, v_);
   refs_.assign(size_t(blocks), 0);
   free_.resize(size_t(blocks));
   for (int64_t b = 0; b < blocks; ++b) free_[size_t(b)] = int32_t(blocks - 1 - b);
@@ -30,7 +44,9 @@ KvPool::KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks)
 
 KvLayer KvPool::layer(int l) {
   CLEAVE_CHECK(l >= 0 && l < layers(), "layer " << l << " of a key/value pool of " << layers());
-  return {k_[size_t(l)].data(), v_[size_t(l)].data(), block_rows_, row_};
+  if (dtype_ == KvDtype::bf16)
+    return {nullptr, nullptr, k_bf16_[size_t(l)].data(), v_bf16_[size_t(l)].data(), block_rows_, row_};
+  return {k_[size_t(l)].data(), v_[size_t(l)].data(), nullptr, nullptr, block_rows_, row_};
 }
 
 void KvPool::check_block(int32_t block, const char* what) const {
@@ -39,14 +55,32 @@ void KvPool::check_block(int32_t block, const char* what) const {
                     << " blocks)");
 }
 
-void KvPool::touch_all() {
-  for (auto* layers : {&k_, &v_})
-    for (Buffer<float>& b : *layers) {
-      float* p = b.data();
-      const int64_t n = b.size();
+namespace {
+
+template <class T>
+void touch(std::vector<Buffer<T>>& layers) {
+  constexpr int64_t kPage = 4096 / sizeof(T);
+  for (Buffer<T>& b : layers) {
+    T* p = b.data();
+    const int64_t n = b.size();
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; i += 1024) p[i] = 0.0f;
-    }
+    for (int64_t i = 0; i < n; i += kPage) p[i] = T(0);
+  }
+}
+
+// The first `rows` tokens of block `from` copied into block `to`, in every layer.
+template <class T>
+void copy_rows(T* k, T* v, int64_t br, int64_t row, int32_t to, int32_t from, int64_t rows) {
+  const int64_t t = to * br * row, f = from * br * row;
+  for (int64_t c = 0; c < row; ++c)  // keys are stored transposed: columns of br
+    std::memcpy(k + t + c * br, k + f + c * br, rows * sizeof(T));
+  std::memcpy(v + t, v + f, rows * row * sizeof(T));
+}
+
+}  // namespace
+
+void KvPool::touch_all() {
+  touch(k_), touch(v_), touch(k_bf16_), touch(v_bf16_);
 }
 
 int32_t KvPool::allocate() {
@@ -90,10 +124,8 @@ void reserve_tokens(KvPool& pool, SequenceCache& seq, int64_t tokens) {
     const int32_t fresh = pool.allocate();
     for (int l = 0; l < pool.layers(); ++l) {
       const KvLayer kv = pool.layer(l);
-      const int64_t to = fresh * br * kv.row, from = at * br * kv.row;
-      for (int64_t c = 0; c < kv.row; ++c)  // keys are stored transposed: columns of br
-        std::memcpy(kv.k + to + c * br, kv.k + from + c * br, partial * sizeof(float));
-      std::memcpy(kv.v + to, kv.v + from, partial * kv.row * sizeof(float));
+      if (kv.k) copy_rows(kv.k, kv.v, br, kv.row, fresh, at, partial);
+      else copy_rows(kv.k_bf16, kv.v_bf16, br, kv.row, fresh, at, partial);
     }
     pool.release(at);
     at = fresh;

@@ -3,31 +3,45 @@
 // this rank holds (its kv heads under tp, its layers under pp). A sequence's block table lists
 // its blocks in token order, so sequences of any length share one pool without fragmenting it.
 // Blocks are counted by reference: sequences with a common prefix hold its blocks once, and a
-// shared block is copied before a sequence writes into it.
+// shared block is copied before a sequence writes into it. The keys and values are kept in fp32
+// (the trainer's forward, bit for bit) or bf16 (half the memory and the bytes each decoding
+// step reads, as vLLM's and llama.cpp's 16-bit caches; a query gets what it would get over
+// fp32 keys and values of the rounded values).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "cleave/base/bf16.h"
 #include "cleave/base/buffer.h"
 
 namespace cleave {
 
+enum class KvDtype { fp32, bf16 };
+std::string kv_dtype_name(KvDtype dtype);
+int64_t kv_dtype_bytes(KvDtype dtype);
+// "fp32" or "bf16"; a clear error naming `what` (the setting) otherwise.
+KvDtype parse_kv_dtype(const std::string& name, const std::string& what);
+
 // What one layer's attention reads and writes: block b's keys and values start at
-// k (v) + b * block_rows * row, a token's row holding the rank's kv heads (row floats); values as
-// rows, keys transposed (kernels::PagedAttention).
+// k (v) + b * block_rows * row, a token's row holding the rank's kv heads (row values); values as
+// rows, keys transposed (kernels::PagedAttention). Either k and v (fp32) or k_bf16 and v_bf16.
 struct KvLayer {
   float* k = nullptr;
   float* v = nullptr;
+  bf16* k_bf16 = nullptr;
+  bf16* v_bf16 = nullptr;
   int64_t block_rows = 0, row = 0;
 };
 
 class KvPool {
  public:
   // blocks of block_rows tokens (a multiple of kernels::kAttentionKeyBlock) for `layers` layers of
-  // kv rows of `row` floats. Memory is mapped, not touched: a block costs memory once written.
+  // kv rows of `row` values. Memory is mapped, not touched: a block costs memory once written.
   // No layers: the books alone, of a pool another rank holds (a server's other ep ranks').
-  KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks);
-  int layers() const { return int(k_.size()); }
+  KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks, KvDtype dtype = KvDtype::fp32);
+  int layers() const { return layers_; }
+  KvDtype dtype() const { return dtype_; }
   int64_t block_rows() const { return block_rows_; }
   int64_t row() const { return row_; }
   int64_t blocks() const { return int64_t(refs_.size()); }
@@ -46,8 +60,11 @@ class KvPool {
 
  private:
   void check_block(int32_t block, const char* what) const;
+  int layers_;
   int64_t row_, block_rows_;
-  std::vector<Buffer<float>> k_, v_;  // per layer: [blocks][block_rows][row]
+  KvDtype dtype_;
+  std::vector<Buffer<float>> k_, v_;          // fp32, per layer: [blocks][block_rows][row]
+  std::vector<Buffer<bf16>> k_bf16_, v_bf16_;  // or bf16
   std::vector<int32_t> refs_;
   std::vector<int32_t> free_;  // a stack: the lowest block is handed out first
 };

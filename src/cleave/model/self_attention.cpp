@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "cleave/base/bf16_round.h"
 
 namespace cleave {
 
@@ -133,8 +134,13 @@ void SelfAttention::attend_cached(Saved& s, const Batch& batch, const KvLayer& c
       const int64_t t = batch.cache_past[size_t(sq)] + r - batch.cache_rows[size_t(sq)];
       const int64_t block = int64_t(table[size_t(t / br)]) * br * kv_dim, i = t % br;
       const float* row = s.qkv.data() + r * qkv_dim + q_dim;
-      for (int64_t c = 0; c < kv_dim; ++c) cache.k[block + c * br + i] = row[c];  // transposed
-      std::memcpy(cache.v + block + i * kv_dim, row + kv_dim, kv_dim * sizeof(float));
+      if (cache.k) {
+        for (int64_t c = 0; c < kv_dim; ++c) cache.k[block + c * br + i] = row[c];  // transposed
+        std::memcpy(cache.v + block + i * kv_dim, row + kv_dim, kv_dim * sizeof(float));
+      } else {
+        for (int64_t c = 0; c < kv_dim; ++c) cache.k_bf16[block + c * br + i] = to_bf16(row[c]);
+        bf16_round_run(cache.v_bf16 + block + i * kv_dim, row + kv_dim, kv_dim);
+      }
     }
   }
   const int64_t N = s.B * s.T;
@@ -142,7 +148,8 @@ void SelfAttention::attend_cached(Saved& s, const Batch& batch, const KvLayer& c
   kernels::PagedAttention p;
   p.n_heads = share_.heads, p.n_kv_heads = share_.kv_heads, p.head_dim = int(hd);
   p.q_row_stride = qkv_dim;
-  p.k = cache.k, p.v = cache.v, p.kv_row_stride = kv_dim, p.block_rows = br;
+  p.k = cache.k, p.v = cache.v, p.k_bf16 = cache.k_bf16, p.v_bf16 = cache.v_bf16;
+  p.kv_row_stride = kv_dim, p.block_rows = br;
   p.sequences = sequences;
   p.rows = batch.cache_rows.data(), p.past = batch.cache_past.data();
   tables_.clear();

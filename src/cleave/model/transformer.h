@@ -134,9 +134,11 @@ class Transformer {
   const float* logits() const;
 
   // Inference (docs/inference.md): a key/value pool of `blocks` blocks of block_rows tokens for
-  // the layers and kv heads this rank holds; what one token takes in it, keys and values.
-  KvPool new_pool(int64_t blocks, int64_t block_rows = kernels::kAttentionKeyBlock) const;
-  int64_t kv_bytes_per_token() const;
+  // the layers and kv heads this rank holds, in fp32 or bf16; what one token takes in it, keys and
+  // values.
+  KvPool new_pool(int64_t blocks, int64_t block_rows = kernels::kAttentionKeyBlock,
+                  KvDtype dtype = KvDtype::fp32) const;
+  int64_t kv_bytes_per_token(KvDtype dtype = KvDtype::fp32) const;
   // One forward of a ragged batch over the pool (Batch::cached), the training forward's units on
   // slot 0: the new tokens' keys and values go into their blocks, and the head computes the
   // logits of batch.logit_rows alone, [logit_rows, vocab_size] on every tp rank, with no loss.

@@ -79,13 +79,14 @@ class RowInvariantProducts {
 
 }  // namespace
 
-KvPool Transformer::new_pool(int64_t blocks, int64_t block_rows) const {
+KvPool Transformer::new_pool(int64_t blocks, int64_t block_rows, KvDtype dtype) const {
   CLEAVE_CHECK(!blocks_.empty(), "a key/value pool for a rank that holds no layer");
-  return KvPool(int(blocks_.size()), int64_t(share_.kv_heads) * cfg_.head_dim(), block_rows, blocks);
+  return KvPool(int(blocks_.size()), int64_t(share_.kv_heads) * cfg_.head_dim(), block_rows, blocks,
+                dtype);
 }
 
-int64_t Transformer::kv_bytes_per_token() const {
-  return 2 * int64_t(blocks_.size()) * share_.kv_heads * cfg_.head_dim() * int64_t(sizeof(float));
+int64_t Transformer::kv_bytes_per_token(KvDtype dtype) const {
+  return 2 * int64_t(blocks_.size()) * share_.kv_heads * cfg_.head_dim() * kv_dtype_bytes(dtype);
 }
 
 const float* Transformer::forward_cached(const Batch& batch, KvPool& pool) {

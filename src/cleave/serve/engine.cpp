@@ -43,7 +43,7 @@ Engine::Engine(Transformer& model, const EngineOptions& options, Peers* peers)
   for (int l = 0; l < options.lanes; ++l) {
     // Lane 0 runs here; the others' pools are on their ranks: here, their books alone.
     lanes_.push_back(std::make_unique<Lane>(
-        l == 0 ? model.new_pool(options.kv_blocks, kernels::kAttentionKeyBlock)
+        l == 0 ? model.new_pool(options.kv_blocks, kernels::kAttentionKeyBlock, options.kv_dtype)
                : KvPool(0, lanes_[0]->pool.row(), kernels::kAttentionKeyBlock, options.kv_blocks)));
     reserve_tokens(lanes_.back()->pool, lanes_.back()->pad, kRowBucket);
   }

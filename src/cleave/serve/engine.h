@@ -38,6 +38,7 @@ struct EngineOptions {
   // it while prompts arrive. 0: prompts fill the whole step_tokens.
   double max_step_ratio = 2;
   int lanes = 1;              // the ep ranks, each serving requests of its own
+  KvDtype kv_dtype = KvDtype::fp32;  // the pool's keys and values
 };
 
 // The other ranks of the layout, as the engine sees them (serve/step_peers.h has MPI's).

@@ -146,8 +146,8 @@ const float* MpiPeers::gather(const float* own, const std::vector<Batch>& lanes)
 
 void MpiPeers::stop() { serve::send(kStop, {}, groups_); }
 
-void follow_steps(Transformer& model, int64_t kv_blocks, const PeerGroups& groups) {
-  KvPool pool = model.new_pool(kv_blocks, kernels::kAttentionKeyBlock);
+void follow_steps(Transformer& model, int64_t kv_blocks, KvDtype kv_dtype, const PeerGroups& groups) {
+  KvPool pool = model.new_pool(kv_blocks, kernels::kAttentionKeyBlock, kv_dtype);
   pool.touch_all();
   // Rank 0 keeps the books: here every block counts as in use, so any table it sends is valid.
   while (pool.free_blocks() > 0) pool.allocate();

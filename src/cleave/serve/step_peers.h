@@ -46,7 +46,7 @@ class MpiPeers final : public Peers {
 };
 
 // Every other rank's: runs each step rank 0 sends until it sends stop. Its pool has as many
-// blocks as rank 0's.
-void follow_steps(Transformer& model, int64_t kv_blocks, const PeerGroups& groups);
+// blocks as rank 0's, of the same dtype.
+void follow_steps(Transformer& model, int64_t kv_blocks, KvDtype kv_dtype, const PeerGroups& groups);
 
 }  // namespace cleave::serve
