@@ -19,7 +19,8 @@
 #      2 threads, the median of its runs, measured each round) over the bytes a decoded token
 #      reads: every product's weights (the linears and the LM head; 4 B each in fp32, 2 B in bf16,
 #      as cleave's bf16 products read bf16 copies), the token's embedding row (fp32) and the
-#      key/value cache (fp32 in both) at the decode's mean context; cleave's fraction of it
+#      key/value cache (in the weights' dtype, cleave's default) at the decode's mean context;
+#      cleave's fraction of it
 #      (target >= 0.85).
 # Targets are printed beside the figures; this is a report, not a gate. Also printed: whether the
 # peers' greedy fp32 continuations are cleave's (the same work, not a faster other one).
@@ -171,7 +172,8 @@ done
 
 # Bytes a decoded token reads, from the exported config: the products' weights (q, k, v, o, the
 # three MLP matrices per layer, and the LM head), the embedding row, and the cache's keys and
-# values in every layer at the mean context (prompt + new / 2).
+# values (WEIGHT_BYTES each, as cleave keeps them) in every layer at the mean context (prompt +
+# new / 2).
 bytes() {  # WEIGHT_BYTES
   /usr/bin/python3 - "$work/hf/config.json" "$1" "$(( $(wc -w <<<"$short") + new / 2 ))" <<'PY'
 import json, sys
@@ -181,7 +183,7 @@ d, L, V, F = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["inter
 H = c["num_attention_heads"]
 kv = c.get("num_key_value_heads", H) * (d // H)
 products = L * (d * d + 2 * d * kv + d * d + 3 * d * F) + V * d
-print(width * products + 4 * d + context * L * 2 * kv * 4)
+print(width * products + 4 * d + context * L * 2 * kv * width)
 PY
 }
 stream=$(med stream)

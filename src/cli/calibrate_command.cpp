@@ -194,6 +194,19 @@ void measure_kernel_rates(const Plan& plan, int rank, Cluster& c,
         std::to_string(N) + " rows, as the optimizer packs it after an update (the median of one "
         "weight)";
   }
+  // FP8's kernels, as what an FP8 linear takes beyond a bf16 one; where noise leaves no
+  // difference on average, the key is left out (the element-wise rate stands in).
+  const Fp8Timing fp8 = time_fp8_kernels(N, d, 4 * d, kernels::Fp8Recipe::delayed, plan.kernel_seconds);
+  const double fp8_extra = world_mean(fp8.seconds);
+  if (fp8_extra > 0) {
+    c.fp8_gbps = measured(fp8.bytes / fp8_extra * 1e-9);
+    comments["cluster.fp8_gbps"] =
+        "GB/s per rank of FP8's own kernels (quantisation, amaxes, bf16 images, scaled sums) on\n"
+        "the bytes the planner counts for them (kernels::fp8_traffic): what a linear of " +
+        std::to_string(d) + " -> " + std::to_string(4 * d) + " on " + std::to_string(N) +
+        " rows\ntakes in FP8 (delayed scaling) beyond bf16, forward and backward after a new "
+        "weight, each the median, every rank at once";
+  }
   constexpr int kHeads = 4, kHeadDim = 64;
   c.attention.clear();
   for (int64_t keys : plan.attention_keys) {
@@ -240,6 +253,11 @@ void measure_kernel_rates(const Plan& plan, int rank, Cluster& c,
                 blocks.c_str(), on.c_str());
     if (packs) std::printf("weight packing: %.2f GB/s per rank of copies written\n", c.pack_gbps);
     else std::printf("weight packing: none (fp32 products read the weights as they are)\n");
+    if (c.fp8_gbps > 0)
+      std::printf("FP8 kernels: %.2f GB/s per rank (%.3f ms beyond bf16 for %.3g MB)\n", c.fp8_gbps,
+                  fp8_extra * 1e3, fp8.bytes * 1e-6);
+    else
+      std::printf("FP8 kernels: no time measured beyond bf16's; the element-wise rate stands in\n");
     for (const AttentionRate& r : c.attention)
       std::printf("attention over %lld keys: %.1f GF/s per rank\n", (long long)r.keys, r.gflops);
     std::fflush(stdout);

@@ -71,7 +71,7 @@ expect_error "kv cache too small" "holds 1 blocks of 64 tokens; this rank's sequ
 expect_error "kv cache too small for 3" "holds 2 blocks of 64 tokens; this rank's sequences need 4" "$cleave" generate "$ck" --prompt "To be" --batch 3 --kv-cache-mib 0.15
 "$cleave" generate "$ck" --prompt "To be" --batch 3 --kv-cache-mib 0.3 --max-new-tokens 4 2> "$work/kv.err" > /dev/null ||
   { echo "FAIL: a 0.3 MiB cache for 3 sequences"; cat "$work/kv.err"; exit 1; }
-grep -q "key/value cache 0.3 MiB a rank" "$work/kv.err" || { echo "FAIL: the cache's size is not shown"; cat "$work/kv.err"; exit 1; }
+grep -q "key/value cache fp32, 0.3 MiB a rank" "$work/kv.err" || { echo "FAIL: the cache's size is not shown"; cat "$work/kv.err"; exit 1; }
 expect_error "prompt ids out of range" "--prompt-ids = 999 is out of range [0, 255]" "$cleave" generate "$ck" --prompt-ids "1 999"
 expect_error "generate layout not the ranks" "parallel.tp = 2 x parallel.pp = 1 x parallel.ep = 1 makes 2 ranks, but 1 were started" "$cleave" generate "$ck" --prompt "To be" --set parallel.tp=2
 expect_error "generate setting not a layout" "the inference layout takes parallel.tp=N" "$cleave" generate "$ck" --prompt "To be" --set train.steps=3

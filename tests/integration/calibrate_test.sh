@@ -91,6 +91,11 @@ check "weight packing measured (or said to need none) and printed" \
 check "packing in the file when measured" \
   awk '/^rates / { if (($5 > 0) != packs) bad = 1 } END { exit bad }' \
   packs="$(grep -c '^weight packing: [0-9]' "$work/two.log")" "$work/two.info"
+check "FP8's kernels measured (or said to take no time beyond bf16) and printed" \
+  grep -qE "^FP8 kernels: ([0-9.]+ GB/s per rank \([0-9.]+ ms beyond bf16 for [0-9.e+-]+ MB\)|no time measured)" "$work/two.log"
+check "FP8's rate in the file when measured" \
+  awk '/^rates / { if (($11 > 0) != fp8) bad = 1 } END { exit bad }' \
+  fp8="$(grep -c '^FP8 kernels: [0-9]' "$work/two.log")" "$work/two.info"
 check "released memory's refault rates > 0, in the file and printed" \
   awk '/^rates / && $7 > 0 && $9 > 0 { ok = 1 } END { exit !ok }' "$work/two.info"
 check "... printed as measured" grep -qE "^released memory written again: [0-9.e+-]+ GB/s per rank \(4 KiB pages\), [0-9.e+-]+ GB/s \(huge pages\); 256 KiB ranges of a 4 MiB buffer" "$work/two.log"

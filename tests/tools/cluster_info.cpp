@@ -5,7 +5,7 @@
 // wrote (integration/calibrate_test.sh):
 //   cluster NAME devices_per_host N memory_gib X memory_gbps X
 //   peak DTYPE GF/s | peak DTYPE unknown
-//   rates elementwise_gbps X pack_gbps X refault_gbps X refault_huge_gbps X   (0: absent)
+//   rates elementwise_gbps X pack_gbps X refault_gbps X refault_huge_gbps X fp8_gbps X   (0: absent)
 //   compute_imbalance X                       (0: absent)
 //   attention KEYS gflops X seconds_1024 S     (each point; attention_seconds of 1024 queries and keys)
 //   gemm DTYPE POINTS seconds_1024 S          (gemm_seconds of a 1024^3 product)
@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
       if (it == c.peak_gflops.end()) std::printf("peak %s unknown\n", precision_name(p));
       else std::printf("peak %s %g\n", precision_name(p), it->second);
     }
-    std::printf("rates elementwise_gbps %g pack_gbps %g refault_gbps %g refault_huge_gbps %g\n",
-                c.elementwise_gbps, c.pack_gbps, c.refault_gbps, c.refault_huge_gbps);
+    std::printf("rates elementwise_gbps %g pack_gbps %g refault_gbps %g refault_huge_gbps %g fp8_gbps %g\n",
+                c.elementwise_gbps, c.pack_gbps, c.refault_gbps, c.refault_huge_gbps, c.fp8_gbps);
     std::printf("compute_imbalance %g\n", c.compute_imbalance);
     for (const AttentionRate& r : c.attention)
       std::printf("attention %lld gflops %g seconds_1024 %g\n", (long long)r.keys, r.gflops,

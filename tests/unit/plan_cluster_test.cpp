@@ -34,6 +34,7 @@ Cluster sample_cluster() {
   c.attention_dtype = Precision::bf16;
   c.elementwise_gbps = 1500.5;
   c.pack_gbps = 700;
+  c.fp8_gbps = 333.25;
   c.refault_gbps = 0.125;
   c.refault_huge_gbps = 1.5;
   c.compute_imbalance = 1.125;
@@ -103,6 +104,7 @@ TEST(Cluster, RoundTrip) {
   EXPECT_EQ(back.attention_dtype, Precision::bf16);
   EXPECT_EQ(back.elementwise_gbps, 1500.5);
   EXPECT_EQ(back.pack_gbps, 700);
+  EXPECT_EQ(back.fp8_gbps, 333.25);
   EXPECT_EQ(back.refault_gbps, 0.125);
   EXPECT_EQ(back.refault_huge_gbps, 1.5);
   EXPECT_EQ(back.compute_imbalance, 1.125);
@@ -192,8 +194,12 @@ TEST(Cluster, RefusesValuesOutOfRangeAndMissingKeys) {
   const Cluster minimal = parse_cluster(kMinimal, "minimal.toml");
   EXPECT_EQ(minimal.elementwise_gbps, 0);
   EXPECT_EQ(minimal.pack_gbps, 0);
+  EXPECT_EQ(minimal.fp8_gbps, 0);
   EXPECT_TRUE(minimal.attention.empty());
   EXPECT_EQ(cluster_toml(minimal).find("elementwise_gbps"), std::string::npos);
+  EXPECT_EQ(cluster_toml(minimal).find("fp8_gbps"), std::string::npos);
+  // FP8's kernels fall back to the element-wise rate, that to the streaming bandwidth.
+  EXPECT_DOUBLE_EQ(fp8_seconds(minimal, 1e9), memory_seconds(minimal, 1e9));
   // Without compute_imbalance the devices compute alike; below 1 it would make ranks that wait
   // for each other faster than each alone.
   EXPECT_EQ(minimal.compute_imbalance, 0.0);

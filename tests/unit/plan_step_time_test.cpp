@@ -463,8 +463,9 @@ TEST(PlanStepTime, EpRanksWaitForTheBusiestRanksExperts) {
 
 // FP8 products quantise their operands beside the products (kernels/linear_fp8.h): each block's
 // four linears add their traffic to every micro-batch's passes, and their weights' images once
-// a step, at the element-wise rate; bf16's products, the same shapes, add none. A split backward
-// (zb1p, over 2 stages) defers the weight gradients, which quantise dy again.
+// a step, at fp8_gbps (absent: the element-wise rate); bf16's products, the same shapes, add
+// none, and the activations' element-wise bytes are the same. A split backward (zb1p, over 2
+// stages) defers the weight gradients, which quantise dy again.
 TEST(PlanStepTime, Fp8LinearsAddTheirQuantisationToThePasses) {
   const ModelConfig model = small_gpt2();
   const int64_t d = model.d_model, h = model.ffn_hidden;
@@ -484,19 +485,28 @@ TEST(PlanStepTime, Fp8LinearsAddTheirQuantisationToThePasses) {
         parallel.pp = 2;
         parallel.pp_schedule = "zb1p";
       }
+      struct Planned {
+        double elementwise = 0, fp8 = 0;
+        StepPrediction at_elementwise, at_fp8_rate;
+      };
       auto planned = [&](Precision dtype) {
         step.dtype = dtype;
         const Layout layout = plan_layout(model, parallel, step, parallel.pp);
         std::vector<StepWork> work;
-        double bytes = 0;
+        Planned p;
         for (int r = 0; r < parallel.pp; ++r) {
           work.push_back(step_work(model, parallel, step, layout, r));
-          for (const auto& w : work.back().work) bytes += w->elementwise_bytes;
+          for (const auto& w : work.back().work) p.elementwise += w->elementwise_bytes, p.fp8 += w->fp8_bytes;
         }
-        return std::pair{bytes, predict_step(work, layout, cluster, model, step)};
+        p.at_elementwise = predict_step(work, layout, cluster, model, step);
+        Cluster rated = cluster;
+        rated.fp8_gbps = 2;
+        p.at_fp8_rate = predict_step(work, layout, rated, model, step);
+        return p;
       };
-      const auto [bf16_bytes, bf16] = planned(Precision::bf16);
-      const auto [fp8_bytes, fp8] = planned(Precision::fp8);
+      const Planned bf16 = planned(Precision::bf16), fp8 = planned(Precision::fp8);
+      EXPECT_DOUBLE_EQ(bf16.fp8, 0);
+      EXPECT_DOUBLE_EQ(fp8.elementwise, bf16.elementwise);
       double expected = 0;
       for (auto [in, out] : linears) {
         kernels::Fp8LinearUse use;
@@ -511,13 +521,15 @@ TEST(PlanStepTime, Fp8LinearsAddTheirQuantisationToThePasses) {
                     (step.grad_accum_steps * (t.forward + t.backward_input + t.backward_weight) +
                      t.weight_images);
       }
-      EXPECT_NEAR(fp8_bytes - bf16_bytes, expected, 1e-6 * expected);
-      double elementwise = 0;
-      for (size_t r = 0; r < fp8.ranks.size(); ++r) {
-        elementwise += fp8.ranks[r].elementwise - bf16.ranks[r].elementwise;
-        EXPECT_DOUBLE_EQ(fp8.ranks[r].gemm, bf16.ranks[r].gemm);
+      EXPECT_NEAR(fp8.fp8, expected, 1e-6 * expected);
+      double at_elementwise = 0, at_fp8_rate = 0;
+      for (size_t r = 0; r < fp8.at_elementwise.ranks.size(); ++r) {
+        at_elementwise += fp8.at_elementwise.ranks[r].elementwise - bf16.at_elementwise.ranks[r].elementwise;
+        at_fp8_rate += fp8.at_fp8_rate.ranks[r].elementwise - bf16.at_fp8_rate.ranks[r].elementwise;
+        EXPECT_DOUBLE_EQ(fp8.at_elementwise.ranks[r].gemm, bf16.at_elementwise.ranks[r].gemm);
       }
-      EXPECT_NEAR(elementwise, expected / 10e9, 1e-12);
+      EXPECT_NEAR(at_elementwise, expected / 10e9, 1e-12);
+      EXPECT_NEAR(at_fp8_rate, expected / 2e9, 1e-12);
     }
 }
 

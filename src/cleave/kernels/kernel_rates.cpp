@@ -13,6 +13,7 @@
 #include "cleave/kernels/activation.h"
 #include "cleave/kernels/attention.h"
 #include "cleave/kernels/bench_timing.h"
+#include "cleave/kernels/linear_fp8.h"
 #include "cleave/kernels/norm.h"
 #include "cleave/kernels/rope.h"
 
@@ -159,6 +160,35 @@ PackTiming time_weight_packing(int64_t N, int in, int out, Precision precision, 
     gemm.all_rows_packed();
   };
   t.seconds = time_calls(nullptr, pack, budget).median;
+  return t;
+}
+
+Fp8Timing time_fp8_kernels(int64_t N, int in, int out, kernels::Fp8Recipe recipe, double budget) {
+  std::vector<float> w = values(int64_t(out) * in, 1, 0.05f), x = values(N * in, 2, 2.f),
+                     y = zeros(N * out), dy = values(N * out, 3, 0.01f), dx = zeros(N * in),
+                     dw = zeros(int64_t(out) * in);
+  auto pass_seconds = [&](Precision precision) {
+    uint64_t version = 1;
+    LinearGemm gemm(in, out, precision);
+    gemm.set_weight(w.data(), &version);
+    if (precision == Precision::fp8) {
+      Fp8Settings settings;
+      settings.recipe = recipe;
+      gemm.set_fp8(settings);
+    }
+    OperandCopy keep_x, keep_dy;
+    auto pass = [&] {
+      ++version;
+      gemm.forward(y.data(), x.data(), N, nullptr, &keep_x);
+      gemm.backward_input(dx.data(), dy.data(), N, false, &keep_dy);
+      gemm.backward_weight(dw.data(), nullptr, dy.data(), x.data(), N, &keep_dy, &keep_x);
+    };
+    return time_calls(nullptr, pass, budget).median;
+  };
+  Fp8Timing t;
+  const kernels::Fp8Traffic bytes = kernels::fp8_traffic(recipe, N, in, out, {});
+  t.bytes = bytes.forward + bytes.backward_input + bytes.backward_weight + bytes.weight_images;
+  t.seconds = pass_seconds(Precision::fp8) - pass_seconds(Precision::bf16);
   return t;
 }
 

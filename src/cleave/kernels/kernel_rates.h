@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 
+#include "cleave/kernels/fp8.h"
 #include "cleave/kernels/linear.h"
 
 namespace cleave {
@@ -38,6 +39,16 @@ struct PackTiming {
   double copy_bytes = 0;
 };
 PackTiming time_weight_packing(int64_t N, int in, int out, Precision precision, double budget);
+
+// FP8's own kernels in one linear's passes (kernels/linear_fp8.h: amaxes, quantisation, bf16
+// images, scaled sums), timed as what an FP8 linear of [out, in] on N rows takes beyond a bf16
+// one: forward, backward_input and backward_weight, each pass after a new version of W (so with
+// W's images, as a step's first pass makes them). `bytes` are fp8_traffic's for those passes,
+// `seconds` the difference of the two medians (noise can make it zero or less).
+struct Fp8Timing {
+  double bytes = 0, seconds = 0;
+};
+Fp8Timing time_fp8_kernels(int64_t N, int in, int out, kernels::Fp8Recipe recipe, double budget);
 
 // Writing ranges of range_bytes of a buffer of buffer_bytes again after release_range returned
 // their pages (as ZeRO-2/3 write each unit's gradients or gathered parameters every step), against

@@ -80,8 +80,9 @@ std::vector<std::string> collective_names() {
 }
 
 // The measured rates a file may leave out (Cluster says what stands in for them).
-const std::array<std::pair<const char*, double Cluster::*>, 4> kOptionalRates = {{
+const std::array<std::pair<const char*, double Cluster::*>, 5> kOptionalRates = {{
     {"cluster.elementwise_gbps", &Cluster::elementwise_gbps},
+    {"cluster.fp8_gbps", &Cluster::fp8_gbps},
     {"cluster.pack_gbps", &Cluster::pack_gbps},
     {"cluster.refault_gbps", &Cluster::refault_gbps},
     {"cluster.refault_huge_gbps", &Cluster::refault_huge_gbps},
@@ -541,6 +542,10 @@ double memory_seconds(const Cluster& c, double bytes) {
 
 double elementwise_seconds(const Cluster& c, double bytes) {
   return c.elementwise_gbps > 0 ? bytes / (c.elementwise_gbps * 1e9) : memory_seconds(c, bytes);
+}
+
+double fp8_seconds(const Cluster& c, double bytes) {
+  return c.fp8_gbps > 0 ? bytes / (c.fp8_gbps * 1e9) : elementwise_seconds(c, bytes);
 }
 
 double pack_seconds(const Cluster& c, double bytes) {

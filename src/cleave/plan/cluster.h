@@ -8,6 +8,7 @@
 //   memory_seconds      work streamed once per parameter (the optimizer) from its bytes and the
 //                       device's streaming bandwidth;
 //   elementwise_seconds the activations' element-wise kernels (norms, activations, residual adds),
+//   fp8_seconds         FP8's quantisation kernels beside its products,
 //   pack_seconds        and the packing of weights into the products' layouts, from their bytes
 //                       at rates measured by running cleave's kernels (where a file gives none:
 //                       the streaming bandwidth, and packing free);
@@ -105,6 +106,9 @@ struct Cluster {
   // absent: memory_gbps) and of weight packing (0: free; the copies counted are this CPU's
   // oneDNN layouts, which a file of another machine does not describe).
   double elementwise_gbps = 0, pack_gbps = 0;
+  // GB/s on the planner's byte counts of FP8's own kernels beside its products (quantisation,
+  // amaxes, bf16 images, scaled sums: kernels::fp8_traffic); 0 (the key absent): elementwise_gbps.
+  double fp8_gbps = 0;
   // GB/s of memory returned to the system and written again (ZeRO-2/3's released gradients and
   // parameters fault in anew every step), beyond writing it resident: in buffers under
   // kHugePageBufferBytes (4 KiB pages) and in larger ones (huge pages, split by the releases);
@@ -169,6 +173,7 @@ double memory_seconds(const Cluster& c, double bytes);
 // Seconds of the activations' element-wise kernels, and of weight packing, on `bytes` as the
 // planner counts them (plan/step_work.h).
 double elementwise_seconds(const Cluster& c, double bytes);
+double fp8_seconds(const Cluster& c, double bytes);
 double pack_seconds(const Cluster& c, double bytes);
 // Seconds of faulting in `bytes` of released memory again, in a buffer of huge pages or not.
 double refault_seconds(const Cluster& c, double bytes, bool huge_pages);

@@ -173,7 +173,7 @@ CostedWork cost_work(const StepWork& work, const Layout& layout, const Cluster& 
     InstructionCost& c = k.cost;
     k.gemm = products(iw.gemms);
     for (const GemmCall& a : iw.attention) k.attention += attention_seconds(cluster, a.m, a.n, a.k) * a.count;
-    k.elementwise = elementwise_seconds(cluster, iw.elementwise_bytes) +
+    k.elementwise = elementwise_seconds(cluster, iw.elementwise_bytes) + fp8_seconds(cluster, iw.fp8_bytes) +
                     memory_seconds(cluster, iw.stream_bytes) + pack_seconds(cluster, iw.pack_bytes) +
                     refault_seconds(cluster, iw.refault_bytes, iw.refault_huge);
     const double alone = k.gemm + k.attention + k.elementwise;

@@ -590,27 +590,27 @@ class Builder {
     };
     const UnitWork* u = in.unit >= 0 ? &units_[size_t(in.unit)] : nullptr;
     // ZeRO-3 packs each pass's own copy after a gather; otherwise the next product packs all.
-    if (fp8_image)
-      w.elementwise_bytes +=
-          par_.zero_stage == 3 ? u->fp8.weight_image_one : u->fp8.weight_images;
+    if (fp8_image) w.fp8_bytes += par_.zero_stage == 3 ? u->fp8.weight_image_one : u->fp8.weight_images;
     switch (in.op) {
       case Op::forward:
         add(w.gemms, u->forward);
         add(w.waited, u->forward_wait);
         add(w.attention, u->attention);
-        w.elementwise_bytes += u->forward_bytes + u->fp8.forward;
+        w.elementwise_bytes += u->forward_bytes;
+        w.fp8_bytes += u->fp8.forward;
         w.pack_bytes = packed_by_pass;
         comms(u->forward_comms);
         break;
       case Op::recompute:
         // Full checkpointing runs the block's forward again; selective rebuilds only what needs
         // no product (norms, activations) and the FP8 codes its products keep.
-        w.elementwise_bytes += u->forward_bytes + (full ? 0 : u->fp8_recompute);
+        w.elementwise_bytes += u->forward_bytes;
+        w.fp8_bytes += full ? 0 : u->fp8_recompute;
         if (full) {
           add(w.gemms, u->forward);
           add(w.waited, u->forward_wait);
           add(w.attention, u->attention);
-          w.elementwise_bytes += u->fp8.forward;
+          w.fp8_bytes += u->fp8.forward;
           w.pack_bytes = packed_by_pass;
           comms(u->forward_comms);
         }
@@ -628,14 +628,15 @@ class Builder {
             a.count *= 2;
             w.attention.push_back(a);
           }
-          w.elementwise_bytes += u->backward_bytes + fp8.backward_input;
+          w.elementwise_bytes += u->backward_bytes;
+          w.fp8_bytes += fp8.backward_input;
           w.pack_bytes = packed_by_pass;
           comms(u->backward_comms);
         }
         if (weight) {
           add(w.gemms, u->backward_weight);
           add(w.waited, u->backward_weight_wait);
-          w.elementwise_bytes += fp8.backward_weight;
+          w.fp8_bytes += fp8.backward_weight;
         }
         break;
       }

@@ -58,6 +58,7 @@ struct InstructionWork {
   // (m = the rank's queries, n = the keys, k = head_dim) as often as its FLOPs make full products.
   std::vector<GemmCall> attention;
   double elementwise_bytes = 0;  // read and written by the activations' element-wise kernels
+  double fp8_bytes = 0;          // by FP8's kernels beside its products (kernels::fp8_traffic)
   // Streamed once per parameter by the step's end: the optimizer's update, the gradient norm's
   // reads, the gradients zeroed for the next step.
   double stream_bytes = 0;
