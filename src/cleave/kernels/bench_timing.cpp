@@ -32,6 +32,26 @@ void read_clocks(const std::vector<clockid_t>& clocks, std::vector<double>& seco
 
 }  // namespace
 
+double median_extra_seconds(const std::function<void()>& a, const std::function<void()>& b,
+                            double budget) {
+  a(), b();
+  auto seconds = [](const std::function<void()>& fn) {
+    const auto t0 = Clock::now();
+    fn();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  std::vector<double> extra;
+  const auto start = Clock::now();
+  while (extra.size() < 5 || std::chrono::duration<double>(Clock::now() - start).count() < budget) {
+    const double tb = seconds(b);
+    extra.push_back(seconds(a) - tb);
+    if (extra.size() >= 10000) break;
+  }
+  std::sort(extra.begin(), extra.end());
+  const size_t n = extra.size();
+  return n % 2 ? extra[n / 2] : 0.5 * (extra[n / 2 - 1] + extra[n / 2]);
+}
+
 Timing time_calls(const std::function<void()>& setup, const std::function<void()>& fn,
                   double budget) {
   for (int i = 0; i < 2; ++i) {

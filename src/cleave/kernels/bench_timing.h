@@ -22,6 +22,12 @@ struct Timing {
 Timing time_calls(const std::function<void()>& setup, const std::function<void()>& fn,
                   double budget);
 
+// How much longer `a` takes than `b`: the median, over alternating calls for about `budget`
+// seconds (at least 5 pairs, after one warm-up call each), of a's wall seconds minus b's just
+// before. A pair runs in the same moment of a shared machine, so a slow spell lengthens both.
+double median_extra_seconds(const std::function<void()>& a, const std::function<void()>& b,
+                            double budget);
+
 // Fixed pseudo-random values in [-scale/2, scale/2), from `seed`.
 void fill_pseudo_random(std::vector<float>& v, uint32_t seed, float scale);
 

@@ -44,7 +44,8 @@ PackTiming time_weight_packing(int64_t N, int in, int out, Precision precision, 
 // images, scaled sums), timed as what an FP8 linear of [out, in] on N rows takes beyond a bf16
 // one: forward, backward_input and backward_weight, each pass after a new version of W (so with
 // W's images, as a step's first pass makes them). `bytes` are fp8_traffic's for those passes,
-// `seconds` the difference of the two medians (noise can make it zero or less).
+// `seconds` the median extra of an FP8 pass over a bf16 one run just before it (noise can make
+// it zero or less).
 struct Fp8Timing {
   double bytes = 0, seconds = 0;
 };
