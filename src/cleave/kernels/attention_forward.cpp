@@ -175,6 +175,32 @@ void forward_task(const ForwardTask& t, const KeyRows& key_rows, int64_t hd,
   }
 }
 
+// C[c] (+)= sum over i < n, in order, of a[i] B[i * ldb + c] for c < width (a multiple of kVL),
+// fp32 or widened bf16 rows; four vectors at once, four independent FMA chains in flight instead
+// of one waiting on its own latency (each still its column's sum over i in order).
+template <class E>
+inline void weighted_rows(float* C, bool accumulate, const float* a, const E* B, int64_t ldb,
+                          int64_t n, int64_t width) {
+  auto start = [&](int64_t c) { return accumulate ? loadv(C + c) : vf{}; };
+  int64_t c = 0;
+  for (; c + 4 * kVL <= width; c += 4 * kVL) {
+    vf a0 = start(c), a1 = start(c + kVL), a2 = start(c + 2 * kVL), a3 = start(c + 3 * kVL);
+    for (int64_t i = 0; i < n; ++i) {
+      const E* row = B + i * ldb + c;
+      a0 += a[i] * loadv(row);
+      a1 += a[i] * loadv(row + kVL);
+      a2 += a[i] * loadv(row + 2 * kVL);
+      a3 += a[i] * loadv(row + 3 * kVL);
+    }
+    storev(C + c, a0), storev(C + c + kVL, a1), storev(C + c + 2 * kVL, a2), storev(C + c + 3 * kVL, a3);
+  }
+  for (; c < width; c += kVL) {
+    vf acc = start(c);
+    for (int64_t i = 0; i < n; ++i) acc += a[i] * loadv(B + i * ldb + c);
+    storev(C + c, acc);
+  }
+}
+
 // A task of one query row (decoding): the same result, bit for bit, at a sixteenth of the work.
 // forward_task spreads queries over vector lanes, so one query would fill one lane of sixteen;
 // here the lanes hold keys instead, from the key block packed transposed. Every number is made
@@ -208,25 +234,8 @@ void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t hd
         kcols = kt, ldk = kFwdK;
       }
     }
-    // Four key vectors at once: four independent FMA chains in flight instead of one waiting on
-    // its own latency. Each chain is still its keys' sum over d in order.
-    int64_t c = 0;
-    for (; c + 4 * kVL <= nkp; c += 4 * kVL) {
-      vf a0{}, a1{}, a2{}, a3{};
-      for (int64_t d = 0; d < hd; ++d) {
-        const E* row = kcols + d * ldk + c;
-        a0 += q[d] * loadv(row);
-        a1 += q[d] * loadv(row + kVL);
-        a2 += q[d] * loadv(row + 2 * kVL);
-        a3 += q[d] * loadv(row + 3 * kVL);
-      }
-      storev(s + c, a0), storev(s + c + kVL, a1), storev(s + c + 2 * kVL, a2), storev(s + c + 3 * kVL, a3);
-    }
-    for (; c < nkp; c += kVL) {
-      vf acc{};
-      for (int64_t d = 0; d < hd; ++d) acc += q[d] * loadv(kcols + d * ldk + c);
-      storev(s + c, acc);
-    }
+    // Each score the FMA chain over d of its key's dimensions.
+    weighted_rows(s, false, q, kcols, ldk, hd, nkp);
     const bool diag = k0 + kFwdK - 1 > qa;
     if (diag)
       for (int64_t kk = std::max<int64_t>(qa - k0 + 1, 0); kk < nk; ++kk) s[kk] = kNegInf;
@@ -247,26 +256,9 @@ void forward_one_query(const ForwardTask& t, const KeyRows& key_rows, int64_t hd
       int64_t ldv = v_stride;
       const float* vrows = value_rows(vbase, ldv, nk, hd, w.vb);
       gemm<true>(ob, hdp, s, 1, 1, vrows, ldv, 1, hdp, nk, diag ? Tri::kKTo : Tri::kNone, qa - k0);
-    } else {  // hd = hdp here: whole vectors of each row; four sums in flight, as gemm's tile
+    } else {  // hd = hdp here: whole vectors of each row, over the keys gemm's triangle takes
       const int64_t terms = diag ? std::clamp<int64_t>(qa - k0 + 1, 0, nk) : nk;
-      int64_t d = 0;
-      for (; d + 4 * kVL <= hdp; d += 4 * kVL) {
-        vf a0 = loadv(ob + d), a1 = loadv(ob + d + kVL), a2 = loadv(ob + d + 2 * kVL),
-           a3 = loadv(ob + d + 3 * kVL);
-        for (int64_t kk = 0; kk < terms; ++kk) {
-          const bf16* row = vbase + kk * v_stride + d;
-          a0 += s[kk] * loadv(row);
-          a1 += s[kk] * loadv(row + kVL);
-          a2 += s[kk] * loadv(row + 2 * kVL);
-          a3 += s[kk] * loadv(row + 3 * kVL);
-        }
-        storev(ob + d, a0), storev(ob + d + kVL, a1), storev(ob + d + 2 * kVL, a2), storev(ob + d + 3 * kVL, a3);
-      }
-      for (; d < hdp; d += kVL) {
-        vf acc = loadv(ob + d);
-        for (int64_t kk = 0; kk < terms; ++kk) acc += s[kk] * loadv(vbase + kk * v_stride + d);
-        storev(ob + d, acc);
-      }
+      weighted_rows(ob, true, s, vbase, v_stride, terms, hdp);
     }
   }
   if (l == 0.0f) {
