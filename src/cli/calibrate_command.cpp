@@ -194,12 +194,14 @@ void measure_kernel_rates(const Plan& plan, int rank, Cluster& c,
         std::to_string(N) + " rows, as the optimizer packs it after an update (the median of one "
         "weight)";
   }
-  // FP8's kernels, as what an FP8 linear takes beyond a bf16 one; where noise leaves no
-  // difference on average, the key is left out (the element-wise rate stands in).
+  // FP8's kernels, as what an FP8 linear takes beyond a bf16 one. Where noise leaves no
+  // difference, or one so small that the rate would pass 4x the element-wise kernels' (which
+  // stream like them), the key is left out and the element-wise rate stands in.
   const Fp8Timing fp8 = time_fp8_kernels(N, d, 4 * d, kernels::Fp8Recipe::delayed, plan.kernel_seconds);
   const double fp8_extra = world_mean(fp8.seconds);
-  if (fp8_extra > 0) {
-    c.fp8_gbps = measured(fp8.bytes / fp8_extra * 1e-9);
+  const double fp8_rate = fp8_extra > 0 ? fp8.bytes / fp8_extra * 1e-9 : 0;
+  if (fp8_rate > 0 && fp8_rate <= 4 * c.elementwise_gbps) {
+    c.fp8_gbps = measured(fp8_rate);
     comments["cluster.fp8_gbps"] =
         "GB/s per rank of FP8's own kernels (quantisation, amaxes, bf16 images, scaled sums) on\n"
         "the bytes the planner counts for them (kernels::fp8_traffic): what a linear of " +
@@ -257,7 +259,8 @@ void measure_kernel_rates(const Plan& plan, int rank, Cluster& c,
       std::printf("FP8 kernels: %.2f GB/s per rank (%.3f ms beyond bf16 for %.3g MB)\n", c.fp8_gbps,
                   fp8_extra * 1e3, fp8.bytes * 1e-6);
     else
-      std::printf("FP8 kernels: no time measured beyond bf16's; the element-wise rate stands in\n");
+      std::printf("FP8 kernels: no time measured beyond bf16's (or a rate past 4x the element-wise "
+                  "kernels'); the element-wise rate stands in\n");
     for (const AttentionRate& r : c.attention)
       std::printf("attention over %lld keys: %.1f GF/s per rank\n", (long long)r.keys, r.gflops);
     std::fflush(stdout);

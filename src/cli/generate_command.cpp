@@ -77,8 +77,7 @@ int generate(int argc, char** argv) {
   o.prefill_chunk = a.integer("--prefill-chunk", 0, 0, INT64_MAX);
   o.kv_cache_mib = a.number_in("--kv-cache-mib", 0, 0, 1e9);
   // auto: the weights' dtype, as vLLM's --kv-cache-dtype auto.
-  const std::string kv_dtype = a.get("--kv-cache-dtype", "auto");
-  o.kv_dtype = parse_kv_dtype(kv_dtype == "auto" ? dtype : kv_dtype, "cleave generate: --kv-cache-dtype");
+  o.kv_dtype = parse_kv_dtype(a.get("--kv-cache-dtype", "auto"), dtype, "cleave generate: --kv-cache-dtype");
   {  // the ranks on this host share its memory
     MPI_Comm host;
     int on_host = 1;

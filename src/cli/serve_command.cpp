@@ -57,7 +57,7 @@ ServeSettings serve_settings(const Args& a) {
     else if (key == "parallel.ep") s.ep = int(parse_integer(value, key, 1, 4096));
     else if (key == "serve.kv_cache_mb") s.kv_cache_mb = parse_number_in(value, key, 1e-3, 1e9);
     else if (key == "serve.kv_cache_dtype") {
-      if (value != "auto") parse_kv_dtype(value, "cleave serve: --set serve.kv_cache_dtype");
+      parse_kv_dtype(value, "fp32", "cleave serve: --set serve.kv_cache_dtype");  // checked now
       s.kv_cache_dtype = value;
     }
     else if (key == "serve.step_tokens") s.step_tokens = parse_integer(value, key, 1, int64_t(1) << 20);
@@ -155,8 +155,7 @@ int serve_command(int argc, char** argv) {
   }
 
   // Every rank's pool has the same blocks: as many as the smallest share of kv_cache_mb holds.
-  const KvDtype kv_dtype = parse_kv_dtype(set.kv_cache_dtype == "auto" ? dtype : set.kv_cache_dtype,
-                                          "cleave serve: serve.kv_cache_dtype");
+  const KvDtype kv_dtype = parse_kv_dtype(set.kv_cache_dtype, dtype, "cleave serve: serve.kv_cache_dtype");
   const double block_bytes = double(kernels::kAttentionKeyBlock) * double(model.kv_bytes_per_token(kv_dtype));
   int64_t blocks = int64_t(set.kv_cache_mb * (1 << 20) / block_bytes);
   MPI_Allreduce(MPI_IN_PLACE, &blocks, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);

@@ -55,7 +55,7 @@ refused "parallel.ep = 2 makes 2 ranks, but 1 were started" --set parallel.ep=2
 refused "holds fewer than 2 blocks of 64 tokens" --set serve.kv_cache_mb=0.01
 refused "parallel.comm_timeout_s = 0 is out of range [0.1, 1e+07]" --set parallel.comm_timeout_s=0
 refused "serve.max_step_ratio=0.5: a step cannot take less than its decodes alone" --set serve.max_step_ratio=0.5
-refused "serve.kv_cache_dtype must be fp32 or bf16, not 'fp16'" --set serve.kv_cache_dtype=fp16
+refused "serve.kv_cache_dtype must be auto, fp32 or bf16, not 'fp16'" --set serve.kv_cache_dtype=fp16
 
 # One process: a pool of 32 blocks (1 MiB of 32 KiB blocks: 2 layers x 2 kv heads x 16 dims x
 # K and V x 64 tokens x 4 bytes), one of which pads the steps' rows.
@@ -90,9 +90,13 @@ $client invariance "$base" "" tiny
 stop "$work/open.log"
 
 # tp 2 under mpirun: rank 0 serves, each step's batch goes to both ranks (each holds half the kv
-# heads: 0.5 MiB a rank is the same 32 blocks).
+# heads), here with fp32 weights over a bf16 cache on both ranks (0.25 MiB a rank: the same 32
+# blocks).
 start "$work/tp2.log" mpirun --oversubscribe -np 2 "$cleave" serve "$ckpt" --port 0 \
-  --api-key "$key" --model-name tiny --threads 1 --set parallel.tp=2 --set serve.kv_cache_mb=0.5
+  --api-key "$key" --model-name tiny --threads 1 --set parallel.tp=2 --set serve.kv_cache_mb=0.25 \
+  --set serve.kv_cache_dtype=bf16
+grep -q "# serve: key/value cache 32 blocks of 64 tokens, bf16 (serve.kv_cache_dtype=bf16; 0.25 MiB a rank" \
+  "$work/tp2.log" || { echo "FAIL: no bf16 cache at tp 2:"; cat "$work/tp2.log"; exit 1; }
 $client api "$base" "$key" tiny - "$ckpt"
 $client invariance "$base" "$key" tiny
 $client prefix "$base" "$key" tiny

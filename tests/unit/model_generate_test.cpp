@@ -328,7 +328,9 @@ TEST(Generate, Bf16PoolCopiesSharedBlocks) {
   EXPECT_EQ(from_bf16(l1.k_bf16[b.blocks[1] * 64 * 8 + 3 * 64 + 5]), 42.0f);
   EXPECT_EQ(from_bf16(l1.v_bf16[(b.blocks[1] * 64 + 5) * 8 + 3]), 43.0f);
   EXPECT_EQ(kv_dtype_bytes(KvDtype::bf16), 2);
-  EXPECT_THROW(parse_kv_dtype("fp16", "--kv-cache-dtype"), Error);
+  EXPECT_THROW(parse_kv_dtype("fp16", "fp32", "--kv-cache-dtype"), Error);
+  EXPECT_EQ(parse_kv_dtype("auto", "bf16", "--kv-cache-dtype"), KvDtype::bf16);
+  EXPECT_EQ(parse_kv_dtype("fp32", "bf16", "--kv-cache-dtype"), KvDtype::fp32);
 }
 
 TEST(Generate, SamplingRules) {

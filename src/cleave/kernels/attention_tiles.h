@@ -215,7 +215,8 @@ inline Docs docs_of(const int32_t* qid, int64_t nq, const int32_t* kid, int64_t 
 
 // Per-thread scratch, 64-byte aligned, kept from call to call and grown when a call needs more:
 // freed after every call, it went back to the kernel and came back through page faults and TLB
-// shootdowns, several percent of a call. Forward and backward take different slots.
+// shootdowns, several percent of a call. A call's slots are its own while it runs (forward and
+// backward share some: neither runs inside the other).
 inline float* thread_scratch(int slot, int64_t n) {
   static thread_local Buffer<float> slots[16];
   return slots[slot].grow(n);

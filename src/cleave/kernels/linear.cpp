@@ -466,29 +466,32 @@ struct LinearGemm::Impl {
   }
 
   // forward_product with each row getting the bits of its tile of kInvariantRowTile rows (the
-  // operand x: N rows of `in` values of the products' type), whatever N is. N is padded with zero
-  // rows to whole tiles, and the tiles run as one product where this CPU's primitive for that
-  // many rows gives every tile the bits of the tile's own product (tiles_agree: on AMX it reads
-  // the weights once instead of once a tile, 32 rows in ~0.7x the time of two tiles), else tile
-  // by tile.
+  // operand x: N rows of `in` values of the products' type), whatever N is. The tiles run as one
+  // product of N rows padded to whole tiles where this CPU's primitive for that many rows gives
+  // every tile the bits of the tile's own product (tiles_agree: on AMX it reads the weights once
+  // instead of once a tile), else tile by tile.
   void forward_tiles(float* y, int64_t N, const float* bias, const void* x) {
     constexpr int64_t R = kInvariantRowTile;
     const int64_t padded = (N + R - 1) / R * R;
+    if (padded == R || tiles_agree(padded, bias != nullptr))
+      return padded_product(y, N, padded, bias, x);
     const size_t row_bytes = size_t(in) * memory::data_type_size(cdt);
-    const char* rows = static_cast<const char*>(x);
-    float* out_rows = y;
-    if (padded > N) {
-      char* p = static_cast<char*>(tile_buffer(0).reserve(size_t(padded) * row_bytes));
-      std::memcpy(p, rows, size_t(N) * row_bytes);
-      std::memset(p + size_t(N) * row_bytes, 0, size_t(padded - N) * row_bytes);
-      rows = p;
-      out_rows = static_cast<float*>(tile_buffer(1).reserve(size_t(padded * out) * sizeof(float)));
-    }
-    if (padded == R || tiles_agree(padded, bias)) product_rows(out_rows, padded, bias, rows);
-    else
-      for (int64_t r = 0; r < padded; r += R)
-        product_rows(out_rows + r * out, R, bias, rows + size_t(r) * row_bytes);
-    if (padded > N) std::memcpy(y, out_rows, size_t(N * out) * sizeof(float));
+    for (int64_t r = 0; r < N; r += R)
+      padded_product(y + r * out, std::min(R, N - r), R, bias,
+                     static_cast<const char*>(x) + size_t(r) * row_bytes);
+  }
+
+  // y[n, out] from the `count`-row primitive (count >= n), x's n rows copied into a tile padded
+  // with zero rows where n < count, and the result's rows copied out.
+  void padded_product(float* y, int64_t n, int64_t count, const float* bias, const void* x) {
+    if (n == count) return product_rows(y, n, bias, x);
+    const size_t row_bytes = size_t(in) * memory::data_type_size(cdt);
+    char* rows = static_cast<char*>(tile_buffer(0).reserve(size_t(count) * row_bytes));
+    std::memcpy(rows, x, size_t(n) * row_bytes);
+    std::memset(rows + size_t(n) * row_bytes, 0, size_t(count - n) * row_bytes);
+    float* out_rows = static_cast<float*>(tile_buffer(1).reserve(size_t(count * out) * sizeof(float)));
+    product_rows(out_rows, count, bias, rows);
+    std::memcpy(y, out_rows, size_t(n * out) * sizeof(float));
   }
 
   // y[N, out] = x W^T (+ bias) by the N-row primitive, x of the products' type.
@@ -504,30 +507,43 @@ struct LinearGemm::Impl {
   }
 
   // Whether the `rows`-row primitive gives each of its tiles the bits the tile's own product
-  // gives it. A primitive's blocking and summation order follow from its shapes alone, so one
-  // probe of random values per shape and row count answers for every input (a differing order
-  // would show in the low bits); the answer is kept for the process.
-  bool tiles_agree(int64_t rows, const float* bias) {
+  // gives it. A primitive's blocking and summation order follow from its shapes and the thread
+  // count alone, so one probe per shape, dtype, row count and thread count answers for every
+  // input; the answer is kept for the process. The probe has weights, operand and bias of its own
+  // (pseudo-random: a different order of summation shows in the low bits), never this linear's,
+  // whose values (zeros, say) could agree in any order.
+  bool tiles_agree(int64_t rows, bool with_bias) {
     constexpr int64_t R = kInvariantRowTile;
     static std::mutex mutex;
-    static std::map<std::tuple<int, int, dt, int64_t, bool>, bool> known;
-    const auto key = std::make_tuple(in, out, cdt, rows, bias != nullptr);
+    static std::map<std::tuple<int, int, dt, int64_t, bool, int>, bool> known;
+    const auto key = std::make_tuple(in, out, cdt, rows, with_bias, omp_get_max_threads());
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (auto it = known.find(key); it != known.end()) return it->second;
     }
-    const size_t row_bytes = size_t(in) * memory::data_type_size(cdt);
-    std::vector<char> probe(size_t(rows) * row_bytes);
     uint32_t state = 12345u;
-    for (size_t i = 0; i < probe.size(); i += 2) {  // bf16 (or fp32 halves) of modest values
-      state = state * 1664525u + 1013904223u;
-      const uint16_t v = uint16_t(0x3C00u + ((state >> 16) & 0x07FFu)) | uint16_t(state & 0x8000u);
-      std::memcpy(&probe[i], &v, sizeof v);
-    }
+    auto values = [&](int64_t n) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& f : v) {
+        state = state * 1664525u + 1013904223u;
+        f = float(state >> 8) / float(1u << 24) - 0.5f;
+      }
+      return v;
+    };
+    const std::vector<float> w = values(int64_t(in) * out), bias = values(out), x = values(rows * in);
+    Impl probe(in, out, precision);
+    probe.weight = w.data();
+    ++probe.own_version;
+    std::vector<bf16> x16(cdt == dt::bf16 ? x.size() : 0);
+    for (size_t i = 0; i < x16.size(); ++i) x16[i] = to_bf16(x[i]);
+    const char* operand = x16.empty() ? reinterpret_cast<const char*>(x.data())
+                                      : reinterpret_cast<const char*>(x16.data());
+    const size_t row_bytes = size_t(in) * memory::data_type_size(cdt);
+    const float* b = with_bias ? bias.data() : nullptr;
     std::vector<float> whole(size_t(rows * out)), tiled(size_t(rows * out));
-    product_rows(whole.data(), rows, bias, probe.data());
+    probe.product_rows(whole.data(), rows, b, operand);
     for (int64_t r = 0; r < rows; r += R)
-      product_rows(tiled.data() + r * out, R, bias, probe.data() + size_t(r) * row_bytes);
+      probe.product_rows(tiled.data() + r * out, R, b, operand + size_t(r) * row_bytes);
     const bool agree = std::memcmp(whole.data(), tiled.data(), whole.size() * sizeof(float)) == 0;
     std::lock_guard<std::mutex> lock(mutex);
     known[key] = agree;

@@ -166,8 +166,10 @@ class LinearGemm {
   void release_packed();
 
   // Inference: while on, each row of a forward product gets the bits it gets at any row count.
-  // Where the per-row-count primitives do not give that (row_invariant_products), the products
-  // run in whole tiles of kInvariantRowTile rows, the last one padded with zero rows. Products
+  // Where the per-row-count primitives do not give that (row_invariant_products), each row gets
+  // the bits of its tile of kInvariantRowTile rows (the last padded with zero rows): the tiles
+  // run as one product where that primitive is seen to give each tile its own bits, else one by
+  // one (docs/inference.md). Products
   // with variable rows pad their own (a mixture of experts' experts); fp8 products have no such
   // mode (inference runs in fp32 or bf16).
   void set_row_invariant(bool on);

@@ -12,10 +12,11 @@ std::string kv_dtype_name(KvDtype dtype) { return dtype == KvDtype::bf16 ? "bf16
 
 int64_t kv_dtype_bytes(KvDtype dtype) { return dtype == KvDtype::bf16 ? 2 : 4; }
 
-KvDtype parse_kv_dtype(const std::string& name, const std::string& what) {
-  if (name == "fp32") return KvDtype::fp32;
-  if (name == "bf16") return KvDtype::bf16;
-  throw Error(what + " must be fp32 or bf16, not '" + name + "'");
+KvDtype parse_kv_dtype(const std::string& name, const std::string& weights, const std::string& what) {
+  const std::string& dtype = name == "auto" ? weights : name;
+  if (dtype == "fp32") return KvDtype::fp32;
+  if (dtype == "bf16") return KvDtype::bf16;
+  throw Error(what + " must be auto, fp32 or bf16, not '" + name + "'");
 }
 
 KvPool::KvPool(int layers, int64_t row, int64_t block_rows, int64_t blocks, KvDtype dtype)

@@ -20,8 +20,9 @@ namespace cleave {
 enum class KvDtype { fp32, bf16 };
 std::string kv_dtype_name(KvDtype dtype);
 int64_t kv_dtype_bytes(KvDtype dtype);
-// "fp32" or "bf16"; a clear error naming `what` (the setting) otherwise.
-KvDtype parse_kv_dtype(const std::string& name, const std::string& what);
+// "fp32", "bf16", or "auto": the weights' dtype (`weights`, "fp32" or "bf16"); a clear error
+// naming `what` (the setting) otherwise.
+KvDtype parse_kv_dtype(const std::string& name, const std::string& weights, const std::string& what);
 
 // What one layer's attention reads and writes: block b's keys and values start at
 // k (v) + b * block_rows * row, a token's row holding the rank's kv heads (row values); values as
