@@ -371,45 +371,37 @@ void attention_forward_paged(float* out, float* lse, const float* q, const Paged
                           nullptr};
       const int32_t* table = p.blocks[s];
       const int64_t column = kvh * hd, br = p.block_rows;
+      // The task's kv head's rows of the key block from key k0, where they lie in the pool.
+      const auto lying = [&]<class E>(const E* k, const E* v, int64_t k0) {
+        const int64_t b = int64_t(table[k0 / br]) * block, i = k0 % br;
+        return KvRowsOf<E>{k + b + column * br + i, v + b + i * kvs + column, 1, br, kvs};
+      };
       if (!p.k_bf16) {
-        run_task(
-            t,
-            [&](int64_t k0) {
-              const int64_t b = int64_t(table[k0 / br]) * block, i = k0 % br;
-              return KvRows{p.k + b + column * br + i, p.v + b + i * kvs + column, 1, br, kvs};
-            },
-            hd, w);
+        run_task(t, [&](int64_t k0) { return lying(p.k, p.v, k0); }, hd, w);
         continue;
       }
       // One query reads a bf16 cache as it lies (half the bytes of fp32 from memory), widening
       // each vector as it loads it; its value rows need whole vectors (hd a multiple of kVL).
       if (t.nq == 1 && hd % kVL == 0) {
-        forward_one_query(
-            t,
-            [&](int64_t k0) {
-              const int64_t b = int64_t(table[k0 / br]) * block, i = k0 % br;
-              return KvRowsOf<bf16>{p.k_bf16 + b + column * br + i, p.v_bf16 + b + i * kvs + column,
-                                    1, br, kvs};
-            },
-            hd, w);
+        forward_one_query(t, [&](int64_t k0) { return lying(p.k_bf16, p.v_bf16, k0); }, hd, w);
         continue;
       }
       run_task(
           t,
           [&](int64_t k0) {
-            const int64_t b = int64_t(table[k0 / br]) * block, i = k0 % br;
+            const KvRowsOf<bf16> rows = lying(p.k_bf16, p.v_bf16, k0);
             // bf16 -> fp32 is exact: the block's keys and values as they were rounded, each key
             // dimension a row of kFwdK as the transposed cache has it, rows past the sequence zero
             // (the kernels read whole vectors of them and mask their scores).
             const int64_t nk = std::min(kFwdK, t.Tk - k0), hdp = round_up(hd, kVL);
             for (int64_t d = 0; d < hd; ++d) {
-              const bf16* from = p.k_bf16 + b + (column + d) * br + i;
+              const bf16* from = rows.k + d * rows.dim_stride;
               float* to = w.kt + d * kFwdK;
               for (int64_t kk = 0; kk < nk; ++kk) to[kk] = from_bf16(from[kk]);
               for (int64_t kk = nk; kk < kFwdK; ++kk) to[kk] = 0.0f;
             }
             for (int64_t kk = 0; kk < nk; ++kk) {
-              const bf16* from = p.v_bf16 + b + (i + kk) * kvs + column;
+              const bf16* from = rows.v + kk * rows.v_stride;
               float* to = w.vw + kk * hdp;
               for (int64_t d = 0; d < hd; ++d) to[d] = from_bf16(from[d]);
               for (int64_t d = hd; d < hdp; ++d) to[d] = 0.0f;

@@ -179,7 +179,7 @@ Fp8Timing time_fp8_kernels(int64_t N, int in, int out, kernels::Fp8Recipe recipe
   settings.recipe = recipe;
   fp8.gemm.set_fp8(settings);
   auto pass = [&](Linear& l) {
-    return [&] {
+    return [&, &l = l] {
       ++l.version;
       l.gemm.forward(y.data(), x.data(), N, nullptr, &l.keep_x);
       l.gemm.backward_input(dx.data(), dy.data(), N, false, &l.keep_dy);

@@ -57,6 +57,7 @@
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
 #include "cleave/base/spare_buffers.h"
+#include "cleave/kernels/bench_timing.h"
 #include "cleave/kernels/column_sums.h"
 #include "cleave/kernels/convert.h"
 #include "cleave/kernels/linear_fp8.h"
@@ -521,16 +522,13 @@ struct LinearGemm::Impl {
       std::lock_guard<std::mutex> lock(mutex);
       if (auto it = known.find(key); it != known.end()) return it->second;
     }
-    uint32_t state = 12345u;
-    auto values = [&](int64_t n) {
+    auto values = [](int64_t n, uint32_t seed) {
       std::vector<float> v(static_cast<size_t>(n));
-      for (float& f : v) {
-        state = state * 1664525u + 1013904223u;
-        f = float(state >> 8) / float(1u << 24) - 0.5f;
-      }
+      fill_pseudo_random(v, seed, 1.0f);
       return v;
     };
-    const std::vector<float> w = values(int64_t(in) * out), bias = values(out), x = values(rows * in);
+    const std::vector<float> w = values(int64_t(in) * out, 1), bias = values(out, 2),
+                             x = values(rows * in, 3);
     Impl probe(in, out, precision);
     probe.weight = w.data();
     ++probe.own_version;

@@ -27,6 +27,13 @@ std::vector<double> shares_of(const std::vector<double>& kept, double dropped) {
   return share;
 }
 
+// One record's share of a layer's choices kept for experts [first, first + count).
+double range_share(const std::vector<double>& shares, int first, int count) {
+  double sum = 0;
+  for (int e = first; e < first + count; ++e) sum += shares[size_t(e)];
+  return sum;
+}
+
 }  // namespace
 
 ExpertRouting read_routing(const std::string& run, const ModelConfig& model) {
@@ -90,9 +97,7 @@ double peak_share(const ExpertRouting* routing, int layer, int experts, int firs
   if (routing)
     for (const auto& record : routing->records)
       if (auto it = record.find(layer); it != record.end()) {
-        double sum = 0;
-        for (int e = first; e < first + count; ++e) sum += it->second[size_t(e)];
-        peak = std::max(peak, sum);
+        peak = std::max(peak, range_share(it->second, first, count));
         found = true;
       }
   return found ? peak : double(count) / double(experts);
@@ -106,11 +111,8 @@ double busiest_rank_share(const ExpertRouting* routing, int layer, int experts, 
     for (const auto& record : routing->records)
       if (auto it = record.find(layer); it != record.end()) {
         double busiest = 0;
-        for (int r = 0; r < ep; ++r) {
-          double rank = 0;
-          for (int e = r * per_rank; e < (r + 1) * per_rank; ++e) rank += it->second[size_t(e)];
-          busiest = std::max(busiest, rank);
-        }
+        for (int r = 0; r < ep; ++r)
+          busiest = std::max(busiest, range_share(it->second, r * per_rank, per_rank));
         sum += busiest;
         ++records;
       }
