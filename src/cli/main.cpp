@@ -21,6 +21,7 @@ int checkpoint(int argc, char** argv);
 int plot(int argc, char** argv);
 int import_hf(int argc, char** argv);
 int bench_gemm(int argc, char** argv);
+int bench_decode(int argc, char** argv);
 int peak(int argc, char** argv);
 int bench_comm(int argc, char** argv);
 int calibrate(int argc, char** argv);
@@ -57,6 +58,8 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   import HF_DIR OUT_CHECKPOINT     a Hugging Face folder (GPT-2, Llama, Mixtral; F32, BF16, F16,
                                    sharded or not) as a checkpoint of step 0 for train.init_from
   bench-gemm [CONFIG.toml] [--set key=value ...] [--seconds S]   GEMM GF/s, fp32 and bf16
+  bench-decode [--seconds S] [--threads N]   a decoding step's kernels: attention from an fp32
+                                   and a bf16 cache, row tiles, the spread of identical steps
   peak [--dtype fp32|bf16] [--threads N] [--refresh]   the peaks MFU is quoted against (cached)
   bench-comm (under mpirun)                        collective algbw/busbw, cleave's and MPI's
   calibrate [--out CLUSTER.toml] [--threads N] [--quick]   measure this machine for the planner:
@@ -124,6 +127,7 @@ int main(int argc, char** argv) {
       else if (cmd == "plot") rc = cleave::cli::plot(argc - 2, argv + 2);
       else if (cmd == "import") rc = cleave::cli::import_hf(argc - 2, argv + 2);
       else if (cmd == "bench-gemm") rc = cleave::cli::bench_gemm(argc - 2, argv + 2);
+      else if (cmd == "bench-decode") rc = cleave::cli::bench_decode(argc - 2, argv + 2);
       else if (cmd == "peak") rc = cleave::cli::peak(argc - 2, argv + 2);
       else {
         std::fprintf(stderr, "cleave: unknown command '%s'\n%s", cmd.c_str(), kUsage);

@@ -27,6 +27,7 @@ checks=(
   "plan_accuracy ^pp 2 1f1b m4 +[0-9.]+ +[0-9.]+ +[-+][0-9.]+%  [0-9.]+$"
   "plan_search ^search [0-9.]+ s \(median wall time\)$"
   "inference ^bf16 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +>= 0.85$"
+  "decode ^p99/p50, arithmetic on registers alone +[0-9.]+x$"
   "serve ^tp 2 +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9]+$|^cleave serve .*not measured: the npm registry"
 )
 peer=$(cd "$src/.." && pwd)/shared/peer

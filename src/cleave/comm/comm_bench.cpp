@@ -29,6 +29,7 @@
 
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
+#include "cleave/base/statistics.h"
 #include "cleave/comm/internal.h"
 
 namespace cleave {
@@ -39,11 +40,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // The largest value over the group's ranks (every rank gets it).

@@ -30,26 +30,48 @@ void read_clocks(const std::vector<clockid_t>& clocks, std::vector<double>& seco
   }
 }
 
+double wall_seconds(const std::function<void()>& fn) {
+  const auto t0 = Clock::now();
+  fn();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double elapsed_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
 }  // namespace
+
+PairedTimes time_pairs(const std::function<void()>& a, const std::function<void()>& b,
+                       double budget) {
+  a(), b();
+  PairedTimes t;
+  const auto start = Clock::now();
+  while (t.a.size() < 5 || elapsed_since(start) < budget) {
+    t.b.push_back(wall_seconds(b));
+    t.a.push_back(wall_seconds(a));
+    if (t.a.size() >= 10000) break;
+  }
+  return t;
+}
 
 double median_extra_seconds(const std::function<void()>& a, const std::function<void()>& b,
                             double budget) {
-  a(), b();
-  auto seconds = [](const std::function<void()>& fn) {
-    const auto t0 = Clock::now();
-    fn();
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  std::vector<double> extra;
+  const PairedTimes t = time_pairs(a, b, budget);
+  std::vector<double> extra(t.a.size());
+  for (size_t i = 0; i < extra.size(); ++i) extra[i] = t.a[i] - t.b[i];
+  return median(std::move(extra));
+}
+
+std::vector<double> time_each_call(const std::function<void()>& fn, double budget, int warmup) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> times;
   const auto start = Clock::now();
-  while (extra.size() < 5 || std::chrono::duration<double>(Clock::now() - start).count() < budget) {
-    const double tb = seconds(b);
-    extra.push_back(seconds(a) - tb);
-    if (extra.size() >= 10000) break;
+  while (times.size() < 3 || elapsed_since(start) < budget) {
+    times.push_back(wall_seconds(fn));
+    if (times.size() >= 100000) break;
   }
-  std::sort(extra.begin(), extra.end());
-  const size_t n = extra.size();
-  return n % 2 ? extra[n / 2] : 0.5 * (extra[n / 2 - 1] + extra[n / 2]);
+  return times;
 }
 
 Timing time_calls(const std::function<void()>& setup, const std::function<void()>& fn,
@@ -62,9 +84,8 @@ Timing time_calls(const std::function<void()>& setup, const std::function<void()
   std::vector<double> cpu0(clocks.size()), cpu1(clocks.size());
   std::vector<double> times;
   double best = 1e30;
-  auto start = Clock::now();
-  while (times.size() < 3 ||
-         std::chrono::duration<double>(Clock::now() - start).count() < budget) {
+  const auto start = Clock::now();
+  while (times.size() < 3 || elapsed_since(start) < budget) {
     if (setup) setup();
     read_clocks(clocks, cpu0);
     auto t0 = Clock::now();
@@ -77,11 +98,9 @@ Timing time_calls(const std::function<void()>& setup, const std::function<void()
     best = std::min(best, std::min(wall, busiest));
     if (times.size() >= 10000) break;
   }
-  std::sort(times.begin(), times.end());
   Timing t;
   t.reps = int(times.size());
-  const size_t n = times.size();
-  t.median = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  t.median = median(std::move(times));
   t.best = best;
   return t;
 }

@@ -5,6 +5,8 @@
 #include <functional>
 #include <vector>
 
+#include "cleave/base/statistics.h"
+
 namespace cleave {
 
 struct Timing {
@@ -22,11 +24,22 @@ struct Timing {
 Timing time_calls(const std::function<void()>& setup, const std::function<void()>& fn,
                   double budget);
 
-// How much longer `a` takes than `b`: the median, over alternating calls for about `budget`
-// seconds (at least 5 pairs, after one warm-up call each), of a's wall seconds minus b's just
-// before. A pair runs in the same moment of a shared machine, so a slow spell lengthens both.
+// The wall seconds of every call of `a` and of `b`, alternating (b, then a) for about `budget`
+// seconds (at least 5 pairs, after one warm-up call each; at most 10,000). A pair runs in the
+// same moment of a shared machine, so a slow spell lengthens both of it.
+struct PairedTimes {
+  std::vector<double> a, b;
+};
+PairedTimes time_pairs(const std::function<void()>& a, const std::function<void()>& b,
+                       double budget);
+
+// How much longer `a` takes than `b`: the median over time_pairs' pairs of a's seconds minus b's.
 double median_extra_seconds(const std::function<void()>& a, const std::function<void()>& b,
                             double budget);
+
+// The wall seconds of every call of `fn`, for about `budget` seconds (at least 3 calls, at most
+// 100,000) after `warmup` untimed calls: a spread, where time_calls gives a rate.
+std::vector<double> time_each_call(const std::function<void()>& fn, double budget, int warmup);
 
 // Fixed pseudo-random values in [-scale/2, scale/2), from `seed`.
 void fill_pseudo_random(std::vector<float>& v, uint32_t seed, float scale);
