@@ -15,12 +15,16 @@
 # the 4-rank layout) at the start of each round and predicts from that: on a machine whose speed
 # drifts over the hour (the Zen 5 VM's runs of one layout 20-40% apart), a file calibrated the day
 # before predicts the drift.
-# `calibrate-each` calibrates right before each layout's run instead (36 s each on the Xeon VM),
+# `calibrate-each` calibrates right before each layout's run and again right after it (about 50 s
+# each on the Xeon VM; the one after serves the next layout of as many ranks as its one before),
 # so that a prediction and its run are seconds apart rather than minutes: on the Xeon VM the
-# calibrations of rounds minutes apart moved 39%. A cluster file skips the layouts of more ranks
+# calibrations of rounds minutes apart moved 39%. The prediction is then the mean of the two
+# calibrations' (its run lay between them), and each row also prints the two, whose gap is how far
+# the machine moved while the layout ran. A cluster file skips the layouts of more ranks
 # than its devices_per_host (their links would cross hosts it does not describe).
 # ROUNDS rounds (default 1) each run every layout; with more than one, the last table gives each
-# layout's median error over the rounds. LAYOUTS, a regular expression, runs the layouts whose
+# layout's median error over the rounds (calibrate-each: each round's error in order, with the
+# calibrations' move around its run in brackets). LAYOUTS, a regular expression, runs the layouts whose
 # names it matches (e.g. LAYOUTS='^pp' or LAYOUTS='AC|ep').
 # Usage: [CLEAVE_BENCH_SMOKE=1] [ROUNDS=N] [LAYOUTS=REGEX] bench/plan_accuracy.sh [CLUSTER=clusters/epyc_zen3_2core.toml | calibrate | calibrate-each]
 set -euo pipefail
@@ -88,7 +92,9 @@ for entry in "${layouts[@]}"; do
   file=$cluster
   case $cluster in
     calibrate) file=$work/cluster-$(devices "$np").toml ;;
-    calibrate-each) file=$work/cluster-$(devices "$np").toml; calibrate "$(devices "$np")" ;;
+    calibrate-each) file=$work/cluster-$(devices "$np").toml
+                    [ "${fresh:-}" = "$(devices "$np")" ] || calibrate "$(devices "$np")"
+                    cp "$file" "$work/before.toml" ;;
     *) per_host=$(sed -n 's/^devices_per_host = //p' "$file")
        if [ "$np" -gt "${per_host:-1}" ]; then
          printf "%-18s skipped: %s holds %s devices per host\n" "$name" "$file" "${per_host:-1}"
@@ -102,17 +108,31 @@ for entry in "${layouts[@]}"; do
   measured=$(field "$out" tokens_per_s)
   routing=()  # ep: the experts' rows as the run routed them
   [[ $sets != *parallel.ep=* ]] || routing=(--routing "$out")
-  "$cleave" plan configs/gpt2_124m.toml --world "$np" --cluster "$file" "${common[@]}" \
-    "${model[@]}" "${extra[@]}" "${routing[@]}" --json "$work/plan.json" > "$work/plan.txt"
-  predicted=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step']['tokens_per_s'])" "$work/plan.json")
-  error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN {print 100 * (p / m - 1)}')
+  predict() {  # CLUSTER_FILE: the plan's tokens/s of this layout on it
+    "$cleave" plan configs/gpt2_124m.toml --world "$np" --cluster "$1" "${common[@]}" \
+      "${model[@]}" "${extra[@]}" "${routing[@]}" --json "$work/plan.json" > "$work/plan.txt"
+    /usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step']['tokens_per_s'])" "$work/plan.json"
+  }
   imbalance=$(sed -n 's/^compute_imbalance = //p' "$file")
+  around=""
+  if [ "$cluster" != calibrate-each ]; then
+    predicted=$(predict "$file")
+  else
+    calibrate "$(devices "$np")"
+    fresh=$(devices "$np")
+    before=$(predict "$work/before.toml") after=$(predict "$file")
+    predicted=$(awk -v b="$before" -v a="$after" 'BEGIN {print (b + a) / 2}')
+    around=$(printf "  (%.1f before, %.1f after)" "$before" "$after")
+    awk -v b="$before" -v a="$after" 'BEGIN {print 100 * (a / b - 1)}' >> "$work/drift.$index"
+    imbalance="$(sed -n 's/^compute_imbalance = //p' "$work/before.toml") $(sed -n 's/^compute_imbalance = //p' "$file")"
+  fi
+  error=$(awk -v p="$predicted" -v m="$measured" 'BEGIN {print 100 * (p / m - 1)}')
   [ "$np" != 1 ] || imbalance=1  # one rank waits for no other: never stretched
-  printf "%-18s %12.1f %12.1f %+7.1f%%  %s\n" "$name" "$predicted" "$measured" "$error" "${imbalance:-1}"
+  printf "%-18s %12.1f %12.1f %+7.1f%%  %s%s\n" "$name" "$predicted" "$measured" "$error" "${imbalance:-1}" "$around"
   echo "$error" >> "$work/errors.$index"
   index=$((index + 1))
 done
-echo "tokens/s; predicted by cleave plan --cluster $([ "$cluster" = "${cluster%.toml}" ] && echo "(a calibration with the layout's ranks, or 2 for one rank$([ "$cluster" != calibrate-each ] || echo ", right before each run"))" || echo "$file"), measured: median of steps 3-$steps"
+echo "tokens/s; predicted by cleave plan --cluster $([ "$cluster" = "${cluster%.toml}" ] && echo "(a calibration with the layout's ranks, or 2 for one rank$([ "$cluster" != calibrate-each ] || echo ", right before and after each run: the mean of the two"))" || echo "$file"), measured: median of steps 3-$steps"
 done
 if [ "$rounds" != 1 ]; then
   echo "median error over $rounds rounds:"
@@ -123,9 +143,15 @@ if [ "$rounds" != 1 ]; then
       index=$((index + 1))
       continue
     fi
-    printf "%-18s %+7.1f%%  (%s)\n" "${entry%%|*}" \
-      "$(sort -g "$work/errors.$index" | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')" \
-      "$(sort -g "$work/errors.$index" | awk '{printf "%s%+.1f%%", (NR > 1 ? ", " : ""), $1}')"
+    # the rounds' errors, sorted; calibrate-each: in round order, each with how far the
+    # calibrations around its run moved (after / before)
+    if [ -f "$work/drift.$index" ]; then
+      rounds_text=$(paste "$work/errors.$index" "$work/drift.$index" |
+        awk '{printf "%s%+.1f%% [%+.1f%%]", (NR > 1 ? ", " : ""), $1, $2}')
+    else
+      rounds_text=$(sort -g "$work/errors.$index" | awk '{printf "%s%+.1f%%", (NR > 1 ? ", " : ""), $1}')
+    fi
+    printf "%-18s %+7.1f%%  (%s)\n" "${entry%%|*}" "$(median < "$work/errors.$index")" "$rounds_text"
     index=$((index + 1))
   done
 fi

@@ -19,6 +19,7 @@
 #include "cleave/base/buffer.h"
 #include "cleave/base/file.h"
 #include "cleave/base/host_memory.h"
+#include "cleave/base/statistics.h"
 #include "cleave/comm/comm_bench.h"
 #include "cleave/comm/errors.h"
 #include "cleave/comm/group.h"
@@ -38,6 +39,7 @@ namespace {
 struct Plan {
   std::vector<int> gemm_dims;
   double gemm_seconds_per_shape = 0;  // bench_linear_shapes' budget per shape (3 passes)
+  int gemm_rounds = 0;                // over the whole grid, the budget split between them
   int64_t triad_min_bytes = 0, triad_max_bytes = 0;
   int triad_passes = 0;
   // The other kernels (kernels/kernel_rates.h): a block's element-wise kernels on block_tokens
@@ -59,6 +61,7 @@ Plan plan_of(bool quick) {
   Plan p;
   p.gemm_dims = quick ? std::vector<int>{32, 128} : std::vector<int>{128, 512, 2048};
   p.gemm_seconds_per_shape = quick ? 0.01 : 0.3;
+  p.gemm_rounds = quick ? 1 : 3;
   p.triad_min_bytes = (quick ? 32 : 64) * kMiB;
   p.triad_max_bytes = (quick ? 256 : 512) * kMiB;
   p.triad_passes = quick ? 3 : 10;
@@ -124,26 +127,38 @@ std::string fixed(double v, int digits) {
 }
 
 // Every rank times the same shapes at once, as a step's ranks compute at once; a pass's time is
-// the mean over ranks.
+// the mean over ranks of its median over rounds. Each round times the whole grid: a slow spell of
+// a shared machine then lengthens one round of many points rather than every round of a few (with
+// one pass over the grid, 4 of 11 calibrations of a Xeon VM had a point 20-46% below all of its
+// neighbours), and the table stays of one machine.
 GemmTable measure_gemm(Precision p, const Plan& plan, int rank, const std::string& where) {
   const char* dtype = precision_name(p);
+  const auto shapes = calibration_shapes(plan.gemm_dims);
+  std::vector<std::vector<GemmSample>> rounds(size_t(plan.gemm_rounds));
+  for (auto& round : rounds)
+    for (const auto& shape : shapes)
+      for (const GemmBenchResult& r :
+           bench_linear_shapes({shape}, p, plan.gemm_seconds_per_shape / plan.gemm_rounds))
+        round.push_back(gemm_sample(r));
   std::vector<GemmSample> samples;
-  for (const auto& shape : calibration_shapes(plan.gemm_dims)) {
-    const auto results = bench_linear_shapes({shape}, p, plan.gemm_seconds_per_shape);
-    std::string line;
-    for (const GemmBenchResult& r : results) {
-      GemmSample s = gemm_sample(r);
-      s.seconds = world_mean(s.seconds);
-      const double gflops = 2.0 * double(s.m) * double(s.n) * double(s.k) / s.seconds * 1e-9;
-      line += "  " + s.pass + " " + fixed(gflops, 1) + " [m=" + std::to_string(s.m) +
-              " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + "]";
-      samples.push_back(s);
-    }
-    if (rank == 0) {
-      const auto& [tokens, in, out] = shape;
-      std::printf("gemm %s tokens %lld, in %d, out %d, GF/s:%s\n", dtype, (long long)tokens, in,
-                  out, line.c_str());
-      std::fflush(stdout);
+  std::string line;
+  for (size_t i = 0; i < rounds[0].size(); ++i) {
+    GemmSample s = rounds[0][i];
+    std::vector<double> seconds;
+    for (const auto& round : rounds) seconds.push_back(round[i].seconds);
+    s.seconds = world_mean(median(seconds));
+    const double gflops = 2.0 * double(s.m) * double(s.n) * double(s.k) / s.seconds * 1e-9;
+    line += "  " + s.pass + " " + fixed(gflops, 1) + " [m=" + std::to_string(s.m) +
+            " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + "]";
+    samples.push_back(s);
+    if (i % 3 == 2) {  // a shape's three passes
+      if (rank == 0) {
+        const auto& [tokens, in, out] = shapes[i / 3];
+        std::printf("gemm %s tokens %lld, in %d, out %d, GF/s:%s\n", dtype, (long long)tokens,
+                    in, out, line.c_str());
+        std::fflush(stdout);
+      }
+      line.clear();
     }
   }
   GemmTable table = gemm_table(samples, where);
