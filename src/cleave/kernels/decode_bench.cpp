@@ -160,7 +160,8 @@ Spread fixed_arithmetic_spread(double seconds, double budget) {
   for (;;) {
     const double took = median(time_each_call(arithmetic(iterations), 0.05, 1));
     if (took >= seconds / 2 || iterations > (int64_t(1) << 40)) {
-      iterations = std::max<int64_t>(1, int64_t(double(iterations) * seconds / took));
+      const double scale = seconds / std::max(took, 1e-9);
+      iterations = std::max<int64_t>(1, int64_t(double(iterations) * scale));
       break;
     }
     iterations *= 4;
