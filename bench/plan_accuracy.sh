@@ -21,8 +21,9 @@
 # calibrations of rounds minutes apart moved 39%. The prediction is then the mean of the two
 # calibrations' (its run lay between them), and each row also prints the two, whose gap is how far
 # the machine moved while the layout ran. STILL=PCT (calibrate-each) runs a layout again, twice at
-# most, when its calibrations moved by more than PCT percent around its run. A cluster file skips the layouts of more ranks
-# than its devices_per_host (their links would cross hosts it does not describe).
+# most, when its calibrations moved by more than PCT percent around its run. A cluster file skips
+# the layouts of more ranks than its devices_per_host (their links would cross hosts it does not
+# describe).
 # ROUNDS rounds (default 1) each run every layout; with more than one, the last table gives each
 # layout's median error over the rounds (calibrate-each: each round's error in order, with the
 # calibrations' move around its run in brackets). LAYOUTS, a regular expression, runs the layouts whose
@@ -76,6 +77,14 @@ calibrate() {  # DEVICES: the machine now as that many ranks, into $work/cluster
     "${quick[@]}" --out "$work/cluster-$1.toml" > "$work/calibrate.log" 2>&1 ||
     { cat "$work/calibrate.log" >&2; exit 1; }
 }
+predict() {  # CLUSTER_FILE: the plan's tokens/s of the layout in np, extra and routing on it
+  "$cleave" plan configs/gpt2_124m.toml --world "$np" --cluster "$1" "${common[@]}" \
+    "${model[@]}" "${extra[@]}" "${routing[@]}" --json "$work/plan.json" > "$work/plan.txt"
+  /usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step']['tokens_per_s'])" \
+    "$work/plan.json"
+}
+[[ -z ${STILL:-} || $STILL =~ ^[0-9]+([.][0-9]+)?$ ]] ||
+  { echo "STILL must be a percentage such as 10, not '$STILL'" >&2; exit 2; }
 for round in $(seq "$rounds"); do
 if [ "$cluster" = calibrate ]; then
   for n in $(for entry in "${layouts[@]}"; do IFS='|' read -r _ np _ <<<"$entry"; devices "$np"; done | sort -un); do
@@ -110,11 +119,6 @@ for entry in "${layouts[@]}"; do
     measured=$(field "$out" tokens_per_s)
     routing=()  # ep: the experts' rows as the run routed them
     [[ $sets != *parallel.ep=* ]] || routing=(--routing "$out")
-    predict() {  # CLUSTER_FILE: the plan's tokens/s of this layout on it
-      "$cleave" plan configs/gpt2_124m.toml --world "$np" --cluster "$1" "${common[@]}" \
-        "${model[@]}" "${extra[@]}" "${routing[@]}" --json "$work/plan.json" > "$work/plan.txt"
-      /usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step']['tokens_per_s'])" "$work/plan.json"
-    }
     imbalance=$(sed -n 's/^compute_imbalance = //p' "$file")
     around=""
     if [ "$cluster" != calibrate-each ]; then
@@ -122,7 +126,8 @@ for entry in "${layouts[@]}"; do
     else
       calibrate "$(devices "$np")"
       fresh=$(devices "$np")
-      before=$(predict "$work/before.toml") after=$(predict "$file")
+      before=$(predict "$work/before.toml")
+      after=$(predict "$file")
       predicted=$(awk -v b="$before" -v a="$after" 'BEGIN {print (b + a) / 2}')
       around=$(printf "  (%.1f before, %.1f after)" "$before" "$after")
       drift=$(awk -v b="$before" -v a="$after" 'BEGIN {print 100 * (a / b - 1)}')

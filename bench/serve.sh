@@ -28,8 +28,9 @@
 #      of one whose first 1,000 tokens are an earlier request's (3 pairs a round), and the tokens
 #      /metrics' cleave_prefix_cached_tokens_total says were shared (whole 64-token blocks: 960).
 #   5. the machine's own floor for the gap target (every round, SERVE_LEVELS_ONLY too): the p99/p50
-#      of arithmetic on registers alone, sized to about a step (`cleave bench-decode`,
-#      bench/decode.sh), which no server, memory or lock of ours can lengthen.
+#      of arithmetic on registers alone, each run as long as the 48 bf16 products of a 16-row
+#      decoding step (`cleave bench-decode --spread-only`, bench/decode.sh), which no server,
+#      memory or lock of ours can lengthen.
 # The pool (serve.kv_cache_mb) holds every client's longest request at 64 clients, as llama.cpp's
 # context does (C sequences of 768 tokens): no queueing or preemption for want of blocks.
 # A report, not a gate. Needs node and npm; the npm packages are installed once into the build
@@ -201,8 +202,8 @@ llama_round() {
   levels_of llama "$out"
 }
 floor_round() {  # the machine's own p99/p50 on work that waits on nothing (`cleave bench-decode`)
-  OMP_NUM_THREADS=$threads "$cleave" bench-decode --seconds "$floor_seconds" --threads $threads \
-    > "$work/floor.out"
+  OMP_NUM_THREADS=$threads "$cleave" bench-decode --spread-only --seconds "$floor_seconds" \
+    --threads $threads > "$work/floor.out"
   add floor "$(awk '/^arithmetic on registers alone/ {sub("x$", "", $9); print $9}' "$work/floor.out")"
 }
 
@@ -270,8 +271,8 @@ for p in cleave tp2; do
   printf "%-10s %-34s %9s %9s   %s\n" "$name" "gap p99 <= 2x gap p50" "$(ratio "$p99" "$p50")" 2.00x \
     "$(verdict "$(awk -v a="$p99" -v b="$p50" 'BEGIN {if (b > 0) print a / b}')" "<=" 2)"
 done
-echo "the machine's own p99/p50 on arithmetic that waits on nothing (cleave bench-decode, about" \
-  "the length of a step): $(med floor)x; a gap target below it cannot be told from the machine"
+echo "the machine's own p99/p50 on arithmetic that waits on nothing (cleave bench-decode, runs as" \
+  "long as a 16-row step's products): $(med floor)x; a gap target below it cannot be told from the machine"
 
 echo
 echo "a $long-token prompt among $interference_clients decoding clients (1 process): the running streams' gaps (ms)" \

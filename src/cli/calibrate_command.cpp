@@ -135,11 +135,14 @@ GemmTable measure_gemm(Precision p, const Plan& plan, int rank, const std::strin
   const char* dtype = precision_name(p);
   const auto shapes = calibration_shapes(plan.gemm_dims);
   std::vector<std::vector<GemmSample>> rounds(size_t(plan.gemm_rounds));
-  for (auto& round : rounds)
-    for (const auto& shape : shapes)
-      for (const GemmBenchResult& r :
-           bench_linear_shapes({shape}, p, plan.gemm_seconds_per_shape / plan.gemm_rounds))
-        round.push_back(gemm_sample(r));
+  std::vector<size_t> shape_of;  // each sample's shape in `shapes`
+  for (size_t r = 0; r < rounds.size(); ++r)
+    for (size_t i = 0; i < shapes.size(); ++i)
+      for (const GemmBenchResult& b :
+           bench_linear_shapes({shapes[i]}, p, plan.gemm_seconds_per_shape / plan.gemm_rounds)) {
+        rounds[r].push_back(gemm_sample(b));
+        if (r == 0) shape_of.push_back(i);
+      }
   std::vector<GemmSample> samples;
   std::string line;
   for (size_t i = 0; i < rounds[0].size(); ++i) {
@@ -151,9 +154,9 @@ GemmTable measure_gemm(Precision p, const Plan& plan, int rank, const std::strin
     line += "  " + s.pass + " " + fixed(gflops, 1) + " [m=" + std::to_string(s.m) +
             " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + "]";
     samples.push_back(s);
-    if (i % 3 == 2) {  // a shape's three passes
+    if (i + 1 == shape_of.size() || shape_of[i + 1] != shape_of[i]) {  // the shape's last pass
       if (rank == 0) {
-        const auto& [tokens, in, out] = shapes[i / 3];
+        const auto& [tokens, in, out] = shapes[shape_of[i]];
         std::printf("gemm %s tokens %lld, in %d, out %d, GF/s:%s\n", dtype, (long long)tokens,
                     in, out, line.c_str());
         std::fflush(stdout);
@@ -494,8 +497,9 @@ int calibrate(int argc, char** argv) {
       "GF/s of C[m, n] = A[m, k] B[k, n]: the mean time of the passes of linear layers that\n"
       "compute it (forward, backward_input, backward_weight; kernels/gemm_bench.h, as\n"
       "`cleave bench-gemm` times them), each pass's median call on the wall clock, every rank\n"
-      "timing at once; " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") +
-      " per rank.";
+      "timing at once; the median of " + std::to_string(plan.gemm_rounds) + " round" +
+      (plan.gemm_rounds == 1 ? "" : "s") + " over the grid; " + std::to_string(threads) +
+      " thread" + (threads == 1 ? "" : "s") + " per rank.";
 
   std::string peak_note;
   for (Precision p : {Precision::fp32, Precision::bf16}) {

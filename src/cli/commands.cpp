@@ -15,6 +15,7 @@
 #include "cleave/data/tokenizer.h"
 #include "cleave/kernels/decode_bench.h"
 #include "cleave/kernels/gemm_bench.h"
+#include "cleave/kernels/linear.h"
 #include "cleave/model/hf_export.h"
 #include "cleave/train/peak.h"
 #include "cleave/train/trainer.h"
@@ -207,38 +208,45 @@ int bench_gemm(int argc, char** argv) {
 }
 
 int bench_decode(int argc, char** argv) {
-  const Args a = Args::parse("bench-decode", argc, argv, {"--seconds", "--threads"});
+  const Args a =
+      Args::parse("bench-decode", argc, argv, {"--seconds", "--threads"}, {"--spread-only"});
+  if (!a.positional.empty())
+    throw Error("cleave bench-decode: takes no positional arguments, got '" + a.positional[0] + "'");
   if (a.has("--threads")) omp_set_num_threads(int(a.integer("--threads", 0, 1, 4096)));
-  const double seconds = a.number("--seconds", 3.0);
-  if (!(seconds > 0)) throw Error("cleave bench-decode: --seconds must be above 0");
-  const bool tiles = !row_invariant_products(Precision::bf16);
+  const double seconds = a.number_in("--seconds", 3.0, 1e-3, 3600);
   std::printf("The kernels of a decoding step, GPT-2 124M's shape (12 layers, d_model 768, 12 "
               "heads of 64), %d threads, bf16 products; medians of alternating calls\n\n",
               omp_get_max_threads());
 
-  const DecodeAttentionTiming at = time_decode_attention(seconds);
-  std::printf("Attention of %d decoding sequences of %lld-%lld tokens, one layer (%d calls "
-              "each):\n%-10s %9s %9s %10s\n",
-              at.sequences, (long long)at.min_context, (long long)at.max_context, at.calls,
-              "cache", "ms", "MiB read", "GB/s");
-  const std::pair<const char*, std::pair<double, double>> caches[] = {
-      {"fp32", {at.fp32_seconds, at.fp32_bytes}}, {"bf16", {at.bf16_seconds, at.bf16_bytes}}};
-  for (const auto& [name, c] : caches)
-    std::printf("%-10s %9.3f %9.1f %10.1f\n", name, 1e3 * c.first, c.second / 1048576.0,
-                c.second / c.first / 1e9);
-  std::printf("bf16 cache / fp32 cache: %.2fx the time\n\n", at.bf16_seconds / at.fp32_seconds);
+  if (!a.has("--spread-only")) {
+    const DecodeAttentionTiming at = time_decode_attention(seconds);
+    std::printf("Attention of %d decoding sequences of %lld-%lld tokens, one layer (%d calls "
+                "each):\n%-10s %9s %9s %10s\n",
+                at.sequences, (long long)at.min_context, (long long)at.max_context, at.calls,
+                "cache", "ms", "MiB read", "GB/s");
+    const std::pair<const char*, std::pair<double, double>> caches[] = {
+        {"fp32", {at.fp32_seconds, at.fp32_bytes}}, {"bf16", {at.bf16_seconds, at.bf16_bytes}}};
+    for (const auto& [name, c] : caches)
+      std::printf("%-10s %9.3f %9.1f %10.1f\n", name, 1e3 * c.first, c.second / 1048576.0,
+                  c.second / c.first / 1e9);
+    std::printf("bf16 cache / fp32 cache: %.2fx the time\n\n",
+                at.bf16_seconds / at.fp32_seconds);
 
-  std::printf("The 48 products of a step in row tiles of %lld (%s):\n%-6s %12s %14s %7s %6s\n",
-              (long long)kInvariantRowTile,
-              tiles ? "needed on this CPU; a call runs its tiles as one product where that gives "
-                      "each tile its own bits"
-                    : "not needed on this CPU: every row count gives a row the same bits",
-              "rows", "one call ms", "tile calls ms", "ratio", "pairs");
-  for (const auto& r : time_row_tiles({32, 48, 64, 96}, seconds))
-    std::printf("%-6lld %12.2f %14.2f %6.2fx %6d\n", (long long)r.rows, 1e3 * r.one_call_seconds,
-                1e3 * r.tile_calls_seconds, r.one_call_seconds / r.tile_calls_seconds, r.pairs);
+    const bool tiles = !row_invariant_products(Precision::bf16);
+    std::printf("The 48 products of a step in row tiles of %lld (%s):\n%-6s %12s %14s %7s %6s\n",
+                (long long)kInvariantRowTile,
+                tiles ? "needed on this CPU; a call runs its tiles as one product where that "
+                        "gives each tile its own bits"
+                      : "not needed on this CPU: every row count gives a row the same bits",
+                "rows", "one call ms", "tile calls ms", "ratio", "pairs");
+    for (const auto& r : time_row_tiles({32, 48, 64, 96}, seconds))
+      std::printf("%-6lld %12.2f %14.2f %6.2fx %6d\n", (long long)r.rows,
+                  1e3 * r.one_call_seconds, 1e3 * r.tile_calls_seconds,
+                  r.one_call_seconds / r.tile_calls_seconds, r.pairs);
+    std::printf("\n");
+  }
 
-  std::printf("\nThe spread of identical runs (%.0f s each):\n%-34s %8s %8s %8s %8s %8s %6s\n",
+  std::printf("The spread of identical runs (%.3g s each):\n%-34s %8s %8s %8s %8s %8s %6s\n",
               2 * seconds, "work", "p50 ms", "p90 ms", "p99 ms", "max ms", "p99/p50", "runs");
   const Spread step = step_products_spread(16, 2 * seconds);
   const Spread fixed = fixed_arithmetic_spread(step.p50, 2 * seconds);

@@ -58,8 +58,9 @@ const char* kUsage = R"(usage: cleave COMMAND ...
   import HF_DIR OUT_CHECKPOINT     a Hugging Face folder (GPT-2, Llama, Mixtral; F32, BF16, F16,
                                    sharded or not) as a checkpoint of step 0 for train.init_from
   bench-gemm [CONFIG.toml] [--set key=value ...] [--seconds S]   GEMM GF/s, fp32 and bf16
-  bench-decode [--seconds S] [--threads N]   a decoding step's kernels: attention from an fp32
-                                   and a bf16 cache, row tiles, the spread of identical steps
+  bench-decode [--seconds S] [--threads N] [--spread-only]   a decoding step's kernels: attention
+                                   from an fp32 and a bf16 cache, row tiles, the spread of identical
+                                   steps beside arithmetic alone (--spread-only: the spread alone)
   peak [--dtype fp32|bf16] [--threads N] [--refresh]   the peaks MFU is quoted against (cached)
   bench-comm (under mpirun)                        collective algbw/busbw, cleave's and MPI's
   calibrate [--out CLUSTER.toml] [--threads N] [--quick]   measure this machine for the planner:

@@ -11,7 +11,7 @@ TEST(Statistics, MedianOfOddAndEvenCounts) {
   EXPECT_EQ(median({4, 1, 3, 2}), 2.5);
 }
 
-TEST(Statistics, QuantileIsTheNearestRankBelow) {
+TEST(Statistics, QuantileIsTheElementAtTheRankRoundedDown) {
   std::vector<double> v;
   for (int i = 100; i >= 1; --i) v.push_back(i);  // unsorted on purpose
   EXPECT_EQ(quantile(v, 0.0), 1);

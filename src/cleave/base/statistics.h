@@ -5,7 +5,9 @@
 
 namespace cleave {
 
-// The q-quantile (q in [0, 1]) of `values` by the nearest rank below; 0 for none.
+// The q-quantile (q in [0, 1]) of `values`: the sorted element at floor(q (n - 1)), the lower of
+// the two a linear interpolation would blend (so q = 0.5 of an even count is the lower middle,
+// where median() takes the mean of the two); 0 for none.
 inline double quantile(std::vector<double> values, double q) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());

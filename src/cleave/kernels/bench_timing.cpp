@@ -8,6 +8,8 @@
 
 #include <omp.h>
 
+#include "cleave/base/statistics.h"
+
 namespace cleave {
 
 namespace {

@@ -5,8 +5,6 @@
 #include <functional>
 #include <vector>
 
-#include "cleave/base/statistics.h"
-
 namespace cleave {
 
 struct Timing {

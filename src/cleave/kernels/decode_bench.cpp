@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include "cleave/base/bf16.h"
+#include "cleave/base/statistics.h"
 #include "cleave/kernels/attention.h"
 #include "cleave/kernels/bench_timing.h"
 #include "cleave/kernels/linear.h"
@@ -31,7 +32,7 @@ Spread spread_of(const std::vector<double>& seconds) {
 struct StepLinears {
   std::vector<std::vector<float>> sources;
   std::vector<LinearGemm> linears;
-  std::vector<int64_t> inputs;  // each linear's in-features, its operand's row stride
+  std::vector<int64_t> inputs, outputs;  // each linear's features: its operands' row strides
   std::vector<float> x, y;
 
   StepLinears() {
@@ -47,6 +48,7 @@ struct StepLinears {
         linears.back().set_weight(sources[size_t(s)].data());
         linears.back().set_row_invariant(true);
         inputs.push_back(shapes[s][0]);
+        outputs.push_back(shapes[s][1]);
       }
   }
   void reserve(int64_t rows) {
@@ -59,8 +61,8 @@ struct StepLinears {
   void run(int64_t rows, int64_t per_call) {
     for (size_t i = 0; i < linears.size(); ++i)
       for (int64_t r = 0; r < rows; r += per_call)
-        linears[i].forward(y.data(), x.data() + r * inputs[i], std::min(per_call, rows - r),
-                           nullptr);
+        linears[i].forward(y.data() + r * outputs[i], x.data() + r * inputs[i],
+                           std::min(per_call, rows - r), nullptr);
   }
 };
 
