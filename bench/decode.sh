@@ -29,8 +29,7 @@ ratio() {  # a line's pattern (grep -E) and its field holding the ratio
   for f in "$work"/round*; do grep -E "$1" "$f" | awk -v k="$2" '{sub("x$", "", $k); print $k}'; done |
     median
 }
-printf '%-40s %6.2fx\n' "attention, bf16 cache / fp32 cache" \
-  "$(for f in "$work"/round*; do sed -n 's/^bf16 cache \/ fp32 cache: \([0-9.]*\)x.*/\1/p' "$f"; done | median)"
+printf '%-40s %6.2fx\n' "attention, bf16 cache / fp32 cache" "$(ratio '^bf16 cache / fp32 cache:' 6)"
 for rows in 32 48 64 96; do
   printf '%-40s %6.2fx\n' "products at $rows rows, one call / tiles" "$(ratio "^$rows " 4)"
 done

@@ -119,10 +119,10 @@ for entry in "${layouts[@]}"; do
     measured=$(field "$out" tokens_per_s)
     routing=()  # ep: the experts' rows as the run routed them
     [[ $sets != *parallel.ep=* ]] || routing=(--routing "$out")
-    imbalance=$(sed -n 's/^compute_imbalance = //p' "$file")
     around=""
     if [ "$cluster" != calibrate-each ]; then
       predicted=$(predict "$file")
+      imbalance=$(sed -n 's/^compute_imbalance = //p' "$file")
     else
       calibrate "$(devices "$np")"
       fresh=$(devices "$np")

@@ -134,35 +134,32 @@ std::string fixed(double v, int digits) {
 GemmTable measure_gemm(Precision p, const Plan& plan, int rank, const std::string& where) {
   const char* dtype = precision_name(p);
   const auto shapes = calibration_shapes(plan.gemm_dims);
-  std::vector<std::vector<GemmSample>> rounds(size_t(plan.gemm_rounds));
-  std::vector<size_t> shape_of;  // each sample's shape in `shapes`
-  for (size_t r = 0; r < rounds.size(); ++r)
-    for (size_t i = 0; i < shapes.size(); ++i)
-      for (const GemmBenchResult& b :
-           bench_linear_shapes({shapes[i]}, p, plan.gemm_seconds_per_shape / plan.gemm_rounds)) {
-        rounds[r].push_back(gemm_sample(b));
-        if (r == 0) shape_of.push_back(i);
-      }
+  std::vector<std::vector<GemmBenchResult>> rounds;
+  for (int r = 0; r < plan.gemm_rounds; ++r)
+    rounds.push_back(
+        bench_linear_shapes(shapes, p, plan.gemm_seconds_per_shape / plan.gemm_rounds));
   std::vector<GemmSample> samples;
   std::string line;
-  for (size_t i = 0; i < rounds[0].size(); ++i) {
-    GemmSample s = rounds[0][i];
+  const std::vector<GemmBenchResult>& first = rounds[0];
+  for (size_t i = 0; i < first.size(); ++i) {
     std::vector<double> seconds;
     for (const auto& round : rounds) seconds.push_back(round[i].seconds);
+    GemmSample s = gemm_sample(first[i]);
     s.seconds = world_mean(median(seconds));
     const double gflops = 2.0 * double(s.m) * double(s.n) * double(s.k) / s.seconds * 1e-9;
     line += "  " + s.pass + " " + fixed(gflops, 1) + " [m=" + std::to_string(s.m) +
             " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + "]";
     samples.push_back(s);
-    if (i + 1 == shape_of.size() || shape_of[i + 1] != shape_of[i]) {  // the shape's last pass
-      if (rank == 0) {
-        const auto& [tokens, in, out] = shapes[shape_of[i]];
-        std::printf("gemm %s tokens %lld, in %d, out %d, GF/s:%s\n", dtype, (long long)tokens,
-                    in, out, line.c_str());
-        std::fflush(stdout);
-      }
-      line.clear();
+    const GemmBenchResult& r = first[i];
+    const bool shape_done = i + 1 == first.size() || first[i + 1].N != r.N ||
+                            first[i + 1].in != r.in || first[i + 1].out != r.out;
+    if (!shape_done) continue;
+    if (rank == 0) {
+      std::printf("gemm %s tokens %lld, in %d, out %d, GF/s:%s\n", dtype, (long long)r.N, r.in,
+                  r.out, line.c_str());
+      std::fflush(stdout);
     }
+    line.clear();
   }
   GemmTable table = gemm_table(samples, where);
   std::vector<GemmPoint> points = table.points();

@@ -8,6 +8,7 @@
 #include "cleave/base/statistics.h"
 #include "cleave/kernels/attention.h"
 #include "cleave/kernels/bench_timing.h"
+#include "cleave/kernels/gemm_bench.h"
 #include "cleave/kernels/linear.h"
 
 namespace cleave {
@@ -27,8 +28,9 @@ Spread spread_of(const std::vector<double>& seconds) {
   return s;
 }
 
-// A step's linears (qkv, attention output, MLP up and down, 12 times), bf16, row tiles on; the
-// layers share their fp32 sources, each packs its own copy, so a step reads 12 layers' weights.
+// A step's linears (gpt2_small_linear_shapes' block: qkv, attention output, MLP up and down, 12
+// times), bf16, row tiles on; the layers share their fp32 sources, each packs its own copy, so a
+// step reads 12 layers' weights.
 struct StepLinears {
   std::vector<std::vector<float>> sources;
   std::vector<LinearGemm> linears;
@@ -36,19 +38,21 @@ struct StepLinears {
   std::vector<float> x, y;
 
   StepLinears() {
-    const int shapes[4][2] = {{kModel, 3 * kModel}, {kModel, kModel}, {kModel, 4 * kModel},
-                              {4 * kModel, kModel}};
-    for (int s = 0; s < 4; ++s) {
-      sources.emplace_back(size_t(shapes[s][0]) * size_t(shapes[s][1]));
+    auto shapes = gpt2_small_linear_shapes();
+    shapes.pop_back();  // the LM head runs once a step, not once a layer
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      const auto& [N, in, out] = shapes[s];
+      sources.emplace_back(size_t(in) * size_t(out));
       fill_pseudo_random(sources.back(), uint32_t(s + 1), 0.04f);
     }
     for (int l = 0; l < kLayers; ++l)
-      for (int s = 0; s < 4; ++s) {
-        linears.emplace_back(shapes[s][0], shapes[s][1], Precision::bf16);
-        linears.back().set_weight(sources[size_t(s)].data());
+      for (size_t s = 0; s < shapes.size(); ++s) {
+        const auto& [N, in, out] = shapes[s];
+        linears.emplace_back(in, out, Precision::bf16);
+        linears.back().set_weight(sources[s].data());
         linears.back().set_row_invariant(true);
-        inputs.push_back(shapes[s][0]);
-        outputs.push_back(shapes[s][1]);
+        inputs.push_back(in);
+        outputs.push_back(out);
       }
   }
   void reserve(int64_t rows) {
