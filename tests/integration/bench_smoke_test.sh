@@ -30,6 +30,11 @@ checks=(
   "decode ^p99/p50, arithmetic on registers alone +[0-9.]+x$"
   "serve ^tp 2 +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9]+$|^cleave serve .*not measured: the npm registry"
 )
+# cleave bench-decode --spread-only (bench/serve.sh's floor) times the spread alone.
+"$cleave" bench-decode --spread-only --seconds 0.02 --threads 2 > "$work/spread.log"
+grep -qE "^arithmetic on registers alone +[0-9.]+ .*x +[0-9]+$" "$work/spread.log" &&
+  ! grep -qE "^(Attention|The 48 products)" "$work/spread.log" ||
+  { echo "FAIL: bench-decode --spread-only printed more or less than the spread"; cat "$work/spread.log"; exit 1; }
 peer=$(cd "$src/.." && pwd)/shared/peer
 for c in "${checks[@]}"; do
   read -r name pattern <<<"$c"

@@ -82,6 +82,8 @@ check "every GEMM shape printed as measured" \
   test "$(grep -cE '^gemm (fp32|bf16) tokens [0-9]+, in [0-9]+, out [0-9]+, GF/s:  fwd [0-9.]+' "$work/two.log")" = 16
 check "every collective size printed as measured" \
   test "$(grep -cE '^intra_host [a-z_]+ +[0-9]+ [KM]iB: +[0-9.]+ us' "$work/two.log")" = 25
+check "the GEMM table says its rounds (one with --quick)" \
+  grep -q "^# timing at once; the median of 1 round over the grid; 1 thread per rank\.$" "$work/two.toml"
 check "memory bandwidth printed" grep -qE "^memory bandwidth: [0-9.]+ GB/s per rank" "$work/two.log"
 check "the element-wise kernels' rate > 0" positive "$work/two.info" '/^rates /' 3
 check "... printed as measured" \
