@@ -1,5 +1,6 @@
-// cleave bench-comm: algbw/busbw of every collective, cleave's implementation beside MPI's, and
-// whether an all_reduce overlaps computation. Run under mpirun.
+// cleave bench-comm: algbw/busbw of every collective, cleave's implementation beside MPI's,
+// whether an all_reduce overlaps computation, and what a meeting at a small collective between
+// short computations costs with cleave's wait and with MPI's own. Run under mpirun.
 #include <mpi.h>
 
 #include <cstdio>
@@ -29,12 +30,15 @@ int bench_comm(int argc, char** argv) {
   Args a;
   CommBenchOptions o;
   int64_t overlap_bytes = 0;
+  double meeting_seconds = 2;
   // Every rank reads the same command line: an error in it is agreed on and reported once.
   agree_on_errors([&] {
     a = Args::parse("bench-comm", argc, argv,
                     {"--min-bytes", "--max-bytes", "--factor", "--ops", "--type", "--seconds",
-                     "--overlap-bytes"},
-                    {"--no-overlap"});
+                     "--overlap-bytes", "--meeting-seconds"},
+                    {"--no-overlap", "--no-meetings", "--meetings-only"});
+    if (a.has("--meetings-only") && a.has("--no-meetings"))
+      throw Error("bench-comm: --meetings-only and --no-meetings exclude each other");
     o.min_bytes = a.integer("--min-bytes", o.min_bytes, 1, int64_t(1) << 40);
     o.max_bytes = a.integer("--max-bytes", o.max_bytes, o.min_bytes, int64_t(1) << 40);
     o.factor = int(a.integer("--factor", o.factor, 2, 1024));
@@ -50,20 +54,22 @@ int bench_comm(int argc, char** argv) {
     else if (type == "both") o.types = {CommType::f32, CommType::bf16};
     else throw Error("bench-comm: --type expects f32, bf16 or both, got '" + type + "'");
     overlap_bytes = a.integer("--overlap-bytes", 16 << 20, 0, int64_t(1) << 40);
+    meeting_seconds = a.number_in("--meeting-seconds", meeting_seconds, 1e-3, 3600);
   });
 
   init_comm(CommOptions{});
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Group world(MPI_COMM_WORLD, "world");
-  if (rank == 0)
+  const bool meetings_only = a.has("--meetings-only");
+  if (rank == 0 && !meetings_only)
     std::printf("bench-comm: %d ranks; time: median over iterations of the slowest rank; GB/s as "
                 "nccl-tests defines them\n(algbw = size / time; busbw = algbw * 2(n-1)/n for "
                 "all_reduce, (n-1)/n for all_gather, reduce_scatter, all_to_all, 1 for broadcast and "
                 "send_recv)\n\n",
                 world.size());
-  const auto rows = bench_comm(world, o);
-  if (rank == 0) {
+  const auto rows = meetings_only ? std::vector<CommBenchRow>{} : bench_comm(world, o);
+  if (rank == 0 && !meetings_only) {
     std::printf("%-15s %-5s %10s | %12s %7s %7s | %12s %7s %7s | %s\n", "op", "type", "size",
                 "ours: us", "algbw", "busbw", "mpi: us", "algbw", "busbw", "faster");
     // rows come as (ours, mpi) pairs per size, or mpi alone
@@ -83,7 +89,7 @@ int bench_comm(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
-  if (!a.has("--no-overlap")) {
+  if (!a.has("--no-overlap") && !meetings_only) {
     const int64_t bytes = overlap_bytes;
     for (CommAlgo algo : {CommAlgo::ours, CommAlgo::mpi}) {
       const OverlapResult r = measure_overlap(world, bytes, algo);
@@ -94,6 +100,24 @@ int bench_comm(int argc, char** argv) {
                     human(bytes).c_str(), algo == CommAlgo::ours ? "ours" : "mpi",
                     r.comm_alone * 1e3, r.compute_alone * 1e3, r.compute_with_comm * 1e3,
                     r.waited * 1e3);
+    }
+  }
+  if (!a.has("--no-meetings")) {
+    if (rank == 0)
+      std::printf("\nmeetings: a one-float all_reduce after each piece of single-threaded computation,\n"
+                  "through cleave's progress thread (this thread blocked in Work::wait) and by MPI_Allreduce\n"
+                  "called from this thread (MPI's own wait), alternating in runs of 8 for %.3g s per piece;\n"
+                  "extra: the wall time per meeting beyond the ranks' mean time for the piece\n"
+                  "%10s %10s %16s %16s %8s\n",
+                  meeting_seconds, "piece ms", "meetings", "cleave: extra ms", "MPI: extra ms",
+                  "ratio");
+    for (double piece : {0.25e-3, 1e-3, 4e-3}) {
+      const MeetingResult r = measure_meetings(world, piece, meeting_seconds);
+      if (rank == 0)
+        std::printf("%10.3f %10lld %16.3f %16.3f %7.2fx\n", r.piece * 1e3, (long long)r.meetings,
+                    r.ours_extra * 1e3, r.mpi_extra * 1e3,
+                    r.mpi_extra > 0 ? r.ours_extra / r.mpi_extra : 0.0);
+      std::fflush(stdout);
     }
   }
   return 0;

@@ -79,6 +79,8 @@ grep -q "bf16 weights, .*key/value cache fp32, as needed" "$work/kv.err" || { ec
 expect_error "kv cache dtype" "--kv-cache-dtype must be auto, fp32 or bf16, not 'fp8'" "$cleave" generate "$ck" --prompt "To be" --kv-cache-dtype fp8
 expect_error "bench-decode positional" "cleave bench-decode: takes no positional arguments, got 'x'" "$cleave" bench-decode x
 expect_error "bench-decode seconds" "--seconds = 0 is out of range" "$cleave" bench-decode --seconds 0
+expect_error "bench-comm meetings both ways" "bench-comm: --meetings-only and --no-meetings exclude each other" "$cleave" bench-comm --meetings-only --no-meetings
+expect_error "bench-comm meeting seconds" "--meeting-seconds = 0 is out of range" "$cleave" bench-comm --meetings-only --meeting-seconds 0
 expect_error "prompt ids out of range" "--prompt-ids = 999 is out of range [0, 255]" "$cleave" generate "$ck" --prompt-ids "1 999"
 expect_error "generate layout not the ranks" "parallel.tp = 2 x parallel.pp = 1 x parallel.ep = 1 makes 2 ranks, but 1 were started" "$cleave" generate "$ck" --prompt "To be" --set parallel.tp=2
 expect_error "generate setting not a layout" "the inference layout takes parallel.tp=N" "$cleave" generate "$ck" --prompt "To be" --set train.steps=3

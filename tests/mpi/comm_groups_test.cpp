@@ -1,9 +1,15 @@
 // Point-to-point, sub-groups running concurrently, Work semantics, argument errors, the flight
-// recorder and the overlap measurement.
+// recorder and the overlap and meeting measurements.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "cleave/base/check.h"
 #include "cleave/comm/comm_bench.h"
+#include "cleave/comm/communicator.h"
 #include "comm_test_util.h"
 
 namespace cleave::test {
@@ -185,6 +191,46 @@ TEST(Overlap, AllReduceWhileComputing) {
                   r.compute_with_comm * 1e3, r.waited * 1e3);
     EXPECT_GE(r.waited, 0);
   }
+}
+
+// A thread blocked in Work::wait is counted while it waits (the progress thread then polls
+// without sleeping) and no longer once the operation completed: rank 1 sends 200 ms late.
+TEST(WorkWait, CountsTheBlockedThread) {
+  Group& g = world();
+  Communicator& c = Communicator::get();
+  float x = 0;
+  if (g.rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    g.send(&x, 1, CommType::f32, 0, 9).wait();
+  } else if (g.rank() == 0) {
+    EXPECT_EQ(c.waiting(), 0);
+    std::atomic<bool> stop{false};
+    std::atomic<int> most{0};
+    std::thread watcher([&] {
+      while (!stop.load()) {
+        most.store(std::max(most.load(), c.waiting()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+    g.recv(&x, 1, CommType::f32, 1, 9).wait();
+    stop.store(true);
+    watcher.join();
+    EXPECT_EQ(most.load(), 1);
+    EXPECT_EQ(c.waiting(), 0);
+  }
+  g.barrier().wait();
+}
+
+TEST(Meetings, BothWaitsMeasured) {
+  const MeetingResult r = measure_meetings(world(), 0.5e-3, 0.1);
+  if (world().rank() == 0)
+    std::printf("meetings after pieces of %.3f ms: %lld of each; extra per meeting %.3f ms "
+                "(cleave's wait), %.3f ms (MPI's)\n", r.piece * 1e3, (long long)r.meetings,
+                r.ours_extra * 1e3, r.mpi_extra * 1e3);
+  EXPECT_GE(r.meetings, 8);
+  EXPECT_GT(r.piece, 0.05e-3);
+  EXPECT_LT(r.piece, 50e-3);
+  EXPECT_TRUE(std::isfinite(r.ours_extra) && std::isfinite(r.mpi_extra));
 }
 
 }  // namespace

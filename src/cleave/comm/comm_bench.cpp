@@ -24,6 +24,7 @@
 #include "cleave/comm/comm_bench.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 
@@ -199,6 +200,59 @@ OverlapResult measure_overlap(Group& g, int64_t bytes, CommAlgo algo) {
   r.compute_with_comm = seconds_since(t1);
   r.waited = w.wait();
   (void)sink;
+  return r;
+}
+
+MeetingResult measure_meetings(Group& g, double piece, double seconds) {
+  volatile float sink = 0;
+  int64_t reps = 16;
+  auto timed = [&](int64_t n) {
+    const auto t0 = Clock::now();
+    sink = sink + compute(n);
+    return seconds_since(t0);
+  };
+  while (timed(reps) < 0.2 * piece) reps *= 2;
+  // Every rank computes the same reps (rank 0's sizing), so the pieces differ by pace alone.
+  reps = int64_t(double(reps) * piece / timed(reps)) + 1;
+  MPI_Bcast(&reps, 1, MPI_INT64_T, 0, g.comm());
+  // MPI's meetings run on a communicator of their own, from this thread, while the progress
+  // thread has nothing queued.
+  MPI_Comm mine = MPI_COMM_NULL;
+  comm_detail::check_mpi(MPI_Comm_dup(g.comm(), &mine), "MPI_Comm_dup (meetings)");
+  std::array<double, 2> own{}, wall{};
+  int64_t meetings = 0;
+  float one = 0;
+  g.barrier().wait();
+  const auto start = Clock::now();
+  for (bool more = true; more;) {
+    for (int kind = 0; kind < 2; ++kind)
+      for (int i = 0; i < 8; ++i) {
+        const auto t0 = Clock::now();
+        sink = sink + compute(reps);
+        own[size_t(kind)] += seconds_since(t0);
+        // Rank 0's clock decides when to stop, carried by the last meeting of a round.
+        one = kind == 1 && i == 7 && g.rank() == 0 && seconds_since(start) >= seconds ? 1.0f : 0.0f;
+        if (kind == 0) {
+          g.all_reduce(&one, 1, CommType::f32).wait();
+        } else {
+          float sum = 0;
+          comm_detail::check_mpi(MPI_Allreduce(&one, &sum, 1, MPI_FLOAT, MPI_SUM, mine),
+                                 "MPI_Allreduce (meetings)");
+          one = sum;
+        }
+        wall[size_t(kind)] += seconds_since(t0);
+        if (kind == 1 && i == 7) more = one == 0;
+      }
+    meetings += 8;
+  }
+  comm_detail::check_mpi(MPI_Comm_free(&mine), "MPI_Comm_free (meetings)");
+  (void)sink;
+  MeetingResult r;
+  r.meetings = meetings;
+  const double n = double(meetings), ranks = double(g.size());
+  r.piece = (sum_of_doubles(g, own[0] / n) + sum_of_doubles(g, own[1] / n)) / (2 * ranks);
+  r.ours_extra = wall[0] / n - sum_of_doubles(g, own[0] / n) / ranks;
+  r.mpi_extra = wall[1] / n - sum_of_doubles(g, own[1] / n) / ranks;
   return r;
 }
 

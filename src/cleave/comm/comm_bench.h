@@ -57,4 +57,19 @@ struct OverlapResult {
 };
 OverlapResult measure_overlap(Group& g, int64_t bytes, CommAlgo algo);
 
+// What a rank pays to meet the others at a small collective between short computations, as tensor
+// parallelism's ranks meet at every linear: pieces of the computation above (each about `piece`
+// seconds on this rank), each followed by a one-float all_reduce, alternately through the group
+// (cleave's progress thread runs it and this thread blocks in Work::wait, as the trainer's do) and
+// by MPI_Allreduce called from this thread (MPI's own wait, as an engine without a progress thread
+// waits), in runs of 8 for about `seconds`, so that both see the same machine. Per meeting, the
+// wall time beyond the ranks' mean time for the piece: what the slowest rank's pace and the wait's
+// own wake-ups cost. Collective.
+struct MeetingResult {
+  double piece = 0;                   // seconds of computation per piece (the ranks' mean)
+  double ours_extra = 0, mpi_extra = 0;  // seconds per meeting beyond it
+  int64_t meetings = 0;               // of each kind
+};
+MeetingResult measure_meetings(Group& g, double piece, double seconds);
+
 }  // namespace cleave

@@ -22,6 +22,7 @@
 // running out) ends the rank as before.
 #include "cleave/comm/communicator.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -87,12 +88,20 @@ const char* thread_level_name(int level) {
 }
 
 // No progress in `idle` consecutive polls: wait a little before polling again. A few immediate
-// polls (each MPI_Test costs well under a microsecond), then sleeps of 4, 8, 16, 32, 50 us. No
-// sched_yield: next to a CPU-bound compute thread on the same core it hands over the rest of a
-// scheduler time slice (milliseconds), while a thread waking from a short sleep gets the core back
-// promptly.
-void backoff(int idle) {
+// polls (each MPI_Test costs well under a microsecond), then sleeps of 4, 8, 16, 32, 50 us, while
+// the rank computes: sched_yield, next to a CPU-bound compute thread on the same core, hands over
+// the rest of a scheduler time slice (milliseconds), while a thread waking from a short sleep gets
+// the core back promptly. While a thread of the rank is blocked in Work::wait the rank computes
+// nothing, and the progress thread yields instead of sleeping, as MPI's own blocking calls do
+// (mpi_yield_when_idle): it keeps its core and sees the peer's message at once. Each wake-up from
+// a sleep costs a rank that waits at a small collective between short computations (tensor
+// parallelism's) about twice as long as MPI's own wait does (docs/performance.md).
+void backoff(int idle, bool rank_waits) {
   if (idle < 32) return;
+  if (rank_waits) {
+    sched_yield();
+    return;
+  }
   const int us = std::min(50, 4 << std::min(idle - 32, 4));
   std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
@@ -272,7 +281,7 @@ void Communicator::progress_loop() {
       did = true;
     }
     idle = did ? 0 : idle + 1;
-    backoff(idle);
+    backoff(idle, waiting_.load(std::memory_order_relaxed) > 0);
   }
 }
 
@@ -460,8 +469,13 @@ double Work::wait() {
   double blocked = 0;
   if (!s.finished.load(std::memory_order_acquire)) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::unique_lock<std::mutex> lock(s.m);
-    s.cv.wait(lock, [&] { return s.finished.load(std::memory_order_acquire); });
+    Communicator* c = Communicator::instance();
+    if (c) c->waiting_.fetch_add(1, std::memory_order_relaxed);
+    {
+      std::unique_lock<std::mutex> lock(s.m);
+      s.cv.wait(lock, [&] { return s.finished.load(std::memory_order_acquire); });
+    }
+    if (c) c->waiting_.fetch_sub(1, std::memory_order_relaxed);
     blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   if (!s.error.empty())

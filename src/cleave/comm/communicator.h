@@ -3,6 +3,7 @@
 // board record every operation; a SIGTERM handler reports where every rank stood (or, with
 // sigterm_is_a_request(), takes a first SIGTERM as a request to save and exit, or to drain).
 #pragma once
+#include <atomic>
 #include <deque>
 #include <thread>
 #include <vector>
@@ -44,6 +45,9 @@ class Communicator {
   comm_detail::FlightRecorder& recorder() { return recorder_; }
   const CommOptions& options() const { return options_; }
   int world_rank() const { return world_rank_; }
+  // Threads blocked in Work::wait now: while there is one, the rank computes nothing and the
+  // progress thread polls without sleeping.
+  int waiting() const { return waiting_.load(std::memory_order_relaxed); }
 
   // SIGTERM: the job is being torn down (usually because another rank died, failed or timed out).
   // Reports where every rank stood, unless a rank failed with an error (then the job ends for that
@@ -86,6 +90,8 @@ class Communicator {
 
   std::thread progress_thread_, watchdog_thread_;
   bool stopped_ = false;
+  std::atomic<int> waiting_{0};  // waiting()
+  friend class Work;
 };
 
 }  // namespace cleave
