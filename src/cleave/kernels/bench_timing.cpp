@@ -107,12 +107,4 @@ Timing time_calls(const std::function<void()>& setup, const std::function<void()
   return t;
 }
 
-void fill_pseudo_random(std::vector<float>& v, uint32_t seed, float scale) {
-  uint32_t s = seed * 2654435761u + 1;
-  for (auto& e : v) {
-    s = s * 1664525u + 1013904223u;
-    e = scale * (float(s >> 8) * (1.0f / 16777216.0f) - 0.5f);
-  }
-}
-
 }  // namespace cleave

@@ -39,7 +39,4 @@ double median_extra_seconds(const std::function<void()>& a, const std::function<
 // 100,000) after `warmup` untimed calls: a spread, where time_calls gives a rate.
 std::vector<double> time_each_call(const std::function<void()>& fn, double budget, int warmup);
 
-// Fixed pseudo-random values in [-scale/2, scale/2), from `seed`.
-void fill_pseudo_random(std::vector<float>& v, uint32_t seed, float scale);
-
 }  // namespace cleave

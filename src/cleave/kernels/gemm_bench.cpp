@@ -11,6 +11,7 @@
 
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
+#include "cleave/base/pseudo_random.h"
 #include "cleave/kernels/bench_timing.h"
 #include "cleave/kernels/weight_pack.h"
 

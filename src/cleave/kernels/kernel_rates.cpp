@@ -12,6 +12,7 @@
 #include "cleave/base/released_pages.h"
 #include "cleave/kernels/activation.h"
 #include "cleave/kernels/attention.h"
+#include "cleave/base/pseudo_random.h"
 #include "cleave/kernels/bench_timing.h"
 #include "cleave/kernels/linear_fp8.h"
 #include "cleave/kernels/norm.h"

@@ -56,8 +56,8 @@
 
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
+#include "cleave/base/pseudo_random.h"
 #include "cleave/base/spare_buffers.h"
-#include "cleave/kernels/bench_timing.h"
 #include "cleave/kernels/column_sums.h"
 #include "cleave/kernels/convert.h"
 #include "cleave/kernels/linear_fp8.h"
