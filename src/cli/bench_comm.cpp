@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <sstream>
+#include <string>
 
 #include "cleave/comm/comm_bench.h"
 #include "cleave/comm/errors.h"
@@ -39,6 +40,13 @@ int bench_comm(int argc, char** argv) {
                     {"--no-overlap", "--no-meetings", "--meetings-only"});
     if (a.has("--meetings-only") && a.has("--no-meetings"))
       throw Error("bench-comm: --meetings-only and --no-meetings exclude each other");
+    // An option of a part that does not run would be read and ignored.
+    if (a.has("--meetings-only"))
+      for (const char* k : {"--min-bytes", "--max-bytes", "--factor", "--ops", "--type", "--seconds",
+                            "--overlap-bytes", "--no-overlap"})
+        if (a.has(k)) throw Error(std::string("bench-comm: ") + k + " has no effect with --meetings-only");
+    if (a.has("--no-meetings") && a.has("--meeting-seconds"))
+      throw Error("bench-comm: --meeting-seconds has no effect with --no-meetings");
     o.min_bytes = a.integer("--min-bytes", o.min_bytes, 1, int64_t(1) << 40);
     o.max_bytes = a.integer("--max-bytes", o.max_bytes, o.min_bytes, int64_t(1) << 40);
     o.factor = int(a.integer("--factor", o.factor, 2, 1024));
@@ -104,11 +112,11 @@ int bench_comm(int argc, char** argv) {
   }
   if (!a.has("--no-meetings")) {
     if (rank == 0)
-      std::printf("\nmeetings: a one-float all_reduce after each piece of single-threaded computation,\n"
-                  "through cleave's progress thread (this thread blocked in Work::wait) and by MPI_Allreduce\n"
-                  "called from this thread (MPI's own wait), alternating in runs of 8 for %.3g s per piece;\n"
-                  "extra: the wall time per meeting beyond the ranks' mean time for the piece\n"
-                  "%10s %10s %16s %16s %8s\n",
+      std::printf("\nmeetings: a one-float all_reduce after each piece of single-threaded "
+                  "computation,\nthrough cleave's progress thread (this thread blocked in "
+                  "Work::wait) and by MPI_Allreduce\ncalled from this thread (MPI's own wait), "
+                  "alternating in runs of 8 for %.3g s per piece;\nextra: the wall time per "
+                  "meeting beyond the ranks' mean time for the piece\n%10s %10s %16s %16s %8s\n",
                   meeting_seconds, "piece ms", "meetings", "cleave: extra ms", "MPI: extra ms",
                   "ratio");
     for (double piece : {0.25e-3, 1e-3, 4e-3}) {

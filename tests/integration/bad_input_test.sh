@@ -81,6 +81,7 @@ expect_error "bench-decode positional" "cleave bench-decode: takes no positional
 expect_error "bench-decode seconds" "--seconds = 0 is out of range" "$cleave" bench-decode --seconds 0
 expect_error "bench-comm meetings both ways" "bench-comm: --meetings-only and --no-meetings exclude each other" "$cleave" bench-comm --meetings-only --no-meetings
 expect_error "bench-comm meeting seconds" "--meeting-seconds = 0 is out of range" "$cleave" bench-comm --meetings-only --meeting-seconds 0
+expect_error "bench-comm meetings only, ops" "bench-comm: --ops has no effect with --meetings-only" "$cleave" bench-comm --meetings-only --ops all_reduce
 expect_error "prompt ids out of range" "--prompt-ids = 999 is out of range [0, 255]" "$cleave" generate "$ck" --prompt-ids "1 999"
 expect_error "generate layout not the ranks" "parallel.tp = 2 x parallel.pp = 1 x parallel.ep = 1 makes 2 ranks, but 1 were started" "$cleave" generate "$ck" --prompt "To be" --set parallel.tp=2
 expect_error "generate setting not a layout" "the inference layout takes parallel.tp=N" "$cleave" generate "$ck" --prompt "To be" --set train.steps=3

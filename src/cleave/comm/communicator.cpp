@@ -93,9 +93,9 @@ const char* thread_level_name(int level) {
 // the rest of a scheduler time slice (milliseconds), while a thread waking from a short sleep gets
 // the core back promptly. While a thread of the rank is blocked in Work::wait the rank computes
 // nothing, and the progress thread yields instead of sleeping, as MPI's own blocking calls do
-// (mpi_yield_when_idle): it keeps its core and sees the peer's message at once. Each wake-up from
-// a sleep costs a rank that waits at a small collective between short computations (tensor
-// parallelism's) about twice as long as MPI's own wait does (docs/performance.md).
+// (mpi_yield_when_idle): it keeps its core and sees the peer's message at once. Sleeping there
+// made a meeting at a small collective between short computations (tensor parallelism's) cost
+// two to four times what MPI's own wait costs (docs/performance.md, Meetings).
 void backoff(int idle, bool rank_waits) {
   if (idle < 32) return;
   if (rank_waits) {
