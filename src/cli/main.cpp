@@ -62,7 +62,9 @@ const char* kUsage = R"(usage: cleave COMMAND ...
                                    from an fp32 and a bf16 cache, row tiles, the spread of identical
                                    steps beside arithmetic alone (--spread-only: the spread alone)
   peak [--dtype fp32|bf16] [--threads N] [--refresh]   the peaks MFU is quoted against (cached)
-  bench-comm (under mpirun)                        collective algbw/busbw, cleave's and MPI's
+  bench-comm (under mpirun) [--meetings-only | --no-meetings] [--meeting-seconds S]
+                                   collective algbw/busbw, cleave's and MPI's; overlap; what a
+                                   meeting at a small collective costs with cleave's wait and MPI's
   calibrate [--out CLUSTER.toml] [--threads N] [--quick]   measure this machine for the planner:
                                     GEMM table, peaks, memory bandwidth; under mpirun also each
                                     collective's latency and bandwidth per link class
