@@ -164,6 +164,26 @@ float compute(int64_t reps) {
   return acc;
 }
 
+// compute(reps)'s seconds: the fastest of 3 runs, so that a preemption (oversubscribed machines)
+// does not shrink what is sized by it.
+double compute_seconds(int64_t reps) {
+  volatile float sink = 0;
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = Clock::now();
+    sink = sink + compute(reps);
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+// The reps of compute that last about `seconds` on this rank.
+int64_t reps_lasting(double seconds) {
+  int64_t reps = 16;
+  while (compute_seconds(reps) < 0.2 * seconds) reps *= 2;
+  return int64_t(double(reps) * seconds / compute_seconds(reps)) + 1;
+}
+
 }  // namespace
 
 OverlapResult measure_overlap(Group& g, int64_t bytes, CommAlgo algo) {
@@ -177,22 +197,10 @@ OverlapResult measure_overlap(Group& g, int64_t bytes, CommAlgo algo) {
     if (i >= 2) alone.push_back(seconds_since(t0));
   }
   r.comm_alone = group_max(g, median(alone));
-  // Calibrate the computation to take about twice the all_reduce: the fastest of 3 runs, so a
-  // preemption (oversubscribed machines) does not shrink it.
+  // The computation takes about twice the all_reduce.
+  const int64_t reps = reps_lasting(2 * r.comm_alone);
+  r.compute_alone = compute_seconds(reps);
   volatile float sink = 0;
-  auto timed = [&](int64_t reps) {
-    double best = 1e30;
-    for (int i = 0; i < 3; ++i) {
-      const auto t0 = Clock::now();
-      sink = sink + compute(reps);
-      best = std::min(best, seconds_since(t0));
-    }
-    return best;
-  };
-  int64_t reps = 16;
-  while (timed(reps) < 0.2 * r.comm_alone) reps *= 2;
-  reps = int64_t(double(reps) * 2 * r.comm_alone / timed(reps)) + 1;
-  r.compute_alone = timed(reps);
   g.barrier().wait();
   const auto t1 = Clock::now();
   Work w = g.all_reduce(buf.data(), buf.size(), CommType::f32, algo);
@@ -204,16 +212,8 @@ OverlapResult measure_overlap(Group& g, int64_t bytes, CommAlgo algo) {
 }
 
 MeetingResult measure_meetings(Group& g, double piece, double seconds) {
-  volatile float sink = 0;
-  int64_t reps = 16;
-  auto timed = [&](int64_t n) {
-    const auto t0 = Clock::now();
-    sink = sink + compute(n);
-    return seconds_since(t0);
-  };
-  while (timed(reps) < 0.2 * piece) reps *= 2;
   // Every rank computes the same reps (rank 0's sizing), so the pieces differ by pace alone.
-  reps = int64_t(double(reps) * piece / timed(reps)) + 1;
+  int64_t reps = reps_lasting(piece);
   MPI_Bcast(&reps, 1, MPI_INT64_T, 0, g.comm());
   // MPI's meetings run on a communicator of their own, from this thread, while the progress
   // thread has nothing queued.
@@ -222,6 +222,7 @@ MeetingResult measure_meetings(Group& g, double piece, double seconds) {
   std::array<double, 2> own{}, wall{};
   int64_t meetings = 0;
   float one = 0;
+  volatile float sink = 0;
   g.barrier().wait();
   const auto start = Clock::now();
   for (bool more = true; more;) {
@@ -250,9 +251,11 @@ MeetingResult measure_meetings(Group& g, double piece, double seconds) {
   MeetingResult r;
   r.meetings = meetings;
   const double n = double(meetings), ranks = double(g.size());
-  r.piece = (sum_of_doubles(g, own[0] / n) + sum_of_doubles(g, own[1] / n)) / (2 * ranks);
-  r.ours_extra = wall[0] / n - sum_of_doubles(g, own[0] / n) / ranks;
-  r.mpi_extra = wall[1] / n - sum_of_doubles(g, own[1] / n) / ranks;
+  const double ours_own = sum_of_doubles(g, own[0] / n) / ranks;
+  const double mpi_own = sum_of_doubles(g, own[1] / n) / ranks;
+  r.piece = (ours_own + mpi_own) / 2;
+  r.ours_extra = wall[0] / n - ours_own;
+  r.mpi_extra = wall[1] / n - mpi_own;
   return r;
 }
 

@@ -5,9 +5,9 @@
 #include <omp.h>
 
 #include "cleave/base/bf16.h"
+#include "cleave/base/pseudo_random.h"
 #include "cleave/base/statistics.h"
 #include "cleave/kernels/attention.h"
-#include "cleave/base/pseudo_random.h"
 #include "cleave/kernels/bench_timing.h"
 #include "cleave/kernels/gemm_bench.h"
 #include "cleave/kernels/linear.h"

@@ -9,10 +9,10 @@
 
 #include "cleave/base/buffer.h"
 #include "cleave/base/check.h"
+#include "cleave/base/pseudo_random.h"
 #include "cleave/base/released_pages.h"
 #include "cleave/kernels/activation.h"
 #include "cleave/kernels/attention.h"
-#include "cleave/base/pseudo_random.h"
 #include "cleave/kernels/bench_timing.h"
 #include "cleave/kernels/linear_fp8.h"
 #include "cleave/kernels/norm.h"
