@@ -35,6 +35,12 @@ checks=(
 grep -qE "^arithmetic on registers alone +[0-9.]+ .*x +[0-9]+$" "$work/spread.log" &&
   ! grep -qE "^(Attention|The 48 products)" "$work/spread.log" ||
   { echo "FAIL: bench-decode --spread-only printed more or less than the spread"; cat "$work/spread.log"; exit 1; }
+# cleave bench-comm --meetings-only times the meetings alone: three piece sizes, no table.
+timeout 120 mpirun --oversubscribe -np 2 "$cleave" bench-comm --meetings-only --meeting-seconds 0.02 \
+  > "$work/meetings.log" 2>&1
+[ "$(grep -cE '^ +[0-9.]+ +[0-9]+ +-?[0-9.]+ +-?[0-9.]+ +-?[0-9.]+x$' "$work/meetings.log")" = 3 ] &&
+  ! grep -qE "^(bench-comm:|overlap)" "$work/meetings.log" ||
+  { echo "FAIL: bench-comm --meetings-only printed more or less than the meetings"; cat "$work/meetings.log"; exit 1; }
 peer=$(cd "$src/.." && pwd)/shared/peer
 for c in "${checks[@]}"; do
   read -r name pattern <<<"$c"
