@@ -9,6 +9,7 @@
 # reached; serve drives cleave serve with the OpenAI client (installed from npm as
 # serve_openai_test.sh installs it) and llama.cpp alike, and says so when it cannot install them.
 set -euo pipefail
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 cleave=$1 src=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -37,7 +38,8 @@ grep -qE "^arithmetic on registers alone +[0-9.]+ .*x +[0-9]+$" "$work/spread.lo
   { echo "FAIL: bench-decode --spread-only printed more or less than the spread"; cat "$work/spread.log"; exit 1; }
 # cleave bench-comm --meetings-only times the meetings alone: three piece sizes, no table.
 timeout 120 mpirun --oversubscribe -np 2 "$cleave" bench-comm --meetings-only --meeting-seconds 0.02 \
-  > "$work/meetings.log" 2>&1
+  > "$work/meetings.log" 2>&1 ||
+  { echo "FAIL: bench-comm --meetings-only under mpirun"; cat "$work/meetings.log"; exit 1; }
 [ "$(grep -cE '^ +[0-9.]+ +[0-9]+ +-?[0-9.]+ +-?[0-9.]+ +-?[0-9.]+x$' "$work/meetings.log")" = 3 ] &&
   ! grep -qE "^(bench-comm:|overlap)" "$work/meetings.log" ||
   { echo "FAIL: bench-comm --meetings-only printed more or less than the meetings"; cat "$work/meetings.log"; exit 1; }
