@@ -221,6 +221,38 @@ TEST(WorkWait, CountsTheBlockedThread) {
   g.barrier().wait();
 }
 
+// A 1-rank group's collectives are copies at most: with nothing else in flight the issuing thread
+// runs them (each Work is done as it is returned, which the progress thread, woken through a
+// condition variable, cannot manage 100 times in a row); behind a collective still in flight
+// (rank 1 joins the world's sum 100 ms late) one waits its turn, so the issue order holds.
+TEST(LocalGroup, RunsOnTheIssuingThreadWhenNothingIsInFlight) {
+  Group self(MPI_COMM_SELF, "self");
+  std::vector<float> v{1.5f, -2.0f, 3.25f}, gathered(3), scattered(3);
+  for (int i = 0; i < 100; ++i) {
+    Work sum = self.all_reduce(v.data(), 3, CommType::f32);
+    Work gather = self.all_gather(v.data(), gathered.data(), 3, CommType::f32);
+    Work scatter = self.reduce_scatter(v.data(), scattered.data(), 3, CommType::f32);
+    ASSERT_TRUE(sum.done() && gather.done() && scatter.done()) << "call " << i;
+  }
+  EXPECT_EQ(v, (std::vector<float>{1.5f, -2.0f, 3.25f}));
+  EXPECT_EQ(gathered, v);
+  EXPECT_EQ(scattered, v);
+
+  Group& g = world();
+  float x = 1;
+  if (g.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Work shared = g.all_reduce(&x, 1, CommType::f32);
+  Work mine = self.all_reduce(v.data(), 3, CommType::f32);
+  if (g.rank() == 0) {
+    EXPECT_FALSE(mine.done()) << "ran before the world's sum issued before it";
+  }
+  mine.wait();
+  EXPECT_TRUE(shared.done());
+  shared.wait();
+  EXPECT_EQ(x, float(g.size()));
+  g.barrier().wait();
+}
+
 TEST(Meetings, BothWaitsMeasured) {
   const MeetingResult r = measure_meetings(world(), 0.5e-3, 0.1);
   if (world().rank() == 0)

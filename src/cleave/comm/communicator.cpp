@@ -158,13 +158,32 @@ Communicator& Communicator::get() {
 
 Work Communicator::submit(std::shared_ptr<WorkState> w) {
   w->record = recorder_.add(*w, wall_seconds());
+  bool here = false;
   {
     std::lock_guard<std::mutex> lock(queue_m_);
     CLEAVE_CHECK(!stop_, "communication is shutting down: cannot issue " << op_name(w->op));
-    queue_.push_back(w);
+    // Nothing in flight: the rank's earlier operations have all completed, so running this one
+    // now keeps the issue order. Another thread's operation issued meanwhile may run beside it:
+    // a local one shares nothing with it.
+    here = w->local && in_flight_.load() == 0;
+    in_flight_.fetch_add(1);
+    if (!here) queue_.push_back(w);
   }
-  queue_cv_.notify_one();
+  if (here) run_here(w);
+  else queue_cv_.notify_one();
   return Work(std::move(w));
+}
+
+void Communicator::run_here(const std::shared_ptr<WorkState>& w) {
+  if (!start(w)) return;
+  bool done = false, did = false;
+  std::string error;
+  try {
+    while (!done) done = w->task->progress(did);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  finish(*w, error);
 }
 
 void* Communicator::scratch(int index, size_t bytes) {
@@ -215,6 +234,7 @@ void Communicator::finish(WorkState& w, const std::string& error) {
     if (it != active_.end()) active_.erase(it);
   }
   w.task.reset();  // releases the task's requests and buffers before anyone waits on us again
+  in_flight_.fetch_sub(1);  // first, so that the waiter's next local operation may run at once
   {
     std::lock_guard<std::mutex> lock(w.m);
     w.error = error;

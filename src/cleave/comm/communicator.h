@@ -28,7 +28,10 @@ class Communicator {
   static Communicator* instance();  // null outside init_comm .. shutdown_comm
   static Communicator& get();       // throws a clear error outside init_comm .. shutdown_comm
 
-  // Records the operation (flight recorder) and queues it for the progress thread.
+  // Records the operation (flight recorder) and queues it for the progress thread; a local one
+  // (WorkState::local) issued while no other operation of the rank is in flight runs to completion
+  // on the calling thread instead, so a 1-rank group's sum costs no hand-over to the progress
+  // thread and back (a wake-up each way: 0.3-0.6 ms under load).
   Work submit(std::shared_ptr<WorkState> w);
 
   // Persistent scratch buffers, grown on demand and reused across calls (allocated and first
@@ -61,6 +64,7 @@ class Communicator {
   void progress_loop();
   void watchdog_loop();
   bool start(const std::shared_ptr<WorkState>& w);  // false: failed to start (already finished)
+  void run_here(const std::shared_ptr<WorkState>& w);  // start, progress and finish on this thread
   void finish(WorkState& w, const std::string& error);
   [[noreturn]] void on_timeout(const WorkState& w, double elapsed);
 
@@ -75,6 +79,7 @@ class Communicator {
   std::condition_variable queue_cv_;
   std::deque<std::shared_ptr<WorkState>> queue_;  // issued, not yet seen by the progress thread
   bool stop_ = false;
+  std::atomic<int64_t> in_flight_{0};  // issued and not finished
 
   std::mutex active_m_;  // guards active_ (the progress thread changes it, the watchdog reads it)
   std::vector<std::shared_ptr<WorkState>> active_;

@@ -98,8 +98,9 @@ Group::~Group() {
 namespace {
 
 Work issue(Op op, const std::string& group, int slot, uint64_t seq, int64_t bytes, CommAlgo algo,
-           int peer, std::unique_ptr<Task> task) {
+           int peer, std::unique_ptr<Task> task, bool local = false) {
   auto w = std::make_shared<WorkState>();
+  w->local = local;
   w->op = op;
   w->kind = op_kind(op);
   w->group = group;
@@ -132,7 +133,8 @@ Work Group::all_reduce(void* buf, int64_t count, CommType t, CommAlgo a) {
   const int64_t bytes = count * int64_t(type_size(t));
   if (a == CommAlgo::fastest) a = fastest(Op::all_reduce, bytes, t, size_);
   auto task = a == CommAlgo::ours ? ring_task(Op::all_reduce, args) : mpi_task(Op::all_reduce, args);
-  return issue(Op::all_reduce, name_, slot_, ++sequence_, bytes, a, -1, std::move(task));
+  return issue(Op::all_reduce, name_, slot_, ++sequence_, bytes, a, -1, std::move(task),
+               size_ == 1 && a == CommAlgo::ours);
 }
 
 Work Group::all_gather(const void* send, void* recv, int64_t count, CommType t, CommAlgo a) {
@@ -147,7 +149,8 @@ Work Group::all_gather(const void* send, void* recv, int64_t count, CommType t, 
   const int64_t bytes = int64_t(block) * size_;
   if (a == CommAlgo::fastest) a = fastest(Op::all_gather, bytes, t, size_);
   auto task = a == CommAlgo::ours ? ring_task(Op::all_gather, args) : mpi_task(Op::all_gather, args);
-  return issue(Op::all_gather, name_, slot_, ++sequence_, bytes, a, -1, std::move(task));
+  return issue(Op::all_gather, name_, slot_, ++sequence_, bytes, a, -1, std::move(task),
+               size_ == 1 && a == CommAlgo::ours);
 }
 
 Work Group::reduce_scatter(const void* send, void* recv, int64_t count, CommType t, CommAlgo a) {
@@ -165,7 +168,8 @@ Work Group::reduce_scatter(const void* send, void* recv, int64_t count, CommType
   if (a == CommAlgo::fastest) a = fastest(Op::reduce_scatter, bytes, t, size_);
   auto task = a == CommAlgo::ours ? ring_task(Op::reduce_scatter, args)
                                   : mpi_task(Op::reduce_scatter, args);
-  return issue(Op::reduce_scatter, name_, slot_, ++sequence_, bytes, a, -1, std::move(task));
+  return issue(Op::reduce_scatter, name_, slot_, ++sequence_, bytes, a, -1, std::move(task),
+               size_ == 1 && a == CommAlgo::ours);
 }
 
 Work Group::broadcast(void* buf, int64_t count, CommType t, int root) {

@@ -152,6 +152,9 @@ struct WorkState {
   int64_t bytes = 0;
   CommAlgo algo = CommAlgo::mpi;
   int peer = -1;        // send/recv peer, broadcast root
+  // The operation involves no other rank and no MPI call (a 1-rank group's ring: a copy at most),
+  // so the issuing thread may run it itself when nothing else is in flight (Communicator::submit).
+  bool local = false;
   std::unique_ptr<comm_detail::Task> task;
 
   uint64_t record = 0;  // flight recorder id
