@@ -168,16 +168,22 @@ Precision product_precision(Precision p) {
   return d == Precision::bf16 && !native_bf16_products() ? Precision::fp32 : d;
 }
 
+namespace {
+// oneDNN's ISAs are cumulative bit sets: a later one with AMX holds avx512_core_amx's bits.
+bool has_isa(dnnl::cpu_isa i) {
+  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & unsigned(i)) == unsigned(i);
+}
+}  // namespace
+
 bool row_invariant_products(Precision p) {
   static const bool tiles_forced = [] {
     const char* forced = std::getenv("CLEAVE_ROW_TILES");
     return forced && std::string(forced) == "1";
   }();
   if (tiles_forced) return false;
-  // oneDNN's ISAs are cumulative bit sets: a later one with AMX holds avx512_core_amx's bits.
-  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
-  return product_precision(p) != Precision::bf16 ||
-         (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & amx) != amx;
+  // Below AVX-512 (AVX2 only: Zen 3) even fp32's kernels change with the row count.
+  if (!has_isa(dnnl::cpu_isa::avx512_core)) return false;
+  return product_precision(p) != Precision::bf16 || !has_isa(dnnl::cpu_isa::avx512_core_amx);
 }
 
 struct LinearGemm::Impl {
@@ -502,8 +508,8 @@ struct LinearGemm::Impl {
     memory wei = packed_weights(Role::forward, plan);
     std::optional<memory> b;
     if (bias) b.emplace(plan.pd.bias_desc(), ctx.engine, const_cast<float*>(bias));
-    memory src(plan.pd.src_desc(), ctx.engine, const_cast<void*>(x));
-    memory dst(plan.pd.dst_desc(), ctx.engine, y);
+    memory src(at(plan.pd.src_desc(), {N, in}, {in, 1}), ctx.engine, const_cast<void*>(x));
+    memory dst(at(plan.pd.dst_desc(), {N, out}, {out, 1}), ctx.engine, y);
     execute(plan, src, wei, b ? &*b : nullptr, dst);
   }
 
@@ -516,8 +522,9 @@ struct LinearGemm::Impl {
   bool tiles_agree(int64_t rows, bool with_bias) {
     constexpr int64_t R = kInvariantRowTile;
     static std::mutex mutex;
-    static std::map<std::tuple<int, int, dt, int64_t, bool, int>, bool> known;
-    const auto key = std::make_tuple(in, out, cdt, rows, with_bias, omp_get_max_threads());
+    static std::map<std::tuple<int, int, dt, int64_t, bool, int, bool>, bool> known;
+    const auto key =
+        std::make_tuple(in, out, cdt, rows, with_bias, omp_get_max_threads(), variable_rows);
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (auto it = known.find(key); it != known.end()) return it->second;
@@ -530,6 +537,7 @@ struct LinearGemm::Impl {
     const std::vector<float> w = values(int64_t(in) * out, 1), bias = values(out, 2),
                              x = values(rows * in, 3);
     Impl probe(in, out, precision);
+    probe.variable_rows = variable_rows;
     probe.weight = w.data();
     ++probe.own_version;
     std::vector<bf16> x16(cdt == dt::bf16 ? x.size() : 0);
@@ -596,7 +604,10 @@ LinearGemm& LinearGemm::operator=(LinearGemm&&) noexcept = default;
 
 void LinearGemm::set_row_invariant(bool on) {
   CLEAVE_CHECK(!on || !impl_->fp8, "LinearGemm: fp8 products have no row-invariant mode");
-  impl_->row_tiles = on && !impl_->variable_rows && !row_invariant_products(impl_->precision);
+  // A runtime row count's primitive (variable rows) gives a row of a whole tile its bits at any
+  // count of whole tiles with AVX-512 (measured on the Xeon), not on AVX2, which tiles it too.
+  impl_->row_tiles = on && !row_invariant_products(impl_->precision) &&
+                     (!impl_->variable_rows || !has_isa(dnnl::cpu_isa::avx512_core));
 }
 
 void LinearGemm::set_variable_rows() {

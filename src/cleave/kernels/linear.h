@@ -45,7 +45,8 @@ Precision product_dtype(Precision p);
 // Whether the per-row-count primitives give a row of a product of `p` the same bits at any row
 // count, on this CPU (docs/inference.md): they do in fp32 and with AVX-512 BF16, not where bf16
 // products run on AMX (oneDNN 2.6 runs 1-2 rows on AVX-512 BF16, and from K = 1,024 blocks K by
-// the row count). CLEAVE_ROW_TILES=1 says they do not on any CPU (tests).
+// the row count), nor in any dtype on a CPU without AVX-512 (Zen 3's AVX2 kernels).
+// CLEAVE_ROW_TILES=1 says they do not on any CPU (tests).
 bool row_invariant_products(Precision p);
 // The rows of a tile where row-invariant products (LinearGemm::set_row_invariant) run in tiles.
 inline constexpr int64_t kInvariantRowTile = 16;
