@@ -187,16 +187,17 @@ inline void weighted_rows(float* C, bool accumulate, const float* a, const E* B,
     vf a0 = start(c), a1 = start(c + kVL), a2 = start(c + 2 * kVL), a3 = start(c + 3 * kVL);
     for (int64_t i = 0; i < n; ++i) {
       const E* row = B + i * ldb + c;
-      a0 += a[i] * loadv(row);
-      a1 += a[i] * loadv(row + kVL);
-      a2 += a[i] * loadv(row + 2 * kVL);
-      a3 += a[i] * loadv(row + 3 * kVL);
+      const vf ai = splat(a[i]);
+      a0 = fmadd(ai, loadv(row), a0);
+      a1 = fmadd(ai, loadv(row + kVL), a1);
+      a2 = fmadd(ai, loadv(row + 2 * kVL), a2);
+      a3 = fmadd(ai, loadv(row + 3 * kVL), a3);
     }
     storev(C + c, a0), storev(C + c + kVL, a1), storev(C + c + 2 * kVL, a2), storev(C + c + 3 * kVL, a3);
   }
   for (; c < width; c += kVL) {
     vf acc = start(c);
-    for (int64_t i = 0; i < n; ++i) acc += a[i] * loadv(B + i * ldb + c);
+    for (int64_t i = 0; i < n; ++i) acc = fmadd(splat(a[i]), loadv(B + i * ldb + c), acc);
     storev(C + c, acc);
   }
 }

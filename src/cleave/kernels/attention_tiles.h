@@ -61,6 +61,23 @@ inline vf loadv(const bf16* p) {
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// a b + c rounded once, written out rather than left to the compiler's contraction: the forward
+// kernel (attention_forward.cpp, compiled with -ffp-contract=off) makes a number the same way
+// whether a query shares its vector lanes with others or runs alone, and g++ contracted the two
+// paths' mul-adds differently on AVX2 (Zen 3), where the decoding path then lost its bits.
+inline vf splat(float a) { return vf{} + a; }
+inline vf fmadd(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  vf r;
+  for (int i = 0; i < kVL; ++i) r[i] = std::fma(a[i], b[i], c[i]);
+  return r;
+#endif
+}
+
 // C[R, NV*kVL] (+)= sum_k A[r*ars + k*acs] * B[k*ldb + c]. The accumulators stay in registers.
 template <int R, int NV, bool Acc>
 inline void tile(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t ars,
@@ -80,7 +97,7 @@ inline void tile(float* __restrict C, int64_t ldc, const float* __restrict A, in
     for (int r = 0; r < R; ++r) {
       const float ar = a[r * ars];
 #pragma GCC unroll 4
-      for (int c = 0; c < NV; ++c) acc[r][c] += ar * bv[c];
+      for (int c = 0; c < NV; ++c) acc[r][c] = fmadd(splat(ar), bv[c], acc[r][c]);
     }
   }
 #pragma GCC unroll 8

@@ -3,6 +3,7 @@
 // so a loop calling std::exp stays scalar. exp_f is accurate to about 2 ulp on its range.
 #pragma once
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 namespace cleave::kernels::vmath {
@@ -20,18 +21,20 @@ inline float exp_f(float x) {
   xc = xc < kLo ? kLo : xc;
   // x = n ln2 + r with |r| <= ln2 / 2; n is read from the bits of k, which avoids a float->int
   // conversion (undefined for NaN) and keeps the loop integer-op free apart from one shift.
-  const float k = xc * kLog2e + kRound;
+  // Every mul-add is a written-out fma, so that the result does not hang on whether the compiler
+  // contracts (attention's forward is compiled without contraction, the other kernels with).
+  const float k = std::fma(xc, kLog2e, kRound);
   const float n = k - kRound;
-  const float r = (xc - n * kLn2Hi) - n * kLn2Lo;
+  const float r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, xc));
   // Taylor to degree 7: the truncation error r^8/8! < 6e-9 on |r| <= 0.347.
   float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  p = std::fma(p, r, 1.0f / 720.0f);
+  p = std::fma(p, r, 1.0f / 120.0f);
+  p = std::fma(p, r, 1.0f / 24.0f);
+  p = std::fma(p, r, 1.0f / 6.0f);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
   // 2^n: the low bits of k hold n + 0x400000; shifted by 23 the 0x4B400000 offset falls off.
   const float scale = std::bit_cast<float>((std::bit_cast<uint32_t>(k) + 127u) << 23);
   return x < kLo ? 0.0f : p * scale;
