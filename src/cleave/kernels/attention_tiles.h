@@ -65,7 +65,17 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // kernel (attention_forward.cpp, compiled with -ffp-contract=off) makes a number the same way
 // whether a query shares its vector lanes with others or runs alone, and g++ contracted the two
 // paths' mul-adds differently on AVX2 (Zen 3), where the decoding path then lost its bits.
-inline vf splat(float a) { return vf{} + a; }
+inline vf splat(float a) {  // a broadcast (vf{} + a would be an add, kept under no contraction)
+#if defined(__AVX512F__)
+  return (vf)_mm512_set1_ps(a);
+#elif defined(__AVX__)
+  return (vf)_mm256_set1_ps(a);
+#else
+  vf r;
+  for (int i = 0; i < kVL; ++i) r[i] = a;
+  return r;
+#endif
+}
 inline vf fmadd(vf a, vf b, vf c) {
 #if defined(__AVX512F__)
   return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
