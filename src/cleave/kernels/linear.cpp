@@ -139,6 +139,11 @@ struct Packed {
   uint64_t version = 0;  // weight version packed into mem; 0 = never packed
 };
 
+// oneDNN's ISAs are cumulative bit sets: a later one with AMX holds avx512_core_amx's bits.
+bool has_isa(dnnl::cpu_isa i) {
+  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & unsigned(i)) == unsigned(i);
+}
+
 }  // namespace
 
 bool native_bf16_products() {
@@ -167,13 +172,6 @@ Precision product_precision(Precision p) {
   const Precision d = product_dtype(p);
   return d == Precision::bf16 && !native_bf16_products() ? Precision::fp32 : d;
 }
-
-namespace {
-// oneDNN's ISAs are cumulative bit sets: a later one with AMX holds avx512_core_amx's bits.
-bool has_isa(dnnl::cpu_isa i) {
-  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & unsigned(i)) == unsigned(i);
-}
-}  // namespace
 
 bool row_invariant_products(Precision p) {
   static const bool tiles_forced = [] {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "cleave/kernels/linear.h"
 #include "cleave/kernels/moe_router.h"
 
 namespace cleave {
@@ -221,8 +222,9 @@ void Moe::forward(Saved& s, Scratch& g, float* y, const float* x, const Batch& b
 
 // Measured with oneDNN's runtime row count on AVX-512 (Zen 5): a row's fp32 bits take one value at
 // 1 row, another at 2-15 and a third at 16 or more; bf16's at 1 and at 2 or more. Whole tiles of
-// 16 keep every call in one class.
-constexpr int64_t kInferenceRowTile = 16;
+// 16 keep every call in one class, and are the tiles LinearGemm's row-invariant products run in
+// where they must (AVX2): one constant for both.
+constexpr int64_t kInferenceRowTile = kInvariantRowTile;
 
 void Moe::dispatch(Saved& s, Scratch& g, const float* x) {
   const int64_t d = cfg_.d_model, N = s.N;
