@@ -189,7 +189,7 @@ int plan(int argc, char** argv) {
     std::printf("  %-5d %12lld %10.1f %10.1f %10.1f %10.1f %12.1f %10.1f %8.1f %10.1f\n", r,
                 (long long)p.parameter_count, mib(p.parameters), mib(p.gradients),
                 mib(p.optimizer), mib(p.weight_copies), mib(p.activations.total()),
-                mib(p.backward_scratch), mib(p.comm_buffers), mib(p.total()));
+                mib(p.backward_scratch + p.product_scratch), mib(p.comm_buffers), mib(p.total()));
     for (const std::string& note : p.notes) std::printf("        not counted: %s\n", note.c_str());
     report.stages.push_back(p);
     out["stages"].push_back({{"pp_rank", r}, {"parameter_count", p.parameter_count},
@@ -197,6 +197,7 @@ int plan(int argc, char** argv) {
                              {"optimizer", p.optimizer}, {"weight_copies", p.weight_copies},
                              {"activations", p.activations.total()},
                              {"backward_scratch", p.backward_scratch},
+                             {"product_scratch", p.product_scratch},
                              {"comm_buffers", p.comm_buffers}, {"total", p.total()},
                              {"flops_per_step", work.back().model_flops},
                              {"not_counted", p.notes}});

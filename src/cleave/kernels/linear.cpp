@@ -99,6 +99,7 @@ class AlignedBuffer {
     return ptr_;
   }
   void* data() const { return ptr_; }
+  int64_t capacity() const { return int64_t(cap_); }
 
  private:
   void* ptr_ = nullptr;
@@ -447,9 +448,12 @@ struct LinearGemm::Impl {
     return static_cast<bf16*>(scratch_operand(which).reserve(size_t(count) * sizeof(bf16)));
   }
   // A temporary fp32 result that is scaled before it is added to the destination.
-  static float* fp8_result(int64_t count) {
+  static AlignedBuffer& scaled_result_buffer() {
     static thread_local AlignedBuffer buffer;
-    return static_cast<float*>(buffer.reserve(size_t(count) * sizeof(float)));
+    return buffer;
+  }
+  static float* fp8_result(int64_t count) {
+    return static_cast<float*>(scaled_result_buffer().reserve(size_t(count) * sizeof(float)));
   }
 
   // y = x W^T (+ bias), x's operand memory from operand() once the weights are packed (so that
@@ -760,7 +764,9 @@ void LinearGemm::copy_operand(const float* a, int64_t count, OperandCopy& keep) 
 LinearGemm::WeightCopies LinearGemm::weight_copy_bytes(int64_t N) const {
   const Impl& m = *impl_;
   WeightCopies copies;
-  if (m.precision == Precision::fp16 || m.emulated) copies.rounded = int64_t(m.in) * m.out * 4;
+  // FP8's products read W's image (a per-thread buffer, thread_scratch_bytes), never its rounding.
+  if (!m.fp8 && (m.precision == Precision::fp16 || m.emulated))
+    copies.rounded = int64_t(m.in) * m.out * 4;
   // The layouts packed_weights asks its plans for, and whether each is W as it lies (no copy).
   const memory::dim rows = m.rows(N);
   // A plan's choice depends on the shapes and types alone; the planner asks for the same ones
@@ -789,6 +795,45 @@ LinearGemm::WeightCopies LinearGemm::weight_copy_bytes(int64_t N) const {
   copies.forward = packed(m.in, m.out, true);
   copies.backward = packed(m.out, m.in, false);
   return copies;
+}
+
+LinearGemm::ThreadScratch LinearGemm::thread_scratch_bytes(int64_t N) const {
+  const Impl& m = *impl_;
+  ThreadScratch s;
+  // As AlignedBuffer and Buffer reserve them: whole 64-byte lines.
+  auto bytes = [](int64_t count, size_t size) { return (count * int64_t(size) + 63) / 64 * 64; };
+  const int64_t x = N * m.in, dy = N * m.out, w = int64_t(m.in) * m.out;
+  // Operand 0 is x (forward) or dy (backward_input, backward_weight); operand 1 backward_weight's x.
+  if (m.precision == Precision::fp16) {
+    s.bytes[operand0] = bytes(std::max(x, dy), sizeof(float));
+    s.bytes[operand1] = bytes(x, sizeof(float));
+  }
+  if (m.precision == Precision::bf16 || m.fp8) {
+    s.bytes[operand0] = bytes(std::max(x, dy), sizeof(bf16));
+    s.bytes[operand1] = bytes(x, sizeof(bf16));
+  }
+  if (m.emulated) {
+    s.bytes[widened0] = bytes(std::max(x, dy), sizeof(float));
+    s.bytes[widened1] = bytes(x, sizeof(float));
+  }
+  if (m.fp8) {
+    // Per-tensor scales: backward_input's accumulated dx and backward_weight's dW are made apart
+    // and added scaled.
+    if (m.fp8->per_tensor()) s.bytes[scaled_result] = bytes(std::max(x, w), sizeof(float));
+    m.fp8->thread_scratch(s, N);
+  }
+  return s;
+}
+
+LinearGemm::ThreadScratch LinearGemm::thread_scratch_held() {
+  ThreadScratch s;
+  s.bytes[operand0] = Impl::scratch_operand(0).capacity();
+  s.bytes[operand1] = Impl::scratch_operand(1).capacity();
+  s.bytes[widened0] = Impl::widened(0).capacity();
+  s.bytes[widened1] = Impl::widened(1).capacity();
+  s.bytes[scaled_result] = Impl::scaled_result_buffer().capacity();
+  kernels::Fp8Operands::thread_scratch_held(s);
+  return s;
 }
 
 int64_t LinearGemm::kept_copy_bytes(int64_t rows) const {

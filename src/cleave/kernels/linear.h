@@ -9,6 +9,7 @@
 // docs/precision.md#fp8) and multiplies their images in bf16 with fp32 accumulation: the
 // numerics of an FP8 GEMM, which this CPU does not have.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -152,6 +153,33 @@ class LinearGemm {
     }
   };
   WeightCopies weight_copy_bytes(int64_t N) const;
+
+  // The work buffers every linear's products on one thread share, each as large as its largest
+  // use so far: conversions nobody keeps (fp16's roundings, bf16's conversions not kept, FP8's
+  // images), emulated bf16's fp32 widenings, and FP8's weight image, codes, factors, the copies a
+  // weight gradient quantises itself and the scaled results. For the planner: what the forward,
+  // backward_input and backward_weight of this linear on N rows reserve in each (operands not
+  // kept, accumulation into dx); `at_least` takes the larger of each buffer over linears.
+  enum ThreadBuffer {
+    operand0, operand1, widened0, widened1, scaled_result,
+    fp8_weight_image, fp8_codes, fp8_factors, fp8_fresh_codes, fp8_fresh_factors,
+    n_thread_buffers
+  };
+  struct ThreadScratch {
+    std::array<int64_t, n_thread_buffers> bytes{};
+    ThreadScratch& at_least(const ThreadScratch& o) {
+      for (int i = 0; i < n_thread_buffers; ++i) bytes[i] = std::max(bytes[i], o.bytes[i]);
+      return *this;
+    }
+    int64_t total() const {
+      int64_t sum = 0;
+      for (int64_t b : bytes) sum += b;
+      return sum;
+    }
+  };
+  ThreadScratch thread_scratch_bytes(int64_t N) const;
+  // What the calling thread's buffers hold now (tests: the figure above is the products' own).
+  static ThreadScratch thread_scratch_held();
 
   // For an optimizer that packs W while it writes it, after set_weight: the rows per band (0 when
   // no copy can be packed this way; they are then packed at the next product, as usual).

@@ -10,9 +10,31 @@ namespace {
 
 // Codes and factors nobody keeps, per thread, grown as needed.
 template <typename T>
-T* scratch(int64_t n) {
+Buffer<T>& scratch_buffer() {
   static thread_local Buffer<T> buffer;
-  return buffer.grow(n);
+  return buffer;
+}
+template <typename T>
+T* scratch(int64_t n) {
+  return scratch_buffer<T>().grow(n);
+}
+
+// One buffer per thread for every linear's weight image, grown only: an image per linear would
+// hold 4 bytes per weight, and one allocated per use would fault its pages in every step.
+Buffer<float>& weight_images() {
+  static thread_local Buffer<float> images;
+  return images;
+}
+
+// A weight gradient's operand quantised here (no copy kept by forward or backward_input).
+OperandCopy& fresh_copy() {
+  static thread_local OperandCopy fresh;
+  return fresh;
+}
+
+template <typename T>
+int64_t held_bytes(const Buffer<T>& b) {
+  return (b.size() * int64_t(sizeof(T)) + 63) / 64 * 64;
 }
 
 // A per-tensor operand's image: its codes' raw FP8 values (the product's epilogue applies the
@@ -41,10 +63,7 @@ Fp8Tiles Fp8Operands::tiles_along_rows(int64_t rows, int64_t cols) const {
 
 const float* Fp8Operands::weight_image(const float* w, bool forward) {
   const int64_t n = int64_t(out_) * in_;
-  // One buffer per thread for every linear's image, grown only: an image per linear would hold
-  // 4 bytes per weight, and one allocated per use would fault its pages in every step.
-  static thread_local Buffer<float> images;
-  float* image = images.grow(n);
+  float* image = weight_images().grow(n);
   uint8_t* codes = scratch<uint8_t>(n);
   if (per_tensor()) {
     if (gathered) {
@@ -59,9 +78,7 @@ const float* Fp8Operands::weight_image(const float* w, bool forward) {
     fp8_quantize(codes, w, n, weight_scale_, Fp8Format::e4m3);
     raw_image(image, codes, out_, in_, Fp8Format::e4m3);
   } else {
-    Fp8Tiles t{out_, in_, 128, 128};
-    if (settings.recipe == Fp8Recipe::mxfp8)
-      t = forward ? Fp8Tiles{out_, in_, 1, 32} : Fp8Tiles{out_, in_, 32, 1};
+    const Fp8Tiles t = weight_tiles(forward);
     float* factors = scratch<float>(t.count());
     fp8_quantize_tiles(codes, factors, w, t, format(fp8_w));
     fp8_image(image, codes, factors, t, Fp8Format::e4m3);
@@ -121,9 +138,8 @@ float Fp8Operands::inner_along_rows(bf16* image, const float* a, int64_t rows, i
                                     Fp8Operand which, const OperandCopy* copy) {
   if (!copy) {
     // Quantised here as forward or backward_input would have kept it: the same codes.
-    static thread_local OperandCopy fresh;
-    keep(a, rows, cols, which, fresh);
-    copy = &fresh;
+    keep(a, rows, cols, which, fresh_copy());
+    copy = &fresh_copy();
   }
   CLEAVE_CHECK(copy->count == rows * cols, "LinearGemm::backward_weight: the kept FP8 copy holds "
                                                << copy->count << " elements, not " << rows * cols);
@@ -134,6 +150,40 @@ float Fp8Operands::inner_along_rows(bf16* image, const float* a, int64_t rows, i
   fp8_image(image, copy->fp8.data(), copy->factors.data(), tiles_along_rows(rows, cols),
             format(which));
   return 1.0f;
+}
+
+Fp8Tiles Fp8Operands::weight_tiles(bool forward) const {
+  if (settings.recipe == Fp8Recipe::mxfp8)
+    return forward ? Fp8Tiles{out_, in_, 1, 32} : Fp8Tiles{out_, in_, 32, 1};
+  return {out_, in_, 128, 128};
+}
+
+void Fp8Operands::thread_scratch(LinearGemm::ThreadScratch& s, int64_t N) const {
+  auto bytes = [](int64_t count, size_t size) { return (count * int64_t(size) + 63) / 64 * 64; };
+  const int64_t w = int64_t(in_) * out_;
+  s.bytes[LinearGemm::fp8_weight_image] = bytes(w, sizeof(float));
+  s.bytes[LinearGemm::fp8_codes] = bytes(std::max({w, N * in_, N * out_}), 1);
+  s.bytes[LinearGemm::fp8_fresh_codes] = bytes(N * std::max(in_, out_), 1);
+  if (per_tensor()) {
+    s.bytes[LinearGemm::fp8_fresh_factors] = bytes(1, sizeof(float));
+    return;
+  }
+  // Tiles along each product's inner dimension: W's, x's and dy's as forward and backward_input
+  // quantise them, and a weight gradient's operands along their rows.
+  const int64_t factors = std::max({weight_tiles(true).count(), weight_tiles(false).count(),
+                                    Fp8Tiles{N, in_, 1, tile()}.count(),
+                                    Fp8Tiles{N, out_, 1, tile()}.count()});
+  s.bytes[LinearGemm::fp8_factors] = bytes(factors, sizeof(float));
+  s.bytes[LinearGemm::fp8_fresh_factors] = bytes(
+      std::max(tiles_along_rows(N, in_).count(), tiles_along_rows(N, out_).count()), sizeof(float));
+}
+
+void Fp8Operands::thread_scratch_held(LinearGemm::ThreadScratch& s) {
+  s.bytes[LinearGemm::fp8_weight_image] = held_bytes(weight_images());
+  s.bytes[LinearGemm::fp8_codes] = held_bytes(scratch_buffer<uint8_t>());
+  s.bytes[LinearGemm::fp8_factors] = held_bytes(scratch_buffer<float>());
+  s.bytes[LinearGemm::fp8_fresh_codes] = held_bytes(fresh_copy().fp8);
+  s.bytes[LinearGemm::fp8_fresh_factors] = held_bytes(fresh_copy().factors);
 }
 
 Fp8Traffic fp8_traffic(Fp8Recipe recipe, int64_t N, int64_t in, int64_t out,

@@ -57,12 +57,18 @@ class Fp8Operands {
   void keep(const float* a, int64_t rows, int64_t cols, Fp8Operand which, OperandCopy& keep);
   // The bytes keep fills for [rows, cols]: a code per element and a factor per tile.
   int64_t kept_bytes(int64_t rows, int64_t cols) const;
+  // LinearGemm::thread_scratch_bytes' FP8 buffers for products on N rows, and what the calling
+  // thread's hold (LinearGemm::thread_scratch_held).
+  void thread_scratch(LinearGemm::ThreadScratch& s, int64_t N) const;
+  static void thread_scratch_held(LinearGemm::ThreadScratch& s);
 
  private:
   static Fp8Format format(Fp8Operand which) {
     return which == fp8_dy ? Fp8Format::e5m2 : Fp8Format::e4m3;
   }
   int tile() const { return settings.recipe == Fp8Recipe::mxfp8 ? 32 : 128; }
+  // W's tiles in forward's image or backward_input's (per-tensor recipes: unused).
+  Fp8Tiles weight_tiles(bool forward) const;
   // The per-tensor scale for a (delayed: the set one; current: from a's amax, reduced), with a's
   // amax recorded.
   float tensor_scale(const float* a, int64_t n, Fp8Operand which, AmaxReducer* reducer);

@@ -181,6 +181,14 @@ int64_t Transformer::backward_scratch_bytes(int64_t B, int64_t T) const {
   return buffer_bytes_owned - before;
 }
 
+LinearGemm::ThreadScratch Transformer::product_scratch_bytes(int64_t N) const {
+  LinearGemm::ThreadScratch s;
+  for (int i = 0; i < int(store_.tensors().size()); ++i)
+    if (const LinearGemm* g = store_.packed_by(i))
+      s.at_least(g->thread_scratch_bytes(g == head_gemm_.get() ? head_chunk(N) : N));
+  return s;
+}
+
 Transformer::SlotShape Transformer::slot_shape(const ModelChunk& k, int64_t N) const {
   const int64_t d = cfg_.d_model, n = local_rows(N);
   SlotShape s;

@@ -171,6 +171,9 @@ class Transformer {
   // The bytes of the blocks' shared backward scratch (BlockGrads) prepare(B, T) reserves: sized
   // by reserving it, so the figure is the reservation's own.
   int64_t backward_scratch_bytes(int64_t B, int64_t T) const;
+  // The per-thread buffers its linears' products share (LinearGemm::thread_scratch_bytes), for
+  // N rows a micro-batch: the largest use of each over the linears, the head's at its chunk.
+  LinearGemm::ThreadScratch product_scratch_bytes(int64_t N) const;
 
   // The MoE layers this rank holds: each one's routing statistics since the last call, and
   // sigmoid_bias's update from the step's global load per expert (Moe::update_bias).

@@ -119,6 +119,8 @@ MemoryPlan plan_memory(const ModelConfig& model, const ParallelConfig& parallel,
 
   plan.activations = predict_activation_memory(m, train, layout.local_batch, T, selective);
   plan.backward_scratch = m.backward_scratch_bytes(layout.local_batch, T);
+  // The products run on the rank's one calling thread (oneDNN's threads keep no such buffers).
+  plan.product_scratch = m.product_scratch_bytes(N).total();
   // The blocks share one scratch: the largest layer's exchange buffers.
   if (experts > 0) {
     int64_t ep_scratch = 0;

@@ -51,12 +51,13 @@ struct MemoryPlan {
   int64_t weight_copies = 0;    // rounded and packed copies of the linears' weights
   ActivationMemory activations;  // the training (or validation) program's peak, the larger
   int64_t backward_scratch = 0;   // the blocks' shared backward buffers (BlockGrads)
+  int64_t product_scratch = 0;    // the linears' per-thread work buffers (conversions, FP8's)
   int64_t comm_buffers = 0;       // the communication engine's scratch (ring reductions' staging)
   // What the figure leaves out, by name (offloaded state, ...), for the report.
   std::vector<std::string> notes;
   int64_t total() const {
     return parameters + gradients + optimizer + weight_copies + activations.total() +
-           backward_scratch + comm_buffers;
+           backward_scratch + product_scratch + comm_buffers;
   }
 };
 

@@ -91,6 +91,7 @@ std::string memory_section(const std::vector<MemoryPlan>& stages, int64_t capaci
       {"weight copies", "#76b7b2", [](const MemoryPlan& p) { return p.weight_copies; }},
       {"activations", "#59a14f", [](const MemoryPlan& p) { return p.activations.total(); }},
       {"backward scratch", "#edc948", [](const MemoryPlan& p) { return p.backward_scratch; }},
+      {"product scratch", "#ff9da7", [](const MemoryPlan& p) { return p.product_scratch; }},
       {"comm buffers", "#b07aa1", [](const MemoryPlan& p) { return p.comm_buffers; }}};
   int64_t most = capacity;
   for (const MemoryPlan& p : stages) most = std::max(most, p.total());
