@@ -186,13 +186,20 @@ INSTANTIATE_TEST_SUITE_P(Recipes, LinearFp8Test,
                                            Case{Fp8Recipe::mxfp8, 64, 64, 96}),
                          [](const auto& info) { return case_name(info.param); });
 
+// W, x and dy of a linear of in -> out features on N rows: small weights, unit activations and
+// small gradients, as a model's.
+struct Operands {
+  std::vector<float> w, x, dy;
+  Operands(int64_t N, int in, int out)
+      : w(random_vec(size_t(out) * in, 7, 0.05f)), x(random_vec(size_t(N) * in, 8, 1.0f)),
+        dy(random_vec(size_t(N) * out, 9, 1e-3f)) {}
+};
+
 // Delayed: each operand's largest magnitude is recorded until taken; new scales repack W.
 TEST(LinearFp8, DelayedRecordsAmaxAndRescales) {
   const int64_t N = 8;
   const int in = 16, out = 24;
-  auto w = random_vec(size_t(out) * in, 7, 0.05f);
-  auto x = random_vec(size_t(N) * in, 8, 1.0f);
-  auto dy = random_vec(size_t(N) * out, 9, 1e-3f);
+  auto [w, x, dy] = Operands(N, in, out);
   LinearGemm g(in, out, Precision::fp8);
   g.set_weight(w.data());
   std::vector<float> y1(size_t(N) * out), y2(y1.size()), dx(size_t(N) * in);
@@ -276,12 +283,49 @@ TEST(LinearFp8, TrafficCountsEachKernelsBytes) {
   EXPECT_DOUBLE_EQ(b.backward_input, 13 * 10);
   EXPECT_DOUBLE_EQ(b.backward_weight, 3 * (6 + 10));
   EXPECT_DOUBLE_EQ(b.weight_images, 10 * 15);
+  neither.images.per_version = 2;
   const kernels::Fp8Traffic m = fp8_traffic(Fp8Recipe::mxfp8, 2, 3, 5, neither);
   EXPECT_DOUBLE_EQ(m.forward, 8 * 6);
   EXPECT_DOUBLE_EQ(m.backward_input, 8 * 10);
   EXPECT_DOUBLE_EQ(m.backward_weight, 3 * (6 + 10) + 5 * (6 + 10));
   EXPECT_DOUBLE_EQ(m.weight_images, 2 * 10 * 15);
   EXPECT_DOUBLE_EQ(m.weight_image_one, 10 * 15);
+  // A role whose products read W as it lies: an image at each of its products, one packed copy's
+  // per version.
+  Fp8LinearUse in_place;
+  in_place.images = {1, true, false};
+  const kernels::Fp8Traffic p = fp8_traffic(Fp8Recipe::delayed, 2, 3, 5, in_place);
+  EXPECT_DOUBLE_EQ(p.forward, d.forward + 14 * 15);
+  EXPECT_DOUBLE_EQ(p.backward_input, d.backward_input);
+  EXPECT_DOUBLE_EQ(p.weight_images, 14 * 15);
+}
+
+// LinearGemm::fp8_images against the products: a second forward or backward_input of the same
+// weight version makes W's image again exactly where fp8_images says that role reads W as it
+// lies. Seen through the delayed recipe's amax record, which each image of W updates: W doubled
+// in place without a new version shows only in an image made anew.
+TEST(LinearFp8, ImagesAreMadeWhereFp8ImagesSays) {
+  const int64_t N = 16;
+  const int in = 64, out = 96;
+  auto [w, x, dy] = Operands(N, in, out);
+  LinearGemm g(in, out, Precision::fp8);
+  uint64_t version = 1;
+  g.set_weight(w.data(), &version);
+  std::vector<float> y(size_t(N) * out), dx(size_t(N) * in);
+  const LinearGemm::Fp8Images images = g.fp8_images(N);
+  EXPECT_GE(images.per_version + int(images.per_forward) + int(images.per_backward_input), 1);
+  g.forward(y.data(), x.data(), N, nullptr);
+  g.backward_input(dx.data(), dy.data(), N, false);
+  g.take_fp8_amax();
+  // W's values doubled in place without a new version: only images made from now on see them.
+  for (float& v : w) v *= 2;
+  const float doubled = kernels::abs_max(w.data(), int64_t(w.size()));
+  g.forward(y.data(), x.data(), N, nullptr);
+  EXPECT_EQ(g.take_fp8_amax()[fp8_w] == doubled, images.per_forward)
+      << "a forward of the same version remade W's image: " << images.per_forward;
+  g.backward_input(dx.data(), dy.data(), N, false);
+  EXPECT_EQ(g.take_fp8_amax()[fp8_w] == doubled, images.per_backward_input)
+      << "a backward_input of the same version remade W's image: " << images.per_backward_input;
 }
 
 }  // namespace

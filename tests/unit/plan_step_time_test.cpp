@@ -462,8 +462,9 @@ TEST(PlanStepTime, EpRanksWaitForTheBusiestRanksExperts) {
 }
 
 // FP8 products quantise their operands beside the products (kernels/linear_fp8.h): each block's
-// four linears add their traffic to every micro-batch's passes, and their weights' images once
-// a step, at fp8_gbps (absent: the element-wise rate); bf16's products, the same shapes, add
+// four linears add their traffic to every micro-batch's passes, and their weights' images as
+// this CPU's products make them (LinearGemm::fp8_images: once a step, and at every product of a
+// role that reads W as it lies), at fp8_gbps (absent: the element-wise rate); bf16's products, the same shapes, add
 // none, and the activations' element-wise bytes are the same. A split backward (zb1p, over 2
 // stages) defers the weight gradients, which quantise dy again.
 TEST(PlanStepTime, Fp8LinearsAddTheirQuantisationToThePasses) {
@@ -512,6 +513,11 @@ TEST(PlanStepTime, Fp8LinearsAddTheirQuantisationToThePasses) {
         kernels::Fp8LinearUse use;
         use.bias = true;
         use.dy_kept = !split;
+        LinearGemm g(int(in), int(out), Precision::fp8);
+        Fp8Settings settings;
+        settings.recipe = recipe;
+        g.set_fp8(settings);
+        use.images = g.fp8_images(4 * 128);
         const kernels::Fp8Traffic t = kernels::fp8_traffic(recipe, 4 * 128, in, out, use);
         EXPECT_GT(t.forward, 0);
         EXPECT_GT(t.backward_input, 0);

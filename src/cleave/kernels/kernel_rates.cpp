@@ -188,7 +188,9 @@ Fp8Timing time_fp8_kernels(int64_t N, int in, int out, kernels::Fp8Recipe recipe
     };
   };
   Fp8Timing t;
-  const kernels::Fp8Traffic bytes = kernels::fp8_traffic(recipe, N, in, out, {});
+  kernels::Fp8LinearUse use;
+  use.images = fp8.gemm.fp8_images(N);
+  const kernels::Fp8Traffic bytes = kernels::fp8_traffic(recipe, N, in, out, use);
   t.bytes = bytes.forward + bytes.backward_input + bytes.backward_weight + bytes.weight_images;
   t.seconds = median_extra_seconds(pass(fp8), pass(bf16), 2 * budget);
   return t;

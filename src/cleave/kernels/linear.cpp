@@ -273,6 +273,7 @@ struct LinearGemm::Impl {
     return want == user_weights(transposed) ||
            (cdt == dt::f32 && !fp8 && kernels::is_plain(want));
   }
+  memory::desc preferred_weights(int64_t N, bool transposed) const;
 
   // The plans' key and row count for N rows: N, or with variable rows one plan whose rows are
   // given at each execution, and the weights in their own layout.
@@ -761,6 +762,29 @@ void LinearGemm::copy_operand(const float* a, int64_t count, OperandCopy& keep) 
   if (impl_->fp8) impl_->fp8->keep(a, count / impl_->in, impl_->in, fp8_x, keep);
 }
 
+// The layout the products on N rows prefer for W: forward's (transposed) or backward_input's.
+memory::desc LinearGemm::Impl::preferred_weights(int64_t N, bool transposed) const {
+  const memory::dim r = rows(N);
+  const int64_t k = transposed ? in : out, n = transposed ? out : in;
+  // A plan's choice depends on the shapes and types alone; the planner asks for the same ones
+  // across thousands of layouts, and making a plan costs far more than looking one up.
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, dt, bool, bool>, memory::desc> chosen;
+  const std::tuple key{int64_t(r), k, n, cdt, transposed, variable_rows};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = chosen.find(key);
+  if (it == chosen.end()) {
+    const memory::desc src({r, k}, cdt, tag::ab), dst({r, n}, dt::f32, tag::ab);
+    it = chosen
+             .emplace(key, dnnl::matmul::primitive_desc(
+                               dnnl::matmul::desc(src, weights(transposed), dst),
+                               dnnl_context().engine)
+                               .weights_desc())
+             .first;
+  }
+  return it->second;
+}
+
 LinearGemm::WeightCopies LinearGemm::weight_copy_bytes(int64_t N) const {
   const Impl& m = *impl_;
   WeightCopies copies;
@@ -768,33 +792,36 @@ LinearGemm::WeightCopies LinearGemm::weight_copy_bytes(int64_t N) const {
   if (!m.fp8 && (m.precision == Precision::fp16 || m.emulated))
     copies.rounded = int64_t(m.in) * m.out * 4;
   // The layouts packed_weights asks its plans for, and whether each is W as it lies (no copy).
-  const memory::dim rows = m.rows(N);
-  // A plan's choice depends on the shapes and types alone; the planner asks for the same ones
-  // across thousands of layouts, and making a plan costs far more than looking one up.
-  static std::mutex mutex;
-  static std::map<std::tuple<int64_t, int64_t, int64_t, dt, bool, bool>, memory::desc> chosen;
-  auto packed = [&](int64_t k, int64_t n, bool transposed) {
-    const std::tuple key{int64_t(rows), k, n, m.cdt, transposed, m.variable_rows};
-    memory::desc want;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      auto it = chosen.find(key);
-      if (it == chosen.end()) {
-        const memory::desc src({rows, k}, m.cdt, tag::ab), dst({rows, n}, dt::f32, tag::ab);
-        it = chosen
-                 .emplace(key, dnnl::matmul::primitive_desc(
-                                   dnnl::matmul::desc(src, m.weights(transposed), dst),
-                                   dnnl_context().engine)
-                                   .weights_desc())
-                 .first;
-      }
-      want = it->second;
-    }
+  auto packed = [&](bool transposed) {
+    const memory::desc want = m.preferred_weights(N, transposed);
     return m.reads_in_place(want, transposed) ? 0 : int64_t(want.get_size());
   };
-  copies.forward = packed(m.in, m.out, true);
-  copies.backward = packed(m.out, m.in, false);
+  copies.forward = packed(true);
+  copies.backward = packed(false);
   return copies;
+}
+
+LinearGemm::Fp8Images LinearGemm::fp8_images(int64_t N) const {
+  const Impl& m = *impl_;
+  CLEAVE_CHECK(m.fp8, "LinearGemm::fp8_images on a " << precision_name(m.precision) << " linear");
+  Fp8Images images;
+  // As packed_weights and repack make them: a role that reads W as it lies reads the image made
+  // for each of its products; the copies of the other roles are packed from one image per version
+  // where the packer knows their layout (one per role for mxfp8, whose images differ), from one
+  // each where a reorder makes them.
+  bool packer[2] = {false, false};
+  for (const bool forward : {true, false}) {
+    const memory::desc want = m.preferred_weights(N, forward);
+    if (want == m.user_weights(forward)) {
+      (forward ? images.per_forward : images.per_backward_input) = true;
+    } else if (kernels::blocked_layout(want)) {
+      packer[!forward && m.fp8->weight_images_differ()] = true;
+    } else {
+      ++images.per_version;
+    }
+  }
+  images.per_version += int(packer[0]) + int(packer[1]);
+  return images;
 }
 
 LinearGemm::ThreadScratch LinearGemm::thread_scratch_bytes(int64_t N) const {

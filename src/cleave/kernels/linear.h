@@ -153,6 +153,15 @@ class LinearGemm {
     }
   };
   WeightCopies weight_copy_bytes(int64_t N) const;
+  // fp8 mode: the FP8 images of W that products on N rows make (kernels::fp8_traffic's
+  // Fp8LinearUse): per weight version, for the copies packed from it, and at every product of a
+  // role that reads W as it lies (where this CPU's oneDNN prefers that layout: no copy to keep
+  // the image in).
+  struct Fp8Images {
+    int per_version = 0;
+    bool per_forward = false, per_backward_input = false;
+  };
+  Fp8Images fp8_images(int64_t N) const;
 
   // The work buffers every linear's products on one thread share, each as large as its largest
   // use so far: conversions nobody keeps (fp16's roundings, bf16's conversions not kept, FP8's

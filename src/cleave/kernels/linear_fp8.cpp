@@ -215,10 +215,13 @@ Fp8Traffic fp8_traffic(Fp8Recipe recipe, int64_t N, int64_t in, int64_t out,
     t.forward += 8 * y;
   }
   // W's codes (per-tensor: after its amax, unless the gather brought it) and a float image that
-  // the packer reads; mxfp8's tiles run along each product's inner dimension: an image each.
+  // the packer reads (mxfp8's tiles run along each product's inner dimension: an image each), or
+  // that a product reading W as it lies reads, made anew for each such product.
   const double one = ((per_tensor && !use.gathered_fp8 ? amax : 0) + codes + 1 + 4) * w;
   t.weight_image_one = one;
-  t.weight_images = recipe == Fp8Recipe::mxfp8 ? 2 * one : one;
+  t.weight_images = use.images.per_version * one;
+  if (use.images.per_forward) t.forward += one;
+  if (use.images.per_backward_input) t.backward_input += one;
   return t;
 }
 

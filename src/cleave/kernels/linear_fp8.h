@@ -86,6 +86,8 @@ struct Fp8LinearUse {
   bool x_kept = true;         // forward keeps x's codes for the weight gradient
   bool dy_kept = true;        // backward_input keeps dy's codes likewise (not when deferred)
   bool gathered_fp8 = false;  // W arrives from an FP8 gather with its amax (no amax pass)
+  // The images of W its products make (LinearGemm::fp8_images): one per version by default.
+  LinearGemm::Fp8Images images{1, false, false};
 };
 
 // The bytes the kernels above stream beside one linear's products (in -> out features) under

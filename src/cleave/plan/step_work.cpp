@@ -356,6 +356,7 @@ class Builder {
     use.x_kept = !(split && entry);
     use.gathered_fp8 = par_.fp8_allgather && par_.zero_stage == 3;
     const LinearGemm& g = *store.packed_by(i);
+    use.images = g.fp8_images(M);
     const int64_t in = g.in_features(), out = g.out_features();
     const kernels::Fp8Traffic whole = kernels::fp8_traffic(step_.fp8.recipe, M, in, out, use);
     use.dy_kept = false;  // a deferred weight gradient's
