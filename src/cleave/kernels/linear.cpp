@@ -266,12 +266,17 @@ struct LinearGemm::Impl {
   memory::desc user_weights(bool transposed) const {
     return kernels::user_weight_desc(out, in, transposed, cdt);
   }
-  // Whether a plan that prefers `want` reads W in place: `want` is plain, the products' type is
-  // fp32 and W (or its rounded copy, kept per version) is what the product reads. FP8's image is
-  // made per use in a shared buffer, so it stays packed once per version.
+  // Whether a product whose plan wants `want` reads what source() gives (W, its rounding or its
+  // FP8 image, fp32 and as W lies) without a copy: packed_weights' test.
+  bool reads_source(const memory::desc& want, bool transposed) const {
+    return want == kernels::user_weight_desc(out, in, transposed);
+  }
+  // Whether a plan that prefers `want` reads W in place: it reads source() as it is, or `want` is
+  // plain, the products' type is fp32 and W (or its rounded copy, kept per version) is what the
+  // product reads (product_plan then takes W as it lies). FP8's image is made per use in a shared
+  // buffer, so it stays packed once per version.
   bool reads_in_place(const memory::desc& want, bool transposed) const {
-    return want == user_weights(transposed) ||
-           (cdt == dt::f32 && !fp8 && kernels::is_plain(want));
+    return reads_source(want, transposed) || (cdt == dt::f32 && !fp8 && kernels::is_plain(want));
   }
   memory::desc preferred_weights(int64_t N, bool transposed) const;
 
@@ -334,8 +339,8 @@ struct LinearGemm::Impl {
     CLEAVE_CHECK(weight != nullptr, "LinearGemm: set_weight was never called");
     auto& ctx = dnnl_context();
     memory::desc want = plan.pd.weights_desc();
-    memory::desc user = kernels::user_weight_desc(out, in, role == Role::forward);
-    if (want == user) return memory(user, ctx.engine, const_cast<float*>(source(role)));
+    if (reads_source(want, role == Role::forward))
+      return memory(want, ctx.engine, const_cast<float*>(source(role)));
     Packed* entry = nullptr;
     for (auto& p : packed)
       if (p.role == role && p.md == want) entry = &p;
@@ -812,7 +817,7 @@ LinearGemm::Fp8Images LinearGemm::fp8_images(int64_t N) const {
   bool packer[2] = {false, false};
   for (const bool forward : {true, false}) {
     const memory::desc want = m.preferred_weights(N, forward);
-    if (want == m.user_weights(forward)) {
+    if (m.reads_source(want, forward)) {
       (forward ? images.per_forward : images.per_backward_input) = true;
     } else if (kernels::blocked_layout(want)) {
       packer[!forward && m.fp8->weight_images_differ()] = true;
