@@ -168,10 +168,18 @@ nlohmann::json FileChecksums::to_json() const {
 
 FileChecksums FileChecksums::from_json(const nlohmann::json& j, const std::string& where) {
   FileChecksums out;
+  // A count: an integer of at least 0 (nlohmann's get<uint64_t> would convert a float or a
+  // negative number, 1e116 without a defined result).
+  auto count = [&](const char* key) {
+    const nlohmann::json& v = j.at(key);
+    CLEAVE_CHECK(v.is_number_unsigned(),
+                 where << ": " << key << " is " << v.dump() << ", not a whole number of bytes");
+    return v.get<uint64_t>();
+  };
   try {
-    out.bytes = j.at("bytes").get<uint64_t>();
+    out.bytes = count("bytes");
     out.header = j.at("header_xxh64").get<std::string>();
-    out.chunk_bytes = j.at("chunk_bytes").get<uint64_t>();
+    out.chunk_bytes = count("chunk_bytes");
     out.chunks = j.at("chunks_xxh64").get<std::map<std::string, std::vector<std::string>>>();
   } catch (const nlohmann::json::exception& e) {
     CLEAVE_FAIL(where << ": needs bytes, header_xxh64, chunk_bytes and chunks_xxh64 {tensor: "
