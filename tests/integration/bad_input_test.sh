@@ -137,6 +137,15 @@ del meta["tensors"]["param/blocks.0.attn.qkv.weight"]["pieces"][0]["end"]
 json.dump(meta, open(sys.argv[1], "w"))
 PY
 expect_error "checkpoint meta.json with a malformed piece" "$work/noend/meta.json: tensor param/blocks.0.attn.qkv.weight:" train --resume "$work/noend"
+# A piece's end as a float far beyond int64 (converting it had no defined result).
+cp -r "$ck" "$work/floatend"
+/usr/bin/python3 - "$work/floatend/meta.json" <<'PY' || { echo "FAIL: cannot edit meta.json"; exit 1; }
+import json, sys
+meta = json.load(open(sys.argv[1]))
+meta["tensors"]["param/blocks.0.attn.qkv.weight"]["pieces"][0]["end"] = 1.06667e+116
+json.dump(meta, open(sys.argv[1], "w"))
+PY
+expect_error "checkpoint piece with a float end" "tensor param/blocks.0.attn.qkv.weight: a piece's end holds 1.06667e+116, not an integer" train --resume "$work/floatend"
 # A file whose header disagrees with meta.json (a transposed shape, the same size, the header's
 # checksum made to match) is refused, not read as it lies.
 cp -r "$ck" "$work/transposed"

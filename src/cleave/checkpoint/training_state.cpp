@@ -66,17 +66,33 @@ std::vector<SavedPiece> saved_pieces(const LoadedCheckpoint& ck, const std::stri
   };
   std::vector<SavedPiece> out;
   std::vector<std::vector<int64_t>> stored;  // per piece
+  // A piece's integers: nlohmann's get<int64_t> would convert a float (1e116: no defined result).
+  auto integer = [&](const nlohmann::json& v, const char* key) {
+    CLEAVE_CHECK(v.is_number_integer(), "checkpoint " << dir << "/meta.json: tensor " << name
+                                                      << ": a piece's " << key << " holds "
+                                                      << v.dump() << ", not an integer");
+    return v.get<int64_t>();
+  };
+  auto integers = [&](const nlohmann::json& p, const char* key, std::vector<int64_t> absent) {
+    if (!p.contains(key)) return absent;
+    const nlohmann::json& v = p.at(key);
+    CLEAVE_CHECK(v.is_array(), "checkpoint " << dir << "/meta.json: tensor " << name
+                                             << ": a piece's " << key << " is not a list");
+    std::vector<int64_t> out;
+    for (const nlohmann::json& e : v) out.push_back(integer(e, key));
+    return out;
+  };
   for (const nlohmann::json& p : listed) {
     try {
       SavedPiece s{file_of(p.at("file").get<std::string>()), p.value("key", name), {0, 0}, {0, 0},
                    0, 0};
-      const std::vector<int64_t> box = p.value("box", shape);
-      as_2d(p.value("offset", std::vector<int64_t>(shape.size(), 0)), s.offset, 0);
+      const std::vector<int64_t> box = integers(p, "box", shape);
+      as_2d(integers(p, "offset", std::vector<int64_t>(shape.size(), 0)), s.offset, 0);
       as_2d(box, s.shape, 1);
       int64_t global[2];
       as_2d(shape, global, 1);
-      s.begin = p.at("begin").get<int64_t>();
-      s.end = p.at("end").get<int64_t>();
+      s.begin = integer(p.at("begin"), "begin");
+      s.end = integer(p.at("end"), "end");
       CLEAVE_CHECK(box.size() == shape.size() && s.offset[0] >= 0 && s.offset[1] >= 0 &&
                        s.offset[0] + s.shape[0] <= global[0] &&
                        s.offset[1] + s.shape[1] <= global[1] && 0 <= s.begin && s.begin < s.end &&
