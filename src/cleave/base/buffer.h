@@ -15,6 +15,12 @@
 
 namespace cleave {
 
+// The bytes a work buffer of `count` elements of `size` bytes takes: whole 64-byte lines, as
+// Buffer and the products' per-thread buffers reserve them (and the planner counts them).
+inline int64_t aligned_bytes(int64_t count, size_t size) {
+  return (count * int64_t(size) + 63) / 64 * 64;
+}
+
 // Buffers of this size and more are mapped with transparent huge pages (Buffer::resize).
 inline constexpr size_t kHugePageBufferBytes = size_t(64) << 20;
 
@@ -52,7 +58,7 @@ class Buffer {
   void resize(int64_t n, bool untouched = false) {
     release();
     size_ = n;
-    const size_t bytes = (size_t(n) * sizeof(T) + 63) / 64 * 64;
+    const size_t bytes = size_t(aligned_bytes(n, sizeof(T)));
     owned_bytes_ = bytes;
     buffer_bytes_owned += int64_t(bytes);
     if (bytes >= (size_t(1) << 20) || untouched) {

@@ -91,7 +91,7 @@ class AlignedBuffer {
   void* reserve(size_t bytes) {
     if (bytes > cap_) {
       std::free(ptr_);
-      size_t rounded = (bytes + 63) / 64 * 64;
+      size_t rounded = size_t(aligned_bytes(int64_t(bytes), 1));
       ptr_ = std::aligned_alloc(64, rounded);
       CLEAVE_CHECK(ptr_ != nullptr, "out of memory allocating " << rounded << " bytes");
       cap_ = rounded;
@@ -832,26 +832,24 @@ LinearGemm::Fp8Images LinearGemm::fp8_images(int64_t N) const {
 LinearGemm::ThreadScratch LinearGemm::thread_scratch_bytes(int64_t N) const {
   const Impl& m = *impl_;
   ThreadScratch s;
-  // As AlignedBuffer and Buffer reserve them: whole 64-byte lines.
-  auto bytes = [](int64_t count, size_t size) { return (count * int64_t(size) + 63) / 64 * 64; };
   const int64_t x = N * m.in, dy = N * m.out, w = int64_t(m.in) * m.out;
   // Operand 0 is x (forward) or dy (backward_input, backward_weight); operand 1 backward_weight's x.
   if (m.precision == Precision::fp16) {
-    s.bytes[operand0] = bytes(std::max(x, dy), sizeof(float));
-    s.bytes[operand1] = bytes(x, sizeof(float));
+    s.bytes[operand0] = aligned_bytes(std::max(x, dy), sizeof(float));
+    s.bytes[operand1] = aligned_bytes(x, sizeof(float));
   }
   if (m.precision == Precision::bf16 || m.fp8) {
-    s.bytes[operand0] = bytes(std::max(x, dy), sizeof(bf16));
-    s.bytes[operand1] = bytes(x, sizeof(bf16));
+    s.bytes[operand0] = aligned_bytes(std::max(x, dy), sizeof(bf16));
+    s.bytes[operand1] = aligned_bytes(x, sizeof(bf16));
   }
   if (m.emulated) {
-    s.bytes[widened0] = bytes(std::max(x, dy), sizeof(float));
-    s.bytes[widened1] = bytes(x, sizeof(float));
+    s.bytes[widened0] = aligned_bytes(std::max(x, dy), sizeof(float));
+    s.bytes[widened1] = aligned_bytes(x, sizeof(float));
   }
   if (m.fp8) {
     // Per-tensor scales: backward_input's accumulated dx and backward_weight's dW are made apart
     // and added scaled.
-    if (m.fp8->per_tensor()) s.bytes[scaled_result] = bytes(std::max(x, w), sizeof(float));
+    if (m.fp8->per_tensor()) s.bytes[scaled_result] = aligned_bytes(std::max(x, w), sizeof(float));
     m.fp8->thread_scratch(s, N);
   }
   return s;

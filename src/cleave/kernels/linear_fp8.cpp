@@ -34,7 +34,7 @@ OperandCopy& fresh_copy() {
 
 template <typename T>
 int64_t held_bytes(const Buffer<T>& b) {
-  return (b.size() * int64_t(sizeof(T)) + 63) / 64 * 64;
+  return aligned_bytes(b.size(), sizeof(T));
 }
 
 // A per-tensor operand's image: its codes' raw FP8 values (the product's epilogue applies the
@@ -159,13 +159,12 @@ Fp8Tiles Fp8Operands::weight_tiles(bool forward) const {
 }
 
 void Fp8Operands::thread_scratch(LinearGemm::ThreadScratch& s, int64_t N) const {
-  auto bytes = [](int64_t count, size_t size) { return (count * int64_t(size) + 63) / 64 * 64; };
   const int64_t w = int64_t(in_) * out_;
-  s.bytes[LinearGemm::fp8_weight_image] = bytes(w, sizeof(float));
-  s.bytes[LinearGemm::fp8_codes] = bytes(std::max({w, N * in_, N * out_}), 1);
-  s.bytes[LinearGemm::fp8_fresh_codes] = bytes(N * std::max(in_, out_), 1);
+  s.bytes[LinearGemm::fp8_weight_image] = aligned_bytes(w, sizeof(float));
+  s.bytes[LinearGemm::fp8_codes] = aligned_bytes(std::max({w, N * in_, N * out_}), 1);
+  s.bytes[LinearGemm::fp8_fresh_codes] = aligned_bytes(N * std::max(in_, out_), 1);
   if (per_tensor()) {
-    s.bytes[LinearGemm::fp8_fresh_factors] = bytes(1, sizeof(float));
+    s.bytes[LinearGemm::fp8_fresh_factors] = aligned_bytes(1, sizeof(float));
     return;
   }
   // Tiles along each product's inner dimension: W's, x's and dy's as forward and backward_input
@@ -173,8 +172,8 @@ void Fp8Operands::thread_scratch(LinearGemm::ThreadScratch& s, int64_t N) const 
   const int64_t factors = std::max({weight_tiles(true).count(), weight_tiles(false).count(),
                                     Fp8Tiles{N, in_, 1, tile()}.count(),
                                     Fp8Tiles{N, out_, 1, tile()}.count()});
-  s.bytes[LinearGemm::fp8_factors] = bytes(factors, sizeof(float));
-  s.bytes[LinearGemm::fp8_fresh_factors] = bytes(
+  s.bytes[LinearGemm::fp8_factors] = aligned_bytes(factors, sizeof(float));
+  s.bytes[LinearGemm::fp8_fresh_factors] = aligned_bytes(
       std::max(tiles_along_rows(N, in_).count(), tiles_along_rows(N, out_).count()), sizeof(float));
 }
 
