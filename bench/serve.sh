@@ -111,7 +111,7 @@ stop() {  # LOG: SIGTERM drains it; under mpirun, mpirun exits 1 as for any sign
   pid=""
   # A one-process server exits 0 after its drain: anything else (an abort at exit) is a defect,
   # reported though its figures stand.
-  [ "$alone" = 0 ] || [ "$rc" = 0 ] || { echo "WARNING: the server of $1 exited $rc after its drain:" >&2; tail -5 "$1" >&2; }
+  [ "$alone" = 0 ] || [ "$rc" = 0 ] || { echo "WARNING: the server of $1 exited $rc after its drain:" >&2; tail -30 "$1" >&2; }
 }
 serve_tp1() {  # LOG [--set ...]
   local log=$1
