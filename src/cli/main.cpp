@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cleave/base/check.h"
+#include "cleave/base/signal_thread.h"
 #include "cleave/comm/errors.h"
 #include "cleave/comm/group.h"
 
@@ -81,6 +82,8 @@ Multi-rank: mpirun -np N cleave train CONFIG.toml --set parallel.dp_shard=N ...
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before MPI, OpenMP or oneDNN make a thread: each inherits the mask that keeps signals off it.
+  cleave::handle_signals_on_own_thread();
   // Started without a launcher (neither mpirun nor srun's PMIx set PMIX_RANK), Open MPI makes the
   // process a singleton: it starts a daemon (orted) beside it, only for MPI_Comm_spawn, which
   // cleave never calls, and tries UCX's and libfabric's transports for peers it cannot have.

@@ -15,6 +15,8 @@
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 source "$src/tests/integration/layouts.sh"
+# shellcheck source=tests/integration/signals_routed.sh
+source "$src/tests/integration/signals_routed.sh"
 command -v strace > /dev/null || { echo "FAIL: strace is not installed (setup.sh installs it)"; exit 1; }
 steps=30
 common=(--set data.dir="$data" --set train.steps=$steps --set train.log_interval=1
@@ -68,6 +70,8 @@ signalled() {
   local ranks
   ranks=$(pgrep -P "$job")  # mpirun starts the ranks itself
   [ "$(wc -w <<< "$ranks")" -eq 4 ] || fail "expected 4 ranks under mpirun $job, found: $ranks"
+  # shellcheck disable=SC2086
+  signals_routed $ranks  # the SIGTERM lands on no thread that computes
   [ "$2" = all ] || ranks=$(tail -1 <<< "$ranks")
   kill -TERM $ranks
   rc=0

@@ -4,10 +4,11 @@
 # streamed, chat, log-probabilities against the trainer's forward (tests/tools/score_tokens), every
 # bad input with its status and field, a disconnect mid-stream, batch invariance (alone and among
 # 16 others), a shared 1,000-token prefix, a full cache queueing requests, a bounded load test (32
-# clients, 300 requests, a fifth of them bad; RSS back within 5%), SIGTERM draining; then the same
-# API checks, batch invariance, prefix and full cache at tp 2 under mpirun, and its drain; a
-# mixture of experts at ep 2, its answers equal to one process's, and its full cache. The
-# official OpenAI client is serve_openai_test.sh's.
+# clients, 300 requests, a fifth of them bad; RSS back within 5%), signals kept off every thread
+# but cleave-signals (signals_routed.sh), SIGTERM draining; then the same API checks, batch
+# invariance, prefix and full cache at tp 2 under mpirun, both ranks' signals routed, and its
+# drain; a mixture of experts at ep 2, its answers equal to one process's, and its full cache.
+# The official OpenAI client is serve_openai_test.sh's.
 set -euo pipefail
 cleave=$1 src=$2 data=$3
 work=$(mktemp -d)
@@ -31,6 +32,8 @@ ckpt=$work/run/step_00000020
 
 # shellcheck source=tests/integration/serve_start.sh
 source "$src/tests/integration/serve_start.sh"
+# shellcheck source=tests/integration/signals_routed.sh
+source "$src/tests/integration/signals_routed.sh"
 # A SIGTERM to mpirun reaches every rank and drains the server the same way, but OpenMPI's mpirun
 # then exits 1, as for any signalled job: the tests signal the serving process.
 stop() {  # LOG [signalled]: SIGTERM (unless sent already), then the server must exit 0, drained
@@ -74,6 +77,7 @@ $client invariance "$base" "$key" tiny
 $client prefix "$base" "$key" tiny
 $client queue "$base" "$key" tiny
 $client load "$base" "$key" tiny "$server"
+signals_routed "$server"
 $client drain "$base" "$key" tiny "$server"
 stop "$work/serve.log" signalled
 
@@ -101,6 +105,9 @@ $client api "$base" "$key" tiny - "$ckpt"
 $client invariance "$base" "$key" tiny
 $client prefix "$base" "$key" tiny
 $client queue "$base" "$key" tiny
+mapfile -t ranks < <(pgrep -P "$pid")
+[ ${#ranks[@]} = 2 ] || { echo "FAIL: mpirun has ${#ranks[@]} children, not 2 ranks"; exit 1; }
+signals_routed "${ranks[@]}"
 stop "$work/tp2.log"
 
 # A rank stopped mid-service: rank 0's broadcast of a step's batches cannot complete, and after
