@@ -22,6 +22,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cleave/kernels/linear.h"
 #include "cleave/model/transformer.h"
 #include "cleave/serve/prefix_cache.h"
 #include "cleave/serve/request.h"
@@ -144,7 +145,9 @@ class Engine {
   void end_all(List& list, Finish finish, const std::string& why, bool only_cancelled);
   void publish();  // stats_ from this step's state
 
-  static constexpr int64_t kExactRows = 32, kRowBucket = 32;  // steps' row counts (step())
+  // Steps' row counts (step()): exact up to kExactRows, then whole row tiles of the products,
+  // buckets fine enough for max_step_ratio to stop between 32 and 64 rows.
+  static constexpr int64_t kExactRows = 32, kRowBucket = kInvariantRowTile;
   Transformer& model_;
   EngineOptions options_;
   Peers* peers_;
