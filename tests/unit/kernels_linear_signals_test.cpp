@@ -8,13 +8,13 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstring>
 #include <thread>
 #include <vector>
 
 #include "cleave/base/pseudo_random.h"
 #include "cleave/base/signal_thread.h"
 #include "cleave/kernels/linear.h"
+#include "test_util.h"
 
 namespace cleave {
 namespace {
@@ -49,7 +49,7 @@ TEST(LinearSignals, ProductsKeepTheirBitsAndTheHeapWhileSignalsArrive) {
   int differing = 0;
   for (int i = 0; i < 200; ++i) {
     g.forward(y.data(), x.data(), N, nullptr);
-    differing += std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) != 0;
+    differing += !test_util::bitwise_equal(first, y);
     std::vector<char> churn(size_t(1000 + 16 * i), char(i));  // a server's malloc traffic
     differing += churn.back() != char(i);
   }
